@@ -1,0 +1,161 @@
+//! Kiln's error type.
+
+use crate::shape::Aval;
+use crate::DType;
+use thiserror::Error;
+
+/// Everything that can go wrong in Kiln, with the context needed to find it.
+#[derive(Clone, Debug, Error, PartialEq)]
+pub enum Error {
+    /// An op was given operands whose shapes do not fit its shape rule.
+    #[error("shape error in `{op}`: {detail} (operands: {operands})")]
+    Shape {
+        /// The op's name.
+        op: String,
+        /// What is wrong.
+        detail: String,
+        /// The operand avals, rendered like `f32[4,4], f32[3]`.
+        operands: String,
+    },
+    /// An op was given an operand of a dtype it does not accept.
+    #[error("dtype error in `{op}`: {detail} (operands: {operands})")]
+    DType {
+        /// The op's name.
+        op: String,
+        /// What is wrong.
+        detail: String,
+        /// The operand avals.
+        operands: String,
+    },
+    /// An argument of an op (axis, permutation, index, ...) is invalid.
+    #[error("invalid argument to `{op}`: {detail}")]
+    InvalidArgument {
+        /// The op's name.
+        op: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Creating an array from data whose length does not fit the shape.
+    #[error("cannot make an array of shape {shape:?} from {len} elements")]
+    DataLength {
+        /// The requested shape.
+        shape: Vec<usize>,
+        /// The number of elements given.
+        len: usize,
+    },
+    /// Reading an array back as the wrong element type or shape.
+    #[error("cannot read {aval} as {requested}")]
+    ReadBack {
+        /// The array's aval.
+        aval: String,
+        /// What was asked for.
+        requested: String,
+    },
+    /// A tree could not be flattened or rebuilt.
+    #[error("tree error at `{path}`: {detail}")]
+    Tree {
+        /// The path of the offending node, like `p.layers[2].w`.
+        path: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A traced value was read as data inside `compile`.
+    #[error(
+        "cannot read a traced value inside `compile` ({aval}); return it from the function instead"
+    )]
+    ReadTracer {
+        /// The traced value's aval.
+        aval: String,
+    },
+    /// A shapeless executable was called with shapes that break a condition
+    /// its trace relied on.
+    #[error("shapeless call does not satisfy `{condition}` (recorded by `{op}`): {detail}")]
+    ShapeGuard {
+        /// The condition, like `s1 == 4`.
+        condition: String,
+        /// The op that recorded it.
+        op: String,
+        /// The sizes of this call.
+        detail: String,
+    },
+    /// A runtime failure while executing an op (index out of range, ...).
+    #[error("runtime error in `{op}`: {detail}")]
+    Runtime {
+        /// The op's name.
+        op: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A backend failed.
+    #[error("backend `{backend}`: {detail}")]
+    Backend {
+        /// The backend's name.
+        backend: String,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+/// Kiln's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Renders operand avals for error messages: `f32[4,4], f32[3]`.
+pub(crate) fn render_avals(avals: &[&Aval]) -> String {
+    avals
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A shape error for `op` over `avals`.
+pub(crate) fn shape_err(op: &str, avals: &[&Aval], detail: impl Into<String>) -> Error {
+    Error::Shape {
+        op: op.to_string(),
+        detail: detail.into(),
+        operands: render_avals(avals),
+    }
+}
+
+/// A dtype error for `op` over `avals`.
+pub(crate) fn dtype_err(op: &str, avals: &[&Aval], detail: impl Into<String>) -> Error {
+    Error::DType {
+        op: op.to_string(),
+        detail: detail.into(),
+        operands: render_avals(avals),
+    }
+}
+
+/// An invalid-argument error for `op`.
+pub(crate) fn arg_err(op: &str, detail: impl Into<String>) -> Error {
+    Error::InvalidArgument {
+        op: op.to_string(),
+        detail: detail.into(),
+    }
+}
+
+/// Requires `dtype` to be a float for `op`.
+pub(crate) fn require_float(op: &str, aval: &Aval) -> Result<()> {
+    if aval.dtype.is_float() {
+        Ok(())
+    } else {
+        Err(dtype_err(
+            op,
+            &[aval],
+            format!("expects a floating dtype, got {}", aval.dtype),
+        ))
+    }
+}
+
+/// Requires two dtypes to match for `op`.
+pub(crate) fn require_same_dtype(op: &str, a: &Aval, b: &Aval) -> Result<DType> {
+    if a.dtype == b.dtype {
+        Ok(a.dtype)
+    } else {
+        Err(dtype_err(
+            op,
+            &[a, b],
+            format!("operand dtypes differ: {} vs {}", a.dtype, b.dtype),
+        ))
+    }
+}

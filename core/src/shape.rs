@@ -1,0 +1,433 @@
+//! Shapes whose dimensions are known sizes or symbolic expressions.
+//!
+//! A shapeless compile gives every input axis a symbol (`s0`, `s1`, ...).
+//! Shape rules combine them into [`SymExpr`]s kept in a canonical form
+//! (a sum of integer-weighted products of atoms), so two dims are *provably*
+//! equal exactly when their canonical forms are equal.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// A symbolic dimension variable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Symbol(pub u32);
+
+impl fmt::Display for Symbol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "s{}", self.0)
+    }
+}
+
+/// A factor of a product in a [`SymExpr`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Atom {
+    /// A symbol.
+    Sym(Symbol),
+    /// `floor(expr / divisor)` that could not be simplified.
+    FloorDiv(Box<SymExpr>, u64),
+}
+
+/// A product of atoms, sorted; the empty product is the constant 1.
+type Monomial = Vec<Atom>;
+
+/// A canonical integer polynomial over atoms.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+pub struct SymExpr {
+    terms: BTreeMap<Monomial, i64>,
+}
+
+impl SymExpr {
+    /// The constant `value`.
+    pub fn constant(value: i64) -> Self {
+        let mut terms = BTreeMap::new();
+        if value != 0 {
+            terms.insert(Vec::new(), value);
+        }
+        SymExpr { terms }
+    }
+
+    /// The bare symbol `s`.
+    pub fn symbol(s: Symbol) -> Self {
+        let mut terms = BTreeMap::new();
+        terms.insert(vec![Atom::Sym(s)], 1);
+        SymExpr { terms }
+    }
+
+    /// The value if the expression has no atoms.
+    pub fn as_constant(&self) -> Option<i64> {
+        match self.terms.len() {
+            0 => Some(0),
+            1 => self.terms.get(&Vec::new()).copied(),
+            _ => None,
+        }
+    }
+
+    /// `self + other`.
+    pub fn add(&self, other: &SymExpr) -> SymExpr {
+        let mut terms = self.terms.clone();
+        for (m, c) in &other.terms {
+            let entry = terms.entry(m.clone()).or_insert(0);
+            *entry += c;
+            if *entry == 0 {
+                terms.remove(m);
+            }
+        }
+        SymExpr { terms }
+    }
+
+    /// `self * k`.
+    pub fn scale(&self, k: i64) -> SymExpr {
+        if k == 0 {
+            return SymExpr::default();
+        }
+        SymExpr {
+            terms: self.terms.iter().map(|(m, c)| (m.clone(), c * k)).collect(),
+        }
+    }
+
+    /// `self * other`.
+    pub fn mul(&self, other: &SymExpr) -> SymExpr {
+        let mut out = SymExpr::default();
+        for (ma, ca) in &self.terms {
+            for (mb, cb) in &other.terms {
+                let mut m: Monomial = ma.iter().chain(mb.iter()).cloned().collect();
+                m.sort();
+                let mut single = BTreeMap::new();
+                single.insert(m, ca * cb);
+                out = out.add(&SymExpr { terms: single });
+            }
+        }
+        out
+    }
+
+    /// `floor(self / divisor)`; exact when every coefficient is divisible.
+    pub fn floor_div(&self, divisor: u64) -> SymExpr {
+        let d = divisor as i64;
+        if d == 1 {
+            return self.clone();
+        }
+        if let Some(c) = self.as_constant() {
+            return SymExpr::constant(c.div_euclid(d));
+        }
+        if self.terms.values().all(|c| c % d == 0) {
+            return SymExpr {
+                terms: self.terms.iter().map(|(m, c)| (m.clone(), c / d)).collect(),
+            };
+        }
+        let mut terms = BTreeMap::new();
+        terms.insert(vec![Atom::FloorDiv(Box::new(self.clone()), divisor)], 1);
+        SymExpr { terms }
+    }
+
+    /// Evaluates under `bind`, which gives each symbol's size.
+    pub fn eval(&self, bind: &dyn Fn(Symbol) -> Option<i64>) -> Option<i64> {
+        let mut total = 0i64;
+        for (m, c) in &self.terms {
+            let mut prod = *c;
+            for atom in m {
+                let v = match atom {
+                    Atom::Sym(s) => bind(*s)?,
+                    Atom::FloorDiv(e, d) => e.eval(bind)?.div_euclid(*d as i64),
+                };
+                prod = prod.checked_mul(v)?;
+            }
+            total = total.checked_add(prod)?;
+        }
+        Some(total)
+    }
+
+    /// Every symbol the expression mentions.
+    pub fn symbols(&self, out: &mut Vec<Symbol>) {
+        for m in self.terms.keys() {
+            for atom in m {
+                match atom {
+                    Atom::Sym(s) => out.push(*s),
+                    Atom::FloorDiv(e, _) => e.symbols(out),
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for SymExpr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.terms.is_empty() {
+            return f.write_str("0");
+        }
+        // Constant last: `s0*s1+3`, not `3+s0*s1`.
+        let mut first = true;
+        let ordered = self
+            .terms
+            .iter()
+            .filter(|(m, _)| !m.is_empty())
+            .chain(self.terms.iter().filter(|(m, _)| m.is_empty()));
+        for (m, c) in ordered {
+            let (sign, mag) = if *c < 0 { ("-", -c) } else { ("+", *c) };
+            if first {
+                if sign == "-" {
+                    f.write_str("-")?;
+                }
+            } else {
+                f.write_str(sign)?;
+            }
+            first = false;
+            let mut parts: Vec<String> = Vec::new();
+            if mag != 1 || m.is_empty() {
+                parts.push(mag.to_string());
+            }
+            for atom in m {
+                parts.push(match atom {
+                    Atom::Sym(s) => s.to_string(),
+                    Atom::FloorDiv(e, d) => format!("({e})/{d}"),
+                });
+            }
+            f.write_str(&parts.join("*"))?;
+        }
+        Ok(())
+    }
+}
+
+/// One dimension of a shape.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Dim {
+    /// A size known at trace time.
+    Known(usize),
+    /// A size that depends on the call (shapeless compile).
+    Sym(Arc<SymExpr>),
+}
+
+impl Dim {
+    /// The dim of a bare symbol.
+    pub fn symbol(s: Symbol) -> Dim {
+        Dim::Sym(Arc::new(SymExpr::symbol(s)))
+    }
+
+    /// The size, if known.
+    pub fn known(&self) -> Option<usize> {
+        match self {
+            Dim::Known(n) => Some(*n),
+            Dim::Sym(_) => None,
+        }
+    }
+
+    /// The dim as an expression (constants included).
+    pub fn to_expr(&self) -> SymExpr {
+        match self {
+            Dim::Known(n) => SymExpr::constant(*n as i64),
+            Dim::Sym(e) => (**e).clone(),
+        }
+    }
+
+    /// The dim of an expression: `Known` when it is a non-negative constant.
+    pub fn from_expr(e: SymExpr) -> Dim {
+        match e.as_constant() {
+            Some(c) if c >= 0 => Dim::Known(c as usize),
+            _ => Dim::Sym(Arc::new(e)),
+        }
+    }
+
+    /// `self + other`.
+    pub fn add(&self, other: &Dim) -> Dim {
+        match (self, other) {
+            (Dim::Known(a), Dim::Known(b)) => Dim::Known(a + b),
+            _ => Dim::from_expr(self.to_expr().add(&other.to_expr())),
+        }
+    }
+
+    /// `self * other`.
+    pub fn mul(&self, other: &Dim) -> Dim {
+        match (self, other) {
+            (Dim::Known(a), Dim::Known(b)) => Dim::Known(a * b),
+            _ => Dim::from_expr(self.to_expr().mul(&other.to_expr())),
+        }
+    }
+
+    /// True when the two dims are provably equal (same constant or same
+    /// canonical expression).
+    pub fn provably_eq(&self, other: &Dim) -> bool {
+        self == other
+    }
+
+    /// Evaluates the dim under a symbol binding.
+    pub fn eval(&self, bind: &dyn Fn(Symbol) -> Option<i64>) -> Option<usize> {
+        match self {
+            Dim::Known(n) => Some(*n),
+            Dim::Sym(e) => e.eval(bind).and_then(|v| usize::try_from(v).ok()),
+        }
+    }
+}
+
+impl From<usize> for Dim {
+    fn from(n: usize) -> Dim {
+        Dim::Known(n)
+    }
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dim::Known(n) => write!(f, "{n}"),
+            Dim::Sym(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// The dims of an array, outermost first.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[serde(transparent)]
+pub struct Shape(pub Vec<Dim>);
+
+impl Shape {
+    /// A shape of known sizes.
+    pub fn known(dims: &[usize]) -> Shape {
+        Shape(dims.iter().map(|&d| Dim::Known(d)).collect())
+    }
+
+    /// The scalar shape `[]`.
+    pub fn scalar() -> Shape {
+        Shape(Vec::new())
+    }
+
+    /// Number of dims.
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The dims.
+    pub fn dims(&self) -> &[Dim] {
+        &self.0
+    }
+
+    /// The sizes, when every dim is known.
+    pub fn as_known(&self) -> Option<Vec<usize>> {
+        self.0.iter().map(Dim::known).collect()
+    }
+
+    /// True when no dim is symbolic.
+    pub fn is_known(&self) -> bool {
+        self.0.iter().all(|d| d.known().is_some())
+    }
+
+    /// The element count as a dim.
+    pub fn numel(&self) -> Dim {
+        self.0.iter().fold(Dim::Known(1), |acc, d| acc.mul(d))
+    }
+
+    /// The element count when known.
+    pub fn numel_known(&self) -> Option<usize> {
+        self.0.iter().map(Dim::known).product()
+    }
+
+    /// Evaluates every dim under a symbol binding.
+    pub fn eval(&self, bind: &dyn Fn(Symbol) -> Option<i64>) -> Option<Vec<usize>> {
+        self.0.iter().map(|d| d.eval(bind)).collect()
+    }
+}
+
+impl From<&[usize]> for Shape {
+    fn from(dims: &[usize]) -> Shape {
+        Shape::known(dims)
+    }
+}
+
+impl<const N: usize> From<[usize; N]> for Shape {
+    fn from(dims: [usize; N]) -> Shape {
+        Shape::known(&dims)
+    }
+}
+
+impl From<Vec<usize>> for Shape {
+    fn from(dims: Vec<usize>) -> Shape {
+        Shape::known(&dims)
+    }
+}
+
+impl From<Vec<Dim>> for Shape {
+    fn from(dims: Vec<Dim>) -> Shape {
+        Shape(dims)
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+/// Abstract value: what a shape rule knows about an array.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Aval {
+    /// The shape.
+    pub shape: Shape,
+    /// The element type.
+    pub dtype: crate::DType,
+}
+
+impl Aval {
+    /// An aval from a shape and dtype.
+    pub fn new(shape: impl Into<Shape>, dtype: crate::DType) -> Aval {
+        Aval {
+            shape: shape.into(),
+            dtype,
+        }
+    }
+}
+
+impl fmt::Display for Aval {
+    /// Renders like `f32[4,4]`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.dtype, self.shape)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(i: u32) -> SymExpr {
+        SymExpr::symbol(Symbol(i))
+    }
+
+    #[test]
+    fn canonical_form_makes_commuted_sums_and_products_equal() {
+        let a = s(0).add(&s(1)).mul(&s(2));
+        let b = s(2).mul(&s(1)).add(&s(0).mul(&s(2)));
+        assert_eq!(a, b);
+        assert_eq!(a.to_string(), "s0*s2+s1*s2");
+    }
+
+    #[test]
+    fn exact_division_simplifies_and_inexact_stays_an_atom() {
+        let e = s(0).scale(4).add(&SymExpr::constant(8));
+        assert_eq!(e.floor_div(4), s(0).add(&SymExpr::constant(2)));
+        let odd = s(0).add(&SymExpr::constant(1)).floor_div(2);
+        assert_eq!(odd.eval(&|_| Some(6)), Some(3));
+        assert_eq!(odd.to_string(), "(s0+1)/2");
+    }
+
+    #[test]
+    fn subtraction_to_zero_yields_known_dim() {
+        let d = Dim::from_expr(s(3).add(&s(3).scale(-1)));
+        assert_eq!(d, Dim::Known(0));
+    }
+
+    #[test]
+    fn aval_renders_dtype_then_shape() {
+        let aval = Aval::new([4, 4], crate::DType::F32);
+        assert_eq!(aval.to_string(), "f32[4,4]");
+        let sym = Aval::new(
+            Shape(vec![Dim::symbol(Symbol(0)), Dim::Known(3)]),
+            crate::DType::F16,
+        );
+        assert_eq!(sym.to_string(), "f16[s0,3]");
+    }
+}
