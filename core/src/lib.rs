@@ -1,14 +1,28 @@
 //! Kiln core: arrays, ops with shape rules, trees, tracing, the compile cache
 //! with explained misses, and the CPU executor.
+#![warn(missing_docs)]
 
 pub mod array;
+pub mod compile;
 pub mod data;
 pub mod dtype;
 pub mod error;
+pub mod eval;
+pub mod exec;
+pub mod graph;
+pub mod nn;
+pub mod ops;
+pub mod random;
 pub mod shape;
+pub mod tree;
 
-pub use array::Array;
+pub use array::{concat, select, Array, Operand};
+pub use compile::{compile, CacheInfo, CacheKey, CacheMiss, Compiled, LeafSignature, MissReason, Report, ReportNode};
 pub use data::{HostData, HostElement};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
+pub use eval::{eval, eval_cache_stats, EvalCacheStats};
+pub use exec::{Backend, CpuBackend, Executable};
+pub use graph::{Graph, GraphNode, PassRecord, ValueKind};
+pub use ops::{BinaryOp, Op, ReduceOp, SliceAxis, UnaryOp};
 pub use shape::{Atom, Aval, Dim, Shape, SymExpr, Symbol};

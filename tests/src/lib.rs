@@ -1,1 +1,1 @@
-//! Integration tests live in `tests/tests/`; this library holds shared helpers.
+//! Shared helpers of Kiln's integration tests and the benchmark program.

@@ -1,0 +1,763 @@
+//! `compile`: trace a function once per argument signature, optimize its
+//! graph, cache the executable, and explain every cache miss.
+
+use crate::array::Array;
+use crate::error::{Error, Result};
+use crate::exec::{Backend, CpuBackend, Executable, SymbolSource};
+use crate::graph::{extract, optimize, Leaves, PassRecord, ValueKind};
+use crate::shape::{Aval, Dim, Shape, Symbol};
+use crate::tree::{tree_unflatten, DifferenceKind, KeyPath, Tree, TreeDef};
+use crate::DType;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+static NEXT_FUNCTION: AtomicU64 = AtomicU64::new(1);
+static NEXT_TRACE: AtomicU64 = AtomicU64::new(1);
+
+/// Compiles `f`: the first call with a new argument signature traces `f` on
+/// tracer leaves, optimizes the graph and caches the executable; later calls
+/// with the same signature only run it.
+///
+/// ```
+/// use kiln::{compile, Array, DType};
+/// let f = compile(|x: Array| x.exp() * 2.0 + 1.0);
+/// let y = f.call(&Array::zeros(&[2, 2], DType::F32))?;
+/// assert_eq!(y.to_vec::<f32>()?, vec![3.0; 4]);
+/// f.call(&Array::zeros(&[2, 2], DType::F32))?;
+/// assert_eq!((f.cache().hits, f.cache().misses), (1, 1));
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn compile<In, Out, F>(f: F) -> Compiled<In, Out, F>
+where
+    In: Tree,
+    Out: Tree,
+    F: Fn(In) -> Out,
+{
+    Compiled {
+        f,
+        function: NEXT_FUNCTION.fetch_add(1, Ordering::Relaxed),
+        shapeless: false,
+        backend: CpuBackend,
+        cache: Mutex::default(),
+        types: PhantomData,
+    }
+}
+
+/// A compiled function with its own cache.
+pub struct Compiled<In, Out, F, B: Backend = CpuBackend> {
+    f: F,
+    function: u64,
+    shapeless: bool,
+    backend: B,
+    cache: Mutex<CacheState>,
+    types: PhantomData<fn(In) -> Out>,
+}
+
+/// How one argument leaf enters the cache key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LeafSignature {
+    /// Shape and dtype (a normal compile).
+    Aval(Aval),
+    /// Dtype and rank only (a shapeless compile).
+    DTypeRank(DType, usize),
+}
+
+impl fmt::Display for LeafSignature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeafSignature::Aval(a) => write!(f, "{a}"),
+            LeafSignature::DTypeRank(d, r) => write!(f, "{d} rank {r}"),
+        }
+    }
+}
+
+/// Everything a cached executable is valid for. Equality is by value,
+/// statics and aux data included; the hash only picks the bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheKey {
+    /// The compiled function.
+    pub function: u64,
+    /// The argument tree's structure, statics and aux data.
+    pub tree: TreeDef,
+    /// One signature per array leaf.
+    pub leaves: Vec<LeafSignature>,
+    /// The backend that runs it.
+    pub backend: String,
+}
+
+impl Hash for CacheKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.function.hash(state);
+        self.tree.hash(state);
+        for leaf in &self.leaves {
+            match leaf {
+                LeafSignature::Aval(a) => hash_leaf(state, a.dtype, Some(&a.shape), a.shape.rank()),
+                LeafSignature::DTypeRank(d, r) => hash_leaf(state, *d, None, *r),
+            }
+        }
+        self.backend.hash(state);
+    }
+}
+
+/// Hashes one leaf signature; shared by [`CacheKey`] and [`KeyView`] so a
+/// borrowed view finds the bucket of the equal owned key.
+fn hash_leaf<H: Hasher>(state: &mut H, dtype: DType, shape: Option<&Shape>, rank: usize) {
+    dtype.hash(state);
+    rank.hash(state);
+    if let Some(shape) = shape {
+        shape.hash(state);
+    }
+}
+
+/// A cache key borrowed from a call's flattened arguments: hashing and
+/// comparing it allocates nothing, so a cache hit costs no key copy.
+struct KeyView<'a> {
+    function: u64,
+    tree: &'a TreeDef,
+    leaves: &'a [Array],
+    shapeless: bool,
+    backend: &'a str,
+}
+
+impl KeyView<'_> {
+    fn hash(&self) -> u64 {
+        let mut state = FastHasher::default();
+        self.function.hash(&mut state);
+        self.tree.hash(&mut state);
+        for leaf in self.leaves {
+            let shape = (!self.shapeless).then(|| leaf.shape());
+            hash_leaf(&mut state, leaf.dtype(), shape, leaf.ndim());
+        }
+        self.backend.hash(&mut state);
+        state.finish()
+    }
+
+    fn matches(&self, key: &CacheKey) -> bool {
+        key.function == self.function
+            && key.backend == self.backend
+            && key.leaves.len() == self.leaves.len()
+            && key.leaves.iter().zip(self.leaves).all(|(sig, leaf)| match sig {
+                LeafSignature::Aval(a) => !self.shapeless && a == leaf.aval(),
+                LeafSignature::DTypeRank(d, r) => self.shapeless && *d == leaf.dtype() && *r == leaf.ndim(),
+            })
+            && key.tree == *self.tree
+    }
+
+    fn to_key(&self) -> CacheKey {
+        CacheKey {
+            function: self.function,
+            tree: self.tree.clone(),
+            leaves: self
+                .leaves
+                .iter()
+                .map(|l| {
+                    if self.shapeless {
+                        LeafSignature::DTypeRank(l.dtype(), l.ndim())
+                    } else {
+                        LeafSignature::Aval(l.aval().clone())
+                    }
+                })
+                .collect(),
+            backend: self.backend.to_string(),
+        }
+    }
+}
+
+/// A multiply-rotate hasher (FxHash style): the key is hashed on every
+/// call, and SipHash's DoS resistance buys nothing for a process-local cache.
+#[derive(Default)]
+struct FastHasher(u64);
+
+const FAST_HASH_SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+impl Hasher for FastHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = (self.0.rotate_left(5) ^ value).wrapping_mul(FAST_HASH_SEED);
+    }
+
+    fn write_usize(&mut self, value: usize) {
+        self.write_u64(value as u64);
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.write_u64(value as u64);
+    }
+
+    fn write_u8(&mut self, value: u8) {
+        self.write_u64(value as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Why a call missed the cache, against the closest stored key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum MissReason {
+    /// Nothing was cached yet.
+    NeverSeen,
+    /// The tree has another structure at `path`.
+    TreeStructure {
+        /// Where, like `args.layers[2]`.
+        path: String,
+        /// The stored structure there.
+        before: String,
+        /// This call's structure there.
+        now: String,
+    },
+    /// A static value or aux datum differs at `path`.
+    Static {
+        /// Where.
+        path: String,
+        /// The stored value.
+        before: String,
+        /// This call's value.
+        now: String,
+    },
+    /// A leaf's shape or dtype differs.
+    Aval {
+        /// The leaf's path.
+        path: String,
+        /// The stored aval, like `f32[4,4]`.
+        before: String,
+        /// This call's aval.
+        now: String,
+    },
+    /// The key names another backend.
+    Backend {
+        /// The stored backend.
+        before: String,
+        /// This call's backend.
+        now: String,
+    },
+    /// A shapeless entry matched the key but its trace relied on a condition
+    /// this call's sizes break.
+    ShapeGuard {
+        /// The failed check.
+        detail: String,
+    },
+}
+
+impl fmt::Display for MissReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MissReason::NeverSeen => f.write_str("never seen"),
+            MissReason::TreeStructure { path, before, now } => {
+                write!(f, "tree structure differs at path {path} (before {before}, now {now})")
+            }
+            MissReason::Static { path, before, now } => {
+                write!(f, "static/aux differs at node {path}: before {before}, now {now}")
+            }
+            MissReason::Aval { path, before, now } => {
+                write!(f, "aval differs at leaf {path}: {before} → {now}")
+            }
+            MissReason::Backend { before, now } => write!(f, "backend differs: {before} → {now}"),
+            MissReason::ShapeGuard { detail } => write!(f, "shapeless guard failed: {detail}"),
+        }
+    }
+}
+
+/// One cache miss: which call, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheMiss {
+    /// The call's number (1-based) on this compiled function.
+    pub call: u64,
+    /// The differences from the closest stored key, most important first.
+    pub reasons: Vec<MissReason>,
+    /// The entry compared against, if any.
+    pub closest_entry: Option<usize>,
+}
+
+/// A node of a [`Report`]'s graph.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportNode {
+    /// Position in the schedule.
+    pub id: usize,
+    /// The op with parameters, `input args.a` or `constant`.
+    pub op: String,
+    /// Operand ids.
+    pub inputs: Vec<usize>,
+    /// Shape and dtype, like `f32[s0,4]`.
+    pub aval: String,
+}
+
+/// What `compile` did for one cache entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// The entry's index in its cache.
+    pub entry: usize,
+    /// Whether dims were symbolic.
+    pub shapeless: bool,
+    /// The argument tree, rendered.
+    pub input_tree: String,
+    /// The result tree, rendered.
+    pub output_tree: String,
+    /// The traced graph before the passes.
+    pub traced_nodes: usize,
+    /// The optimized graph, in schedule order.
+    pub nodes: Vec<ReportNode>,
+    /// Ids of the returned values.
+    pub outputs: Vec<usize>,
+    /// The passes, in order, with what each changed.
+    pub passes: Vec<PassRecord>,
+    /// Conditions every call of a shapeless entry must satisfy.
+    pub guards: Vec<String>,
+    /// Where each symbol comes from, like `s0 = args.x.shape[0]`.
+    pub symbols: Vec<String>,
+}
+
+/// A snapshot of a compiled function's cache.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CacheInfo {
+    /// Number of cached executables.
+    pub entries: usize,
+    /// Calls served from the cache.
+    pub hits: u64,
+    /// Calls that traced.
+    pub misses: u64,
+    /// Every miss with its explanation.
+    pub miss_log: Vec<CacheMiss>,
+    /// One report per entry.
+    pub reports: Vec<Arc<Report>>,
+}
+
+impl CacheInfo {
+    /// `2 entries, 5 hits, 2 misses`.
+    pub fn summary(&self) -> String {
+        format!("{} entries, {} hits, {} misses", self.entries, self.hits, self.misses)
+    }
+
+    /// The most recent miss.
+    pub fn last_miss(&self) -> Option<&CacheMiss> {
+        self.miss_log.last()
+    }
+}
+
+/// The product of one trace.
+struct Traced {
+    exe: Arc<Executable>,
+    output_tree: TreeDef,
+    traced_nodes: usize,
+    passes: Vec<PassRecord>,
+    symbols: Vec<(Symbol, SymbolSource)>,
+}
+
+struct Entry {
+    key: CacheKey,
+    exe: Arc<Executable>,
+    output_tree: TreeDef,
+    report: Arc<Report>,
+}
+
+#[derive(Default)]
+struct CacheState {
+    entries: Vec<Arc<Entry>>,
+    buckets: HashMap<u64, Vec<usize>>,
+    calls: u64,
+    hits: u64,
+    misses: u64,
+    miss_log: Vec<CacheMiss>,
+}
+
+/// Renders a leaf or node path rooted at the arguments: `args.layers[2].w`.
+pub(crate) fn arg_path(path: &KeyPath) -> String {
+    let rendered = path.to_string();
+    if path.is_empty() {
+        "args".to_string()
+    } else if rendered.starts_with('[') {
+        format!("args{rendered}")
+    } else {
+        format!("args.{rendered}")
+    }
+}
+
+impl<In, Out, F, B> Compiled<In, Out, F, B>
+where
+    In: Tree,
+    Out: Tree,
+    F: Fn(In) -> Out,
+    B: Backend,
+{
+    /// Keys the cache on dtype and rank only: dims become symbols, and new
+    /// sizes reuse the executable without tracing again.
+    pub fn shapeless(mut self) -> Self {
+        self.shapeless = true;
+        self
+    }
+
+    /// Runs on `backend` instead (the cache starts empty).
+    pub fn with_backend<B2: Backend>(self, backend: B2) -> Compiled<In, Out, F, B2> {
+        Compiled {
+            f: self.f,
+            function: self.function,
+            shapeless: self.shapeless,
+            backend,
+            cache: Mutex::default(),
+            types: PhantomData,
+        }
+    }
+
+    /// A snapshot of the cache: counters, miss explanations and reports.
+    pub fn cache(&self) -> CacheInfo {
+        let state = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        CacheInfo {
+            entries: state.entries.len(),
+            hits: state.hits,
+            misses: state.misses,
+            miss_log: state.miss_log.clone(),
+            reports: state.entries.iter().map(|e| e.report.clone()).collect(),
+        }
+    }
+
+    /// Compiles for the signature of `args` without running: traces on a
+    /// miss, does nothing on a hit. Returns whether it traced.
+    pub fn prepare(&self, args: &In) -> Result<bool> {
+        let mut leaves = Vec::new();
+        let tree = args.flatten(&mut leaves)?;
+        let shapes = LeafShapes::of(&leaves);
+        let view = self.key_view(&tree, &leaves);
+        if self.lookup(&view, &shapes.refs()).is_some() {
+            return Ok(false);
+        }
+        self.trace_and_insert(view.to_key(), &leaves, &shapes.refs())?;
+        Ok(true)
+    }
+
+    fn key_view<'a>(&'a self, tree: &'a TreeDef, leaves: &'a [Array]) -> KeyView<'a> {
+        KeyView {
+            function: self.function,
+            tree,
+            leaves,
+            shapeless: self.shapeless,
+            backend: self.backend.name(),
+        }
+    }
+
+    /// Calls the function. The arguments are only read: the result is built
+    /// from new values even where it mirrors the input's structure.
+    pub fn call(&self, args: &In) -> Result<Out> {
+        let mut leaves = Vec::new();
+        let tree = args.flatten(&mut leaves)?;
+        if leaves.iter().any(|l| !l.is_materialized()) {
+            if leaves.iter().any(|l| l.is_tracer() || l.error().is_some()) {
+                // Called inside another trace (or on a failed array): inline `f`.
+                return Ok((self.f)(tree_unflatten(&tree, leaves)?));
+            }
+            crate::eval::eval(&leaves)?;
+        }
+        let shapes = LeafShapes::of(&leaves);
+        let shape_refs = shapes.refs();
+        let view = self.key_view(&tree, &leaves);
+        let entry = match self.lookup(&view, &shape_refs) {
+            Some(entry) => entry,
+            None => self.trace_and_insert(view.to_key(), &leaves, &shape_refs)?,
+        };
+        self.run(&entry, &leaves, &shape_refs)
+    }
+
+    fn lookup(&self, key: &KeyView<'_>, shapes: &[&[usize]]) -> Option<Arc<Entry>> {
+        let hash = key.hash();
+        let mut state = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        state.calls += 1;
+        let mut guard_failure = None;
+        let found = state.buckets.get(&hash).and_then(|bucket| {
+            bucket.iter().find_map(|&i| {
+                let entry = &state.entries[i];
+                if !key.matches(&entry.key) {
+                    return None;
+                }
+                let accepted = if self.shapeless { entry.exe.accepts(shapes) } else { Ok(()) };
+                match accepted {
+                    Ok(()) => Some(entry.clone()),
+                    Err(e) => {
+                        guard_failure.get_or_insert((i, e.to_string()));
+                        None
+                    }
+                }
+            })
+        });
+        if found.is_some() {
+            state.hits += 1;
+            return found;
+        }
+        let miss = match guard_failure {
+            Some((i, detail)) => CacheMiss {
+                call: state.calls,
+                reasons: vec![MissReason::ShapeGuard { detail }],
+                closest_entry: Some(i),
+            },
+            None => explain_miss(state.calls, &key.to_key(), &state.entries),
+        };
+        state.misses += 1;
+        state.miss_log.push(miss);
+        None
+    }
+
+    /// Traces for this call and caches the result. A shapeless trace whose
+    /// guards already reject this call's sizes is replaced by a trace with
+    /// the concrete shapes: it serves the call, or reports the real error.
+    fn trace_and_insert(&self, key: CacheKey, leaves: &[Array], shapes: &[&[usize]]) -> Result<Arc<Entry>> {
+        let mut traced = self.trace(&key.tree, leaves, self.shapeless)?;
+        if self.shapeless && traced.exe.accepts(shapes).is_err() {
+            traced = self.trace(&key.tree, leaves, false)?;
+        }
+        let Traced {
+            exe,
+            output_tree,
+            traced_nodes,
+            passes,
+            symbols,
+        } = traced;
+        let mut state = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let index = state.entries.len();
+        let leaf_paths = key.tree.leaf_paths();
+        let report = Arc::new(build_report(index, exe.is_shapeless(), &key.tree, &output_tree, traced_nodes, passes, &exe, &symbols, &leaf_paths));
+        let entry = Arc::new(Entry {
+            key,
+            exe,
+            output_tree,
+            report,
+        });
+        state.buckets.entry(hash_key(&entry.key)).or_default().push(index);
+        state.entries.push(entry.clone());
+        Ok(entry)
+    }
+
+    fn trace(&self, tree: &TreeDef, leaves: &[Array], symbolic: bool) -> Result<Traced> {
+        let trace = NEXT_TRACE.fetch_add(1, Ordering::Relaxed);
+        let mut symbols = Vec::new();
+        let params: Vec<Array> = leaves
+            .iter()
+            .enumerate()
+            .map(|(i, leaf)| {
+                let aval = if symbolic {
+                    symbolic_aval(leaf, i, &mut symbols)
+                } else {
+                    leaf.aval().clone()
+                };
+                Array::param(trace, i, aval)
+            })
+            .collect();
+        let args: In = tree_unflatten(tree, params)?;
+        let out = (self.f)(args);
+        let mut out_leaves = Vec::new();
+        let output_tree = out.flatten(&mut out_leaves)?;
+        let (graph, _) = extract(
+            &out_leaves,
+            Leaves::Trace {
+                id: trace,
+                num_inputs: leaves.len(),
+            },
+        )?;
+        let traced_nodes = graph.nodes.len();
+        let (graph, passes) = optimize(&graph)?;
+        Ok(Traced {
+            exe: Arc::new(Executable::new(graph, symbols.clone())),
+            output_tree,
+            traced_nodes,
+            passes,
+            symbols,
+        })
+    }
+
+    fn run(&self, entry: &Entry, leaves: &[Array], shapes: &[&[usize]]) -> Result<Out> {
+        let inputs = leaves
+            .iter()
+            .map(|l| match l.value() {
+                Some(v) => self.backend.upload(v),
+                None => Err(Error::ReadTracer {
+                    aval: l.aval().to_string(),
+                }),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let outputs = self.backend.run(&entry.exe, &inputs, shapes)?;
+        let resolved = entry.exe.resolve_shapes(shapes)?;
+        let graph = entry.exe.graph();
+        let arrays = outputs
+            .into_iter()
+            .zip(&graph.outputs)
+            .map(|(buffer, &o)| {
+                let data = self.backend.download(buffer)?;
+                Ok(Array::from_host(data, Shape::known(&resolved[o])))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        tree_unflatten(&entry.output_tree, arrays)
+    }
+}
+
+/// A leaf's aval with each axis of size other than 1 replaced by a fresh
+/// symbol; size-1 axes stay known (they decide broadcasting).
+fn symbolic_aval(leaf: &Array, index: usize, symbols: &mut Vec<(Symbol, SymbolSource)>) -> Aval {
+    let dims = leaf
+        .shape()
+        .dims()
+        .iter()
+        .enumerate()
+        .map(|(axis, d)| match d {
+            Dim::Known(1) => Dim::Known(1),
+            _ => {
+                let s = Symbol(symbols.len() as u32);
+                symbols.push((s, SymbolSource { leaf: index, axis }));
+                Dim::symbol(s)
+            }
+        })
+        .collect();
+    Aval::new(Shape(dims), leaf.dtype())
+}
+
+fn hash_key(key: &CacheKey) -> u64 {
+    let mut state = FastHasher::default();
+    key.hash(&mut state);
+    state.finish()
+}
+
+/// The concrete shapes of a call's leaves, in one buffer.
+struct LeafShapes {
+    dims: Vec<usize>,
+    ends: Vec<usize>,
+}
+
+impl LeafShapes {
+    fn of(leaves: &[Array]) -> LeafShapes {
+        let mut dims = Vec::new();
+        let mut ends = Vec::with_capacity(leaves.len());
+        for leaf in leaves {
+            dims.extend(leaf.shape().dims().iter().filter_map(Dim::known));
+            ends.push(dims.len());
+        }
+        LeafShapes { dims, ends }
+    }
+
+    fn refs(&self) -> Vec<&[usize]> {
+        let mut start = 0;
+        self.ends
+            .iter()
+            .map(|&end| {
+                let s = &self.dims[start..end];
+                start = end;
+                s
+            })
+            .collect()
+    }
+}
+
+/// Compares `key` with every stored key and explains the difference from
+/// the closest: same tree structure first, then the fewest differing leaves.
+fn explain_miss(call: u64, key: &CacheKey, entries: &[Arc<Entry>]) -> CacheMiss {
+    let best = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (i, differences(&e.key, key)))
+        .min_by_key(|(_, reasons)| {
+            let structural = reasons.iter().any(|r| matches!(r, MissReason::TreeStructure { .. }));
+            (structural, reasons.len())
+        });
+    match best {
+        None => CacheMiss {
+            call,
+            reasons: vec![MissReason::NeverSeen],
+            closest_entry: None,
+        },
+        Some((i, reasons)) => CacheMiss {
+            call,
+            reasons,
+            closest_entry: Some(i),
+        },
+    }
+}
+
+/// Every difference between a stored key and a new one.
+fn differences(before: &CacheKey, now: &CacheKey) -> Vec<MissReason> {
+    let mut reasons = Vec::new();
+    if before.backend != now.backend {
+        reasons.push(MissReason::Backend {
+            before: before.backend.clone(),
+            now: now.backend.clone(),
+        });
+    }
+    if let Some(diff) = before.tree.first_difference(&now.tree) {
+        let path = arg_path(&diff.path);
+        reasons.push(match diff.kind {
+            DifferenceKind::Structure { before, now } => MissReason::TreeStructure { path, before, now },
+            DifferenceKind::Static { before, now } => MissReason::Static { path, before, now },
+        });
+        if reasons.iter().any(|r| matches!(r, MissReason::TreeStructure { .. })) {
+            return reasons;
+        }
+    }
+    let paths = now.tree.leaf_paths();
+    for (i, (b, n)) in before.leaves.iter().zip(&now.leaves).enumerate() {
+        if b != n {
+            reasons.push(MissReason::Aval {
+                path: paths.get(i).map_or_else(|| format!("leaf {i}"), arg_path),
+                before: b.to_string(),
+                now: n.to_string(),
+            });
+        }
+    }
+    reasons
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_report(
+    entry: usize,
+    shapeless: bool,
+    input_tree: &TreeDef,
+    output_tree: &TreeDef,
+    traced_nodes: usize,
+    passes: Vec<PassRecord>,
+    exe: &Executable,
+    symbols: &[(Symbol, SymbolSource)],
+    leaf_paths: &[KeyPath],
+) -> Report {
+    let leaf_name = |i: usize| leaf_paths.get(i).map_or_else(|| format!("leaf {i}"), arg_path);
+    let graph = exe.graph();
+    Report {
+        entry,
+        shapeless,
+        input_tree: input_tree.to_string(),
+        output_tree: output_tree.to_string(),
+        traced_nodes,
+        nodes: graph
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(id, node)| ReportNode {
+                id,
+                op: match &node.kind {
+                    ValueKind::Input(i) => format!("input {}", leaf_name(*i)),
+                    ValueKind::Constant(_) => "constant".to_string(),
+                    ValueKind::Op(op) => op.describe(),
+                },
+                inputs: node.inputs.clone(),
+                aval: node.aval.to_string(),
+            })
+            .collect(),
+        outputs: graph.outputs.clone(),
+        passes,
+        guards: graph
+            .guards
+            .iter()
+            .map(|g| format!("{} (from {})", g.condition, g.op))
+            .collect(),
+        symbols: symbols
+            .iter()
+            .map(|(s, src)| format!("{s} = {}.shape[{}]", leaf_name(src.leaf), src.axis))
+            .collect(),
+    }
+}

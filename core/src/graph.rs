@@ -1,0 +1,323 @@
+//! The graph IR: values in schedule order, extracted from lazy arrays, and
+//! the passes that rewrite it (simplify, constant folding, CSE, DCE).
+
+use crate::array::{Array, NodeKind};
+use crate::data::HostData;
+use crate::error::{Error, Result};
+use crate::ops::{Guard, Op};
+use crate::shape::Aval;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+/// Index of a value in a [`Graph`].
+pub type ValueId = usize;
+
+/// Constant data embedded in a graph. Equal when it is the same buffer or,
+/// for small constants, the same bits; this is what lets CSE merge the `2.0`
+/// literals a program writes in many places.
+#[derive(Clone, Debug)]
+pub struct Literal(pub Arc<HostData>);
+
+/// Constants up to this many elements are compared by value.
+const LITERAL_VALUE_LIMIT: usize = 64;
+
+impl Literal {
+    fn bits(&self) -> Option<Vec<u64>> {
+        (self.0.len() <= LITERAL_VALUE_LIMIT)
+            .then(|| self.0.to_f64_vec().into_iter().map(f64::to_bits).collect())
+    }
+}
+
+impl PartialEq for Literal {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+            || (self.0.dtype() == other.0.dtype()
+                && self.0.len() == other.0.len()
+                && self.bits().is_some()
+                && self.bits() == other.bits())
+    }
+}
+
+impl Eq for Literal {}
+
+impl Hash for Literal {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.dtype().hash(state);
+        self.0.len().hash(state);
+        if let Some(bits) = self.bits() {
+            bits.hash(state);
+        }
+    }
+}
+
+/// What a value of the graph is.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ValueKind {
+    /// Argument `i` of the call (leaf `i` of the flattened arguments).
+    Input(usize),
+    /// Constant data.
+    Constant(Literal),
+    /// The result of an op on the `inputs` of the [`GraphNode`].
+    Op(Op),
+}
+
+/// One value of the graph.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GraphNode {
+    /// How the value is produced.
+    pub kind: ValueKind,
+    /// Operands (values earlier in the schedule).
+    pub inputs: Vec<ValueId>,
+    /// Shape and dtype (symbolic in a shapeless compile).
+    pub aval: Aval,
+}
+
+/// A dataflow graph whose node order is a valid schedule.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Graph {
+    /// Values in schedule order.
+    pub nodes: Vec<GraphNode>,
+    /// The values returned, in order.
+    pub outputs: Vec<ValueId>,
+    /// Number of call arguments.
+    pub num_inputs: usize,
+    /// Conditions on symbolic dims the shape rules assumed.
+    pub guards: Vec<Guard>,
+}
+
+/// How graph extraction treats the leaves it meets.
+pub(crate) enum Leaves {
+    /// Eager evaluation: every computed array becomes a graph input.
+    Eager,
+    /// Tracing: arguments of trace `id` are inputs; computed arrays are constants.
+    Trace { id: u64, num_inputs: usize },
+}
+
+/// The graph of everything `outputs` depend on, plus (eager) the arrays that
+/// became its inputs.
+pub(crate) fn extract(outputs: &[Array], leaves: Leaves) -> Result<(Graph, Vec<Array>)> {
+    let mut graph = Graph::default();
+    let mut inputs: Vec<Array> = Vec::new();
+    let mut ids: HashMap<usize, ValueId> = HashMap::new();
+    // Iterative post-order DFS: chains can be tens of thousands of ops deep.
+    let mut stack: Vec<(Array, bool)> = outputs.iter().rev().map(|a| (a.clone(), false)).collect();
+    while let Some((array, expanded)) = stack.pop() {
+        if ids.contains_key(&array.id()) {
+            continue;
+        }
+        let node = &array.node;
+        if let Some(value) = array.value() {
+            let kind = match leaves {
+                Leaves::Eager => {
+                    inputs.push(array.clone());
+                    ValueKind::Input(inputs.len() - 1)
+                }
+                Leaves::Trace { .. } => ValueKind::Constant(Literal(value.clone())),
+            };
+            push(&mut graph, &mut ids, &array, kind, Vec::new());
+            continue;
+        }
+        match &node.kind {
+            NodeKind::Failed(e) => return Err(e.clone()),
+            NodeKind::Data => unreachable!("data nodes always hold a value"),
+            NodeKind::Param { trace, index } => match leaves {
+                Leaves::Trace { id, .. } if id == *trace => {
+                    push(&mut graph, &mut ids, &array, ValueKind::Input(*index), Vec::new());
+                }
+                _ => {
+                    return Err(Error::ReadTracer {
+                        aval: array.aval().to_string(),
+                    })
+                }
+            },
+            NodeKind::Op { op, inputs: operands, guards } => {
+                let operands = operands.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                if expanded {
+                    let ins = operands.iter().map(|a| ids[&a.id()]).collect();
+                    graph.guards.extend(guards.iter().cloned());
+                    push(&mut graph, &mut ids, &array, ValueKind::Op(op.clone()), ins);
+                } else {
+                    stack.push((array.clone(), true));
+                    for operand in operands.iter().rev() {
+                        if !ids.contains_key(&operand.id()) {
+                            stack.push((operand.clone(), false));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    graph.outputs = outputs.iter().map(|a| ids[&a.id()]).collect();
+    graph.num_inputs = match leaves {
+        Leaves::Eager => inputs.len(),
+        Leaves::Trace { num_inputs, .. } => num_inputs,
+    };
+    Ok((graph, inputs))
+}
+
+fn push(graph: &mut Graph, ids: &mut HashMap<usize, ValueId>, array: &Array, kind: ValueKind, inputs: Vec<ValueId>) {
+    ids.insert(array.id(), graph.nodes.len());
+    graph.nodes.push(GraphNode {
+        kind,
+        inputs,
+        aval: array.aval().clone(),
+    });
+}
+
+/// What one pass did, for the [`crate::Report`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassRecord {
+    /// The pass: `simplify`, `constant_folding`, `cse`, `dce`.
+    pub pass: String,
+    /// How many values it removed, folded or merged.
+    pub changed: usize,
+}
+
+/// Constant-folded results may grow at most to this many elements beyond
+/// their operands: folding `broadcast_to(0, [4096, 4096])` would bake a
+/// large buffer into the executable.
+const FOLD_GROWTH_LIMIT: usize = 1024;
+
+/// Runs simplify, constant folding and CSE in one forward sweep, then DCE.
+pub fn optimize(graph: &Graph) -> Result<(Graph, Vec<PassRecord>)> {
+    let mut out = Graph {
+        num_inputs: graph.num_inputs,
+        guards: graph.guards.clone(),
+        ..Graph::default()
+    };
+    let mut remap: Vec<ValueId> = Vec::with_capacity(graph.nodes.len());
+    let mut seen: HashMap<GraphNode, ValueId> = HashMap::new();
+    let (mut simplified, mut folded, mut merged) = (0, 0, 0);
+    for node in &graph.nodes {
+        let inputs: Vec<ValueId> = node.inputs.iter().map(|&i| remap[i]).collect();
+        if let ValueKind::Op(op) = &node.kind {
+            if let Some(&alias) = inputs.first().filter(|_| is_identity(op, &node.aval, &out, &inputs)) {
+                simplified += 1;
+                remap.push(alias);
+                continue;
+            }
+        }
+        let mut candidate = GraphNode {
+            kind: node.kind.clone(),
+            inputs,
+            aval: node.aval.clone(),
+        };
+        if let Some(literal) = fold(&candidate, &out)? {
+            folded += 1;
+            candidate = GraphNode {
+                kind: ValueKind::Constant(literal),
+                inputs: Vec::new(),
+                aval: node.aval.clone(),
+            };
+        }
+        match seen.get(&candidate) {
+            Some(&existing) => {
+                merged += 1;
+                remap.push(existing);
+            }
+            None => {
+                let id = out.nodes.len();
+                seen.insert(candidate.clone(), id);
+                out.nodes.push(candidate);
+                remap.push(id);
+            }
+        }
+    }
+    out.outputs = graph.outputs.iter().map(|&o| remap[o]).collect();
+    let (out, removed) = dce(out);
+    let records = vec![
+        PassRecord { pass: "simplify".into(), changed: simplified },
+        PassRecord { pass: "constant_folding".into(), changed: folded },
+        PassRecord { pass: "cse".into(), changed: merged },
+        PassRecord { pass: "dce".into(), changed: removed },
+    ];
+    Ok((out, records))
+}
+
+/// True when `op` returns its first operand unchanged.
+fn is_identity(op: &Op, aval: &Aval, graph: &Graph, inputs: &[ValueId]) -> bool {
+    let operand = &graph.nodes[inputs[0]].aval;
+    match op {
+        Op::Reshape(_) | Op::BroadcastTo(_) | Op::Cast(_) => operand == aval,
+        Op::Permute(perm) => perm.iter().enumerate().all(|(i, &p)| i == p),
+        _ => false,
+    }
+}
+
+/// Evaluates `node` now if everything it needs is known.
+fn fold(node: &GraphNode, graph: &Graph) -> Result<Option<Literal>> {
+    let ValueKind::Op(op) = &node.kind else {
+        return Ok(None);
+    };
+    let Some(out_shape) = node.aval.shape.as_known() else {
+        return Ok(None);
+    };
+    if let Op::DimSize { axes, dtype } = op {
+        // Needs only the operand's shape, which may be known while its data is not.
+        let Some(in_shape) = graph.nodes[node.inputs[0]].aval.shape.as_known() else {
+            return Ok(None);
+        };
+        let count: usize = axes.iter().map(|&a| in_shape[a]).product();
+        return Ok(Some(Literal(Arc::new(HostData::filled(*dtype, 1, count as f64)))));
+    }
+    let mut datas = Vec::with_capacity(node.inputs.len());
+    let mut shapes = Vec::with_capacity(node.inputs.len());
+    for &i in &node.inputs {
+        let operand = &graph.nodes[i];
+        match (&operand.kind, operand.aval.shape.as_known()) {
+            (ValueKind::Constant(l), Some(s)) => {
+                datas.push(l.0.as_ref());
+                shapes.push(s);
+            }
+            _ => return Ok(None),
+        }
+    }
+    let out_len: usize = out_shape.iter().product();
+    let in_len = datas.iter().map(|d| d.len()).max().unwrap_or(0);
+    if datas.is_empty() || out_len > in_len + FOLD_GROWTH_LIMIT {
+        return Ok(None);
+    }
+    let shape_refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+    Ok(Some(Literal(Arc::new(op.eval(&datas, &shape_refs, &out_shape)?))))
+}
+
+/// Removes values no output depends on; returns the graph and the count removed.
+pub fn dce(graph: Graph) -> (Graph, usize) {
+    let n = graph.nodes.len();
+    let mut live = vec![false; n];
+    for &o in &graph.outputs {
+        live[o] = true;
+    }
+    for i in (0..n).rev() {
+        if live[i] {
+            for &j in &graph.nodes[i].inputs {
+                live[j] = true;
+            }
+        }
+    }
+    let removed = live.iter().filter(|l| !**l).count();
+    if removed == 0 {
+        return (graph, 0);
+    }
+    let mut remap = vec![usize::MAX; n];
+    let mut nodes = Vec::with_capacity(n - removed);
+    for (i, node) in graph.nodes.into_iter().enumerate() {
+        if live[i] {
+            remap[i] = nodes.len();
+            let inputs = node.inputs.iter().map(|&j| remap[j]).collect();
+            nodes.push(GraphNode { inputs, ..node });
+        }
+    }
+    let outputs = graph.outputs.iter().map(|&o| remap[o]).collect();
+    (
+        Graph {
+            nodes,
+            outputs,
+            num_inputs: graph.num_inputs,
+            guards: graph.guards,
+        },
+        removed,
+    )
+}

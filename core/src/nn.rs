@@ -1,0 +1,51 @@
+//! Neural-network functions as compositions of core ops (no new primitives:
+//! fusion makes them fast where a backend fuses).
+
+use crate::array::Array;
+
+/// `softmax` along `axis`, stabilised by subtracting the maximum.
+///
+/// ```
+/// use kiln::{nn, Array};
+/// let p = nn::softmax(&Array::from_vec(vec![1.0f32, 1.0], &[2])?, -1);
+/// assert_eq!(p.to_vec::<f32>()?, vec![0.5, 0.5]);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn softmax(x: &Array, axis: isize) -> Array {
+    let shifted = x - x.max(&[axis], true);
+    let e = shifted.exp();
+    &e / e.sum(&[axis], true)
+}
+
+/// `log(softmax(x))` along `axis`, computed without forming the softmax.
+pub fn log_softmax(x: &Array, axis: isize) -> Array {
+    let shifted = x - x.max(&[axis], true);
+    let log_sum = shifted.exp().sum(&[axis], true).log();
+    shifted - log_sum
+}
+
+/// GELU with the exact erf form: `x/2 · (1 + erf(x/√2))`.
+pub fn gelu(x: &Array) -> Array {
+    x * 0.5 * ((x * std::f64::consts::FRAC_1_SQRT_2).erf() + 1.0)
+}
+
+/// GELU with the tanh approximation used by many transformer checkpoints.
+pub fn gelu_tanh(x: &Array) -> Array {
+    let sqrt_2_over_pi = (2.0 / std::f64::consts::PI).sqrt();
+    let inner = (x + x * x * x * 0.044715) * sqrt_2_over_pi;
+    x * 0.5 * (inner.tanh() + 1.0)
+}
+
+/// Layer normalisation over the last axis, with optional scale and shift.
+pub fn layer_norm(x: &Array, weight: Option<&Array>, bias: Option<&Array>, eps: f64) -> Array {
+    let centered = x - x.mean(&[-1], true);
+    let variance = (&centered * &centered).mean(&[-1], true);
+    let mut y = centered * (variance + eps).rsqrt();
+    if let Some(w) = weight {
+        y = y * w;
+    }
+    if let Some(b) = bias {
+        y = y + b;
+    }
+    y
+}

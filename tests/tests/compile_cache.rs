@@ -1,0 +1,171 @@
+//! Compile and the cache: results, hits and misses, explanations, reports.
+
+use kiln::{compile, Array, DType, MissReason, Tree};
+use std::collections::BTreeMap;
+
+fn arr(values: &[f32], shape: &[usize]) -> Array {
+    Array::from_slice(values, shape).expect("test data matches its shape")
+}
+
+#[derive(Tree, Clone, Debug)]
+struct Pair {
+    a: Array,
+    b: Array,
+}
+
+#[test]
+fn compiled_call_equals_eager_call_for_a_pair() {
+    let f = |p: Pair| (p.a.exp() * 2.0 + &p.b).sum(&[0], false);
+    let p = Pair {
+        a: arr(&[0.0, 1.0, 2.0, 3.0], &[2, 2]),
+        b: arr(&[1.0, 1.0, 1.0, 1.0], &[2, 2]),
+    };
+    let eager = f(p.clone()).to_vec::<f32>().unwrap();
+    let compiled = compile(f).call(&p).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(compiled, eager);
+    let e = std::f32::consts::E;
+    assert!((compiled[0] - (2.0 + 2.0 * e * e + 2.0)).abs() < 1e-4);
+}
+
+#[test]
+fn second_call_with_same_signature_hits() {
+    let f = compile(|x: Array| x * 3.0);
+    f.call(&arr(&[1.0, 2.0], &[2])).unwrap();
+    let y = f.call(&arr(&[5.0, 6.0], &[2])).unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![15.0, 18.0]);
+    let cache = f.cache();
+    assert_eq!((cache.entries, cache.hits, cache.misses), (1, 1, 1));
+    assert_eq!(cache.miss_log[0].reasons, vec![MissReason::NeverSeen]);
+}
+
+#[test]
+fn new_shape_misses_and_names_the_leaf() {
+    let f = compile(|p: Pair| &p.a + &p.b);
+    let small = Pair {
+        a: Array::zeros(&[4, 4], DType::F32),
+        b: Array::zeros(&[4, 4], DType::F32),
+    };
+    let big = Pair {
+        a: Array::zeros(&[8, 4], DType::F32),
+        b: Array::zeros(&[8, 4], DType::F32),
+    };
+    f.call(&small).unwrap();
+    f.call(&big).unwrap();
+    let miss = f.cache().last_miss().cloned().unwrap();
+    assert_eq!(miss.closest_entry, Some(0));
+    assert_eq!(
+        miss.reasons[0],
+        MissReason::Aval {
+            path: "args.a".into(),
+            before: "f32[4,4]".into(),
+            now: "f32[8,4]".into()
+        }
+    );
+    assert_eq!(miss.reasons[0].to_string(), "aval differs at leaf args.a: f32[4,4] → f32[8,4]");
+    assert_eq!(miss.reasons.len(), 2);
+}
+
+#[test]
+fn dtype_change_misses() {
+    let f = compile(|x: Array| x.abs());
+    f.call(&Array::ones(&[2], DType::F32)).unwrap();
+    f.call(&Array::ones(&[2], DType::F16)).unwrap();
+    let cache = f.cache();
+    assert_eq!(cache.entries, 2);
+    assert!(matches!(&cache.miss_log[1].reasons[0], MissReason::Aval { before, now, .. } if before == "f32[2]" && now == "f16[2]"));
+}
+
+#[test]
+fn static_scalar_argument_is_part_of_the_key() {
+    let f = compile(|(x, k): (Array, f64)| x * k);
+    let x = arr(&[1.0, 2.0], &[2]);
+    assert_eq!(f.call(&(x.clone(), 2.0)).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+    assert_eq!(f.call(&(x.clone(), 3.0)).unwrap().to_vec::<f32>().unwrap(), vec![3.0, 6.0]);
+    assert_eq!(f.call(&(x, 2.0)).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+    let cache = f.cache();
+    assert_eq!((cache.entries, cache.hits), (2, 1));
+    assert!(matches!(&cache.miss_log[1].reasons[0], MissReason::Static { path, .. } if path == "args[1]"));
+}
+
+#[test]
+fn tree_structure_change_is_explained_with_path() {
+    let f = compile(|xs: Vec<Array>| xs.iter().fold(Array::scalar(0.0, DType::F32), |acc, x| acc + x.sum_all()));
+    f.call(&vec![Array::ones(&[2], DType::F32); 2]).unwrap();
+    let out = f.call(&vec![Array::ones(&[2], DType::F32); 3]).unwrap();
+    assert_eq!(out.item::<f32>().unwrap(), 6.0);
+    let miss = f.cache().last_miss().cloned().unwrap();
+    assert!(matches!(&miss.reasons[0], MissReason::TreeStructure { path, .. } if path == "args"), "{miss:?}");
+}
+
+#[test]
+fn map_arguments_compile_and_key_on_their_keys() {
+    let f = compile(|m: BTreeMap<String, Array>| m.values().fold(Array::scalar(0.0, DType::F32), |acc, x| acc + x.sum_all()));
+    let mut m = BTreeMap::new();
+    m.insert("w".to_string(), arr(&[1.0, 2.0], &[2]));
+    m.insert("b".to_string(), arr(&[3.0], &[1]));
+    assert_eq!(f.call(&m).unwrap().item::<f32>().unwrap(), 6.0);
+}
+
+#[test]
+fn report_lists_graph_and_passes() {
+    let f = compile(|x: Array| {
+        let a = x.exp() * 2.0;
+        let b = x.exp() * 2.0; // the same computation twice: CSE merges it
+        a + b
+    });
+    f.call(&arr(&[0.0], &[1])).unwrap();
+    let report = f.cache().reports[0].clone();
+    let cse = report.passes.iter().find(|p| p.pass == "cse").unwrap();
+    assert!(cse.changed >= 2, "{report:?}");
+    assert_eq!(report.nodes.iter().filter(|n| n.op == "exp").count(), 1);
+    assert!(report.nodes[0].op.starts_with("input args"));
+    let json = serde_json::to_string(&f.cache()).unwrap();
+    assert!(json.contains("\"passes\""));
+}
+
+#[test]
+fn constant_subgraphs_fold_at_compile_time() {
+    let f = compile(|x: Array| x + Array::ones(&[2], DType::F32).exp());
+    let y = f.call(&arr(&[0.0, 1.0], &[2])).unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![1f32.exp(), 1.0 + 1f32.exp()]);
+    let report = f.cache().reports[0].clone();
+    assert!(report.passes.iter().any(|p| p.pass == "constant_folding" && p.changed == 1));
+    assert!(report.nodes.iter().all(|n| n.op != "exp"));
+}
+
+#[test]
+fn returning_an_input_gives_equal_but_independent_value() {
+    let f = compile(|p: Pair| Pair { a: p.b.clone(), b: p.a.clone() });
+    let p = Pair {
+        a: arr(&[1.0], &[1]),
+        b: arr(&[2.0], &[1]),
+    };
+    let swapped = f.call(&p).unwrap();
+    assert_eq!(swapped.a.to_vec::<f32>().unwrap(), vec![2.0]);
+    assert_eq!(swapped.b.to_vec::<f32>().unwrap(), vec![1.0]);
+    assert_eq!(p.a.to_vec::<f32>().unwrap(), vec![1.0]);
+}
+
+#[test]
+fn pending_arguments_are_evaluated_before_the_call() {
+    let f = compile(|x: Array| x + 1.0);
+    let lazy = arr(&[1.0, 2.0], &[2]) * 10.0;
+    assert_eq!(f.call(&lazy).unwrap().to_vec::<f32>().unwrap(), vec![11.0, 21.0]);
+}
+
+#[test]
+fn compiled_function_called_inside_another_trace_is_inlined() {
+    let inner = compile(|x: Array| x.exp());
+    let outer = compile(move |x: Array| inner.call(&x).expect("inlined call") + 1.0);
+    let y = outer.call(&arr(&[0.0], &[1])).unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![2.0]);
+}
+
+#[test]
+fn long_eager_chain_evaluates_and_drops_without_stack_overflow() {
+    let mut x = arr(&[0.0], &[1]);
+    for _ in 0..20_000 {
+        x = x + 1.0;
+    }
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![20_000.0]);
+}
