@@ -99,3 +99,57 @@ pub fn tree_flatten_with_path<T: Tree>(value: &T) -> Result<Vec<(KeyPath, Array)
     let (leaves, def) = tree_flatten(value)?;
     Ok(def.leaf_paths().into_iter().zip(leaves).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // `extern crate self as kiln` lets the derive's `::kiln::` paths resolve here.
+    #[derive(crate::Tree)]
+    struct Inside {
+        x: Array,
+        #[tree(static)]
+        n: i64,
+    }
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn tree_types_are_send_and_sync() {
+        assert_send_sync::<TreeDef>();
+        assert_send_sync::<StaticValue>();
+        assert_send_sync::<Value>();
+        assert_send_sync::<Registry>();
+        assert_send_sync::<NodeType>();
+    }
+
+    #[test]
+    fn derive_works_inside_the_crate() {
+        let value = Inside {
+            x: Array::from_vec(vec![1.0_f32, 2.0], &[2]).unwrap(),
+            n: 4,
+        };
+        let (leaves, def) = tree_flatten(&value).unwrap();
+        assert_eq!(def.to_string(), "Inside { x: *, n: 4 }");
+        let back: Inside = tree_unflatten(&def, leaves).unwrap();
+        assert_eq!(back.x.to_vec::<f32>().unwrap(), [1.0, 2.0]);
+        assert_eq!(back.n, 4);
+    }
+
+    #[test]
+    fn flattening_a_derived_struct_borrows_its_field_names() {
+        let value = Inside {
+            x: Array::from_vec(vec![1.0_f32], &[1]).unwrap(),
+            n: 0,
+        };
+        let (_, def) = tree_flatten(&value).unwrap();
+        let TreeDef::Node(node) = def else {
+            panic!("expected a node")
+        };
+        assert!(matches!(node.type_name, std::borrow::Cow::Borrowed(_)));
+        assert!(node
+            .fields
+            .iter()
+            .all(|(name, _)| matches!(name, std::borrow::Cow::Borrowed(_))));
+    }
+}
