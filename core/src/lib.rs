@@ -2,6 +2,9 @@
 //! with explained misses, and the CPU executor.
 #![warn(missing_docs)]
 
+// Lets `#[derive(Tree)]`'s `::kiln::` paths resolve inside this crate too.
+extern crate self as kiln;
+
 pub mod array;
 pub mod compile;
 pub mod data;
@@ -24,5 +27,11 @@ pub use error::{Error, Result};
 pub use eval::{eval, eval_cache_stats, EvalCacheStats};
 pub use exec::{Backend, CpuBackend, Executable};
 pub use graph::{Graph, GraphNode, PassRecord, ValueKind};
+pub use kiln_derive::Tree;
 pub use ops::{BinaryOp, Op, ReduceOp, SliceAxis, UnaryOp};
 pub use shape::{Atom, Aval, Dim, Shape, SymExpr, Symbol};
+pub use tree::{
+    tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten, DifferenceKind,
+    KeyPath, NodeDef, NodeType, PathEntry, Registry, StaticValue, Tree, TreeDef, TreeDifference,
+    Value,
+};

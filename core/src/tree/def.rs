@@ -1,0 +1,546 @@
+//! `TreeDef`: the structure of a flattened tree.
+
+use super::path::{KeyPath, PathEntry};
+use super::static_value::StaticValue;
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+/// The structure of a flattened tree: everything but the array leaves.
+///
+/// Two defs are equal when the structures, the type names and every static
+/// value (by equality) are equal; this is what the compile cache keys on.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum TreeDef {
+    /// An array leaf.
+    Leaf,
+    /// A non-array value, part of the structure (and of the cache key).
+    Static(StaticValue),
+    /// `()`.
+    Unit,
+    /// A tuple of children.
+    Tuple(Vec<TreeDef>),
+    /// A list (`Vec<T>`) of children.
+    List(Vec<TreeDef>),
+    /// An `Option`.
+    Option(Option<Box<TreeDef>>),
+    /// A map with string keys, in key order.
+    Map(Vec<(String, TreeDef)>),
+    /// A struct or a registered node type.
+    Node(Arc<NodeDef>),
+}
+
+/// A struct (derived) or registered node type inside a [`TreeDef`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct NodeDef {
+    /// The full Rust type path (`std::any::type_name`) for derived structs;
+    /// the registered name (or the script class) for dynamic values.
+    pub type_name: Cow<'static, str>,
+    /// Aux data (unit for derived structs).
+    pub aux: StaticValue,
+    /// The children: field names for named structs, `0`, `1`, ... for tuple
+    /// structs and registered types.
+    pub fields: Vec<(Cow<'static, str>, TreeDef)>,
+}
+
+/// Where two defs first differ, and how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeDifference {
+    /// The path of the differing node.
+    pub path: KeyPath,
+    /// What differs.
+    pub kind: DifferenceKind,
+}
+
+/// How two defs differ at a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DifferenceKind {
+    /// The shape of the tree differs (`Pair{a,b}` before, `list[3]` now).
+    Structure {
+        /// A summary of the node in the first def.
+        before: String,
+        /// A summary of the node in the second def.
+        now: String,
+    },
+    /// A static value or aux data differs (rendered with `Debug`).
+    Static {
+        /// The value in the first def.
+        before: String,
+        /// The value in the second def.
+        now: String,
+    },
+}
+
+impl fmt::Display for TreeDifference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            DifferenceKind::Structure { before, now } => write!(
+                f,
+                "at `{}` the structure changed from {before} to {now}",
+                self.path
+            ),
+            DifferenceKind::Static { before, now } => write!(
+                f,
+                "at `{}` the static value changed from {before} to {now}",
+                self.path
+            ),
+        }
+    }
+}
+
+impl TreeDef {
+    /// The number of array leaves.
+    pub fn num_leaves(&self) -> usize {
+        match self {
+            TreeDef::Leaf => 1,
+            TreeDef::Static(_) | TreeDef::Unit | TreeDef::Option(None) => 0,
+            TreeDef::Tuple(c) | TreeDef::List(c) => c.iter().map(TreeDef::num_leaves).sum(),
+            TreeDef::Option(Some(c)) => c.num_leaves(),
+            TreeDef::Map(c) => c.iter().map(|(_, d)| d.num_leaves()).sum(),
+            TreeDef::Node(n) => n.fields.iter().map(|(_, d)| d.num_leaves()).sum(),
+        }
+    }
+
+    /// The path of every leaf, in leaf order.
+    pub fn leaf_paths(&self) -> Vec<KeyPath> {
+        let mut out = Vec::with_capacity(self.num_leaves());
+        let mut path = KeyPath::default();
+        self.collect_leaf_paths(&mut path, &mut out);
+        out
+    }
+
+    fn collect_leaf_paths(&self, path: &mut KeyPath, out: &mut Vec<KeyPath>) {
+        match self {
+            TreeDef::Leaf => out.push(path.clone()),
+            TreeDef::Static(_) | TreeDef::Unit | TreeDef::Option(None) => {}
+            TreeDef::Option(Some(c)) => c.collect_leaf_paths(path, out),
+            _ => {
+                for (entry, child) in self.children() {
+                    path.push(entry);
+                    child.collect_leaf_paths(path, out);
+                    path.pop();
+                }
+            }
+        }
+    }
+
+    /// The children of a tuple, list, map or node with the path step to each.
+    fn children(&self) -> Vec<(PathEntry, &TreeDef)> {
+        match self {
+            TreeDef::Tuple(c) | TreeDef::List(c) => c
+                .iter()
+                .enumerate()
+                .map(|(i, d)| (PathEntry::Index(i), d))
+                .collect(),
+            TreeDef::Map(c) => c
+                .iter()
+                .map(|(k, d)| (PathEntry::Key(k.clone()), d))
+                .collect(),
+            TreeDef::Node(n) => n
+                .fields
+                .iter()
+                .map(|(name, d)| (PathEntry::Field(name.clone()), d))
+                .collect(),
+            TreeDef::Leaf | TreeDef::Static(_) | TreeDef::Unit | TreeDef::Option(_) => Vec::new(),
+        }
+    }
+
+    /// The variant name, for error messages (`Tuple`, `Leaf`, ...).
+    pub(crate) fn variant_name(&self) -> &'static str {
+        match self {
+            TreeDef::Leaf => "Leaf",
+            TreeDef::Static(_) => "Static",
+            TreeDef::Unit => "Unit",
+            TreeDef::Tuple(_) => "Tuple",
+            TreeDef::List(_) => "List",
+            TreeDef::Option(_) => "Option",
+            TreeDef::Map(_) => "Map",
+            TreeDef::Node(_) => "Node",
+        }
+    }
+
+    /// A one-line summary of this node (not its descendants): `array`,
+    /// `list[3]`, `Pair{a,b}`, ...
+    fn summary(&self, name: &dyn Fn(&NodeDef) -> String) -> String {
+        match self {
+            TreeDef::Leaf => "array".into(),
+            TreeDef::Static(v) => format!("static {v:?}"),
+            TreeDef::Unit => "()".into(),
+            TreeDef::Tuple(c) => format!("tuple[{}]", c.len()),
+            TreeDef::List(c) => format!("list[{}]", c.len()),
+            TreeDef::Option(None) => "None".into(),
+            TreeDef::Option(Some(_)) => "Some".into(),
+            TreeDef::Map(c) => {
+                let keys: Vec<&str> = c.iter().map(|(k, _)| k.as_str()).collect();
+                format!("map{{{}}}", keys.join(","))
+            }
+            TreeDef::Node(n) => {
+                let fields: Vec<&str> = n.fields.iter().map(|(f, _)| f.as_ref()).collect();
+                format!("{}{{{}}}", name(n), fields.join(","))
+            }
+        }
+    }
+
+    /// The first place (in leaf order) where `other` differs from `self` in
+    /// structure or in a static value; `None` when the defs are equal.
+    ///
+    /// ```
+    /// use kiln::{DifferenceKind, StaticValue, TreeDef};
+    /// let before = TreeDef::Tuple(vec![TreeDef::Leaf, TreeDef::Static(StaticValue::new(1_i64))]);
+    /// let now = TreeDef::Tuple(vec![TreeDef::Leaf, TreeDef::Static(StaticValue::new(2_i64))]);
+    /// let diff = before.first_difference(&now).unwrap();
+    /// assert_eq!(diff.path.to_string(), "[1]");
+    /// assert_eq!(diff.kind, DifferenceKind::Static { before: "1".into(), now: "2".into() });
+    /// ```
+    pub fn first_difference(&self, other: &TreeDef) -> Option<TreeDifference> {
+        let mut path = KeyPath::default();
+        let kind = self.difference_at(other, &mut path)?;
+        Some(TreeDifference { path, kind })
+    }
+
+    fn difference_at(&self, other: &TreeDef, path: &mut KeyPath) -> Option<DifferenceKind> {
+        if self == other {
+            return None;
+        }
+        let same_shape = match (self, other) {
+            (TreeDef::Static(a), TreeDef::Static(b)) => {
+                return Some(DifferenceKind::Static {
+                    before: format!("{a:?}"),
+                    now: format!("{b:?}"),
+                });
+            }
+            (TreeDef::Tuple(a), TreeDef::Tuple(b)) | (TreeDef::List(a), TreeDef::List(b)) => {
+                a.len() == b.len()
+            }
+            (TreeDef::Option(Some(_)), TreeDef::Option(Some(_))) => true,
+            (TreeDef::Map(a), TreeDef::Map(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|((x, _), (y, _))| x == y)
+            }
+            (TreeDef::Node(a), TreeDef::Node(b)) => {
+                a.type_name == b.type_name
+                    && a.fields.len() == b.fields.len()
+                    && a.fields
+                        .iter()
+                        .zip(&b.fields)
+                        .all(|((x, _), (y, _))| x == y)
+            }
+            _ => false,
+        };
+        if !same_shape {
+            return Some(self.structure_difference(other));
+        }
+        if let (TreeDef::Option(Some(a)), TreeDef::Option(Some(b))) = (self, other) {
+            return a.difference_at(b, path);
+        }
+        if let (TreeDef::Node(a), TreeDef::Node(b)) = (self, other) {
+            if a.aux != b.aux {
+                return Some(DifferenceKind::Static {
+                    before: format!("{:?}", a.aux),
+                    now: format!("{:?}", b.aux),
+                });
+            }
+        }
+        for ((entry, x), (_, y)) in self.children().into_iter().zip(other.children()) {
+            path.push(entry);
+            if let Some(kind) = x.difference_at(y, path) {
+                return Some(kind);
+            }
+            path.pop();
+        }
+        None
+    }
+
+    fn structure_difference(&self, other: &TreeDef) -> DifferenceKind {
+        // Short type names read best; fall back to full paths when the short
+        // names would hide the difference (same name, different modules).
+        let short_clash = matches!((self, other), (TreeDef::Node(a), TreeDef::Node(b))
+            if a.type_name != b.type_name && short_type_name(&a.type_name) == short_type_name(&b.type_name));
+        let name = |n: &NodeDef| {
+            if short_clash {
+                n.type_name.to_string()
+            } else {
+                short_type_name(&n.type_name)
+            }
+        };
+        DifferenceKind::Structure {
+            before: self.summary(&name),
+            now: other.summary(&name),
+        }
+    }
+}
+
+/// `a::b::Pair<c::D>` → `Pair<D>`.
+pub(crate) fn short_type_name(full: &str) -> String {
+    let mut out = String::with_capacity(full.len());
+    let mut segment = String::new();
+    let mut chars = full.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_alphanumeric() || c == '_' {
+            segment.push(c);
+        } else if c == ':' && chars.peek() == Some(&':') {
+            chars.next();
+            segment.clear();
+        } else {
+            out.push_str(&segment);
+            segment.clear();
+            out.push(c);
+        }
+    }
+    out.push_str(&segment);
+    out
+}
+
+fn is_tuple_like(fields: &[(Cow<'static, str>, TreeDef)]) -> bool {
+    fields
+        .iter()
+        .enumerate()
+        .all(|(i, (name, _))| name.parse::<usize>() == Ok(i))
+}
+
+fn write_seq<'a>(
+    f: &mut fmt::Formatter<'_>,
+    items: impl IntoIterator<Item = &'a TreeDef>,
+) -> fmt::Result {
+    for (i, item) in items.into_iter().enumerate() {
+        if i > 0 {
+            f.write_str(", ")?;
+        }
+        write!(f, "{item}")?;
+    }
+    Ok(())
+}
+
+impl fmt::Display for TreeDef {
+    /// Compact: `*` for a leaf, statics by `Debug`, `Pair { a: *, b: * }`,
+    /// `(*, [*, *])`, `{"k": *}`, `Some(*)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TreeDef::Leaf => f.write_str("*"),
+            TreeDef::Static(v) => write!(f, "{v:?}"),
+            TreeDef::Unit => f.write_str("()"),
+            TreeDef::Tuple(c) => {
+                f.write_str("(")?;
+                write_seq(f, c)?;
+                f.write_str(if c.len() == 1 { ",)" } else { ")" })
+            }
+            TreeDef::List(c) => {
+                f.write_str("[")?;
+                write_seq(f, c)?;
+                f.write_str("]")
+            }
+            TreeDef::Option(None) => f.write_str("None"),
+            TreeDef::Option(Some(c)) => write!(f, "Some({c})"),
+            TreeDef::Map(c) => {
+                f.write_str("{")?;
+                for (i, (k, d)) in c.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{k:?}: {d}")?;
+                }
+                f.write_str("}")
+            }
+            TreeDef::Node(n) => {
+                f.write_str(&short_type_name(&n.type_name))?;
+                if !n.aux.is_unit() {
+                    write!(f, "[{:?}]", n.aux)?;
+                }
+                if n.fields.is_empty() {
+                    Ok(())
+                } else if is_tuple_like(&n.fields)
+                    || n.fields.len() == 1 && n.fields[0].0.is_empty()
+                {
+                    f.write_str("(")?;
+                    write_seq(f, n.fields.iter().map(|(_, d)| d))?;
+                    f.write_str(")")
+                } else {
+                    f.write_str(" { ")?;
+                    for (i, (name, d)) in n.fields.iter().enumerate() {
+                        if i > 0 {
+                            f.write_str(", ")?;
+                        }
+                        write!(f, "{name}: {d}")?;
+                    }
+                    f.write_str(" }")
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &'static str, fields: Vec<(&'static str, TreeDef)>) -> TreeDef {
+        TreeDef::Node(Arc::new(NodeDef {
+            type_name: Cow::Borrowed(name),
+            aux: StaticValue::unit(),
+            fields: fields
+                .into_iter()
+                .map(|(n, d)| (Cow::Borrowed(n), d))
+                .collect(),
+        }))
+    }
+
+    fn st<T: super::super::StaticBound>(v: T) -> TreeDef {
+        TreeDef::Static(StaticValue::new(v))
+    }
+
+    #[test]
+    fn short_type_name_strips_module_paths() {
+        assert_eq!(short_type_name("a::b::Pair"), "Pair");
+        assert_eq!(short_type_name("a::Wrap<c::D, f32>"), "Wrap<D, f32>");
+        assert_eq!(short_type_name("Cache"), "Cache");
+    }
+
+    #[test]
+    fn display_is_compact() {
+        let pair = node("m::Pair", vec![("a", TreeDef::Leaf), ("b", TreeDef::Leaf)]);
+        assert_eq!(pair.to_string(), "Pair { a: *, b: * }");
+        let t = TreeDef::Tuple(vec![
+            TreeDef::Leaf,
+            TreeDef::List(vec![TreeDef::Leaf, TreeDef::Leaf]),
+        ]);
+        assert_eq!(t.to_string(), "(*, [*, *])");
+        assert_eq!(TreeDef::Tuple(vec![TreeDef::Leaf]).to_string(), "(*,)");
+        let m = TreeDef::Map(vec![("k".into(), st(String::from("v")))]);
+        assert_eq!(m.to_string(), r#"{"k": "v"}"#);
+        let ts = node("m::T", vec![("0", TreeDef::Leaf), ("1", st(3_i32))]);
+        assert_eq!(ts.to_string(), "T(*, 3)");
+        assert_eq!(node("m::U", vec![]).to_string(), "U");
+        let o = TreeDef::Option(Some(Box::new(TreeDef::Unit)));
+        assert_eq!(o.to_string(), "Some(())");
+    }
+
+    #[test]
+    fn num_leaves_and_leaf_paths_follow_leaf_order() {
+        let def = node(
+            "m::Model",
+            vec![
+                ("layers", TreeDef::List(vec![TreeDef::Leaf, TreeDef::Leaf])),
+                ("cfg", st(1_u32)),
+                (
+                    "extra",
+                    TreeDef::Option(Some(Box::new(TreeDef::Map(vec![(
+                        "bias".into(),
+                        TreeDef::Leaf,
+                    )])))),
+                ),
+            ],
+        );
+        assert_eq!(def.num_leaves(), 3);
+        let paths: Vec<String> = def.leaf_paths().iter().map(|p| p.to_string()).collect();
+        assert_eq!(paths, ["layers[0]", "layers[1]", r#"extra["bias"]"#]);
+    }
+
+    #[test]
+    fn equal_defs_have_no_difference() {
+        let a = node("m::Pair", vec![("a", TreeDef::Leaf), ("b", st(1_i64))]);
+        assert_eq!(a.first_difference(&a.clone()), None);
+    }
+
+    #[test]
+    fn first_difference_reports_a_structure_change_with_short_names() {
+        let before = node("m::Pair", vec![("a", TreeDef::Leaf), ("b", TreeDef::Leaf)]);
+        let now = TreeDef::List(vec![TreeDef::Leaf; 3]);
+        let diff = before.first_difference(&now).unwrap();
+        assert_eq!(diff.path, KeyPath::default());
+        assert_eq!(
+            diff.kind,
+            DifferenceKind::Structure {
+                before: "Pair{a,b}".into(),
+                now: "list[3]".into()
+            }
+        );
+    }
+
+    #[test]
+    fn first_difference_uses_full_names_when_short_names_clash() {
+        let before = node("m1::Pair", vec![]);
+        let now = node("m2::Pair", vec![]);
+        let diff = before.first_difference(&now).unwrap();
+        assert_eq!(
+            diff.kind,
+            DifferenceKind::Structure {
+                before: "m1::Pair{}".into(),
+                now: "m2::Pair{}".into()
+            }
+        );
+    }
+
+    #[test]
+    fn first_difference_finds_a_nested_static_change() {
+        let make = |act: &str| {
+            node(
+                "m::Model",
+                vec![
+                    ("w", TreeDef::Leaf),
+                    (
+                        "layers",
+                        TreeDef::List(vec![
+                            node("m::Layer", vec![("act", st(act.to_string()))]),
+                            node("m::Layer", vec![("act", st("b".to_string()))]),
+                        ]),
+                    ),
+                ],
+            )
+        };
+        let diff = make("a").first_difference(&make("b")).unwrap();
+        assert_eq!(diff.path.to_string(), "layers[0].act");
+        assert_eq!(
+            diff.kind,
+            DifferenceKind::Static {
+                before: "\"a\"".into(),
+                now: "\"b\"".into()
+            }
+        );
+        assert_eq!(
+            diff.to_string(),
+            "at `layers[0].act` the static value changed from \"a\" to \"b\""
+        );
+    }
+
+    #[test]
+    fn first_difference_reports_aux_changes_as_static() {
+        let make = |aux: i64| {
+            TreeDef::Node(Arc::new(NodeDef {
+                type_name: "Cache".into(),
+                aux: StaticValue::new(aux),
+                fields: vec![("0".into(), TreeDef::Leaf)],
+            }))
+        };
+        let diff = TreeDef::Tuple(vec![make(1)])
+            .first_difference(&TreeDef::Tuple(vec![make(2)]))
+            .unwrap();
+        assert_eq!(diff.path.to_string(), "[0]");
+        assert_eq!(
+            diff.kind,
+            DifferenceKind::Static {
+                before: "1".into(),
+                now: "2".into()
+            }
+        );
+    }
+
+    #[test]
+    fn first_difference_finds_a_nested_structure_change() {
+        let before = TreeDef::Map(vec![(
+            "x".into(),
+            TreeDef::Tuple(vec![TreeDef::Leaf, TreeDef::Leaf]),
+        )]);
+        let now = TreeDef::Map(vec![(
+            "x".into(),
+            TreeDef::Tuple(vec![TreeDef::Leaf, TreeDef::Unit]),
+        )]);
+        let diff = before.first_difference(&now).unwrap();
+        assert_eq!(diff.path.to_string(), r#"["x"][1]"#);
+        assert_eq!(
+            diff.kind,
+            DifferenceKind::Structure {
+                before: "array".into(),
+                now: "()".into()
+            }
+        );
+    }
+}
