@@ -1,6 +1,8 @@
 //! Kiln core: arrays, ops with shape rules, trees, tracing, the compile cache
 //! with explained misses, and the CPU executor.
 
+#![warn(missing_docs)]
+
 pub mod array;
 pub mod data;
 pub mod dtype;
