@@ -28,7 +28,9 @@ pub use eval::{eval, eval_cache_stats, EvalCacheStats};
 pub use exec::{Backend, CpuBackend, Executable};
 pub use graph::{Graph, GraphNode, PassRecord, ValueKind};
 pub use kiln_derive::Tree;
-pub use ops::{BinaryOp, Op, ReduceOp, SliceAxis, UnaryOp};
+pub use ops::{
+    BinaryOp, Condition, CustomKernel, CustomOp, Guard, Op, ReduceOp, ShapeCx, SliceAxis, UnaryOp,
+};
 pub use shape::{Atom, Aval, Dim, Shape, SymExpr, Symbol};
 pub use tree::{
     tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten, DifferenceKind,

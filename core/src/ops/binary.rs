@@ -1,0 +1,532 @@
+//! Elementwise two-operand math and comparisons with NumPy broadcasting:
+//! shape rule and reference evaluation.
+
+use super::strided::{
+    broadcast_shapes, broadcast_zip, eval_dtype_err, nan_max, nan_min, narrow, widen, WrappingInt,
+};
+use super::ShapeCx;
+use crate::data::HostData;
+use crate::error::{dtype_err, require_float, require_same_dtype, Result};
+use crate::shape::Aval;
+use crate::DType;
+use serde::{Deserialize, Serialize};
+
+/// An elementwise two-operand op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BinaryOp {
+    /// `a + b` (integers wrap).
+    Add,
+    /// `a - b` (integers wrap).
+    Sub,
+    /// `a * b` (integers wrap).
+    Mul,
+    /// `a / b` (integers truncate toward zero; division by zero yields 0).
+    Div,
+    /// `a ^ b` (floats only).
+    Pow,
+    /// The larger operand (NaN if either is NaN).
+    Maximum,
+    /// The smaller operand (NaN if either is NaN).
+    Minimum,
+    /// `a == b`, a bool result.
+    Eq,
+    /// `a != b`, a bool result.
+    Ne,
+    /// `a < b`, a bool result.
+    Lt,
+    /// `a <= b`, a bool result.
+    Le,
+    /// `a > b`, a bool result.
+    Gt,
+    /// `a >= b`, a bool result.
+    Ge,
+}
+
+impl BinaryOp {
+    /// The op's name as users write it: `add`, `equal`, `less_equal`, ...
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Maximum => "maximum",
+            BinaryOp::Minimum => "minimum",
+            BinaryOp::Eq => "equal",
+            BinaryOp::Ne => "not_equal",
+            BinaryOp::Lt => "less",
+            BinaryOp::Le => "less_equal",
+            BinaryOp::Gt => "greater",
+            BinaryOp::Ge => "greater_equal",
+        }
+    }
+
+    /// True for the six comparisons, whose result is bool.
+    pub fn is_comparison(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge
+        )
+    }
+
+    /// True for add, sub, mul, div and pow, which reject bool.
+    fn is_arithmetic(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Pow
+        )
+    }
+}
+
+/// The output aval: the broadcast shape of both operands, bool for
+/// comparisons and the operands' dtype otherwise.
+pub fn shape_rule(op: BinaryOp, a: &Aval, b: &Aval, cx: &mut ShapeCx) -> Result<Aval> {
+    let dtype = require_same_dtype(op.name(), a, b)?;
+    if op == BinaryOp::Pow {
+        require_float(op.name(), a)?;
+    } else if op.is_arithmetic() && dtype == DType::Bool {
+        return Err(dtype_err(
+            op.name(),
+            &[a, b],
+            "expects a numeric dtype, got bool",
+        ));
+    }
+    let shape = broadcast_shapes(op.name(), &[a, b], cx)?;
+    let out = if op.is_comparison() {
+        DType::Bool
+    } else {
+        dtype
+    };
+    Ok(Aval::new(shape, out))
+}
+
+/// Reference evaluation with NumPy broadcasting of the contiguous operands.
+pub fn eval(
+    op: BinaryOp,
+    a: &HostData,
+    a_shape: &[usize],
+    b: &HostData,
+    b_shape: &[usize],
+    out_shape: &[usize],
+) -> Result<HostData> {
+    let zip = Zip {
+        a_shape,
+        b_shape,
+        out_shape,
+    };
+    let unsupported = || {
+        eval_dtype_err(
+            op.name(),
+            &[a.dtype(), b.dtype()],
+            "unsupported operand dtypes",
+        )
+    };
+    if op.is_comparison() {
+        let out = match (a, b) {
+            (HostData::F32(x), HostData::F32(y)) => zip.compare(op, x, y),
+            (HostData::F16(x), HostData::F16(y)) => zip.compare(op, x, y),
+            (HostData::BF16(x), HostData::BF16(y)) => zip.compare(op, x, y),
+            (HostData::I32(x), HostData::I32(y)) => zip.compare(op, x, y),
+            (HostData::U32(x), HostData::U32(y)) => zip.compare(op, x, y),
+            (HostData::U8(x), HostData::U8(y)) => zip.compare(op, x, y),
+            (HostData::Bool(x), HostData::Bool(y)) => zip.compare(op, x, y),
+            _ => return Err(unsupported()),
+        };
+        return Ok(HostData::Bool(out));
+    }
+    Ok(match (a, b) {
+        (HostData::F32(x), HostData::F32(y)) => HostData::F32(zip.float(op, x, y)),
+        (HostData::F16(x), HostData::F16(y)) => {
+            HostData::F16(narrow(&zip.float(op, &widen(x), &widen(y))))
+        }
+        (HostData::BF16(x), HostData::BF16(y)) => {
+            HostData::BF16(narrow(&zip.float(op, &widen(x), &widen(y))))
+        }
+        (HostData::I32(x), HostData::I32(y)) => {
+            HostData::I32(zip.int(op, x, y).ok_or_else(unsupported)?)
+        }
+        (HostData::U32(x), HostData::U32(y)) => {
+            HostData::U32(zip.int(op, x, y).ok_or_else(unsupported)?)
+        }
+        (HostData::U8(x), HostData::U8(y)) => {
+            HostData::U8(zip.int(op, x, y).ok_or_else(unsupported)?)
+        }
+        (HostData::Bool(x), HostData::Bool(y)) => HostData::Bool(match op {
+            BinaryOp::Maximum => zip.run(x, y, |p, q| p | q),
+            BinaryOp::Minimum => zip.run(x, y, |p, q| p & q),
+            _ => return Err(unsupported()),
+        }),
+        _ => return Err(unsupported()),
+    })
+}
+
+/// The operand and output shapes of one evaluation; each method matches the
+/// op once and then runs a monomorphized broadcast loop.
+struct Zip<'s> {
+    a_shape: &'s [usize],
+    b_shape: &'s [usize],
+    out_shape: &'s [usize],
+}
+
+impl Zip<'_> {
+    fn run<T: Copy, R>(&self, a: &[T], b: &[T], f: impl Fn(T, T) -> R) -> Vec<R> {
+        broadcast_zip(a, self.a_shape, b, self.b_shape, self.out_shape, f)
+    }
+
+    fn compare<T: Copy + PartialOrd>(&self, op: BinaryOp, a: &[T], b: &[T]) -> Vec<bool> {
+        match op {
+            BinaryOp::Eq => self.run(a, b, |x, y| x == y),
+            BinaryOp::Ne => self.run(a, b, |x, y| x != y),
+            BinaryOp::Lt => self.run(a, b, |x, y| x < y),
+            BinaryOp::Le => self.run(a, b, |x, y| x <= y),
+            BinaryOp::Gt => self.run(a, b, |x, y| x > y),
+            _ => self.run(a, b, |x, y| x >= y),
+        }
+    }
+
+    fn float(&self, op: BinaryOp, a: &[f32], b: &[f32]) -> Vec<f32> {
+        match op {
+            BinaryOp::Add => self.run(a, b, |x, y| x + y),
+            BinaryOp::Sub => self.run(a, b, |x, y| x - y),
+            BinaryOp::Mul => self.run(a, b, |x, y| x * y),
+            BinaryOp::Div => self.run(a, b, |x, y| x / y),
+            BinaryOp::Pow => self.run(a, b, f32::powf),
+            BinaryOp::Maximum => self.run(a, b, nan_max),
+            _ => self.run(a, b, nan_min),
+        }
+    }
+
+    /// `None` for pow, which integers do not support.
+    fn int<T: WrappingInt>(&self, op: BinaryOp, a: &[T], b: &[T]) -> Option<Vec<T>> {
+        Some(match op {
+            BinaryOp::Add => self.run(a, b, T::add),
+            BinaryOp::Sub => self.run(a, b, T::sub),
+            BinaryOp::Mul => self.run(a, b, T::mul),
+            BinaryOp::Div => self.run(a, b, T::div),
+            BinaryOp::Maximum => self.run(a, b, Ord::max),
+            BinaryOp::Minimum => self.run(a, b, Ord::min),
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+    use crate::ops::strided::proptest_config;
+    use crate::ops::{Condition, Guard};
+    use crate::shape::{Dim, Shape, Symbol};
+    use half::{bf16, f16};
+    use proptest::prelude::*;
+
+    fn rule(op: BinaryOp, a: &Aval, b: &Aval) -> (Result<Aval>, Vec<Guard>) {
+        let mut cx = ShapeCx::new();
+        let out = shape_rule(op, a, b, &mut cx);
+        (out, cx.guards)
+    }
+
+    fn f32_eval(
+        op: BinaryOp,
+        a: &[f32],
+        ash: &[usize],
+        b: &[f32],
+        bsh: &[usize],
+        out: &[usize],
+    ) -> HostData {
+        eval(
+            op,
+            &HostData::F32(a.to_vec()),
+            ash,
+            &HostData::F32(b.to_vec()),
+            bsh,
+            out,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn add_broadcasts_column_with_row() {
+        let out = f32_eval(
+            BinaryOp::Add,
+            &[10.0, 20.0],
+            &[2, 1],
+            &[1.0, 2.0, 3.0],
+            &[3],
+            &[2, 3],
+        );
+        assert_eq!(out, HostData::F32(vec![11.0, 12.0, 13.0, 21.0, 22.0, 23.0]));
+    }
+
+    #[test]
+    fn scalar_operand_on_either_side() {
+        let out = f32_eval(BinaryOp::Sub, &[10.0], &[], &[1.0, 2.0], &[2], &[2]);
+        assert_eq!(out, HostData::F32(vec![9.0, 8.0]));
+        let out = f32_eval(BinaryOp::Div, &[1.0, 2.0], &[2], &[4.0], &[1], &[2]);
+        assert_eq!(out, HostData::F32(vec![0.25, 0.5]));
+    }
+
+    #[test]
+    fn each_float_op_computes_hand_values() {
+        let a = [2.0f32, -1.0, 3.0];
+        let b = [3.0f32, 4.0, 3.0];
+        let s = [3];
+        let cases: [(BinaryOp, HostData); 13] = [
+            (BinaryOp::Add, HostData::F32(vec![5.0, 3.0, 6.0])),
+            (BinaryOp::Sub, HostData::F32(vec![-1.0, -5.0, 0.0])),
+            (BinaryOp::Mul, HostData::F32(vec![6.0, -4.0, 9.0])),
+            (BinaryOp::Div, HostData::F32(vec![2.0 / 3.0, -0.25, 1.0])),
+            (BinaryOp::Pow, HostData::F32(vec![8.0, 1.0, 27.0])),
+            (BinaryOp::Maximum, HostData::F32(vec![3.0, 4.0, 3.0])),
+            (BinaryOp::Minimum, HostData::F32(vec![2.0, -1.0, 3.0])),
+            (BinaryOp::Eq, HostData::Bool(vec![false, false, true])),
+            (BinaryOp::Ne, HostData::Bool(vec![true, true, false])),
+            (BinaryOp::Lt, HostData::Bool(vec![true, true, false])),
+            (BinaryOp::Le, HostData::Bool(vec![true, true, true])),
+            (BinaryOp::Gt, HostData::Bool(vec![false, false, false])),
+            (BinaryOp::Ge, HostData::Bool(vec![false, false, true])),
+        ];
+        for (op, want) in cases {
+            assert_eq!(f32_eval(op, &a, &s, &b, &s, &s), want, "{}", op.name());
+        }
+    }
+
+    #[test]
+    fn maximum_and_minimum_propagate_nan() {
+        for op in [BinaryOp::Maximum, BinaryOp::Minimum] {
+            let out = f32_eval(op, &[f32::NAN, 1.0], &[2], &[1.0, f32::NAN], &[2], &[2]);
+            let HostData::F32(v) = out else { panic!() };
+            assert!(v.iter().all(|x| x.is_nan()));
+        }
+    }
+
+    #[test]
+    fn half_results_equal_f32_results_rounded() {
+        let a = [0.1f32, 1.3, 2.7, 5.5];
+        let b = [0.7f32, 3.1, 0.3, 2.0];
+        for op in [
+            BinaryOp::Add,
+            BinaryOp::Sub,
+            BinaryOp::Mul,
+            BinaryOp::Div,
+            BinaryOp::Pow,
+            BinaryOp::Maximum,
+        ] {
+            let ah: Vec<f16> = a.iter().map(|&x| f16::from_f32(x)).collect();
+            let bh: Vec<f16> = b.iter().map(|&x| f16::from_f32(x)).collect();
+            let HostData::F32(want) = f32_eval(op, &widen(&ah), &[4], &widen(&bh), &[4], &[4])
+            else {
+                panic!()
+            };
+            let got = eval(op, &HostData::F16(ah), &[4], &HostData::F16(bh), &[4], &[4]);
+            assert_eq!(got, Ok(HostData::F16(narrow(&want))));
+            let ab: Vec<bf16> = a.iter().map(|&x| bf16::from_f32(x)).collect();
+            let bb: Vec<bf16> = b.iter().map(|&x| bf16::from_f32(x)).collect();
+            let HostData::F32(want) = f32_eval(op, &widen(&ab), &[4], &widen(&bb), &[4], &[4])
+            else {
+                panic!()
+            };
+            let got = eval(
+                op,
+                &HostData::BF16(ab),
+                &[4],
+                &HostData::BF16(bb),
+                &[4],
+                &[4],
+            );
+            assert_eq!(got, Ok(HostData::BF16(narrow(&want))));
+        }
+    }
+
+    #[test]
+    fn integer_arithmetic_wraps_and_division_by_zero_is_zero() {
+        let a = HostData::I32(vec![i32::MAX, -7, 7, i32::MIN]);
+        let b = HostData::I32(vec![1, 2, 0, -1]);
+        let s = [4];
+        assert_eq!(
+            eval(BinaryOp::Add, &a, &s, &b, &s, &s),
+            Ok(HostData::I32(vec![i32::MIN, -5, 7, i32::MAX]))
+        );
+        assert_eq!(
+            eval(BinaryOp::Div, &a, &s, &b, &s, &s),
+            Ok(HostData::I32(vec![i32::MAX, -3, 0, i32::MIN]))
+        );
+        let u = HostData::U8(vec![250, 3]);
+        let v = HostData::U8(vec![10, 5]);
+        assert_eq!(
+            eval(BinaryOp::Add, &u, &[2], &v, &[2], &[2]),
+            Ok(HostData::U8(vec![4, 8]))
+        );
+        assert_eq!(
+            eval(BinaryOp::Sub, &u, &[2], &v, &[2], &[2]),
+            Ok(HostData::U8(vec![240, 254]))
+        );
+        assert_eq!(
+            eval(BinaryOp::Mul, &u, &[2], &v, &[2], &[2]),
+            Ok(HostData::U8(vec![196, 15]))
+        );
+        assert_eq!(
+            eval(BinaryOp::Maximum, &u, &[2], &v, &[2], &[2]),
+            Ok(HostData::U8(vec![250, 5]))
+        );
+    }
+
+    #[test]
+    fn bool_maximum_is_or_and_minimum_is_and() {
+        let a = HostData::Bool(vec![true, false, false]);
+        let b = HostData::Bool(vec![false, false, true]);
+        let s = [3];
+        assert_eq!(
+            eval(BinaryOp::Maximum, &a, &s, &b, &s, &s),
+            Ok(HostData::Bool(vec![true, false, true]))
+        );
+        assert_eq!(
+            eval(BinaryOp::Minimum, &a, &s, &b, &s, &s),
+            Ok(HostData::Bool(vec![false, false, false]))
+        );
+        assert!(eval(BinaryOp::Add, &a, &s, &b, &s, &s).is_err());
+    }
+
+    #[test]
+    fn size_zero_dims_give_empty_output() {
+        let out = f32_eval(BinaryOp::Mul, &[], &[0, 3], &[1.0, 2.0, 3.0], &[3], &[0, 3]);
+        assert_eq!(out, HostData::F32(vec![]));
+        let (aval, _) = rule(
+            BinaryOp::Mul,
+            &Aval::new([0, 3], DType::F32),
+            &Aval::new([1, 3], DType::F32),
+        );
+        assert_eq!(aval, Ok(Aval::new([0, 3], DType::F32)));
+    }
+
+    #[test]
+    fn incompatible_shapes_name_op_and_both_avals() {
+        let (out, _) = rule(
+            BinaryOp::Add,
+            &Aval::new([2, 3], DType::F32),
+            &Aval::new([4], DType::F32),
+        );
+        let err = out.unwrap_err();
+        assert!(matches!(err, Error::Shape { .. }));
+        let msg = format!("{err}");
+        for part in [
+            "add",
+            "f32[2,3]",
+            "f32[4]",
+            "cannot broadcast dim 3 with 4 at axis 1",
+        ] {
+            assert!(msg.contains(part), "{msg}");
+        }
+    }
+
+    #[test]
+    fn dtype_rules() {
+        let f = Aval::new([2], DType::F32);
+        let i = Aval::new([2], DType::I32);
+        let t = Aval::new([2], DType::Bool);
+        let err = rule(BinaryOp::Add, &f, &i).0.unwrap_err();
+        assert!(matches!(err, Error::DType { .. }) && format!("{err}").contains("i32[2]"));
+        assert!(matches!(
+            rule(BinaryOp::Pow, &i, &i).0,
+            Err(Error::DType { .. })
+        ));
+        assert!(matches!(
+            rule(BinaryOp::Sub, &t, &t).0,
+            Err(Error::DType { .. })
+        ));
+        assert_eq!(rule(BinaryOp::Maximum, &t, &t).0, Ok(t.clone()));
+        assert_eq!(
+            rule(BinaryOp::Lt, &i, &i).0,
+            Ok(Aval::new([2], DType::Bool))
+        );
+        assert_eq!(rule(BinaryOp::Mul, &i, &i).0, Ok(i.clone()));
+    }
+
+    #[test]
+    fn symbolic_dim_against_known_needs_no_guard() {
+        let s0 = Dim::symbol(Symbol(0));
+        let a = Aval::new(Shape(vec![s0.clone(), Dim::Known(4)]), DType::F32);
+        let (out, guards) = rule(BinaryOp::Add, &a, &Aval::new([4], DType::F32));
+        assert_eq!(out, Ok(a.clone()));
+        assert!(guards.is_empty());
+    }
+
+    #[test]
+    fn two_distinct_symbols_record_one_equal_guard() {
+        let s0 = Dim::symbol(Symbol(0));
+        let s1 = Dim::symbol(Symbol(1));
+        let a = Aval::new(Shape(vec![s0.clone()]), DType::F32);
+        let b = Aval::new(Shape(vec![s1.clone()]), DType::F32);
+        let (out, guards) = rule(BinaryOp::Add, &a, &b);
+        assert_eq!(out.map(|a| a.shape.rank()), Ok(1));
+        assert_eq!(
+            guards,
+            vec![Guard {
+                op: String::new(),
+                condition: Condition::Equal(s0, s1)
+            }]
+        );
+    }
+
+    fn naive_broadcast_add(
+        a: &[i32],
+        ash: &[usize],
+        b: &[i32],
+        bsh: &[usize],
+        out: &[usize],
+    ) -> Vec<i32> {
+        let n: usize = out.iter().product();
+        (0..n)
+            .map(|flat| {
+                let mut rem = flat;
+                let mut idx = vec![0; out.len()];
+                for d in (0..out.len()).rev() {
+                    idx[d] = rem % out[d];
+                    rem /= out[d];
+                }
+                let at = |data: &[i32], sh: &[usize]| {
+                    let lead = out.len() - sh.len();
+                    let mut off = 0;
+                    for (j, &d) in sh.iter().enumerate() {
+                        off = off * d + if d == 1 { 0 } else { idx[lead + j] };
+                    }
+                    data[off]
+                };
+                at(a, ash).wrapping_add(at(b, bsh))
+            })
+            .collect()
+    }
+
+    fn broadcast_pair() -> impl Strategy<Value = (Vec<usize>, Vec<usize>, Vec<usize>)> {
+        prop::collection::vec(0usize..4, 0..4)
+            .prop_flat_map(|out| {
+                let rank = out.len();
+                let masks = prop::collection::vec(any::<bool>(), rank);
+                (Just(out), masks.clone(), masks, 0..=rank, 0..=rank)
+            })
+            .prop_map(|(out, ma, mb, da, db)| {
+                let pick = |mask: &[bool], drop: usize| -> Vec<usize> {
+                    out.iter()
+                        .zip(mask)
+                        .skip(drop)
+                        .map(|(&d, &one)| if one { 1 } else { d })
+                        .collect()
+                };
+                (pick(&ma, da), pick(&mb, db), out)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(proptest_config())]
+        #[test]
+        fn broadcast_eval_matches_naive_indexing((ash, bsh, _) in broadcast_pair()) {
+            let a: Vec<i32> = (0..ash.iter().product::<usize>() as i32).collect();
+            let b: Vec<i32> = (0..bsh.iter().product::<usize>() as i32).map(|x| x * 100).collect();
+            let (aa, ba) = (Aval::new(ash.clone(), DType::I32), Aval::new(bsh.clone(), DType::I32));
+            let out = rule(BinaryOp::Add, &aa, &ba).0.unwrap().shape.as_known().unwrap();
+            let got = eval(BinaryOp::Add, &HostData::I32(a.clone()), &ash, &HostData::I32(b.clone()), &bsh, &out).unwrap();
+            prop_assert_eq!(got, HostData::I32(naive_broadcast_add(&a, &ash, &b, &bsh, &out)));
+        }
+    }
+}

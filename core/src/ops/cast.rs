@@ -1,0 +1,143 @@
+//! Elementwise dtype conversion: shape rule and reference evaluation.
+
+use super::strided::widen;
+use crate::data::HostData;
+use crate::shape::Aval;
+use crate::DType;
+use half::{bf16, f16};
+
+/// The output aval: the operand's shape with the new dtype.
+pub fn shape_rule(aval: &Aval, dtype: DType) -> Aval {
+    Aval::new(aval.shape.clone(), dtype)
+}
+
+/// Reference evaluation with the semantics of [`crate::Element::from_f64`]:
+/// floats round to nearest, float → integer truncates toward zero and
+/// saturates (NaN → 0), anything → bool is `x != 0`, bool → number is 0/1.
+///
+/// The f32 ↔ f16/bf16/i32 conversions run directly and round once from the
+/// exact value. They equal the f64 route except on rare near-ties, where
+/// `half`'s f64 → f16/bf16 conversion (which drops the low 32 bits of the
+/// f64 before rounding) is off by one ulp and the direct path is right.
+pub fn eval(data: &HostData, dtype: DType) -> HostData {
+    match (data, dtype) {
+        (_, d) if d == data.dtype() => data.clone(),
+        (HostData::F32(v), DType::F16) => {
+            HostData::F16(v.iter().map(|&x| f16::from_f32(x)).collect())
+        }
+        (HostData::F32(v), DType::BF16) => {
+            HostData::BF16(v.iter().map(|&x| bf16::from_f32(x)).collect())
+        }
+        (HostData::F32(v), DType::I32) => HostData::I32(v.iter().map(|&x| x as i32).collect()),
+        (HostData::F16(v), DType::F32) => HostData::F32(widen(v)),
+        (HostData::BF16(v), DType::F32) => HostData::F32(widen(v)),
+        (HostData::I32(v), DType::F32) => HostData::F32(v.iter().map(|&x| x as f32).collect()),
+        (_, DType::F32) => HostData::F32(data.to_vec()),
+        (_, DType::F16) => HostData::F16(data.to_vec()),
+        (_, DType::BF16) => HostData::BF16(data.to_vec()),
+        (_, DType::I32) => HostData::I32(data.to_vec()),
+        (_, DType::U32) => HostData::U32(data.to_vec()),
+        (_, DType::Bool) => HostData::Bool(data.to_vec()),
+        (_, DType::U8) => HostData::U8(data.to_vec()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::strided::proptest_config;
+    use crate::shape::{Dim, Shape, Symbol};
+    use proptest::prelude::*;
+
+    #[test]
+    fn float_to_int_truncates_saturates_and_maps_nan_to_zero() {
+        let v = HostData::F32(vec![2.7, -2.7, 1e20, -1e20, f32::NAN]);
+        assert_eq!(
+            eval(&v, DType::I32),
+            HostData::I32(vec![2, -2, i32::MAX, i32::MIN, 0])
+        );
+        assert_eq!(eval(&v, DType::U8), HostData::U8(vec![2, 0, 255, 0, 0]));
+        assert_eq!(
+            eval(&v, DType::U32),
+            HostData::U32(vec![2, 0, u32::MAX, 0, 0])
+        );
+    }
+
+    #[test]
+    fn anything_to_bool_is_nonzero_and_bool_to_number_is_zero_or_one() {
+        let v = HostData::F32(vec![0.0, -0.0, 0.5, f32::NAN]);
+        assert_eq!(
+            eval(&v, DType::Bool),
+            HostData::Bool(vec![false, false, true, true])
+        );
+        let b = HostData::Bool(vec![true, false]);
+        assert_eq!(
+            eval(&b, DType::F16),
+            HostData::F16(vec![f16::ONE, f16::ZERO])
+        );
+        assert_eq!(eval(&b, DType::I32), HostData::I32(vec![1, 0]));
+    }
+
+    #[test]
+    fn f32_to_halves_round_to_nearest() {
+        let v = HostData::F32(vec![1.0 + 1.0 / 4096.0, 65520.0]);
+        let HostData::F16(h) = eval(&v, DType::F16) else {
+            panic!()
+        };
+        assert_eq!(h[0], f16::ONE);
+        assert!(h[1].is_infinite());
+        let HostData::BF16(b) = eval(&HostData::F32(vec![1.0 + 1.0 / 256.0]), DType::BF16) else {
+            panic!()
+        };
+        assert_eq!(b[0], bf16::ONE);
+    }
+
+    #[test]
+    fn empty_data_casts_to_empty() {
+        assert_eq!(
+            eval(&HostData::U8(vec![]), DType::BF16),
+            HostData::BF16(vec![])
+        );
+    }
+
+    #[test]
+    fn shape_rule_keeps_symbolic_shape() {
+        let shape = Shape(vec![Dim::symbol(Symbol(0)), Dim::Known(3)]);
+        let out = shape_rule(&Aval::new(shape.clone(), DType::F32), DType::U8);
+        assert_eq!(out, Aval::new(shape, DType::U8));
+    }
+
+    #[test]
+    fn f32_to_bf16_rounds_once_from_the_exact_value() {
+        // Just above a tie: the low half of the f32 is 0x8001, so it rounds up.
+        // (half's f64 → bf16 drops the low 32 bits of the f64 first and would
+        // see an exact tie here.)
+        let x = f32::from_bits(0xA929_8001);
+        let HostData::BF16(b) = eval(&HostData::F32(vec![x]), DType::BF16) else {
+            panic!()
+        };
+        assert_eq!(b[0].to_bits(), 0xA92A);
+    }
+
+    proptest! {
+        #![proptest_config(proptest_config())]
+        #[test]
+        fn direct_paths_equal_the_f64_route(bits in prop::collection::vec(any::<u32>(), 0..32)) {
+            // Clearing the 3 lowest mantissa bits keeps every value inside the
+            // f64 high word that half's f64 conversions read.
+            let xs: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b & !7)).collect();
+            let data = HostData::F32(xs.clone());
+            for dtype in [DType::F16, DType::BF16, DType::I32] {
+                let via_f64 = HostData::from_f64s(dtype, xs.iter().map(|&x| f64::from(x)));
+                // Debug output compares NaNs as equal.
+                prop_assert_eq!(format!("{:?}", eval(&data, dtype)), format!("{:?}", via_f64));
+            }
+            let ints: Vec<i32> = bits.iter().map(|&b| b as i32).collect();
+            let direct = eval(&HostData::I32(ints.clone()), DType::F32);
+            prop_assert_eq!(direct, HostData::from_f64s(DType::F32, ints.iter().map(|&x| f64::from(x))));
+            let full: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+            let via_f64 = HostData::from_f64s(DType::I32, full.iter().map(|&x| f64::from(x)));
+            prop_assert_eq!(eval(&HostData::F32(full), DType::I32), via_f64);
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! NumPy `take` along one axis: shape rule and reference evaluation.
+
+use super::strided::numel;
+use crate::data::{HostData, HostElement};
+use crate::error::{arg_err, dtype_err, Error, Result};
+use crate::shape::{Aval, Shape};
+use crate::DType;
+
+const OP: &str = "take";
+
+/// The output aval: `x.shape[..axis] ++ indices.shape ++ x.shape[axis+1..]`
+/// with the dtype of `x`; indices must be i32 or u32.
+pub fn take_shape_rule(axis: usize, x: &Aval, indices: &Aval) -> Result<Aval> {
+    let rank = x.shape.rank();
+    if axis >= rank {
+        return Err(arg_err(OP, format!("axis {axis} is out of range for {x}")));
+    }
+    if !matches!(indices.dtype, DType::I32 | DType::U32) {
+        return Err(dtype_err(
+            OP,
+            &[x, indices],
+            format!("indices must be i32 or u32, got {}", indices.dtype),
+        ));
+    }
+    let dims = x.shape.dims();
+    let out = dims[..axis]
+        .iter()
+        .chain(indices.shape.dims())
+        .chain(&dims[axis + 1..])
+        .cloned()
+        .collect();
+    Ok(Aval::new(Shape(out), x.dtype))
+}
+
+/// Reference take: negative i32 indices wrap once (NumPy); anything still
+/// outside `[0, n)` is a runtime error.
+pub fn take_eval(
+    axis: usize,
+    x: &HostData,
+    x_shape: &[usize],
+    indices: &HostData,
+    out_shape: &[usize],
+) -> Result<HostData> {
+    let Some(&n) = x_shape.get(axis) else {
+        return Err(arg_err(
+            OP,
+            format!("axis {axis} is out of range for shape {x_shape:?}"),
+        ));
+    };
+    let out_of_range = |i: i64| Error::Runtime {
+        op: OP.to_string(),
+        detail: format!("index {i} out of range for axis {axis} of size {n}"),
+    };
+    let resolve = |i: i64| {
+        let j = if i < 0 { i + n as i64 } else { i };
+        usize::try_from(j)
+            .ok()
+            .filter(|&j| j < n)
+            .ok_or_else(|| out_of_range(i))
+    };
+    let positions: Vec<usize> = match indices {
+        HostData::I32(v) => v
+            .iter()
+            .map(|&i| resolve(i64::from(i)))
+            .collect::<Result<_>>()?,
+        HostData::U32(v) => v
+            .iter()
+            .map(|&i| resolve(i64::from(i)))
+            .collect::<Result<_>>()?,
+        other => {
+            return Err(Error::DType {
+                op: OP.to_string(),
+                detail: format!("indices must be i32 or u32, got {}", other.dtype()),
+                operands: format!("{}, {}", x.dtype(), other.dtype()),
+            })
+        }
+    };
+    let outer = numel(&x_shape[..axis]);
+    let inner = numel(&x_shape[axis + 1..]);
+    let out = crate::with_host_data!(x, v => HostElement::wrap(take_typed(v, &positions, outer, n, inner)));
+    debug_assert_eq!(out.len(), numel(out_shape), "take output size");
+    Ok(out)
+}
+
+/// Copies the `inner`-long rows at `positions` from each of the `outer`
+/// blocks of a `[outer, n, inner]` view.
+fn take_typed<T: Copy>(
+    v: &[T],
+    positions: &[usize],
+    outer: usize,
+    n: usize,
+    inner: usize,
+) -> Vec<T> {
+    let mut out = Vec::with_capacity(outer * positions.len() * inner);
+    for o in 0..outer {
+        for &p in positions {
+            let start = (o * n + p) * inner;
+            out.extend_from_slice(&v[start..start + inner]);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shape::{Dim, Symbol};
+
+    #[test]
+    fn takes_rows_along_axis_zero() {
+        let x = HostData::F32(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let idx = HostData::I32(vec![2, 0, 2]);
+        let out = take_eval(0, &x, &[3, 2], &idx, &[3, 2]);
+        assert_eq!(out, Ok(HostData::F32(vec![5.0, 6.0, 1.0, 2.0, 5.0, 6.0])));
+    }
+
+    #[test]
+    fn takes_columns_along_last_axis_with_negative_index() {
+        let x = HostData::I32(vec![1, 2, 3, 4, 5, 6]);
+        let idx = HostData::I32(vec![-1, 0]);
+        assert_eq!(
+            take_eval(1, &x, &[2, 3], &idx, &[2, 2]),
+            Ok(HostData::I32(vec![3, 1, 6, 4]))
+        );
+    }
+
+    #[test]
+    fn out_of_range_index_is_a_runtime_error() {
+        let x = HostData::F32(vec![0.0; 5]);
+        let err = take_eval(0, &x, &[5], &HostData::U32(vec![7]), &[1]).unwrap_err();
+        assert_eq!(
+            err,
+            Error::Runtime {
+                op: "take".into(),
+                detail: "index 7 out of range for axis 0 of size 5".into()
+            }
+        );
+        assert!(take_eval(0, &x, &[5], &HostData::I32(vec![-6]), &[1]).is_err());
+        let empty = HostData::F32(vec![]);
+        assert!(take_eval(0, &empty, &[0], &HostData::I32(vec![0]), &[1]).is_err());
+    }
+
+    #[test]
+    fn empty_indices_give_empty_output() {
+        let x = HostData::U8(vec![1, 2, 3]);
+        assert_eq!(
+            take_eval(0, &x, &[3], &HostData::I32(vec![]), &[0]),
+            Ok(HostData::U8(vec![]))
+        );
+    }
+
+    #[test]
+    fn shape_rule_splices_index_shape() {
+        let x = Aval::new(
+            Shape(vec![Dim::Known(4), Dim::symbol(Symbol(0)), Dim::Known(5)]),
+            DType::F16,
+        );
+        let idx = Aval::new([2, 3], DType::U32);
+        let out = take_shape_rule(1, &x, &idx).unwrap();
+        assert_eq!(out, Aval::new([4, 2, 3, 5], DType::F16));
+    }
+
+    #[test]
+    fn shape_rule_rejects_float_indices_and_bad_axis() {
+        let x = Aval::new([4], DType::F32);
+        let err = take_shape_rule(0, &x, &Aval::new([2], DType::F32)).unwrap_err();
+        assert!(matches!(err, Error::DType { .. }));
+        let msg = format!("{err}");
+        assert!(
+            msg.contains("take") && msg.contains("f32[4]") && msg.contains("f32[2]"),
+            "{msg}"
+        );
+        assert!(matches!(
+            take_shape_rule(1, &x, &Aval::new([2], DType::I32)),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+}

@@ -1,0 +1,345 @@
+//! The op families. Each family module holds everything about its ops: the
+//! shape rule and the reference (CPU) evaluation, side by side.
+
+pub mod binary;
+pub mod cast;
+pub mod index;
+pub mod layout;
+pub mod matmul;
+pub mod reduce;
+pub mod select;
+mod strided;
+pub mod unary;
+
+use crate::data::HostData;
+use crate::error::Result;
+use crate::shape::{Aval, Dim, Shape};
+use crate::DType;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+pub use binary::BinaryOp;
+pub use layout::SliceAxis;
+pub use reduce::ReduceOp;
+pub use unary::UnaryOp;
+
+/// An operation of the graph: a closed set of families plus one open
+/// variant for custom kernels.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Elementwise one-operand math.
+    Unary(UnaryOp),
+    /// Elementwise two-operand math and comparisons, NumPy broadcasting.
+    Binary(BinaryOp),
+    /// `where(cond, a, b)`, broadcasting all three.
+    Select,
+    /// Elementwise conversion to a dtype.
+    Cast(DType),
+    /// Reduction over `axes` (sorted, unique).
+    Reduce {
+        /// Which reduction.
+        op: ReduceOp,
+        /// Reduced axes, sorted ascending.
+        axes: Vec<usize>,
+        /// Keep reduced axes as size 1.
+        keepdims: bool,
+    },
+    /// Index of the maximum along one axis (u32 result, first on ties).
+    ArgMax {
+        /// The reduced axis.
+        axis: usize,
+        /// Keep the axis as size 1.
+        keepdims: bool,
+    },
+    /// Batched matrix product `[..., m, k] @ [..., k, n]` with broadcast batch dims.
+    Matmul,
+    /// Same elements, new shape (element count preserved).
+    Reshape(Shape),
+    /// Permutes the axes: output axis `i` is input axis `perm[i]`.
+    Permute(Vec<usize>),
+    /// NumPy broadcast to a shape.
+    BroadcastTo(Shape),
+    /// Strided slice, one entry per axis.
+    Slice(Vec<SliceAxis>),
+    /// Concatenation along an axis.
+    Concat {
+        /// The joined axis.
+        axis: usize,
+    },
+    /// NumPy `take`: select entries along `axis` by an integer index array.
+    Take {
+        /// The indexed axis.
+        axis: usize,
+    },
+    /// A scalar holding the product of the operand's sizes over `axes`
+    /// (the count a mean divides by, known only per call when shapeless).
+    DimSize {
+        /// The counted axes.
+        axes: Vec<usize>,
+        /// The result dtype.
+        dtype: DType,
+    },
+    /// A user-supplied kernel with its own shape rule.
+    Custom(CustomOp),
+}
+
+/// What a custom kernel must provide: a shape rule (so shapeless compile is
+/// total) and a reference evaluation (the oracle for every backend).
+pub trait CustomKernel: Send + Sync + fmt::Debug {
+    /// The kernel's name, shown in reports and errors.
+    fn name(&self) -> &str;
+    /// Output aval from input avals.
+    fn shape_rule(&self, inputs: &[&Aval], cx: &mut ShapeCx) -> Result<Aval>;
+    /// Reference evaluation on host data.
+    fn eval(
+        &self,
+        inputs: &[&HostData],
+        in_shapes: &[&[usize]],
+        out_shape: &[usize],
+    ) -> Result<HostData>;
+}
+
+/// A shared custom kernel; equal only to itself.
+#[derive(Clone, Debug)]
+pub struct CustomOp(pub Arc<dyn CustomKernel>);
+
+impl PartialEq for CustomOp {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for CustomOp {}
+
+impl Hash for CustomOp {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (Arc::as_ptr(&self.0) as *const () as usize).hash(state);
+    }
+}
+
+impl Op {
+    /// The op's name as users write it: `add`, `exp`, `sum`, `matmul`, ...
+    pub fn name(&self) -> &str {
+        match self {
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Select => "where",
+            Op::Cast(_) => "cast",
+            Op::Reduce { op, .. } => op.name(),
+            Op::ArgMax { .. } => "argmax",
+            Op::Matmul => "matmul",
+            Op::Reshape(_) => "reshape",
+            Op::Permute(_) => "permute",
+            Op::BroadcastTo(_) => "broadcast_to",
+            Op::Slice(_) => "slice",
+            Op::Concat { .. } => "concat",
+            Op::Take { .. } => "take",
+            Op::DimSize { .. } => "dim_size",
+            Op::Custom(c) => c.0.name(),
+        }
+    }
+
+    /// The op with its parameters, for reports: `sum(axes=[1], keepdims=false)`.
+    pub fn describe(&self) -> String {
+        match self {
+            Op::Cast(d) => format!("cast({d})"),
+            Op::Reduce { op, axes, keepdims } => {
+                format!("{}(axes={axes:?}, keepdims={keepdims})", op.name())
+            }
+            Op::ArgMax { axis, keepdims } => format!("argmax(axis={axis}, keepdims={keepdims})"),
+            Op::Reshape(s) => format!("reshape({s})"),
+            Op::Permute(p) => format!("permute({p:?})"),
+            Op::BroadcastTo(s) => format!("broadcast_to({s})"),
+            Op::Slice(axes) => {
+                let parts: Vec<String> = axes.iter().map(|a| a.to_string()).collect();
+                format!("slice[{}]", parts.join(", "))
+            }
+            Op::Concat { axis } => format!("concat(axis={axis})"),
+            Op::Take { axis } => format!("take(axis={axis})"),
+            Op::DimSize { axes, dtype } => format!("dim_size(axes={axes:?}, {dtype})"),
+            other => other.name().to_string(),
+        }
+    }
+
+    /// True for ops computing each output element from the same-position
+    /// (broadcast) elements of their operands.
+    pub fn is_elementwise(&self) -> bool {
+        matches!(
+            self,
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_)
+        )
+    }
+
+    /// The output aval from the input avals; records in `cx` every equality
+    /// it had to assume between symbolic dims.
+    pub fn shape_rule(&self, inputs: &[&Aval], cx: &mut ShapeCx) -> Result<Aval> {
+        let want = self.arity();
+        if let Some(n) = want {
+            if inputs.len() != n {
+                return Err(crate::error::arg_err(
+                    self.name(),
+                    format!("expects {n} operands, got {}", inputs.len()),
+                ));
+            }
+        }
+        cx.op = self.name().to_string();
+        match self {
+            Op::Unary(u) => unary::shape_rule(*u, inputs[0]),
+            Op::Binary(b) => binary::shape_rule(*b, inputs[0], inputs[1], cx),
+            Op::Select => select::shape_rule(inputs[0], inputs[1], inputs[2], cx),
+            Op::Cast(d) => Ok(cast::shape_rule(inputs[0], *d)),
+            Op::Reduce { op, axes, keepdims } => {
+                reduce::shape_rule(*op, axes, *keepdims, inputs[0])
+            }
+            Op::ArgMax { axis, keepdims } => reduce::argmax_shape_rule(*axis, *keepdims, inputs[0]),
+            Op::Matmul => matmul::shape_rule(inputs[0], inputs[1], cx),
+            Op::Reshape(s) => layout::reshape_shape_rule(s, inputs[0], cx),
+            Op::Permute(p) => layout::permute_shape_rule(p, inputs[0]),
+            Op::BroadcastTo(s) => layout::broadcast_shape_rule(s, inputs[0], cx),
+            Op::Slice(axes) => layout::slice_shape_rule(axes, inputs[0], cx),
+            Op::Concat { axis } => layout::concat_shape_rule(*axis, inputs, cx),
+            Op::Take { axis } => index::take_shape_rule(*axis, inputs[0], inputs[1]),
+            Op::DimSize { axes, dtype } => layout::dim_size_shape_rule(axes, *dtype, inputs[0]),
+            Op::Custom(c) => c.0.shape_rule(inputs, cx),
+        }
+    }
+
+    /// Number of operands, when fixed.
+    pub fn arity(&self) -> Option<usize> {
+        match self {
+            Op::Binary(_) | Op::Matmul | Op::Take { .. } => Some(2),
+            Op::Select => Some(3),
+            Op::Concat { .. } | Op::Custom(_) => None,
+            _ => Some(1),
+        }
+    }
+
+    /// Reference evaluation on host data with concrete shapes.
+    pub fn eval(
+        &self,
+        inputs: &[&HostData],
+        in_shapes: &[&[usize]],
+        out_shape: &[usize],
+    ) -> Result<HostData> {
+        match self {
+            Op::Unary(u) => unary::eval(*u, inputs[0]),
+            Op::Binary(b) => binary::eval(
+                *b,
+                inputs[0],
+                in_shapes[0],
+                inputs[1],
+                in_shapes[1],
+                out_shape,
+            ),
+            Op::Select => select::eval(inputs, in_shapes, out_shape),
+            Op::Cast(d) => Ok(cast::eval(inputs[0], *d)),
+            Op::Reduce { op, axes, .. } => reduce::eval(*op, axes, inputs[0], in_shapes[0]),
+            Op::ArgMax { axis, .. } => reduce::argmax_eval(*axis, inputs[0], in_shapes[0]),
+            Op::Matmul => matmul::eval(inputs[0], in_shapes[0], inputs[1], in_shapes[1], out_shape),
+            Op::Reshape(_) => Ok(inputs[0].clone()),
+            Op::Permute(p) => Ok(layout::permute_eval(p, inputs[0], in_shapes[0])),
+            Op::BroadcastTo(_) => Ok(layout::broadcast_eval(inputs[0], in_shapes[0], out_shape)),
+            Op::Slice(axes) => Ok(layout::slice_eval(axes, inputs[0], in_shapes[0], out_shape)),
+            Op::Concat { axis } => Ok(layout::concat_eval(*axis, inputs, in_shapes, out_shape)),
+            Op::Take { axis } => {
+                index::take_eval(*axis, inputs[0], in_shapes[0], inputs[1], out_shape)
+            }
+            Op::DimSize { axes, dtype } => Ok(layout::dim_size_eval(axes, *dtype, in_shapes[0])),
+            Op::Custom(c) => c.0.eval(inputs, in_shapes, out_shape),
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+/// A condition on symbolic dims that a shape rule had to assume.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Condition {
+    /// The two dims are equal.
+    Equal(Dim, Dim),
+    /// The dim is at least this size.
+    AtLeast(Dim, usize),
+}
+
+impl fmt::Display for Condition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Condition::Equal(a, b) => write!(f, "{a} == {b}"),
+            Condition::AtLeast(a, k) => write!(f, "{a} >= {k}"),
+        }
+    }
+}
+
+/// A condition with the op that recorded it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Guard {
+    /// The op's name.
+    pub op: String,
+    /// The condition every call must satisfy.
+    pub condition: Condition,
+}
+
+/// The context a shape rule runs in: it collects the guards a shapeless
+/// trace relies on. With known dims it never records anything.
+#[derive(Debug, Default)]
+pub struct ShapeCx {
+    op: String,
+    /// The guards recorded so far.
+    pub guards: Vec<Guard>,
+}
+
+impl ShapeCx {
+    /// A fresh context.
+    pub fn new() -> ShapeCx {
+        ShapeCx::default()
+    }
+
+    /// Unifies two dims that must be equal. Known and different → `None`
+    /// (the rule reports the error); provably equal → that dim; otherwise
+    /// the equality is recorded as a guard and the known (or first) dim is
+    /// returned.
+    pub fn unify(&mut self, a: &Dim, b: &Dim) -> Option<Dim> {
+        match (a, b) {
+            (Dim::Known(x), Dim::Known(y)) => (x == y).then(|| a.clone()),
+            _ if a.provably_eq(b) => Some(a.clone()),
+            _ => {
+                self.guards.push(Guard {
+                    op: self.op.clone(),
+                    condition: Condition::Equal(a.clone(), b.clone()),
+                });
+                Some(if b.known().is_some() {
+                    b.clone()
+                } else {
+                    a.clone()
+                })
+            }
+        }
+    }
+
+    /// NumPy broadcasting of two dims: a known 1 yields the other; otherwise
+    /// they must unify.
+    pub fn broadcast(&mut self, a: &Dim, b: &Dim) -> Option<Dim> {
+        match (a, b) {
+            (Dim::Known(1), _) => Some(b.clone()),
+            (_, Dim::Known(1)) => Some(a.clone()),
+            _ => self.unify(a, b),
+        }
+    }
+
+    /// Records that `d` must be at least `k` (a no-op when `d` is known;
+    /// known dims are checked by the rule itself).
+    pub fn require_at_least(&mut self, d: &Dim, k: usize) {
+        if d.known().is_none() && k > 0 {
+            self.guards.push(Guard {
+                op: self.op.clone(),
+                condition: Condition::AtLeast(d.clone(), k),
+            });
+        }
+    }
+}

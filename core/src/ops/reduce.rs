@@ -1,0 +1,490 @@
+//! Reductions (sum, max, min) and argmax: shape rules and reference
+//! evaluation.
+
+use super::strided::{
+    check_axes, eval_dtype_err, for_each_offset, nan_max, nan_min, narrow, numel,
+    row_major_strides, widen, WrappingInt,
+};
+use crate::data::HostData;
+use crate::error::{arg_err, dtype_err, shape_err, Error, Result};
+use crate::shape::{Aval, Dim, Shape};
+use crate::DType;
+use serde::{Deserialize, Serialize};
+
+/// A reduction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ReduceOp {
+    /// Sum (integers wrap; f16/bf16 accumulate in f32).
+    Sum,
+    /// Maximum (NaN propagates; bool is "any").
+    Max,
+    /// Minimum (NaN propagates; bool is "all").
+    Min,
+}
+
+impl ReduceOp {
+    /// The op's name: `sum`, `max` or `min`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+        }
+    }
+}
+
+/// The operand's shape without `axes` (or with them set to 1 under
+/// `keepdims`).
+fn reduced_shape(shape: &Shape, axes: &[usize], keepdims: bool) -> Shape {
+    let dims = shape
+        .dims()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, d)| match axes.contains(&i) {
+            false => Some(d.clone()),
+            true if keepdims => Some(Dim::Known(1)),
+            true => None,
+        });
+    Shape(dims.collect())
+}
+
+/// The output aval of reducing `axes` (sorted, unique, below the rank).
+/// `sum` rejects bool; `max`/`min` over a known size-0 axis have no value.
+pub fn shape_rule(op: ReduceOp, axes: &[usize], keepdims: bool, aval: &Aval) -> Result<Aval> {
+    check_axes(op.name(), axes, aval.shape.rank())?;
+    if op == ReduceOp::Sum && aval.dtype == DType::Bool {
+        return Err(dtype_err(
+            op.name(),
+            &[aval],
+            "expects a numeric dtype, got bool",
+        ));
+    }
+    if op != ReduceOp::Sum {
+        if let Some(&axis) = axes
+            .iter()
+            .find(|&&a| aval.shape.dims()[a] == Dim::Known(0))
+        {
+            return Err(shape_err(
+                op.name(),
+                &[aval],
+                format!("axis {axis} has size 0, so there is no {}", op.name()),
+            ));
+        }
+    }
+    Ok(Aval::new(
+        reduced_shape(&aval.shape, axes, keepdims),
+        aval.dtype,
+    ))
+}
+
+/// Reference evaluation of reducing `axes` of contiguous `data` of `shape`.
+pub fn eval(op: ReduceOp, axes: &[usize], data: &HostData, shape: &[usize]) -> Result<HostData> {
+    check_axes(op.name(), axes, shape.len())?;
+    let plan = Plan::new(axes, shape);
+    if op != ReduceOp::Sum && plan.group == 0 && plan.outputs > 0 {
+        return Err(Error::Runtime {
+            op: op.name().to_string(),
+            detail: format!(
+                "cannot take the {} of an empty axis (shape {shape:?}, axes {axes:?})",
+                op.name()
+            ),
+        });
+    }
+    let floats = |v: &[f32]| match op {
+        ReduceOp::Sum => plan.run(v, 0.0, |a, b| a + b),
+        ReduceOp::Max => plan.run(v, f32::NEG_INFINITY, nan_max),
+        ReduceOp::Min => plan.run(v, f32::INFINITY, nan_min),
+    };
+    Ok(match data {
+        HostData::F32(v) => HostData::F32(floats(v)),
+        HostData::F16(v) => HostData::F16(narrow(&floats(&widen(v)))),
+        HostData::BF16(v) => HostData::BF16(narrow(&floats(&widen(v)))),
+        HostData::I32(v) => HostData::I32(plan.int(op, v)),
+        HostData::U32(v) => HostData::U32(plan.int(op, v)),
+        HostData::U8(v) => HostData::U8(plan.int(op, v)),
+        HostData::Bool(v) => HostData::Bool(match op {
+            ReduceOp::Sum => {
+                return Err(eval_dtype_err(op.name(), &[DType::Bool], "cannot sum bool"))
+            }
+            ReduceOp::Max => plan.run(v, false, |a, b| a | b),
+            ReduceOp::Min => plan.run(v, true, |a, b| a & b),
+        }),
+    })
+}
+
+/// How a reduction walks its input: the kept axes select an output
+/// element, the reduced axes the group folded into it.
+struct Plan {
+    kept_shape: Vec<usize>,
+    kept_strides: Vec<usize>,
+    red_shape: Vec<usize>,
+    red_strides: Vec<usize>,
+    /// Elements folded into each output element.
+    group: usize,
+    /// Output elements.
+    outputs: usize,
+    /// The reduced axes are a trailing suffix, so each group is contiguous.
+    trailing: bool,
+}
+
+impl Plan {
+    fn new(axes: &[usize], shape: &[usize]) -> Plan {
+        let strides = row_major_strides(shape);
+        let mut plan = Plan {
+            kept_shape: Vec::new(),
+            kept_strides: Vec::new(),
+            red_shape: Vec::new(),
+            red_strides: Vec::new(),
+            group: 1,
+            outputs: 1,
+            trailing: axes
+                .iter()
+                .enumerate()
+                .all(|(i, &a)| a == shape.len() - axes.len() + i),
+        };
+        for (i, (&d, &s)) in shape.iter().zip(&strides).enumerate() {
+            if axes.contains(&i) {
+                plan.red_shape.push(d);
+                plan.red_strides.push(s);
+                plan.group *= d;
+            } else {
+                plan.kept_shape.push(d);
+                plan.kept_strides.push(s);
+                plan.outputs *= d;
+            }
+        }
+        plan
+    }
+
+    /// Folds each group with `f` starting from `init`.
+    fn run<T: Copy>(&self, data: &[T], init: T, f: impl Fn(T, T) -> T) -> Vec<T> {
+        if self.trailing {
+            if self.group == 0 {
+                return vec![init; self.outputs];
+            }
+            return data
+                .chunks_exact(self.group)
+                .map(|g| g.iter().fold(init, |a, &b| f(a, b)))
+                .collect();
+        }
+        let mut out = Vec::with_capacity(self.outputs);
+        for_each_offset(&self.kept_shape, [&self.kept_strides], |[base]| {
+            let mut acc = init;
+            for_each_offset(&self.red_shape, [&self.red_strides], |[i]| {
+                acc = f(acc, data[base + i])
+            });
+            out.push(acc);
+        });
+        out
+    }
+
+    fn int<T: WrappingInt>(&self, op: ReduceOp, data: &[T]) -> Vec<T> {
+        match op {
+            ReduceOp::Sum => self.run(data, T::ZERO, T::add),
+            ReduceOp::Max => self.run(data, T::MIN, Ord::max),
+            ReduceOp::Min => self.run(data, T::MAX, Ord::min),
+        }
+    }
+}
+
+/// The output aval of argmax along `axis`: u32 indices.
+pub fn argmax_shape_rule(axis: usize, keepdims: bool, aval: &Aval) -> Result<Aval> {
+    let rank = aval.shape.rank();
+    if axis >= rank {
+        return Err(arg_err(
+            "argmax",
+            format!("axis {axis} is out of range for rank {rank}"),
+        ));
+    }
+    if aval.shape.dims()[axis] == Dim::Known(0) {
+        return Err(shape_err(
+            "argmax",
+            &[aval],
+            format!("axis {axis} has size 0, so there is no maximum"),
+        ));
+    }
+    Ok(Aval::new(
+        reduced_shape(&aval.shape, &[axis], keepdims),
+        DType::U32,
+    ))
+}
+
+/// Reference argmax along `axis`: the first index of the maximum, where NaN
+/// counts as the maximum (the first NaN wins).
+pub fn argmax_eval(axis: usize, data: &HostData, shape: &[usize]) -> Result<HostData> {
+    let runtime = |detail: String| Error::Runtime {
+        op: "argmax".to_string(),
+        detail,
+    };
+    if axis >= shape.len() {
+        return Err(runtime(format!(
+            "axis {axis} is out of range for shape {shape:?}"
+        )));
+    }
+    let outer = numel(&shape[..axis]);
+    let n = shape[axis];
+    let inner = numel(&shape[axis + 1..]);
+    if n == 0 && outer * inner > 0 {
+        return Err(runtime(format!(
+            "cannot take the argmax of an empty axis {axis} (shape {shape:?})"
+        )));
+    }
+    if u32::try_from(n).is_err() {
+        return Err(runtime(format!(
+            "axis {axis} of size {n} does not fit u32 indices"
+        )));
+    }
+    let out = crate::with_host_data!(data, v => argmax_typed(v, outer, n, inner));
+    Ok(HostData::U32(out))
+}
+
+/// Argmax over the middle axis of a `[outer, n, inner]` view, scanning
+/// whole rows so memory is read contiguously.
+fn argmax_typed<T: Copy + PartialOrd>(v: &[T], outer: usize, n: usize, inner: usize) -> Vec<u32> {
+    // x != x only for NaN; integers and bool never match.
+    #[allow(clippy::eq_op)]
+    fn is_nan<T: PartialOrd>(x: &T) -> bool {
+        x.partial_cmp(x).is_none()
+    }
+    let mut out = Vec::with_capacity(outer * inner);
+    if n == 0 || inner == 0 {
+        return out;
+    }
+    for block in v.chunks_exact(n * inner).take(outer) {
+        let mut best: Vec<T> = block[..inner].to_vec();
+        let mut index = vec![0u32; inner];
+        for (k, row) in block.chunks_exact(inner).enumerate().skip(1) {
+            for ((b, i), &x) in best.iter_mut().zip(&mut index).zip(row) {
+                if !is_nan(b) && (is_nan(&x) || x > *b) {
+                    *b = x;
+                    *i = k as u32;
+                }
+            }
+        }
+        out.extend(index);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::strided::proptest_config;
+    use crate::shape::Symbol;
+    use half::{bf16, f16};
+    use proptest::prelude::*;
+
+    fn f32s(v: &[f32]) -> HostData {
+        HostData::F32(v.to_vec())
+    }
+
+    #[test]
+    fn sum_over_last_axis() {
+        let d = f32s(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(
+            eval(ReduceOp::Sum, &[1], &d, &[2, 3]),
+            Ok(f32s(&[6.0, 15.0]))
+        );
+    }
+
+    #[test]
+    fn sum_over_first_axis() {
+        let d = f32s(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(
+            eval(ReduceOp::Sum, &[0], &d, &[2, 3]),
+            Ok(f32s(&[5.0, 7.0, 9.0]))
+        );
+    }
+
+    #[test]
+    fn max_and_min_over_middle_axis() {
+        let d = HostData::I32((0..12).map(|x| (x * 7) % 12).collect());
+        // [[0,7,2],[9,4,11]] , [[6,1,8],[3,10,5]] as shape [2,2,3]
+        assert_eq!(
+            eval(ReduceOp::Max, &[1], &d, &[2, 2, 3]),
+            Ok(HostData::I32(vec![9, 7, 11, 6, 10, 8]))
+        );
+        assert_eq!(
+            eval(ReduceOp::Min, &[1], &d, &[2, 2, 3]),
+            Ok(HostData::I32(vec![0, 4, 2, 3, 1, 5]))
+        );
+    }
+
+    #[test]
+    fn reduce_all_axes_gives_scalar() {
+        let d = HostData::U8(vec![200, 100, 1]);
+        assert_eq!(
+            eval(ReduceOp::Sum, &[0], &d, &[3]),
+            Ok(HostData::U8(vec![45]))
+        );
+        let rule = shape_rule(ReduceOp::Sum, &[0, 1], false, &Aval::new([2, 3], DType::U8));
+        assert_eq!(rule, Ok(Aval::new([], DType::U8)));
+    }
+
+    #[test]
+    fn integer_sum_wraps() {
+        let d = HostData::I32(vec![i32::MAX, 1]);
+        assert_eq!(
+            eval(ReduceOp::Sum, &[0], &d, &[2]),
+            Ok(HostData::I32(vec![i32::MIN]))
+        );
+    }
+
+    #[test]
+    fn max_propagates_nan_and_bool_max_is_any() {
+        let HostData::F32(v) =
+            eval(ReduceOp::Max, &[0], &f32s(&[1.0, f32::NAN, 3.0]), &[3]).unwrap()
+        else {
+            panic!()
+        };
+        assert!(v[0].is_nan());
+        let b = HostData::Bool(vec![false, true, false, false]);
+        assert_eq!(
+            eval(ReduceOp::Max, &[1], &b, &[2, 2]),
+            Ok(HostData::Bool(vec![true, false]))
+        );
+        assert_eq!(
+            eval(ReduceOp::Min, &[1], &b, &[2, 2]),
+            Ok(HostData::Bool(vec![false, false]))
+        );
+    }
+
+    #[test]
+    fn halves_accumulate_in_f32_and_round_once() {
+        // 2048 + 1 + 1 in f16 steps would stay 2048; in f32 it reaches 2050.
+        let h: Vec<f16> = [2048.0f32, 1.0, 1.0]
+            .iter()
+            .map(|&x| f16::from_f32(x))
+            .collect();
+        assert_eq!(
+            eval(ReduceOp::Sum, &[0], &HostData::F16(h), &[3]),
+            Ok(HostData::F16(vec![f16::from_f32(2050.0)]))
+        );
+        let xs = [0.1f32, 0.2, 0.7];
+        let b: Vec<bf16> = xs.iter().map(|&x| bf16::from_f32(x)).collect();
+        let want: f32 = widen(&b).iter().sum();
+        assert_eq!(
+            eval(ReduceOp::Sum, &[0], &HostData::BF16(b), &[3]),
+            Ok(HostData::BF16(vec![bf16::from_f32(want)]))
+        );
+    }
+
+    #[test]
+    fn keepdims_sets_reduced_axes_to_one() {
+        let out = shape_rule(ReduceOp::Max, &[1], true, &Aval::new([2, 3, 4], DType::F32));
+        assert_eq!(out, Ok(Aval::new([2, 1, 4], DType::F32)));
+    }
+
+    #[test]
+    fn size_zero_axes() {
+        assert_eq!(
+            eval(ReduceOp::Sum, &[1], &f32s(&[]), &[2, 0]),
+            Ok(f32s(&[0.0, 0.0]))
+        );
+        assert_eq!(
+            eval(ReduceOp::Max, &[1], &f32s(&[]), &[0, 3]),
+            Ok(f32s(&[]))
+        );
+        assert!(matches!(
+            eval(ReduceOp::Max, &[1], &f32s(&[]), &[2, 0]),
+            Err(Error::Runtime { .. })
+        ));
+        let err =
+            shape_rule(ReduceOp::Min, &[1], false, &Aval::new([2, 0], DType::F32)).unwrap_err();
+        assert!(matches!(err, Error::Shape { .. }) && format!("{err}").contains("f32[2,0]"));
+    }
+
+    #[test]
+    fn symbolic_axis_is_allowed_for_max() {
+        let a = Aval::new(
+            Shape(vec![Dim::symbol(Symbol(0)), Dim::Known(3)]),
+            DType::F32,
+        );
+        assert_eq!(
+            shape_rule(ReduceOp::Max, &[0], false, &a),
+            Ok(Aval::new([3], DType::F32))
+        );
+    }
+
+    #[test]
+    fn invalid_axes_name_op_axes_and_rank() {
+        let a = Aval::new([2, 3], DType::F32);
+        for axes in [vec![2], vec![1, 0], vec![0, 0]] {
+            let err = shape_rule(ReduceOp::Sum, &axes, false, &a).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument { .. }));
+            let msg = format!("{err}");
+            assert!(
+                msg.contains("sum") && msg.contains(&format!("{axes:?}")) && msg.contains('2'),
+                "{msg}"
+            );
+        }
+        let err = shape_rule(ReduceOp::Sum, &[0], false, &Aval::new([2], DType::Bool)).unwrap_err();
+        assert!(matches!(err, Error::DType { .. }));
+    }
+
+    #[test]
+    fn argmax_takes_first_maximum_and_first_nan() {
+        let d = f32s(&[1.0, 3.0, 3.0, f32::NAN, 2.0, f32::NAN]);
+        assert_eq!(argmax_eval(1, &d, &[2, 3]), Ok(HostData::U32(vec![1, 0])));
+        assert_eq!(
+            argmax_eval(0, &d, &[2, 3]),
+            Ok(HostData::U32(vec![1, 0, 1]))
+        );
+        let i = HostData::I32(vec![-5, -1, -1]);
+        assert_eq!(argmax_eval(0, &i, &[3]), Ok(HostData::U32(vec![1])));
+    }
+
+    #[test]
+    fn argmax_shape_rule_and_empty_axis() {
+        let a = Aval::new([2, 3], DType::F16);
+        assert_eq!(
+            argmax_shape_rule(1, false, &a),
+            Ok(Aval::new([2], DType::U32))
+        );
+        assert_eq!(
+            argmax_shape_rule(0, true, &a),
+            Ok(Aval::new([1, 3], DType::U32))
+        );
+        assert!(matches!(
+            argmax_shape_rule(2, false, &a),
+            Err(Error::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            argmax_eval(1, &f32s(&[]), &[2, 0]),
+            Err(Error::Runtime { .. })
+        ));
+        assert_eq!(
+            argmax_eval(1, &f32s(&[]), &[0, 3]),
+            Ok(HostData::U32(vec![]))
+        );
+    }
+
+    proptest! {
+        #![proptest_config(proptest_config())]
+        #[test]
+        fn sum_over_all_axes_equals_sum_of_elements(shape in prop::collection::vec(0usize..4, 0..4), seed in any::<i32>()) {
+            let n: usize = shape.iter().product();
+            let v: Vec<i32> = (0..n as i32).map(|i| i.wrapping_mul(seed)).collect();
+            let axes: Vec<usize> = (0..shape.len()).collect();
+            let want = v.iter().fold(0i32, |a, &b| a.wrapping_add(b));
+            prop_assert_eq!(eval(ReduceOp::Sum, &axes, &HostData::I32(v), &shape), Ok(HostData::I32(vec![want])));
+        }
+
+        #[test]
+        fn any_axis_subset_matches_trailing_reduction_after_permute(shape in prop::collection::vec(1usize..4, 1..4), mask in any::<u8>()) {
+            let rank = shape.len();
+            let axes: Vec<usize> = (0..rank).filter(|i| mask & (1 << i) != 0).collect();
+            let n: usize = shape.iter().product();
+            let v: Vec<i32> = (0..n as i32).collect();
+            // Move kept axes first, reduced axes last: the contiguous path is the oracle.
+            let perm: Vec<usize> = (0..rank).filter(|i| !axes.contains(i)).chain(axes.iter().copied()).collect();
+            let permuted = crate::ops::layout::permute_eval(&perm, &HostData::I32(v.clone()), &shape);
+            let pshape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+            let trailing: Vec<usize> = (rank - axes.len()..rank).collect();
+            prop_assert_eq!(
+                eval(ReduceOp::Max, &axes, &HostData::I32(v), &shape),
+                eval(ReduceOp::Max, &trailing, &permuted, &pshape)
+            );
+        }
+    }
+}

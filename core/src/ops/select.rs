@@ -1,0 +1,177 @@
+//! `where(cond, a, b)` with NumPy broadcasting of all three operands:
+//! shape rule and reference evaluation.
+
+use super::strided::{broadcast_shapes, broadcast_strides, eval_dtype_err, for_each_offset, numel};
+use super::ShapeCx;
+use crate::data::{HostData, HostElement};
+use crate::error::{arg_err, dtype_err, require_same_dtype, Result};
+use crate::shape::Aval;
+use crate::DType;
+
+const OP: &str = "where";
+
+/// The output aval: the broadcast shape of all three operands with the
+/// dtype of `a` and `b`; `cond` must be bool.
+pub fn shape_rule(cond: &Aval, a: &Aval, b: &Aval, cx: &mut ShapeCx) -> Result<Aval> {
+    if cond.dtype != DType::Bool {
+        return Err(dtype_err(
+            OP,
+            &[cond, a, b],
+            format!("condition must be bool, got {}", cond.dtype),
+        ));
+    }
+    let dtype = require_same_dtype(OP, a, b)?;
+    let shape = broadcast_shapes(OP, &[cond, a, b], cx)?;
+    Ok(Aval::new(shape, dtype))
+}
+
+/// Reference evaluation: `a` where `cond` holds, else `b`, broadcast.
+pub fn eval(inputs: &[&HostData], in_shapes: &[&[usize]], out_shape: &[usize]) -> Result<HostData> {
+    let ([cond, a, b], [cs, a_shape, b_shape]) = (inputs, in_shapes) else {
+        return Err(arg_err(OP, "expects 3 operands"));
+    };
+    let HostData::Bool(c) = cond else {
+        return Err(eval_dtype_err(
+            OP,
+            &[cond.dtype()],
+            "condition must be bool",
+        ));
+    };
+    let shapes = Shapes {
+        cond: cs,
+        a: a_shape,
+        b: b_shape,
+        out: out_shape,
+    };
+    let mismatch = || eval_dtype_err(OP, &[a.dtype(), b.dtype()], "operand dtypes differ");
+    Ok(match (a, b) {
+        (HostData::F32(x), HostData::F32(y)) => select(c, x, y, &shapes),
+        (HostData::F16(x), HostData::F16(y)) => select(c, x, y, &shapes),
+        (HostData::BF16(x), HostData::BF16(y)) => select(c, x, y, &shapes),
+        (HostData::I32(x), HostData::I32(y)) => select(c, x, y, &shapes),
+        (HostData::U32(x), HostData::U32(y)) => select(c, x, y, &shapes),
+        (HostData::U8(x), HostData::U8(y)) => select(c, x, y, &shapes),
+        (HostData::Bool(x), HostData::Bool(y)) => select(c, x, y, &shapes),
+        _ => return Err(mismatch()),
+    })
+}
+
+struct Shapes<'s> {
+    cond: &'s [usize],
+    a: &'s [usize],
+    b: &'s [usize],
+    out: &'s [usize],
+}
+
+fn select<T: HostElement>(c: &[bool], a: &[T], b: &[T], shapes: &Shapes<'_>) -> HostData {
+    let n = numel(shapes.out);
+    if c.len() == n && a.len() == n && b.len() == n {
+        return T::wrap(
+            c.iter()
+                .zip(a)
+                .zip(b)
+                .map(|((&c, &x), &y)| if c { x } else { y })
+                .collect(),
+        );
+    }
+    let sc = broadcast_strides(shapes.cond, shapes.out);
+    let sa = broadcast_strides(shapes.a, shapes.out);
+    let sb = broadcast_strides(shapes.b, shapes.out);
+    let mut out = Vec::with_capacity(n);
+    for_each_offset(shapes.out, [&sc, &sa, &sb], |[i, j, k]| {
+        out.push(if c[i] { a[j] } else { b[k] })
+    });
+    T::wrap(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+    use crate::shape::{Dim, Shape, Symbol};
+
+    #[test]
+    fn picks_a_where_true_with_broadcasting() {
+        let cond = HostData::Bool(vec![true, false]);
+        let a = HostData::F32(vec![1.0, 2.0, 3.0]);
+        let b = HostData::F32(vec![-1.0]);
+        let out = eval(&[&cond, &a, &b], &[&[2, 1], &[3], &[]], &[2, 3]);
+        assert_eq!(
+            out,
+            Ok(HostData::F32(vec![1.0, 2.0, 3.0, -1.0, -1.0, -1.0]))
+        );
+    }
+
+    #[test]
+    fn equal_shapes_take_the_fast_path() {
+        let cond = HostData::Bool(vec![false, true]);
+        let a = HostData::I32(vec![1, 2]);
+        let b = HostData::I32(vec![3, 4]);
+        assert_eq!(
+            eval(&[&cond, &a, &b], &[&[2], &[2], &[2]], &[2]),
+            Ok(HostData::I32(vec![3, 2]))
+        );
+    }
+
+    #[test]
+    fn size_zero_output_is_empty() {
+        let cond = HostData::Bool(vec![]);
+        let a = HostData::U8(vec![1]);
+        let out = eval(&[&cond, &a, &a], &[&[0], &[1], &[1]], &[0]);
+        assert_eq!(out, Ok(HostData::U8(vec![])));
+    }
+
+    #[test]
+    fn shape_rule_broadcasts_all_three() {
+        let mut cx = ShapeCx::new();
+        let out = shape_rule(
+            &Aval::new([2, 1], DType::Bool),
+            &Aval::new([3], DType::F16),
+            &Aval::new([], DType::F16),
+            &mut cx,
+        );
+        assert_eq!(out, Ok(Aval::new([2, 3], DType::F16)));
+    }
+
+    #[test]
+    fn condition_must_be_bool() {
+        let f = Aval::new([2], DType::F32);
+        let err = shape_rule(&f, &f, &f, &mut ShapeCx::new()).unwrap_err();
+        assert!(matches!(err, Error::DType { .. }));
+        assert!(format!("{err}").contains("where"));
+    }
+
+    #[test]
+    fn incompatible_shapes_name_every_operand() {
+        let err = shape_rule(
+            &Aval::new([2], DType::Bool),
+            &Aval::new([3], DType::F32),
+            &Aval::new([3], DType::F32),
+            &mut ShapeCx::new(),
+        )
+        .unwrap_err();
+        assert!(matches!(err, Error::Shape { .. }));
+        let msg = format!("{err}");
+        assert!(
+            msg.contains("where") && msg.contains("bool[2]") && msg.contains("f32[3]"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn symbolic_condition_broadcasts_against_known_one() {
+        let s0 = Dim::symbol(Symbol(0));
+        let mut cx = ShapeCx::new();
+        let out = shape_rule(
+            &Aval::new(Shape(vec![s0.clone(), Dim::Known(1)]), DType::Bool),
+            &Aval::new([5], DType::F32),
+            &Aval::new([1], DType::F32),
+            &mut cx,
+        );
+        assert_eq!(
+            out,
+            Ok(Aval::new(Shape(vec![s0, Dim::Known(5)]), DType::F32))
+        );
+        assert!(cx.guards.is_empty());
+    }
+}

@@ -1,0 +1,327 @@
+//! Helpers shared by the op families: row-major strides, broadcast strides,
+//! multi-index iteration, strided gathers, half-float widening and the
+//! integer arithmetic the reference evaluation uses.
+
+use crate::error::{Error, Result};
+use crate::shape::{Aval, Dim, Shape};
+use crate::DType;
+use half::{bf16, f16};
+
+use super::ShapeCx;
+
+/// Element count of a concrete shape.
+pub(crate) fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// Row-major strides (in elements) of a concrete shape.
+pub(crate) fn row_major_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; shape.len()];
+    let mut acc = 1usize;
+    for (s, &d) in strides.iter_mut().zip(shape).rev() {
+        *s = acc;
+        acc = acc.saturating_mul(d);
+    }
+    strides
+}
+
+/// Strides that read a contiguous `in_shape` array as if it had the
+/// broadcast `out_shape`: shapes align on the right, and missing or size-1
+/// input dims get stride 0.
+pub(crate) fn broadcast_strides(in_shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
+    let lead = out_shape.len().saturating_sub(in_shape.len());
+    let in_strides = row_major_strides(in_shape);
+    (0..out_shape.len())
+        .map(|i| match i.checked_sub(lead) {
+            Some(j) if in_shape[j] != 1 => in_strides[j],
+            _ => 0,
+        })
+        .collect()
+}
+
+/// Calls `f` with the element offsets of `N` strided operands for every
+/// index of `shape`, in row-major order. The innermost axis runs as a tight
+/// loop; outer axes advance an incrementing multi-index (no division).
+pub(crate) fn for_each_offset<const N: usize>(
+    shape: &[usize],
+    strides: [&[usize]; N],
+    mut f: impl FnMut([usize; N]),
+) {
+    if shape.contains(&0) {
+        return;
+    }
+    let Some(last) = shape.len().checked_sub(1) else {
+        f([0; N]);
+        return;
+    };
+    let inner = shape[last];
+    let inner_strides: [usize; N] = std::array::from_fn(|k| strides[k][last]);
+    let mut index = vec![0usize; last];
+    let mut base = [0usize; N];
+    loop {
+        let mut off = base;
+        for _ in 0..inner {
+            f(off);
+            for k in 0..N {
+                off[k] += inner_strides[k];
+            }
+        }
+        let mut d = last;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            index[d] += 1;
+            if index[d] < shape[d] {
+                for k in 0..N {
+                    base[k] += strides[k][d];
+                }
+                break;
+            }
+            index[d] = 0;
+            for k in 0..N {
+                base[k] -= strides[k][d] * (shape[d] - 1);
+            }
+        }
+    }
+}
+
+/// The elements of `src` read at `offset` with `strides` over `shape`, in
+/// row-major order of `shape`.
+pub(crate) fn gather<T: Copy>(
+    src: &[T],
+    offset: usize,
+    shape: &[usize],
+    strides: &[usize],
+) -> Vec<T> {
+    let mut out = Vec::with_capacity(numel(shape));
+    for_each_offset(shape, [strides], |[i]| out.push(src[offset + i]));
+    out
+}
+
+/// `f` applied to the broadcast pairs of two contiguous operands; fast
+/// paths for operands that need no broadcasting and for scalars.
+pub(crate) fn broadcast_zip<A: Copy, B: Copy, R>(
+    a: &[A],
+    a_shape: &[usize],
+    b: &[B],
+    b_shape: &[usize],
+    out_shape: &[usize],
+    f: impl Fn(A, B) -> R,
+) -> Vec<R> {
+    let n = numel(out_shape);
+    // An operand with as many elements as the output is laid out exactly
+    // like it (broadcasting only inserts or stretches size-1 dims).
+    match (a.len() == n, b.len() == n) {
+        (true, true) => a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect(),
+        (false, true) if a.len() == 1 => b.iter().map(|&y| f(a[0], y)).collect(),
+        (true, false) if b.len() == 1 => a.iter().map(|&x| f(x, b[0])).collect(),
+        _ => {
+            let sa = broadcast_strides(a_shape, out_shape);
+            let sb = broadcast_strides(b_shape, out_shape);
+            let mut out = Vec::with_capacity(n);
+            for_each_offset(out_shape, [&sa, &sb], |[i, j]| out.push(f(a[i], b[j])));
+            out
+        }
+    }
+}
+
+/// NumPy broadcasting of the operands' shapes for `op`; every dim pair goes
+/// through [`ShapeCx::broadcast`], so symbolic pairs record guards.
+pub(crate) fn broadcast_shapes(op: &str, avals: &[&Aval], cx: &mut ShapeCx) -> Result<Shape> {
+    let rank = avals.iter().map(|a| a.shape.rank()).max().unwrap_or(0);
+    let mut dims = Vec::with_capacity(rank);
+    for axis in 0..rank {
+        let mut acc = Dim::Known(1);
+        for aval in avals {
+            let lead = rank - aval.shape.rank();
+            let Some(j) = axis.checked_sub(lead) else {
+                continue;
+            };
+            let d = &aval.shape.dims()[j];
+            acc = cx.broadcast(&acc, d).ok_or_else(|| {
+                crate::error::shape_err(
+                    op,
+                    avals,
+                    format!("cannot broadcast dim {acc} with {d} at axis {axis}"),
+                )
+            })?;
+        }
+        dims.push(acc);
+    }
+    Ok(Shape(dims))
+}
+
+/// Checks that `axes` are sorted, unique and below `rank`.
+pub(crate) fn check_axes(op: &str, axes: &[usize], rank: usize) -> Result<()> {
+    let sorted = axes.windows(2).all(|w| w[0] < w[1]);
+    let in_range = axes.iter().all(|&a| a < rank);
+    if sorted && in_range {
+        Ok(())
+    } else {
+        Err(crate::error::arg_err(
+            op,
+            format!("axes {axes:?} must be sorted, unique and below the rank {rank}"),
+        ))
+    }
+}
+
+/// A dtype error raised by a reference evaluation, which sees data rather
+/// than avals.
+pub(crate) fn eval_dtype_err(op: &str, dtypes: &[DType], detail: impl Into<String>) -> Error {
+    Error::DType {
+        op: op.to_string(),
+        detail: detail.into(),
+        operands: dtypes
+            .iter()
+            .map(|d| d.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+/// A 16-bit float evaluated through f32.
+pub(crate) trait HalfFloat: Copy {
+    /// Exact widening.
+    fn widen(self) -> f32;
+    /// Round-to-nearest narrowing.
+    fn narrow(x: f32) -> Self;
+}
+
+impl HalfFloat for f16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    fn narrow(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+}
+
+impl HalfFloat for bf16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    fn narrow(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+}
+
+/// The halves widened to f32.
+pub(crate) fn widen<H: HalfFloat>(v: &[H]) -> Vec<f32> {
+    v.iter().map(|x| x.widen()).collect()
+}
+
+/// The f32 values rounded to halves.
+pub(crate) fn narrow<H: HalfFloat>(v: &[f32]) -> Vec<H> {
+    v.iter().map(|&x| H::narrow(x)).collect()
+}
+
+/// Integer element types with the wrapping semantics of the reference
+/// evaluation.
+pub(crate) trait WrappingInt: Copy + Ord {
+    /// Additive identity.
+    const ZERO: Self;
+    /// Smallest value.
+    const MIN: Self;
+    /// Largest value.
+    const MAX: Self;
+    /// Wrapping `a + b`.
+    fn add(self, other: Self) -> Self;
+    /// Wrapping `a - b`.
+    fn sub(self, other: Self) -> Self;
+    /// Wrapping `a * b`.
+    fn mul(self, other: Self) -> Self;
+    /// Division truncating toward zero; division by zero yields 0.
+    fn div(self, other: Self) -> Self;
+}
+
+macro_rules! wrapping_int {
+    ($($t:ty),*) => {$(
+        impl WrappingInt for $t {
+            const ZERO: Self = 0;
+            const MIN: Self = <$t>::MIN;
+            const MAX: Self = <$t>::MAX;
+            fn add(self, other: Self) -> Self {
+                self.wrapping_add(other)
+            }
+            fn sub(self, other: Self) -> Self {
+                self.wrapping_sub(other)
+            }
+            fn mul(self, other: Self) -> Self {
+                self.wrapping_mul(other)
+            }
+            fn div(self, other: Self) -> Self {
+                if other == 0 {
+                    0
+                } else {
+                    self.wrapping_div(other)
+                }
+            }
+        }
+    )*};
+}
+
+wrapping_int!(i32, u32, u8);
+
+/// IEEE maximum that propagates NaN from either side.
+pub(crate) fn nan_max(a: f32, b: f32) -> f32 {
+    if a >= b || a.is_nan() {
+        a
+    } else {
+        b
+    }
+}
+
+/// IEEE minimum that propagates NaN from either side.
+pub(crate) fn nan_min(a: f32, b: f32) -> f32 {
+    if a <= b || a.is_nan() {
+        a
+    } else {
+        b
+    }
+}
+
+/// Proptest settings: `KILN_CASES` cases (default 256).
+#[cfg(test)]
+pub(crate) fn proptest_config() -> proptest::test_runner::Config {
+    let cases = std::env::var("KILN_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(256);
+    proptest::test_runner::Config::with_cases(cases)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_strides_zero_on_missing_and_unit_dims() {
+        assert_eq!(broadcast_strides(&[3, 1], &[2, 3, 4]), vec![0, 1, 0]);
+        assert_eq!(broadcast_strides(&[2, 3], &[2, 3]), vec![3, 1]);
+    }
+
+    #[test]
+    fn for_each_offset_walks_row_major() {
+        let mut seen = Vec::new();
+        for_each_offset(&[2, 3], [&[1, 2]], |[i]| seen.push(i));
+        assert_eq!(seen, vec![0, 2, 4, 1, 3, 5]);
+    }
+
+    #[test]
+    fn for_each_offset_visits_scalar_once_and_empty_never() {
+        let mut count = 0;
+        for_each_offset(&[], [&[]], |_| count += 1);
+        assert_eq!(count, 1);
+        for_each_offset(&[3, 0, 2], [&[0, 2, 1]], |_| count += 1);
+        assert_eq!(count, 1);
+    }
+
+    #[test]
+    fn integer_division_by_zero_is_zero_and_min_over_minus_one_wraps() {
+        assert_eq!(WrappingInt::div(7i32, 0), 0);
+        assert_eq!(WrappingInt::div(-7i32, 2), -3);
+        assert_eq!(WrappingInt::div(i32::MIN, -1), i32::MIN);
+    }
+}

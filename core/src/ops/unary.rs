@@ -1,0 +1,301 @@
+//! Elementwise one-operand math: shape rule and reference evaluation.
+
+use super::strided::{eval_dtype_err, narrow, widen};
+use crate::data::HostData;
+use crate::error::{dtype_err, require_float, Result};
+use crate::shape::Aval;
+use crate::DType;
+use serde::{Deserialize, Serialize};
+
+/// An elementwise one-operand op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum UnaryOp {
+    /// `-x` (signed integers wrap: `-i32::MIN == i32::MIN`).
+    Neg,
+    /// `|x|` (wrapping for i32).
+    Abs,
+    /// `e^x`.
+    Exp,
+    /// Natural logarithm.
+    Log,
+    /// Sine.
+    Sin,
+    /// Cosine.
+    Cos,
+    /// Hyperbolic tangent.
+    Tanh,
+    /// Square root.
+    Sqrt,
+    /// `1 / sqrt(x)`.
+    Rsqrt,
+    /// `1 / (1 + e^-x)`.
+    Sigmoid,
+    /// `max(x, 0)` (NaN stays NaN).
+    Relu,
+    /// The error function.
+    Erf,
+}
+
+impl UnaryOp {
+    /// The op's name as users write it: `neg`, `abs`, `exp`, ...
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Erf => "erf",
+        }
+    }
+
+    /// True when the op is defined on `dtype`.
+    fn accepts(self, dtype: DType) -> bool {
+        match self {
+            UnaryOp::Neg => dtype.is_signed(),
+            UnaryOp::Abs | UnaryOp::Relu => dtype != DType::Bool,
+            _ => dtype.is_float(),
+        }
+    }
+}
+
+/// The output aval: the operand's. `neg` needs a signed dtype, `abs` and
+/// `relu` any numeric dtype, everything else a float.
+pub fn shape_rule(op: UnaryOp, aval: &Aval) -> Result<Aval> {
+    match op {
+        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu if !op.accepts(aval.dtype) => {
+            let want = if op == UnaryOp::Neg {
+                "a signed"
+            } else {
+                "a numeric"
+            };
+            Err(dtype_err(
+                op.name(),
+                &[aval],
+                format!("expects {want} dtype, got {}", aval.dtype),
+            ))
+        }
+        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu => Ok(aval.clone()),
+        _ => require_float(op.name(), aval).map(|()| aval.clone()),
+    }
+}
+
+/// Reference evaluation: f32 directly, f16/bf16 through f32, integers with
+/// wrapping semantics.
+pub fn eval(op: UnaryOp, data: &HostData) -> Result<HostData> {
+    if !op.accepts(data.dtype()) {
+        return Err(eval_dtype_err(
+            op.name(),
+            &[data.dtype()],
+            "unsupported dtype",
+        ));
+    }
+    Ok(match data {
+        HostData::F32(v) => HostData::F32(float_map(op, v)),
+        HostData::F16(v) => HostData::F16(narrow(&float_map(op, &widen(v)))),
+        HostData::BF16(v) => HostData::BF16(narrow(&float_map(op, &widen(v)))),
+        HostData::I32(v) => HostData::I32(match op {
+            UnaryOp::Neg => v.iter().map(|x| x.wrapping_neg()).collect(),
+            UnaryOp::Abs => v.iter().map(|x| x.wrapping_abs()).collect(),
+            _ => v.iter().map(|&x| x.max(0)).collect(),
+        }),
+        // abs and relu are the identity on unsigned types.
+        HostData::U32(_) | HostData::U8(_) => data.clone(),
+        HostData::Bool(_) => {
+            return Err(eval_dtype_err(
+                op.name(),
+                &[DType::Bool],
+                "unsupported dtype",
+            ))
+        }
+    })
+}
+
+/// The op's f32 function mapped over `v` (matched once, then a
+/// monomorphized loop).
+fn float_map(op: UnaryOp, v: &[f32]) -> Vec<f32> {
+    fn map(v: &[f32], f: impl Fn(f32) -> f32) -> Vec<f32> {
+        v.iter().map(|&x| f(x)).collect()
+    }
+    match op {
+        UnaryOp::Neg => map(v, |x| -x),
+        UnaryOp::Abs => map(v, f32::abs),
+        UnaryOp::Exp => map(v, f32::exp),
+        UnaryOp::Log => map(v, f32::ln),
+        UnaryOp::Sin => map(v, f32::sin),
+        UnaryOp::Cos => map(v, f32::cos),
+        UnaryOp::Tanh => map(v, f32::tanh),
+        UnaryOp::Sqrt => map(v, f32::sqrt),
+        UnaryOp::Rsqrt => map(v, |x| 1.0 / x.sqrt()),
+        UnaryOp::Sigmoid => map(v, |x| 1.0 / (1.0 + (-x).exp())),
+        UnaryOp::Relu => map(v, |x| if x < 0.0 { 0.0 } else { x }),
+        UnaryOp::Erf => map(v, |x| libm::erf(f64::from(x)) as f32),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+    use half::{bf16, f16};
+
+    const ALL: [UnaryOp; 12] = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Tanh,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::Erf,
+    ];
+
+    fn f32s(op: UnaryOp, v: &[f32]) -> Vec<f32> {
+        match eval(op, &HostData::F32(v.to_vec())) {
+            Ok(HostData::F32(out)) => out,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    fn close(a: &[f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() <= 1e-6 * (1.0 + y.abs()), "{a:?} vs {b:?}");
+        }
+    }
+
+    #[test]
+    fn float_ops_compute_hand_values() {
+        close(&f32s(UnaryOp::Neg, &[1.5, -2.0]), &[-1.5, 2.0]);
+        close(&f32s(UnaryOp::Abs, &[-3.0, 2.0]), &[3.0, 2.0]);
+        close(
+            &f32s(UnaryOp::Exp, &[0.0, 1.0]),
+            &[1.0, std::f32::consts::E],
+        );
+        close(
+            &f32s(UnaryOp::Log, &[1.0, std::f32::consts::E]),
+            &[0.0, 1.0],
+        );
+        close(
+            &f32s(UnaryOp::Sin, &[0.0, std::f32::consts::FRAC_PI_2]),
+            &[0.0, 1.0],
+        );
+        close(
+            &f32s(UnaryOp::Cos, &[0.0, std::f32::consts::PI]),
+            &[1.0, -1.0],
+        );
+        close(&f32s(UnaryOp::Tanh, &[0.0, 100.0]), &[0.0, 1.0]);
+        close(&f32s(UnaryOp::Sqrt, &[4.0, 9.0]), &[2.0, 3.0]);
+        close(&f32s(UnaryOp::Rsqrt, &[4.0, 0.25]), &[0.5, 2.0]);
+        close(
+            &f32s(UnaryOp::Sigmoid, &[0.0, -200.0, 200.0]),
+            &[0.5, 0.0, 1.0],
+        );
+        close(&f32s(UnaryOp::Relu, &[-1.0, 2.0]), &[0.0, 2.0]);
+        close(
+            &f32s(UnaryOp::Erf, &[0.0, 1.0, -1.0]),
+            &[0.0, 0.842_700_8, -0.842_700_8],
+        );
+    }
+
+    #[test]
+    fn relu_keeps_nan() {
+        assert!(f32s(UnaryOp::Relu, &[f32::NAN])[0].is_nan());
+    }
+
+    #[test]
+    fn half_results_equal_f32_results_rounded() {
+        let xs = [0.3f32, 1.7, 2.5, 0.01];
+        for op in ALL {
+            let want = f32s(op, &xs);
+            let h: Vec<f16> = xs.iter().map(|&x| f16::from_f32(x)).collect();
+            let b: Vec<bf16> = xs.iter().map(|&x| bf16::from_f32(x)).collect();
+            let from_h = f32s(op, &widen(&h));
+            let from_b = f32s(op, &widen(&b));
+            assert_eq!(
+                eval(op, &HostData::F16(h)),
+                Ok(HostData::F16(narrow(&from_h)))
+            );
+            assert_eq!(
+                eval(op, &HostData::BF16(b)),
+                Ok(HostData::BF16(narrow(&from_b)))
+            );
+            // With exactly representable inputs the result is the f32 result rounded.
+            let exact = [1.0f32, 2.0, 0.5];
+            let want_exact = f32s(op, &exact);
+            let h: Vec<f16> = exact.iter().map(|&x| f16::from_f32(x)).collect();
+            assert_eq!(
+                eval(op, &HostData::F16(h)),
+                Ok(HostData::F16(narrow(&want_exact)))
+            );
+            assert_eq!(want.len(), xs.len());
+        }
+    }
+
+    #[test]
+    fn integer_neg_and_abs_wrap() {
+        let v = HostData::I32(vec![i32::MIN, -3, 4]);
+        assert_eq!(
+            eval(UnaryOp::Neg, &v),
+            Ok(HostData::I32(vec![i32::MIN, 3, -4]))
+        );
+        assert_eq!(
+            eval(UnaryOp::Abs, &v),
+            Ok(HostData::I32(vec![i32::MIN, 3, 4]))
+        );
+        assert_eq!(eval(UnaryOp::Relu, &v), Ok(HostData::I32(vec![0, 0, 4])));
+        let u = HostData::U8(vec![0, 200]);
+        assert_eq!(eval(UnaryOp::Relu, &u), Ok(u.clone()));
+    }
+
+    #[test]
+    fn empty_input_gives_empty_output() {
+        assert_eq!(
+            eval(UnaryOp::Exp, &HostData::F32(vec![])),
+            Ok(HostData::F32(vec![]))
+        );
+    }
+
+    #[test]
+    fn shape_rule_keeps_the_aval() {
+        let a = Aval::new([2, 0, 3], DType::BF16);
+        assert_eq!(shape_rule(UnaryOp::Tanh, &a), Ok(a.clone()));
+        let i = Aval::new([4], DType::I32);
+        assert_eq!(shape_rule(UnaryOp::Neg, &i), Ok(i.clone()));
+        assert_eq!(
+            shape_rule(UnaryOp::Abs, &Aval::new([4], DType::U8)).map(|a| a.dtype),
+            Ok(DType::U8)
+        );
+    }
+
+    #[test]
+    fn neg_rejects_unsigned_and_bool() {
+        for dtype in [DType::U32, DType::U8, DType::Bool] {
+            let err = shape_rule(UnaryOp::Neg, &Aval::new([3], dtype)).unwrap_err();
+            assert!(matches!(err, Error::DType { .. }));
+            assert!(format!("{err}").contains("neg"));
+            assert!(format!("{err}").contains(&format!("{dtype}[3]")));
+        }
+    }
+
+    #[test]
+    fn float_ops_reject_integers_and_abs_rejects_bool() {
+        let err = shape_rule(UnaryOp::Exp, &Aval::new([2], DType::I32)).unwrap_err();
+        assert!(matches!(err, Error::DType { .. }));
+        assert!(format!("{err}").contains("exp") && format!("{err}").contains("i32[2]"));
+        let err = shape_rule(UnaryOp::Abs, &Aval::new([2], DType::Bool)).unwrap_err();
+        assert!(matches!(err, Error::DType { .. }));
+        assert!(eval(UnaryOp::Relu, &HostData::Bool(vec![true])).is_err());
+        assert!(eval(UnaryOp::Sqrt, &HostData::U32(vec![4])).is_err());
+    }
+}
