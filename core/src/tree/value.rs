@@ -324,6 +324,21 @@ pub struct NodeType {
     pub unflatten: UnflattenFn,
 }
 
+impl NodeType {
+    /// A node type for class `name` from its flatten and unflatten closures.
+    pub fn new(
+        name: impl Into<String>,
+        flatten: impl Fn(&Value) -> Result<(Vec<Value>, StaticValue)> + Send + Sync + 'static,
+        unflatten: impl Fn(&StaticValue, Vec<Value>) -> Result<Value> + Send + Sync + 'static,
+    ) -> NodeType {
+        NodeType {
+            name: name.into(),
+            flatten: Arc::new(flatten),
+            unflatten: Arc::new(unflatten),
+        }
+    }
+}
+
 impl fmt::Debug for NodeType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NodeType")
