@@ -316,6 +316,7 @@ pub fn concat_eval(
     crate::with_host_data!(first, v => HostElement::wrap(concat_typed(v, axis, inputs, in_shapes, out_shape)))
 }
 
+/// `_first` only fixes `T` to the first operand's element type.
 fn concat_typed<T: HostElement>(
     _first: &[T],
     axis: usize,
