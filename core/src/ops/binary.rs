@@ -458,12 +458,13 @@ mod tests {
         let s1 = Dim::symbol(Symbol(1));
         let a = Aval::new(Shape(vec![s0.clone()]), DType::F32);
         let b = Aval::new(Shape(vec![s1.clone()]), DType::F32);
-        let (out, guards) = rule(BinaryOp::Add, &a, &b);
+        let mut cx = ShapeCx::new();
+        let out = crate::ops::Op::Binary(BinaryOp::Add).shape_rule(&[&a, &b], &mut cx);
         assert_eq!(out.map(|a| a.shape.rank()), Ok(1));
         assert_eq!(
-            guards,
+            cx.guards,
             vec![Guard {
-                op: String::new(),
+                op: "add".to_string(),
                 condition: Condition::Equal(s0, s1)
             }]
         );

@@ -180,7 +180,7 @@ pub fn slice_shape_rule(axes: &[SliceAxis], aval: &Aval, cx: &mut ShapeCx) -> Re
                 format!("step must be at least 1, got {} at axis {axis}", ax.step),
             ));
         }
-        let ceil_div = |len: u64| len.div_ceil(ax.step as u64) as usize;
+        let ceil_div = |len: u64| index_usize(len.div_ceil(ax.step as u64), axis);
         let dim = match (d, ax.start, ax.stop) {
             (Dim::Known(n), ..) => Dim::Known(ax.resolve(*n).1),
             (Dim::Sym(_), start, None) if start >= 0 => {
@@ -199,11 +199,11 @@ pub fn slice_shape_rule(axes: &[SliceAxis], aval: &Aval, cx: &mut ShapeCx) -> Re
             }
             (Dim::Sym(_), start, Some(stop)) if 0 <= start && start <= stop => {
                 cx.require_at_least(d, index_usize(stop.unsigned_abs(), axis)?);
-                Dim::Known(ceil_div((stop - start).unsigned_abs()))
+                Dim::Known(ceil_div((stop - start).unsigned_abs())?)
             }
             (Dim::Sym(_), start, None) => {
                 cx.require_at_least(d, index_usize(start.unsigned_abs(), axis)?);
-                Dim::Known(ceil_div(start.unsigned_abs()))
+                Dim::Known(ceil_div(start.unsigned_abs())?)
             }
             (Dim::Sym(_), ..) => {
                 return Err(arg_err(
@@ -316,6 +316,7 @@ pub fn concat_eval(
     crate::with_host_data!(first, v => HostElement::wrap(concat_typed(v, axis, inputs, in_shapes, out_shape)))
 }
 
+/// `_first` only fixes `T` to the first operand's element type.
 fn concat_typed<T: HostElement>(
     _first: &[T],
     axis: usize,
@@ -649,6 +650,24 @@ mod tests {
             let permuted_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
             let back = permute_eval(&inverse, &permute_eval(&perm, &data, &shape), &permuted_shape);
             prop_assert_eq!(back, data);
+        }
+
+        #[test]
+        fn broadcast_eval_equals_adding_zeros_of_the_target_shape(
+            out in prop::collection::vec(0usize..4, 0..4),
+            mask in any::<u8>(),
+            drop in 0usize..4,
+        ) {
+            let in_shape: Vec<usize> = out
+                .iter()
+                .enumerate()
+                .skip(drop.min(out.len()))
+                .map(|(i, &d)| if mask & (1 << i) != 0 { 1 } else { d })
+                .collect();
+            let data = iota(in_shape.iter().product());
+            let zeros = HostData::I32(vec![0; out.iter().product()]);
+            let add = crate::ops::binary::eval(crate::ops::BinaryOp::Add, &data, &in_shape, &zeros, &out, &out);
+            prop_assert_eq!(Ok(broadcast_eval(&data, &in_shape, &out)), add);
         }
 
         #[test]

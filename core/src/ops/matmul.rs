@@ -2,11 +2,12 @@
 //! reference evaluation.
 
 use super::strided::{
-    broadcast_strides, eval_dtype_err, for_each_offset, narrow, numel, widen, WrappingInt,
+    broadcast_shapes, broadcast_strides, eval_dtype_err, for_each_offset, narrow, numel, widen,
+    WrappingInt,
 };
 use super::ShapeCx;
 use crate::data::HostData;
-use crate::error::{dtype_err, require_same_dtype, shape_err, Result};
+use crate::error::{dtype_err, require_same_dtype, shape_err, Error, Result};
 use crate::shape::{Aval, Shape};
 use crate::DType;
 
@@ -38,8 +39,11 @@ pub fn shape_rule(a: &Aval, b: &Aval, cx: &mut ShapeCx) -> Result<Aval> {
     }
     let batch_a = Aval::new(Shape(ad[..ra - 2].to_vec()), dtype);
     let batch_b = Aval::new(Shape(bd[..rb - 2].to_vec()), dtype);
-    let mut dims = super::strided::broadcast_shapes(OP, &[&batch_a, &batch_b], cx)
-        .map_err(|_| shape_err(OP, &[a, b], "batch dims do not broadcast"))?
+    let mut dims = broadcast_shapes(OP, &[&batch_a, &batch_b], cx)
+        .map_err(|e| match e {
+            Error::Shape { detail, .. } => shape_err(OP, &[a, b], format!("batch dims: {detail}")),
+            other => other,
+        })?
         .0;
     dims.push(ad[ra - 2].clone());
     dims.push(bd[rb - 1].clone());
@@ -56,15 +60,15 @@ pub fn eval(
     out_shape: &[usize],
 ) -> Result<HostData> {
     let dtypes = [a.dtype(), b.dtype()];
-    let (Some(geom), true) = (
-        Geometry::new(a_shape, b_shape, out_shape),
-        a.dtype() == b.dtype(),
-    ) else {
-        return Err(eval_dtype_err(
-            OP,
-            &dtypes,
-            format!("operands do not fit: {a_shape:?} @ {b_shape:?} -> {out_shape:?}"),
-        ));
+    if a.dtype() != b.dtype() {
+        return Err(eval_dtype_err(OP, &dtypes, "operand dtypes differ"));
+    }
+    let Some(geom) = Geometry::new(a_shape, b_shape, out_shape) else {
+        return Err(Error::Shape {
+            op: OP.to_string(),
+            detail: format!("operands do not fit the output shape {out_shape:?}"),
+            operands: format!("{a_shape:?}, {b_shape:?}"),
+        });
     };
     Ok(match (a, b) {
         (HostData::F32(x), HostData::F32(y)) => {
@@ -164,7 +168,6 @@ impl Geometry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Error;
     use crate::ops::strided::proptest_config;
     use crate::shape::{Dim, Symbol};
     use half::{bf16, f16};
@@ -209,6 +212,13 @@ mod tests {
             &mut cx,
         );
         assert_eq!(out, Ok(Aval::new([2, 5, 3, 6], DType::F32)));
+        let err = shape_rule(
+            &Aval::new([2, 3, 4], DType::F32),
+            &Aval::new([5, 4, 6], DType::F32),
+            &mut cx,
+        )
+        .unwrap_err();
+        assert!(format!("{err}").contains("batch dims: cannot broadcast dim 2 with 5 at axis 0"));
     }
 
     #[test]

@@ -112,13 +112,12 @@ pub fn eval(op: ReduceOp, axes: &[usize], data: &HostData, shape: &[usize]) -> R
     })
 }
 
-/// How a reduction walks its input: the kept axes select an output
-/// element, the reduced axes the group folded into it.
+/// How a reduction walks its input.
 struct Plan {
-    kept_shape: Vec<usize>,
-    kept_strides: Vec<usize>,
-    red_shape: Vec<usize>,
-    red_strides: Vec<usize>,
+    /// The input shape.
+    shape: Vec<usize>,
+    /// Per input axis, the output stride (0 on reduced axes).
+    out_strides: Vec<usize>,
     /// Elements folded into each output element.
     group: usize,
     /// Output elements.
@@ -129,31 +128,23 @@ struct Plan {
 
 impl Plan {
     fn new(axes: &[usize], shape: &[usize]) -> Plan {
-        let strides = row_major_strides(shape);
-        let mut plan = Plan {
-            kept_shape: Vec::new(),
-            kept_strides: Vec::new(),
-            red_shape: Vec::new(),
-            red_strides: Vec::new(),
-            group: 1,
-            outputs: 1,
+        let kept: Vec<usize> = (0..shape.len()).filter(|i| !axes.contains(i)).collect();
+        let kept_shape: Vec<usize> = kept.iter().map(|&i| shape[i]).collect();
+        let kept_strides = row_major_strides(&kept_shape);
+        let mut out_strides = vec![0; shape.len()];
+        for (&axis, &stride) in kept.iter().zip(&kept_strides) {
+            out_strides[axis] = stride;
+        }
+        Plan {
+            shape: shape.to_vec(),
+            out_strides,
+            group: axes.iter().map(|&a| shape[a]).product(),
+            outputs: numel(&kept_shape),
             trailing: axes
                 .iter()
                 .enumerate()
                 .all(|(i, &a)| a == shape.len() - axes.len() + i),
-        };
-        for (i, (&d, &s)) in shape.iter().zip(&strides).enumerate() {
-            if axes.contains(&i) {
-                plan.red_shape.push(d);
-                plan.red_strides.push(s);
-                plan.group *= d;
-            } else {
-                plan.kept_shape.push(d);
-                plan.kept_strides.push(s);
-                plan.outputs *= d;
-            }
         }
-        plan
     }
 
     /// Folds each group with `f` starting from `init`.
@@ -167,13 +158,14 @@ impl Plan {
                 .map(|g| g.iter().fold(init, |a, &b| f(a, b)))
                 .collect();
         }
-        let mut out = Vec::with_capacity(self.outputs);
-        for_each_offset(&self.kept_shape, [&self.kept_strides], |[base]| {
-            let mut acc = init;
-            for_each_offset(&self.red_shape, [&self.red_strides], |[i]| {
-                acc = f(acc, data[base + i])
-            });
-            out.push(acc);
+        // One sequential pass over the input, folding each element into its
+        // output slot: no per-group allocation, and memory is read in order.
+        let mut out = vec![init; self.outputs];
+        let mut values = data.iter();
+        for_each_offset(&self.shape, [&self.out_strides], |[o]| {
+            if let Some(&x) = values.next() {
+                out[o] = f(out[o], x);
+            }
         });
         out
     }
