@@ -152,7 +152,7 @@ pub fn median_micros(iterations: usize, mut f: impl FnMut()) -> f64 {
         .collect();
     micros.sort_by(f64::total_cmp);
     let middle = micros.len() / 2;
-    if micros.len() % 2 == 0 {
+    if micros.len().is_multiple_of(2) {
         (micros[middle - 1] + micros[middle]) / 2.0
     } else {
         micros[middle]
@@ -254,7 +254,7 @@ mod tests {
         let mut calls = 0;
         let median = median_micros(9, || calls += 1);
         assert_eq!(calls, 9 + 1, "one warm-up call, then nine timed calls");
-        assert!(median >= 0.0 && median < 1e6, "{median}");
+        assert!((0.0..1e6).contains(&median), "{median}");
     }
 
     #[test]
