@@ -151,12 +151,9 @@ pub fn median_micros(iterations: usize, mut f: impl FnMut()) -> f64 {
         })
         .collect();
     micros.sort_by(f64::total_cmp);
-    let middle = micros.len() / 2;
-    if micros.len().is_multiple_of(2) {
-        (micros[middle - 1] + micros[middle]) / 2.0
-    } else {
-        micros[middle]
-    }
+    // The two middle elements coincide when the count is odd.
+    let n = micros.len();
+    (micros[(n - 1) / 2] + micros[n / 2]) / 2.0
 }
 
 /// The time of one call of `f` (no warm-up: first-call costs like compiling are the
