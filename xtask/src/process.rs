@@ -4,6 +4,8 @@ use std::env;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
 
 /// The workspace root: the parent of xtask's manifest directory.
 pub fn workspace_root() -> PathBuf {
@@ -63,6 +65,37 @@ pub fn run(command: &mut Command) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("`{line}` failed ({status})"))
+    }
+}
+
+/// Like [`run`], but kills the command if it has not finished within `limit`
+/// (a download that stalls without a network must not hang CI).
+pub fn run_with_timeout(command: &mut Command, limit: Duration) -> Result<(), String> {
+    let line = display(command);
+    eprintln!("  $ {line}");
+    let mut child = command
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|err| format!("could not start `{line}`: {err}"))?;
+    let started = Instant::now();
+    loop {
+        let polled = child
+            .try_wait()
+            .map_err(|err| format!("could not wait for `{line}`: {err}"))?;
+        match polled {
+            Some(status) if status.success() => return Ok(()),
+            Some(status) => return Err(format!("`{line}` failed ({status})")),
+            None if started.elapsed() > limit => {
+                // Best effort: the child may have exited in the meantime.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "`{line}` did not finish within {}s",
+                    limit.as_secs()
+                ));
+            }
+            None => thread::sleep(Duration::from_millis(100)),
+        }
     }
 }
 

@@ -9,8 +9,11 @@ use crate::process::{self, cargo, target_dir};
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 const TARGET: &str = "wasm32-unknown-unknown";
+/// How long `rustup target add` may try to download before we fall back.
+const RUSTUP_ADD_LIMIT: Duration = Duration::from_secs(180);
 
 /// Debian packages of the fallback: compiler, cargo, std sources, `wasm-ld`.
 const DEBIAN_PACKAGES: &[&str] = &["rustc-web", "cargo-web", "rust-web-src", "lld"];
@@ -92,7 +95,11 @@ fn rustup_target_available() -> bool {
     match installed {
         None => false,
         Some(list) if list.lines().any(|line| line.trim() == TARGET) => true,
-        Some(_) => process::run(Command::new("rustup").args(["target", "add", TARGET])).is_ok(),
+        Some(_) => process::run_with_timeout(
+            Command::new("rustup").args(["target", "add", TARGET]),
+            RUSTUP_ADD_LIMIT,
+        )
+        .is_ok(),
     }
 }
 
