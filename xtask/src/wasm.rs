@@ -108,6 +108,9 @@ fn build_with_debian() -> Result<PathBuf, String> {
     ensure_debian_packages()?;
     let library = std_sources()?;
     eprintln!("  std sources: {}", library.display());
+    eprintln!(
+        "  toolchain: {DEBIAN_CARGO} with RUSTC={DEBIAN_RUSTC} RUSTC_BOOTSTRAP=1, linker wasm-ld"
+    );
     let target_root = target_dir().join("wasm-debian");
     let mut command = Command::new(DEBIAN_CARGO);
     command.current_dir(process::workspace_root());
