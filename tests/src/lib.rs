@@ -1,1 +1,4 @@
-//! Shared helpers of Kiln's integration tests and the benchmark program.
+//! Shared helpers of Kiln's integration tests (in `tests/tests/`) and the
+//! benchmark program.
+
+pub mod bench;

@@ -1,1 +1,46 @@
-fn main() {}
+//! `cargo xtask <command>`: Kiln's project commands (see README.md).
+
+mod bench;
+mod ci;
+mod process;
+mod wasm;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [args]
+
+commands:
+  ci [STEP...]      fmt, clippy, test and the wasm32 build of `kiln`, stopping at the
+                    first failure; STEPs pick a subset (steps: fmt clippy test wasm32)
+  bench [NAME...]   run the benchmarks in release mode, print their JSON and write it
+                    to target/kiln-bench.json; NAMEs select benchmarks by name or prefix
+  wasm [--debian]   build `kiln` for wasm32-unknown-unknown (rustup target if it can be
+                    installed, else Debian's rustc-web with build-std; --debian forces it)
+  help              this text
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (command, rest) = match args.split_first() {
+        Some((command, rest)) => (command.as_str(), rest),
+        None => ("help", &[][..]),
+    };
+    let outcome = match command {
+        "ci" => ci::run(rest),
+        "bench" => bench::run(rest),
+        "wasm" => wasm::run(rest),
+        "help" | "-h" | "--help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!("unknown command `{other}`\n\n{USAGE}")),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! `cargo xtask ci`: the project's test command.
+//!
+//! Each check is one entry of [`STEPS`]; a new check (wgpu on lavapipe, web build,
+//! browser tests) is one more entry. A step installs what it needs itself.
+
+use crate::process::{self, cargo};
+use crate::wasm;
+use std::time::Instant;
+
+struct Step {
+    name: &'static str,
+    what: &'static str,
+    run: fn() -> Result<(), String>,
+}
+
+const STEPS: &[Step] = &[
+    Step {
+        name: "fmt",
+        what: "cargo fmt --all -- --check",
+        run: || process::run(cargo().args(["fmt", "--all", "--", "--check"])),
+    },
+    Step {
+        name: "clippy",
+        what: "cargo clippy --workspace --all-targets -- -D warnings",
+        run: || {
+            process::run(cargo().args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]))
+        },
+    },
+    Step {
+        name: "test",
+        what: "cargo test --workspace (KILN_CASES passed through as set)",
+        run: || process::run(cargo().args(["test", "--workspace"])),
+    },
+    Step {
+        name: "wasm32",
+        what: "build `kiln` for wasm32-unknown-unknown (rustup target, else Debian rustc-web)",
+        run: || wasm::build(wasm::Route::Auto),
+    },
+];
+
+enum Outcome {
+    Passed(f64),
+    Failed(f64),
+    NotRun,
+}
+
+/// Runs the selected steps (all when `selection` is empty) in order, stopping at the
+/// first failure, then prints a summary.
+pub fn run(selection: &[String]) -> Result<(), String> {
+    if let Some(unknown) = selection
+        .iter()
+        .find(|name| !STEPS.iter().any(|step| step.name == name.as_str()))
+    {
+        let names: Vec<&str> = STEPS.iter().map(|step| step.name).collect();
+        return Err(format!(
+            "unknown ci step `{unknown}` (steps: {})",
+            names.join(" ")
+        ));
+    }
+    let steps: Vec<&Step> = STEPS
+        .iter()
+        .filter(|step| selection.is_empty() || selection.iter().any(|name| name == step.name))
+        .collect();
+
+    let started = Instant::now();
+    let mut outcomes: Vec<Outcome> = steps.iter().map(|_| Outcome::NotRun).collect();
+    let mut failure = None;
+    for (step, outcome) in steps.iter().zip(outcomes.iter_mut()) {
+        eprintln!("==> {}: {}", step.name, step.what);
+        let step_started = Instant::now();
+        let result = (step.run)();
+        let seconds = step_started.elapsed().as_secs_f64();
+        match result {
+            Ok(()) => {
+                eprintln!("==> {} passed in {seconds:.1}s", step.name);
+                *outcome = Outcome::Passed(seconds);
+            }
+            Err(message) => {
+                eprintln!("==> {} FAILED in {seconds:.1}s: {message}", step.name);
+                *outcome = Outcome::Failed(seconds);
+                failure = Some(format!("ci step `{}` failed: {message}", step.name));
+                break;
+            }
+        }
+    }
+
+    eprintln!();
+    eprintln!("==> summary");
+    for (step, outcome) in steps.iter().zip(&outcomes) {
+        let line = match outcome {
+            Outcome::Passed(seconds) => format!("ok      {seconds:7.1}s"),
+            Outcome::Failed(seconds) => format!("FAILED  {seconds:7.1}s"),
+            Outcome::NotRun => "not run".to_string(),
+        };
+        eprintln!("  {:<8} {line}", step.name);
+    }
+    eprintln!("  {:<8} {:7.1}s total", "", started.elapsed().as_secs_f64());
+    match failure {
+        Some(message) => Err(message),
+        None => {
+            eprintln!("==> ci passed");
+            Ok(())
+        }
+    }
+}

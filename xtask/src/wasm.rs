@@ -1,0 +1,216 @@
+//! The wasm32 build of `kiln`.
+//!
+//! First choice: rustup's `wasm32-unknown-unknown` target with the normal cargo.
+//! Where rustup cannot install it (no route to static.rust-lang.org), Debian's
+//! `rustc-web` toolchain builds std from `rust-web-src` with `-Z build-std`, into a
+//! target dir of its own so it never clobbers the rustup build cache.
+
+use crate::process::{self, cargo, target_dir};
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const TARGET: &str = "wasm32-unknown-unknown";
+/// How long `rustup target add` may try to download before we fall back.
+const RUSTUP_ADD_LIMIT: Duration = Duration::from_secs(180);
+
+/// Debian packages of the fallback: compiler, cargo, std sources, `wasm-ld`.
+const DEBIAN_PACKAGES: &[&str] = &["rustc-web", "cargo-web", "rust-web-src", "lld"];
+const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
+const DEBIAN_CARGO: &str = "/usr/bin/cargo";
+
+/// Variables that a `cargo xtask` run (rustup proxy + cargo) or the caller may set and
+/// that would point the Debian build at rustup's toolchain or at host-only flags.
+const FOREIGN_BUILD_VARS: &[&str] = &[
+    "RUSTUP_TOOLCHAIN",
+    "RUSTC",
+    "RUSTC_WRAPPER",
+    "RUSTC_WORKSPACE_WRAPPER",
+    "RUSTDOC",
+    "RUSTFLAGS",
+    "RUSTDOCFLAGS",
+    "CARGO",
+    "CARGO_ENCODED_RUSTFLAGS",
+    "CARGO_ENCODED_RUSTDOCFLAGS",
+    "CARGO_BUILD_RUSTC",
+    "CARGO_BUILD_RUSTC_WRAPPER",
+    "CARGO_BUILD_RUSTC_WORKSPACE_WRAPPER",
+    "CARGO_BUILD_RUSTDOC",
+    "CARGO_BUILD_RUSTFLAGS",
+    "CARGO_BUILD_TARGET",
+    "CARGO_BUILD_TARGET_DIR",
+    "CARGO_TARGET_DIR",
+    "CARGO_MAKEFLAGS",
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// rustup's target if it is installed or can be installed, else Debian's.
+    Auto,
+    /// Debian's rustc-web with build-std, even where rustup could do it.
+    Debian,
+}
+
+/// `cargo xtask wasm [--debian]`.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let route = match args {
+        [] => Route::Auto,
+        [flag] if flag == "--debian" => Route::Debian,
+        _ => return Err(format!("usage: cargo xtask wasm [--debian] (got {args:?})")),
+    };
+    build(route)
+}
+
+/// Builds `kiln` for wasm32 and checks that its `.rlib` exists.
+pub fn build(route: Route) -> Result<(), String> {
+    let target_root = match route {
+        Route::Auto if rustup_target_available() => {
+            eprintln!("  using rustup's {TARGET} target");
+            process::run(cargo().args(["build", "--target", TARGET, "-p", "kiln"]))?;
+            target_dir()
+        }
+        Route::Auto => {
+            eprintln!("  rustup cannot provide {TARGET}; falling back to Debian's rustc-web");
+            build_with_debian()?
+        }
+        Route::Debian => build_with_debian()?,
+    };
+    let rlib = target_root.join(TARGET).join("debug").join("libkiln.rlib");
+    if rlib.is_file() {
+        eprintln!("  built {}", rlib.display());
+        Ok(())
+    } else {
+        Err(format!(
+            "the build succeeded but {} is missing",
+            rlib.display()
+        ))
+    }
+}
+
+/// Whether the active rustup toolchain has the wasm32 std, installing it if it can.
+fn rustup_target_available() -> bool {
+    let installed =
+        process::stdout_of(Command::new("rustup").args(["target", "list", "--installed"]));
+    match installed {
+        None => false,
+        Some(list) if list.lines().any(|line| line.trim() == TARGET) => true,
+        Some(_) => process::run_with_timeout(
+            Command::new("rustup").args(["target", "add", TARGET]),
+            RUSTUP_ADD_LIMIT,
+        )
+        .is_ok(),
+    }
+}
+
+/// Installs the Debian toolchain if needed and builds into `<target>/wasm-debian`.
+fn build_with_debian() -> Result<PathBuf, String> {
+    ensure_debian_packages()?;
+    let library = std_sources()?;
+    eprintln!("  std sources: {}", library.display());
+    eprintln!(
+        "  toolchain: {DEBIAN_CARGO} with RUSTC={DEBIAN_RUSTC} RUSTC_BOOTSTRAP=1, linker wasm-ld"
+    );
+    let target_root = target_dir().join("wasm-debian");
+    let mut command = Command::new(DEBIAN_CARGO);
+    command.current_dir(process::workspace_root());
+    for var in FOREIGN_BUILD_VARS {
+        command.env_remove(var);
+    }
+    // rustup's proxy puts its toolchain's libraries on LD_LIBRARY_PATH; Debian's
+    // rustc must load its own.
+    if let Some(paths) = env::var_os("LD_LIBRARY_PATH") {
+        let rustup_home = env::var_os("RUSTUP_HOME").map(PathBuf::from);
+        let from_rustup = |path: &PathBuf| {
+            rustup_home
+                .as_ref()
+                .is_some_and(|home| path.starts_with(home))
+                || path.components().any(|part| part.as_os_str() == ".rustup")
+        };
+        let kept: Vec<PathBuf> = env::split_paths(&paths)
+            .filter(|path| !from_rustup(path))
+            .collect();
+        match env::join_paths(kept) {
+            Ok(joined) if !joined.is_empty() => command.env("LD_LIBRARY_PATH", joined),
+            _ => command.env_remove("LD_LIBRARY_PATH"),
+        };
+    }
+    command
+        .env("RUSTC", DEBIAN_RUSTC)
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER", "wasm-ld")
+        .env("CARGO_TARGET_DIR", &target_root)
+        .args([
+            "build",
+            "-Z",
+            "build-std=std,panic_abort",
+            "--target",
+            TARGET,
+            "-p",
+            "kiln",
+        ]);
+    process::run(&mut command)?;
+    Ok(target_root)
+}
+
+/// Installs whichever of [`DEBIAN_PACKAGES`] is missing (one `apt-get update` first).
+fn ensure_debian_packages() -> Result<(), String> {
+    let missing: Vec<&str> = DEBIAN_PACKAGES
+        .iter()
+        .copied()
+        .filter(|package| !debian_package_installed(package))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !Path::new("/etc/debian_version").exists() {
+        return Err(format!(
+            "rustup cannot install {TARGET} and this is not Debian, so the fallback \
+             ({}) is unavailable: install the target with `rustup target add {TARGET}`",
+            DEBIAN_PACKAGES.join(" ")
+        ));
+    }
+    eprintln!("  installing {}", missing.join(" "));
+    process::run(apt_get().arg("update"))?;
+    process::run(
+        apt_get()
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&missing),
+    )
+}
+
+fn debian_package_installed(package: &str) -> bool {
+    process::stdout_of(Command::new("dpkg-query").args(["-W", "-f=${Status}", package]))
+        .is_some_and(|status| status.trim() == "install ok installed")
+}
+
+/// `apt-get`, through `sudo -n` unless we are root.
+fn apt_get() -> Command {
+    let is_root =
+        process::stdout_of(Command::new("id").arg("-u")).is_some_and(|uid| uid.trim() == "0");
+    let mut command = if is_root {
+        Command::new("apt-get")
+    } else {
+        let mut sudo = Command::new("sudo");
+        sudo.args(["-n", "apt-get"]);
+        sudo
+    };
+    command.env("DEBIAN_FRONTEND", "noninteractive");
+    command
+}
+
+/// The std sources build-std reads: `<sysroot>/lib/rustlib/src/rust/library`, which
+/// rust-web-src provides as a link to /usr/src/rustc-<version>.
+fn std_sources() -> Result<PathBuf, String> {
+    let sysroot = process::stdout_of(Command::new(DEBIAN_RUSTC).args(["--print", "sysroot"]))
+        .ok_or_else(|| format!("`{DEBIAN_RUSTC} --print sysroot` failed"))?;
+    let library = Path::new(sysroot.trim()).join("lib/rustlib/src/rust/library");
+    if library.join("std/Cargo.toml").is_file() {
+        Ok(library)
+    } else {
+        Err(format!(
+            "no std sources at {} (package rust-web-src)",
+            library.display()
+        ))
+    }
+}
