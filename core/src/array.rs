@@ -135,7 +135,10 @@ impl Array {
                 len: values.len(),
             });
         }
-        Ok(Array::from_host(Arc::new(T::wrap(values)), Shape::known(shape)))
+        Ok(Array::from_host(
+            Arc::new(T::wrap(values)),
+            Shape::known(shape),
+        ))
     }
 
     /// An array of `shape` copied from `values`.
@@ -520,8 +523,16 @@ impl Array {
     pub fn matmul(&self, rhs: &Array) -> Array {
         let lhs_vec = self.ndim() == 1;
         let rhs_vec = rhs.ndim() == 1;
-        let a = if lhs_vec { self.expand_dims(0) } else { self.clone() };
-        let b = if rhs_vec { rhs.expand_dims(1) } else { rhs.clone() };
+        let a = if lhs_vec {
+            self.expand_dims(0)
+        } else {
+            self.clone()
+        };
+        let b = if rhs_vec {
+            rhs.expand_dims(1)
+        } else {
+            rhs.clone()
+        };
         let mut out = Array::apply(Op::Matmul, vec![a, b]);
         if rhs_vec {
             out = out.squeeze(&[-1]);
@@ -550,7 +561,11 @@ impl Array {
                 format!("target {shape:?} may hold one -1 and otherwise sizes ≥ 0"),
             ));
         }
-        let known: usize = shape.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+        let known: usize = shape
+            .iter()
+            .filter(|&&d| d >= 0)
+            .map(|&d| d as usize)
+            .product();
         let mut dims: Vec<Dim> = shape
             .iter()
             .map(|&d| Dim::Known(d.max(0) as usize))
@@ -595,7 +610,10 @@ impl Array {
     /// Swaps two axes.
     pub fn swap_axes(&self, a: isize, b: isize) -> Array {
         let rank = self.ndim();
-        match (normalize_axis("swap_axes", a, rank), normalize_axis("swap_axes", b, rank)) {
+        match (
+            normalize_axis("swap_axes", a, rank),
+            normalize_axis("swap_axes", b, rank),
+        ) {
             (Ok(a), Ok(b)) => {
                 let mut perm: Vec<usize> = (0..rank).collect();
                 perm.swap(a, b);
@@ -697,7 +715,10 @@ pub fn select(cond: &Array, on_true: impl Operand, on_false: impl Operand) -> Ar
 pub(crate) fn normalize_axis(op: &str, axis: isize, rank: usize) -> Result<usize> {
     let n = if axis < 0 { axis + rank as isize } else { axis };
     if n < 0 || n as usize >= rank {
-        return Err(arg_err(op, format!("axis {axis} is out of range for rank {rank}")));
+        return Err(arg_err(
+            op,
+            format!("axis {axis} is out of range for rank {rank}"),
+        ));
     }
     Ok(n as usize)
 }

@@ -141,10 +141,16 @@ impl KeyView<'_> {
         key.function == self.function
             && key.backend == self.backend
             && key.leaves.len() == self.leaves.len()
-            && key.leaves.iter().zip(self.leaves).all(|(sig, leaf)| match sig {
-                LeafSignature::Aval(a) => !self.shapeless && a == leaf.aval(),
-                LeafSignature::DTypeRank(d, r) => self.shapeless && *d == leaf.dtype() && *r == leaf.ndim(),
-            })
+            && key
+                .leaves
+                .iter()
+                .zip(self.leaves)
+                .all(|(sig, leaf)| match sig {
+                    LeafSignature::Aval(a) => !self.shapeless && a == leaf.aval(),
+                    LeafSignature::DTypeRank(d, r) => {
+                        self.shapeless && *d == leaf.dtype() && *r == leaf.ndim()
+                    }
+                })
             && key.tree == *self.tree
     }
 
@@ -258,10 +264,16 @@ impl fmt::Display for MissReason {
         match self {
             MissReason::NeverSeen => f.write_str("never seen"),
             MissReason::TreeStructure { path, before, now } => {
-                write!(f, "tree structure differs at path {path} (before {before}, now {now})")
+                write!(
+                    f,
+                    "tree structure differs at path {path} (before {before}, now {now})"
+                )
             }
             MissReason::Static { path, before, now } => {
-                write!(f, "static/aux differs at node {path}: before {before}, now {now}")
+                write!(
+                    f,
+                    "static/aux differs at node {path}: before {before}, now {now}"
+                )
             }
             MissReason::Aval { path, before, now } => {
                 write!(f, "aval differs at leaf {path}: {before} → {now}")
@@ -339,7 +351,10 @@ pub struct CacheInfo {
 impl CacheInfo {
     /// `2 entries, 5 hits, 2 misses`.
     pub fn summary(&self) -> String {
-        format!("{} entries, {} hits, {} misses", self.entries, self.hits, self.misses)
+        format!(
+            "{} entries, {} hits, {} misses",
+            self.entries, self.hits, self.misses
+        )
     }
 
     /// The most recent miss.
@@ -481,7 +496,11 @@ where
                 if !key.matches(&entry.key) {
                     return None;
                 }
-                let accepted = if self.shapeless { entry.exe.accepts(shapes) } else { Ok(()) };
+                let accepted = if self.shapeless {
+                    entry.exe.accepts(shapes)
+                } else {
+                    Ok(())
+                };
                 match accepted {
                     Ok(()) => Some(entry.clone()),
                     Err(e) => {
@@ -511,7 +530,12 @@ where
     /// Traces for this call and caches the result. A shapeless trace whose
     /// guards already reject this call's sizes is replaced by a trace with
     /// the concrete shapes: it serves the call, or reports the real error.
-    fn trace_and_insert(&self, key: CacheKey, leaves: &[Array], shapes: &[&[usize]]) -> Result<Arc<Entry>> {
+    fn trace_and_insert(
+        &self,
+        key: CacheKey,
+        leaves: &[Array],
+        shapes: &[&[usize]],
+    ) -> Result<Arc<Entry>> {
         let mut traced = self.trace(&key.tree, leaves, self.shapeless)?;
         if self.shapeless && traced.exe.accepts(shapes).is_err() {
             traced = self.trace(&key.tree, leaves, false)?;
@@ -526,14 +550,28 @@ where
         let mut state = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let index = state.entries.len();
         let leaf_paths = key.tree.leaf_paths();
-        let report = Arc::new(build_report(index, exe.is_shapeless(), &key.tree, &output_tree, traced_nodes, passes, &exe, &symbols, &leaf_paths));
+        let report = Arc::new(build_report(
+            index,
+            exe.is_shapeless(),
+            &key.tree,
+            &output_tree,
+            traced_nodes,
+            passes,
+            &exe,
+            &symbols,
+            &leaf_paths,
+        ));
         let entry = Arc::new(Entry {
             key,
             exe,
             output_tree,
             report,
         });
-        state.buckets.entry(hash_key(&entry.key)).or_default().push(index);
+        state
+            .buckets
+            .entry(hash_key(&entry.key))
+            .or_default()
+            .push(index);
         state.entries.push(entry.clone());
         Ok(entry)
     }
@@ -664,7 +702,9 @@ fn explain_miss(call: u64, key: &CacheKey, entries: &[Arc<Entry>]) -> CacheMiss 
         .enumerate()
         .map(|(i, e)| (i, differences(&e.key, key)))
         .min_by_key(|(_, reasons)| {
-            let structural = reasons.iter().any(|r| matches!(r, MissReason::TreeStructure { .. }));
+            let structural = reasons
+                .iter()
+                .any(|r| matches!(r, MissReason::TreeStructure { .. }));
             (structural, reasons.len())
         });
     match best {
@@ -693,10 +733,15 @@ fn differences(before: &CacheKey, now: &CacheKey) -> Vec<MissReason> {
     if let Some(diff) = before.tree.first_difference(&now.tree) {
         let path = arg_path(&diff.path);
         reasons.push(match diff.kind {
-            DifferenceKind::Structure { before, now } => MissReason::TreeStructure { path, before, now },
+            DifferenceKind::Structure { before, now } => {
+                MissReason::TreeStructure { path, before, now }
+            }
             DifferenceKind::Static { before, now } => MissReason::Static { path, before, now },
         });
-        if reasons.iter().any(|r| matches!(r, MissReason::TreeStructure { .. })) {
+        if reasons
+            .iter()
+            .any(|r| matches!(r, MissReason::TreeStructure { .. }))
+        {
             return reasons;
         }
     }
@@ -725,7 +770,11 @@ fn build_report(
     symbols: &[(Symbol, SymbolSource)],
     leaf_paths: &[KeyPath],
 ) -> Report {
-    let leaf_name = |i: usize| leaf_paths.get(i).map_or_else(|| format!("leaf {i}"), arg_path);
+    let leaf_name = |i: usize| {
+        leaf_paths
+            .get(i)
+            .map_or_else(|| format!("leaf {i}"), arg_path)
+    };
     let graph = exe.graph();
     Report {
         entry,

@@ -2,9 +2,9 @@
 //! compiled function (passes + CPU executor), cached by graph structure.
 
 use crate::array::Array;
+use crate::error::Result;
 use crate::exec::{Backend, CpuBackend, Executable};
 use crate::graph::{extract, optimize, Graph, Leaves};
-use crate::error::Result;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -48,7 +48,11 @@ pub fn eval_cache_stats() -> EvalCacheStats {
 
 /// Computes every pending array of `arrays` in one executable run.
 pub fn eval(arrays: &[Array]) -> Result<()> {
-    let pending: Vec<Array> = arrays.iter().filter(|a| !a.is_materialized()).cloned().collect();
+    let pending: Vec<Array> = arrays
+        .iter()
+        .filter(|a| !a.is_materialized())
+        .cloned()
+        .collect();
     if pending.is_empty() {
         return Ok(());
     }
@@ -76,7 +80,10 @@ pub fn eval(arrays: &[Array]) -> Result<()> {
         }
     };
     let inputs: Vec<_> = leaves.iter().filter_map(|a| a.value().cloned()).collect();
-    let shapes: Vec<Vec<usize>> = leaves.iter().map(|a| a.dims().unwrap_or_default()).collect();
+    let shapes: Vec<Vec<usize>> = leaves
+        .iter()
+        .map(|a| a.dims().unwrap_or_default())
+        .collect();
     let shape_refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
     let outputs = CpuBackend.run(&exe, &inputs, &shape_refs)?;
     for (array, value) in pending.iter().zip(outputs) {

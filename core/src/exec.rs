@@ -45,7 +45,11 @@ impl Executable {
         for &o in &graph.outputs {
             last_use[o] = LIVE_TO_END;
         }
-        let known_shapes = graph.nodes.iter().map(|n| n.aval.shape.as_known()).collect();
+        let known_shapes = graph
+            .nodes
+            .iter()
+            .map(|n| n.aval.shape.as_known())
+            .collect();
         Executable {
             graph,
             last_use,
@@ -118,11 +122,15 @@ impl Executable {
         }
         let mut shapes = Vec::with_capacity(self.graph.nodes.len());
         for node in &self.graph.nodes {
-            let shape = node.aval.shape.eval(&bind).ok_or_else(|| Error::ShapeGuard {
-                condition: format!("{} has a non-negative integer size", node.aval.shape),
-                op: node_name(&node.kind),
-                detail: self.describe_binding(&bind),
-            })?;
+            let shape = node
+                .aval
+                .shape
+                .eval(&bind)
+                .ok_or_else(|| Error::ShapeGuard {
+                    condition: format!("{} has a non-negative integer size", node.aval.shape),
+                    op: node_name(&node.kind),
+                    detail: self.describe_binding(&bind),
+                })?;
             shapes.push(shape);
         }
         for node in &self.graph.nodes {
@@ -177,7 +185,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Copies a buffer back to the host.
     fn download(&self, buffer: Self::Buffer) -> Result<Arc<HostData>>;
     /// Runs `exe` on buffers whose concrete shapes are `input_shapes`.
-    fn run(&self, exe: &Executable, inputs: &[Self::Buffer], input_shapes: &[&[usize]]) -> Result<Vec<Self::Buffer>>;
+    fn run(
+        &self,
+        exe: &Executable,
+        inputs: &[Self::Buffer],
+        input_shapes: &[&[usize]],
+    ) -> Result<Vec<Self::Buffer>>;
 }
 
 /// The CPU executor: runs every step with the reference evaluation of its
@@ -200,7 +213,12 @@ impl Backend for CpuBackend {
         Ok(buffer)
     }
 
-    fn run(&self, exe: &Executable, inputs: &[Arc<HostData>], input_shapes: &[&[usize]]) -> Result<Vec<Arc<HostData>>> {
+    fn run(
+        &self,
+        exe: &Executable,
+        inputs: &[Arc<HostData>],
+        input_shapes: &[&[usize]],
+    ) -> Result<Vec<Arc<HostData>>> {
         let shapes = exe.resolve_shapes(input_shapes)?;
         let graph = exe.graph();
         let mut values: Vec<Option<Arc<HostData>>> = vec![None; graph.nodes.len()];
@@ -218,7 +236,9 @@ impl Backend for CpuBackend {
                         .map(|&j| {
                             values[j].as_deref().ok_or_else(|| Error::Backend {
                                 backend: "cpu".into(),
-                                detail: format!("step {step} reads value {j} after it was released"),
+                                detail: format!(
+                                    "step {step} reads value {j} after it was released"
+                                ),
                             })
                         })
                         .collect::<Result<SmallVec<[&HostData; 4]>>>()?;

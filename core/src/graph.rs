@@ -124,7 +124,13 @@ pub(crate) fn extract(outputs: &[Array], leaves: Leaves) -> Result<(Graph, Vec<A
             NodeKind::Data => unreachable!("data nodes always hold a value"),
             NodeKind::Param { trace, index } => match leaves {
                 Leaves::Trace { id, .. } if id == *trace => {
-                    push(&mut graph, &mut ids, &array, ValueKind::Input(*index), Vec::new());
+                    push(
+                        &mut graph,
+                        &mut ids,
+                        &array,
+                        ValueKind::Input(*index),
+                        Vec::new(),
+                    );
                 }
                 _ => {
                     return Err(Error::ReadTracer {
@@ -132,7 +138,11 @@ pub(crate) fn extract(outputs: &[Array], leaves: Leaves) -> Result<(Graph, Vec<A
                     })
                 }
             },
-            NodeKind::Op { op, inputs: operands, guards } => {
+            NodeKind::Op {
+                op,
+                inputs: operands,
+                guards,
+            } => {
                 let operands = operands.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 if expanded {
                     let ins = operands.iter().map(|a| ids[&a.id()]).collect();
@@ -157,7 +167,13 @@ pub(crate) fn extract(outputs: &[Array], leaves: Leaves) -> Result<(Graph, Vec<A
     Ok((graph, inputs))
 }
 
-fn push(graph: &mut Graph, ids: &mut HashMap<usize, ValueId>, array: &Array, kind: ValueKind, inputs: Vec<ValueId>) {
+fn push(
+    graph: &mut Graph,
+    ids: &mut HashMap<usize, ValueId>,
+    array: &Array,
+    kind: ValueKind,
+    inputs: Vec<ValueId>,
+) {
     ids.insert(array.id(), graph.nodes.len());
     graph.nodes.push(GraphNode {
         kind,
@@ -193,7 +209,10 @@ pub fn optimize(graph: &Graph) -> Result<(Graph, Vec<PassRecord>)> {
     for node in &graph.nodes {
         let inputs: Vec<ValueId> = node.inputs.iter().map(|&i| remap[i]).collect();
         if let ValueKind::Op(op) = &node.kind {
-            if let Some(&alias) = inputs.first().filter(|_| is_identity(op, &node.aval, &out, &inputs)) {
+            if let Some(&alias) = inputs
+                .first()
+                .filter(|_| is_identity(op, &node.aval, &out, &inputs))
+            {
                 simplified += 1;
                 remap.push(alias);
                 continue;
@@ -228,10 +247,22 @@ pub fn optimize(graph: &Graph) -> Result<(Graph, Vec<PassRecord>)> {
     out.outputs = graph.outputs.iter().map(|&o| remap[o]).collect();
     let (out, removed) = dce(out);
     let records = vec![
-        PassRecord { pass: "simplify".into(), changed: simplified },
-        PassRecord { pass: "constant_folding".into(), changed: folded },
-        PassRecord { pass: "cse".into(), changed: merged },
-        PassRecord { pass: "dce".into(), changed: removed },
+        PassRecord {
+            pass: "simplify".into(),
+            changed: simplified,
+        },
+        PassRecord {
+            pass: "constant_folding".into(),
+            changed: folded,
+        },
+        PassRecord {
+            pass: "cse".into(),
+            changed: merged,
+        },
+        PassRecord {
+            pass: "dce".into(),
+            changed: removed,
+        },
     ];
     Ok((out, records))
 }
@@ -260,7 +291,11 @@ fn fold(node: &GraphNode, graph: &Graph) -> Result<Option<Literal>> {
             return Ok(None);
         };
         let count: usize = axes.iter().map(|&a| in_shape[a]).product();
-        return Ok(Some(Literal(Arc::new(HostData::filled(*dtype, 1, count as f64)))));
+        return Ok(Some(Literal(Arc::new(HostData::filled(
+            *dtype,
+            1,
+            count as f64,
+        )))));
     }
     let mut datas = Vec::with_capacity(node.inputs.len());
     let mut shapes = Vec::with_capacity(node.inputs.len());
@@ -280,7 +315,11 @@ fn fold(node: &GraphNode, graph: &Graph) -> Result<Option<Literal>> {
         return Ok(None);
     }
     let shape_refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
-    Ok(Some(Literal(Arc::new(op.eval(&datas, &shape_refs, &out_shape)?))))
+    Ok(Some(Literal(Arc::new(op.eval(
+        &datas,
+        &shape_refs,
+        &out_shape,
+    )?))))
 }
 
 /// Removes values no output depends on; returns the graph and the count removed.

@@ -20,7 +20,10 @@ pub mod shape;
 pub mod tree;
 
 pub use array::{concat, select, Array, Operand};
-pub use compile::{compile, CacheInfo, CacheKey, CacheMiss, Compiled, LeafSignature, MissReason, Report, ReportNode};
+pub use compile::{
+    compile, CacheInfo, CacheKey, CacheMiss, Compiled, LeafSignature, MissReason, Report,
+    ReportNode,
+};
 pub use data::{HostData, HostElement};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

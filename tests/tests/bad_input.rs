@@ -23,7 +23,10 @@ fn assert_mentions(err: &Error, fragments: &[&str]) {
 
 #[test]
 fn unflatten_with_wrong_leaf_count_is_an_error() {
-    let p = Pair { a: ones(&[1]), b: ones(&[1]) };
+    let p = Pair {
+        a: ones(&[1]),
+        b: ones(&[1]),
+    };
     let (leaves, def) = kiln::tree_flatten(&p).unwrap();
     assert_eq!(leaves.len(), 2);
     let err = tree_unflatten::<Pair>(&def, vec![ones(&[1])]).unwrap_err();
@@ -35,10 +38,20 @@ fn unflatten_with_wrong_leaf_count_is_an_error() {
 #[test]
 fn binary_shape_mismatch_names_op_and_both_shapes_and_leaves_cache_clean() {
     let f = compile(|p: Pair| &p.a + &p.b);
-    let err = f.call(&Pair { a: ones(&[2, 3]), b: ones(&[4]) }).unwrap_err();
+    let err = f
+        .call(&Pair {
+            a: ones(&[2, 3]),
+            b: ones(&[4]),
+        })
+        .unwrap_err();
     assert_mentions(&err, &["add", "f32[2,3]", "f32[4]"]);
     assert_eq!(f.cache().entries, 0);
-    let ok = f.call(&Pair { a: ones(&[2, 3]), b: ones(&[3]) }).unwrap();
+    let ok = f
+        .call(&Pair {
+            a: ones(&[2, 3]),
+            b: ones(&[3]),
+        })
+        .unwrap();
     assert_eq!(ok.to_vec::<f32>().unwrap(), vec![2.0; 6]);
     assert_eq!(f.cache().entries, 1);
 }
@@ -46,15 +59,30 @@ fn binary_shape_mismatch_names_op_and_both_shapes_and_leaves_cache_clean() {
 #[test]
 fn matmul_inner_dim_mismatch_names_both_shapes() {
     let f = compile(|p: Pair| p.a.matmul(&p.b));
-    let err = f.call(&Pair { a: ones(&[2, 3]), b: ones(&[4, 5]) }).unwrap_err();
+    let err = f
+        .call(&Pair {
+            a: ones(&[2, 3]),
+            b: ones(&[4, 5]),
+        })
+        .unwrap_err();
     assert_mentions(&err, &["matmul", "f32[2,3]", "f32[4,5]"]);
     assert_eq!(f.cache().entries, 0);
-    assert_eq!(f.call(&Pair { a: ones(&[2, 3]), b: ones(&[3, 5]) }).unwrap().dims(), Some(vec![2, 5]));
+    assert_eq!(
+        f.call(&Pair {
+            a: ones(&[2, 3]),
+            b: ones(&[3, 5])
+        })
+        .unwrap()
+        .dims(),
+        Some(vec![2, 5])
+    );
 }
 
 #[test]
 fn concat_mismatch_names_op_and_shapes() {
-    let err = concat(&[ones(&[2, 3]), ones(&[2, 4])], 0).check().unwrap_err();
+    let err = concat(&[ones(&[2, 3]), ones(&[2, 4])], 0)
+        .check()
+        .unwrap_err();
     assert_mentions(&err, &["concat", "f32[2,3]", "f32[2,4]"]);
 }
 
@@ -69,7 +97,12 @@ fn reshape_to_wrong_size_names_shapes() {
 #[test]
 fn dtype_mismatch_is_an_error_naming_both_dtypes() {
     let f = compile(|p: Pair| &p.a * &p.b);
-    let err = f.call(&Pair { a: ones(&[2]), b: Array::ones(&[2], DType::I32) }).unwrap_err();
+    let err = f
+        .call(&Pair {
+            a: ones(&[2]),
+            b: Array::ones(&[2], DType::I32),
+        })
+        .unwrap_err();
     assert!(matches!(err, Error::DType { .. }), "{err}");
     assert_mentions(&err, &["mul", "f32", "i32"]);
     assert_eq!(f.cache().entries, 0);
@@ -77,7 +110,10 @@ fn dtype_mismatch_is_an_error_naming_both_dtypes() {
 
 #[test]
 fn float_only_op_on_integers_is_a_dtype_error() {
-    let err = Array::ones(&[2], DType::I32).exp().to_vec::<i32>().unwrap_err();
+    let err = Array::ones(&[2], DType::I32)
+        .exp()
+        .to_vec::<i32>()
+        .unwrap_err();
     assert_mentions(&err, &["exp", "i32"]);
 }
 
@@ -104,7 +140,13 @@ fn reading_with_wrong_element_type_is_an_error() {
 #[test]
 fn data_length_mismatch_is_an_error() {
     let err = Array::from_vec(vec![1.0f32; 5], &[2, 3]).unwrap_err();
-    assert_eq!(err, Error::DataLength { shape: vec![2, 3], len: 5 });
+    assert_eq!(
+        err,
+        Error::DataLength {
+            shape: vec![2, 3],
+            len: 5
+        }
+    );
 }
 
 #[test]
@@ -121,9 +163,13 @@ fn reading_a_tracer_inside_compile_is_an_error_not_a_panic() {
 fn take_out_of_range_is_a_runtime_error_and_keeps_the_entry() {
     let f = compile(|(x, i): (Array, Array)| x.take(&i, 0));
     let x = Array::from_vec(vec![1.0f32, 2.0, 3.0], &[3]).unwrap();
-    let err = f.call(&(x.clone(), Array::from_vec(vec![7i32], &[1]).unwrap())).unwrap_err();
+    let err = f
+        .call(&(x.clone(), Array::from_vec(vec![7i32], &[1]).unwrap()))
+        .unwrap_err();
     assert_mentions(&err, &["take", "7"]);
-    let y = f.call(&(x.clone(), Array::from_vec(vec![2i32], &[1]).unwrap())).unwrap();
+    let y = f
+        .call(&(x.clone(), Array::from_vec(vec![2i32], &[1]).unwrap()))
+        .unwrap();
     assert_eq!(y.to_vec::<f32>().unwrap(), vec![3.0]);
     assert_eq!(x.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0]);
 }

@@ -61,7 +61,10 @@ fn new_shape_misses_and_names_the_leaf() {
             now: "f32[8,4]".into()
         }
     );
-    assert_eq!(miss.reasons[0].to_string(), "aval differs at leaf args.a: f32[4,4] → f32[8,4]");
+    assert_eq!(
+        miss.reasons[0].to_string(),
+        "aval differs at leaf args.a: f32[4,4] → f32[8,4]"
+    );
     assert_eq!(miss.reasons.len(), 2);
 }
 
@@ -72,34 +75,56 @@ fn dtype_change_misses() {
     f.call(&Array::ones(&[2], DType::F16)).unwrap();
     let cache = f.cache();
     assert_eq!(cache.entries, 2);
-    assert!(matches!(&cache.miss_log[1].reasons[0], MissReason::Aval { before, now, .. } if before == "f32[2]" && now == "f16[2]"));
+    assert!(
+        matches!(&cache.miss_log[1].reasons[0], MissReason::Aval { before, now, .. } if before == "f32[2]" && now == "f16[2]")
+    );
 }
 
 #[test]
 fn static_scalar_argument_is_part_of_the_key() {
     let f = compile(|(x, k): (Array, f64)| x * k);
     let x = arr(&[1.0, 2.0], &[2]);
-    assert_eq!(f.call(&(x.clone(), 2.0)).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
-    assert_eq!(f.call(&(x.clone(), 3.0)).unwrap().to_vec::<f32>().unwrap(), vec![3.0, 6.0]);
-    assert_eq!(f.call(&(x, 2.0)).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+    assert_eq!(
+        f.call(&(x.clone(), 2.0)).unwrap().to_vec::<f32>().unwrap(),
+        vec![2.0, 4.0]
+    );
+    assert_eq!(
+        f.call(&(x.clone(), 3.0)).unwrap().to_vec::<f32>().unwrap(),
+        vec![3.0, 6.0]
+    );
+    assert_eq!(
+        f.call(&(x, 2.0)).unwrap().to_vec::<f32>().unwrap(),
+        vec![2.0, 4.0]
+    );
     let cache = f.cache();
     assert_eq!((cache.entries, cache.hits), (2, 1));
-    assert!(matches!(&cache.miss_log[1].reasons[0], MissReason::Static { path, .. } if path == "args[1]"));
+    assert!(
+        matches!(&cache.miss_log[1].reasons[0], MissReason::Static { path, .. } if path == "args[1]")
+    );
 }
 
 #[test]
 fn tree_structure_change_is_explained_with_path() {
-    let f = compile(|xs: Vec<Array>| xs.iter().fold(Array::scalar(0.0, DType::F32), |acc, x| acc + x.sum_all()));
+    let f = compile(|xs: Vec<Array>| {
+        xs.iter()
+            .fold(Array::scalar(0.0, DType::F32), |acc, x| acc + x.sum_all())
+    });
     f.call(&vec![Array::ones(&[2], DType::F32); 2]).unwrap();
     let out = f.call(&vec![Array::ones(&[2], DType::F32); 3]).unwrap();
     assert_eq!(out.item::<f32>().unwrap(), 6.0);
     let miss = f.cache().last_miss().cloned().unwrap();
-    assert!(matches!(&miss.reasons[0], MissReason::TreeStructure { path, .. } if path == "args"), "{miss:?}");
+    assert!(
+        matches!(&miss.reasons[0], MissReason::TreeStructure { path, .. } if path == "args"),
+        "{miss:?}"
+    );
 }
 
 #[test]
 fn map_arguments_compile_and_key_on_their_keys() {
-    let f = compile(|m: BTreeMap<String, Array>| m.values().fold(Array::scalar(0.0, DType::F32), |acc, x| acc + x.sum_all()));
+    let f = compile(|m: BTreeMap<String, Array>| {
+        m.values()
+            .fold(Array::scalar(0.0, DType::F32), |acc, x| acc + x.sum_all())
+    });
     let mut m = BTreeMap::new();
     m.insert("w".to_string(), arr(&[1.0, 2.0], &[2]));
     m.insert("b".to_string(), arr(&[3.0], &[1]));
@@ -127,15 +152,24 @@ fn report_lists_graph_and_passes() {
 fn constant_subgraphs_fold_at_compile_time() {
     let f = compile(|x: Array| x + Array::ones(&[2], DType::F32).exp());
     let y = f.call(&arr(&[0.0, 1.0], &[2])).unwrap();
-    assert_eq!(y.to_vec::<f32>().unwrap(), vec![1f32.exp(), 1.0 + 1f32.exp()]);
+    assert_eq!(
+        y.to_vec::<f32>().unwrap(),
+        vec![1f32.exp(), 1.0 + 1f32.exp()]
+    );
     let report = f.cache().reports[0].clone();
-    assert!(report.passes.iter().any(|p| p.pass == "constant_folding" && p.changed == 1));
+    assert!(report
+        .passes
+        .iter()
+        .any(|p| p.pass == "constant_folding" && p.changed == 1));
     assert!(report.nodes.iter().all(|n| n.op != "exp"));
 }
 
 #[test]
 fn returning_an_input_gives_equal_but_independent_value() {
-    let f = compile(|p: Pair| Pair { a: p.b.clone(), b: p.a.clone() });
+    let f = compile(|p: Pair| Pair {
+        a: p.b.clone(),
+        b: p.a.clone(),
+    });
     let p = Pair {
         a: arr(&[1.0], &[1]),
         b: arr(&[2.0], &[1]),
@@ -150,7 +184,10 @@ fn returning_an_input_gives_equal_but_independent_value() {
 fn pending_arguments_are_evaluated_before_the_call() {
     let f = compile(|x: Array| x + 1.0);
     let lazy = arr(&[1.0, 2.0], &[2]) * 10.0;
-    assert_eq!(f.call(&lazy).unwrap().to_vec::<f32>().unwrap(), vec![11.0, 21.0]);
+    assert_eq!(
+        f.call(&lazy).unwrap().to_vec::<f32>().unwrap(),
+        vec![11.0, 21.0]
+    );
 }
 
 #[test]

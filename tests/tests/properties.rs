@@ -81,7 +81,9 @@ fn run(program: &[Instr], inputs: Vec<Array>) -> Vec<Array> {
             Instr::Transpose(a) => pick(*a).transpose(),
             Instr::Matmul(a, b) => {
                 let (x, y) = (pick(*a), pick(*b));
-                let square = |v: &Array| v.ndim() == 2 && !is_one(&v.shape().0[0]) && !is_one(&v.shape().0[1]);
+                let square = |v: &Array| {
+                    v.ndim() == 2 && !is_one(&v.shape().0[0]) && !is_one(&v.shape().0[1])
+                };
                 if square(&x) && square(&y) {
                     x.matmul(&y) * 0.25
                 } else {
@@ -122,20 +124,33 @@ fn make_inputs(n: usize, seed: u64, dtype: DType) -> Vec<Array> {
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            Array::random_normal(kiln::random::Key::new(seed).fold_in(i as u64), s, DType::F32)
-                .expect("f32 normal")
-                .cast(dtype)
+            Array::random_normal(
+                kiln::random::Key::new(seed).fold_in(i as u64),
+                s,
+                DType::F32,
+            )
+            .expect("f32 normal")
+            .cast(dtype)
         })
         .collect()
 }
 
 fn bits(a: &Array) -> (String, Vec<u64>) {
     let data = a.data().expect("evaluates");
-    (a.aval().to_string(), data.to_f64_vec().into_iter().map(|v| if v.is_nan() { u64::MAX } else { v.to_bits() }).collect())
+    (
+        a.aval().to_string(),
+        data.to_f64_vec()
+            .into_iter()
+            .map(|v| if v.is_nan() { u64::MAX } else { v.to_bits() })
+            .collect(),
+    )
 }
 
 fn cases() -> u32 {
-    std::env::var("KILN_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(500)
+    std::env::var("KILN_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500)
 }
 
 fn check(program: Vec<Instr>, seed: u64, dtype: DType) -> Result<(), TestCaseError> {
@@ -146,9 +161,19 @@ fn check(program: Vec<Instr>, seed: u64, dtype: DType) -> Result<(), TestCaseErr
     for n in [3, 5] {
         let inputs = make_inputs(n, seed, dtype);
         let eager: Vec<_> = run(&program, inputs.clone()).iter().map(bits).collect();
-        let got: Vec<_> = compiled.call(&inputs).expect("compiled call").iter().map(bits).collect();
+        let got: Vec<_> = compiled
+            .call(&inputs)
+            .expect("compiled call")
+            .iter()
+            .map(bits)
+            .collect();
         prop_assert_eq!(&got, &eager, "compiled != eager at n={}", n);
-        let got: Vec<_> = shapeless.call(&inputs).expect("shapeless call").iter().map(bits).collect();
+        let got: Vec<_> = shapeless
+            .call(&inputs)
+            .expect("shapeless call")
+            .iter()
+            .map(bits)
+            .collect();
         prop_assert_eq!(&got, &eager, "shapeless != eager at n={}", n);
     }
     prop_assert_eq!(shapeless.cache().entries, 1, "shapeless retraced");

@@ -5,27 +5,75 @@ use kiln::{compile, concat, nn, Array, DType, MissReason, SliceAxis};
 
 /// Uses every op family on `x: [n, 4]` and `idx: [m]`.
 fn every_family((x, idx): (Array, Array)) -> Vec<Array> {
-    let w = Array::from_vec((0..12).map(|i| i as f32 * 0.1 - 0.5).collect(), &[4, 3]).expect("12 weights");
+    let w = Array::from_vec((0..12).map(|i| i as f32 * 0.1 - 0.5).collect(), &[4, 3])
+        .expect("12 weights");
     let bias = Array::from_vec(vec![0.5f32, -1.0, 2.0, 0.0], &[4]).expect("4 biases");
-    let unary = x.tanh().exp().log().sin().cos().abs().neg().relu().sigmoid().erf() + (x.abs() + 1.0).sqrt() + (x.abs() + 1.0).rsqrt();
-    let binary = (&x + &bias) * (&x - 1.0) / (x.abs() + 1.0) + x.abs().pow(1.5) + x.maximum(&bias) - x.minimum(0.25);
+    let unary = x
+        .tanh()
+        .exp()
+        .log()
+        .sin()
+        .cos()
+        .abs()
+        .neg()
+        .relu()
+        .sigmoid()
+        .erf()
+        + (x.abs() + 1.0).sqrt()
+        + (x.abs() + 1.0).rsqrt();
+    let binary = (&x + &bias) * (&x - 1.0) / (x.abs() + 1.0) + x.abs().pow(1.5) + x.maximum(&bias)
+        - x.minimum(0.25);
     let cond = x.greater(&bias);
-    let selected = cond.select(&x, &bias.broadcast_to(x.shape().clone()));
-    let compared = x.less_equal(0.0).cast(DType::F32) + x.equal(&x).cast(DType::F32) + x.not_equal(1.0).cast(DType::F32) + x.less(1.0).cast(DType::F32) + x.greater_equal(0.0).cast(DType::F32);
-    let reduced = x.sum(&[0], false) + x.max(&[0], false) + x.min(&[0], false) + x.mean(&[0], false);
+    let selected = cond.select(&x, bias.broadcast_to(x.shape().clone()));
+    let compared = x.less_equal(0.0).cast(DType::F32)
+        + x.equal(&x).cast(DType::F32)
+        + x.not_equal(1.0).cast(DType::F32)
+        + x.less(1.0).cast(DType::F32)
+        + x.greater_equal(0.0).cast(DType::F32);
+    let reduced =
+        x.sum(&[0], false) + x.max(&[0], false) + x.min(&[0], false) + x.mean(&[0], false);
     let arg = x.argmax(0, false).cast(DType::F32);
     let product = x.matmul(&w);
     let flat = x.reshape(&[-1]).reshape(&[-1, 4]);
     let moved = x.transpose().transpose() + x.expand_dims(0).squeeze(&[0]);
-    let sliced = x.slice(&[SliceAxis { start: 1, stop: None, step: 1 }, SliceAxis::full()]);
+    let sliced = x.slice(&[
+        SliceAxis {
+            start: 1,
+            stop: None,
+            step: 1,
+        },
+        SliceAxis::full(),
+    ]);
     let joined = concat(&[x.clone(), sliced.clone()], 0);
     let taken = x.take(&idx, 0);
-    let normed = nn::layer_norm(&x, None, Some(&bias), 1e-5) + nn::softmax(&x, -1) + nn::log_softmax(&x, 0) + nn::gelu(&x);
-    vec![unary, binary, selected, compared, reduced, arg, product, flat + moved, sliced, joined, taken, normed]
+    let normed = nn::layer_norm(&x, None, Some(&bias), 1e-5)
+        + nn::softmax(&x, -1)
+        + nn::log_softmax(&x, 0)
+        + nn::gelu(&x);
+    vec![
+        unary,
+        binary,
+        selected,
+        compared,
+        reduced,
+        arg,
+        product,
+        flat + moved,
+        sliced,
+        joined,
+        taken,
+        normed,
+    ]
 }
 
 fn inputs(n: usize, m: usize) -> (Array, Array) {
-    let x = Array::from_vec((0..n * 4).map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.3).collect(), &[n, 4]).expect("x");
+    let x = Array::from_vec(
+        (0..n * 4)
+            .map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.3)
+            .collect(),
+        &[n, 4],
+    )
+    .expect("x");
     let idx = Array::from_vec((0..m).map(|i| ((i * 3) % n) as i32).collect(), &[m]).expect("idx");
     (x, idx)
 }
@@ -42,7 +90,12 @@ fn every_op_family_traces_once_for_three_sizes_and_matches_eager() {
             assert_eq!(c.aval(), e.aval(), "output {i} at n={n}");
             let (c, e) = (c.to_vec::<f32>().unwrap(), e.to_vec::<f32>().unwrap());
             for (a, b) in c.iter().zip(&e) {
-                assert!(a == b || (a - b).abs() <= 1e-5 * b.abs().max(1.0) || (a.is_nan() && b.is_nan()), "output {i} at n={n}: {c:?} vs {e:?}");
+                assert!(
+                    a == b
+                        || (a - b).abs() <= 1e-5 * b.abs().max(1.0)
+                        || (a.is_nan() && b.is_nan()),
+                    "output {i} at n={n}: {c:?} vs {e:?}"
+                );
             }
         }
     }
@@ -50,30 +103,56 @@ fn every_op_family_traces_once_for_three_sizes_and_matches_eager() {
     assert_eq!((cache.entries, cache.misses, cache.hits), (1, 1, 2));
     let report = &cache.reports[0];
     assert!(report.shapeless);
-    assert!(report.symbols.iter().any(|s| s == "s0 = args[0].shape[0]"), "{:?}", report.symbols);
+    assert!(
+        report.symbols.iter().any(|s| s == "s0 = args[0].shape[0]"),
+        "{:?}",
+        report.symbols
+    );
 }
 
 #[test]
 fn shapeless_key_ignores_sizes_but_not_rank() {
     let f = compile(|x: Array| x.sum_all()).shapeless();
     f.call(&Array::ones(&[3, 2], DType::F32)).unwrap();
-    assert_eq!(f.call(&Array::ones(&[6, 5], DType::F32)).unwrap().item::<f32>().unwrap(), 30.0);
+    assert_eq!(
+        f.call(&Array::ones(&[6, 5], DType::F32))
+            .unwrap()
+            .item::<f32>()
+            .unwrap(),
+        30.0
+    );
     f.call(&Array::ones(&[6], DType::F32)).unwrap();
     let cache = f.cache();
     assert_eq!((cache.entries, cache.hits), (2, 1));
-    assert!(matches!(&cache.miss_log[1].reasons[0], MissReason::Aval { before, now, .. } if before == "f32 rank 2" && now == "f32 rank 1"));
+    assert!(
+        matches!(&cache.miss_log[1].reasons[0], MissReason::Aval { before, now, .. } if before == "f32 rank 2" && now == "f32 rank 1")
+    );
 }
 
 #[test]
 fn broken_size_one_assumption_retraces_with_explanation() {
     let f = compile(|(x, y): (Array, Array)| &x + &y).shapeless();
-    let a = f.call(&(Array::ones(&[1, 3], DType::F32), Array::ones(&[4, 3], DType::F32))).unwrap();
+    let a = f
+        .call(&(
+            Array::ones(&[1, 3], DType::F32),
+            Array::ones(&[4, 3], DType::F32),
+        ))
+        .unwrap();
     assert_eq!(a.dims(), Some(vec![4, 3]));
-    let b = f.call(&(Array::ones(&[2, 3], DType::F32), Array::ones(&[2, 3], DType::F32))).unwrap();
+    let b = f
+        .call(&(
+            Array::ones(&[2, 3], DType::F32),
+            Array::ones(&[2, 3], DType::F32),
+        ))
+        .unwrap();
     assert_eq!(b.to_vec::<f32>().unwrap(), vec![2.0; 6]);
     let cache = f.cache();
     assert_eq!(cache.entries, 2);
-    assert!(matches!(&cache.miss_log[1].reasons[0], MissReason::ShapeGuard { .. }), "{:?}", cache.miss_log);
+    assert!(
+        matches!(&cache.miss_log[1].reasons[0], MissReason::ShapeGuard { .. }),
+        "{:?}",
+        cache.miss_log
+    );
 }
 
 #[test]
@@ -81,10 +160,19 @@ fn symbolic_equality_guard_is_checked_per_call() {
     // Tracing assumed the two symbolic dims equal; a call breaking that
     // retraces, and the retrace reports the real shape error.
     let f = compile(|(x, y): (Array, Array)| &x * &y).shapeless();
-    f.call(&(Array::ones(&[3], DType::F32), Array::ones(&[3], DType::F32))).unwrap();
-    let err = f.call(&(Array::ones(&[3], DType::F32), Array::ones(&[4], DType::F32))).unwrap_err();
+    f.call(&(Array::ones(&[3], DType::F32), Array::ones(&[3], DType::F32)))
+        .unwrap();
+    let err = f
+        .call(&(Array::ones(&[3], DType::F32), Array::ones(&[4], DType::F32)))
+        .unwrap_err();
     assert!(err.to_string().contains("mul"), "{err}");
     assert_eq!(f.cache().entries, 1);
-    assert_eq!(f.call(&(Array::ones(&[5], DType::F32), Array::ones(&[5], DType::F32))).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 5]);
+    assert_eq!(
+        f.call(&(Array::ones(&[5], DType::F32), Array::ones(&[5], DType::F32)))
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap(),
+        vec![1.0; 5]
+    );
     assert_eq!(f.cache().entries, 1);
 }

@@ -21,12 +21,18 @@ struct Ten {
 }
 
 fn small(i: usize) -> Array {
-    Array::from_vec((0..16).map(|j| ((i + j) % 7) as f32 * 0.1).collect(), &[4, 4]).expect("16 elements")
+    Array::from_vec(
+        (0..16).map(|j| ((i + j) % 7) as f32 * 0.1).collect(),
+        &[4, 4],
+    )
+    .expect("16 elements")
 }
 
 /// `sum over leaves of exp(x) * 2 + 1`, a (4,4) array.
 fn sum_of_leaves<'a>(leaves: impl Iterator<Item = &'a Array>) -> Array {
-    leaves.fold(Array::zeros(&[4, 4], DType::F32), |acc, x| acc + (x.exp() * 2.0 + 1.0))
+    leaves.fold(Array::zeros(&[4, 4], DType::F32), |acc, x| {
+        acc + (x.exp() * 2.0 + 1.0)
+    })
 }
 
 /// A chain of `n` cheap elementwise ops.
@@ -40,7 +46,14 @@ fn chain(x: Array, n: usize) -> Array {
 }
 
 fn dispatch_10() -> f64 {
-    let f = compile(|t: Ten| sum_of_leaves([&t.w0, &t.w1, &t.w2, &t.w3, &t.w4, &t.w5, &t.w6, &t.w7, &t.w8, &t.w9].into_iter()));
+    let f = compile(|t: Ten| {
+        sum_of_leaves(
+            [
+                &t.w0, &t.w1, &t.w2, &t.w3, &t.w4, &t.w5, &t.w6, &t.w7, &t.w8, &t.w9,
+            ]
+            .into_iter(),
+        )
+    });
     let args = Ten {
         w0: small(0),
         w1: small(1),
@@ -69,7 +82,14 @@ fn dispatch_100() -> f64 {
 }
 
 fn first_call_chain(n: usize) -> f64 {
-    let x = Array::random_uniform(kiln::random::Key::new(1), &[256, 256], -1.0, 1.0, DType::F32).expect("input");
+    let x = Array::random_uniform(
+        kiln::random::Key::new(1),
+        &[256, 256],
+        -1.0,
+        1.0,
+        DType::F32,
+    )
+    .expect("input");
     x.eval().expect("input ready");
     let f = compile(move |x: Array| chain(x, n));
     time_once_ms(|| {
@@ -79,7 +99,8 @@ fn first_call_chain(n: usize) -> f64 {
 
 fn retrace_chain_100() -> f64 {
     let f = compile(|x: Array| chain(x, 100));
-    f.prepare(&Array::zeros(&[256, 256], DType::F32)).expect("first compile");
+    f.prepare(&Array::zeros(&[256, 256], DType::F32))
+        .expect("first compile");
     let mut times: Vec<f64> = (1..=21)
         .map(|i| {
             let new_shape = Array::zeros(&[i, 256], DType::F32);
