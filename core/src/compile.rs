@@ -4,12 +4,12 @@
 use crate::array::Array;
 use crate::error::{Error, Result};
 use crate::exec::{Backend, CpuBackend, Executable, SymbolSource};
-use crate::graph::{extract, optimize, Leaves, PassRecord, ValueKind};
+use crate::graph::{extract, optimize, Leaves, PassRecord, Passes, ValueKind};
+use crate::hash::{FastHasher, FastMap};
 use crate::shape::{Aval, Dim, Shape, Symbol};
 use crate::tree::{tree_unflatten, DifferenceKind, KeyPath, Tree, TreeDef};
 use crate::DType;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
@@ -42,6 +42,7 @@ where
         f,
         function: NEXT_FUNCTION.fetch_add(1, Ordering::Relaxed),
         shapeless: false,
+        passes: Passes::default(),
         backend: CpuBackend,
         cache: Mutex::default(),
         types: PhantomData,
@@ -53,6 +54,7 @@ pub struct Compiled<In, Out, F, B: Backend = CpuBackend> {
     f: F,
     function: u64,
     shapeless: bool,
+    passes: Passes,
     backend: B,
     cache: Mutex<CacheState>,
     types: PhantomData<fn(In) -> Out>,
@@ -171,43 +173,6 @@ impl KeyView<'_> {
                 .collect(),
             backend: self.backend.to_string(),
         }
-    }
-}
-
-/// A multiply-rotate hasher (FxHash style): the key is hashed on every
-/// call, and SipHash's DoS resistance buys nothing for a process-local cache.
-#[derive(Default)]
-struct FastHasher(u64);
-
-const FAST_HASH_SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl Hasher for FastHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        self.0 = (self.0.rotate_left(5) ^ value).wrapping_mul(FAST_HASH_SEED);
-    }
-
-    fn write_usize(&mut self, value: usize) {
-        self.write_u64(value as u64);
-    }
-
-    fn write_u32(&mut self, value: u32) {
-        self.write_u64(value as u64);
-    }
-
-    fn write_u8(&mut self, value: u8) {
-        self.write_u64(value as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
     }
 }
 
@@ -382,7 +347,7 @@ struct Entry {
 #[derive(Default)]
 struct CacheState {
     entries: Vec<Arc<Entry>>,
-    buckets: HashMap<u64, Vec<usize>>,
+    buckets: FastMap<u64, Vec<usize>>,
     calls: u64,
     hits: u64,
     misses: u64,
@@ -415,12 +380,20 @@ where
         self
     }
 
+    /// Turns elementwise fusion on (the default) or off, e.g. to compare
+    /// fused execution with op-by-op execution.
+    pub fn fusion(mut self, enabled: bool) -> Self {
+        self.passes.fuse = enabled;
+        self
+    }
+
     /// Runs on `backend` instead (the cache starts empty).
     pub fn with_backend<B2: Backend>(self, backend: B2) -> Compiled<In, Out, F, B2> {
         Compiled {
             f: self.f,
             function: self.function,
             shapeless: self.shapeless,
+            passes: self.passes,
             backend,
             cache: Mutex::default(),
             types: PhantomData,
@@ -603,7 +576,7 @@ where
             },
         )?;
         let traced_nodes = graph.nodes.len();
-        let (graph, passes) = optimize(&graph)?;
+        let (graph, passes) = optimize(&graph, self.passes)?;
         Ok(Traced {
             exe: Arc::new(Executable::new(graph, symbols.clone())),
             output_tree,

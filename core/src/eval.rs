@@ -4,9 +4,9 @@
 use crate::array::Array;
 use crate::error::Result;
 use crate::exec::{Backend, CpuBackend, Executable};
-use crate::graph::{extract, optimize, Graph, Leaves};
+use crate::graph::{extract, optimize, Graph, Leaves, Passes};
+use crate::hash::FastMap;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Counters of the eager-evaluation cache.
@@ -22,7 +22,7 @@ pub struct EvalCacheStats {
 
 #[derive(Default)]
 struct EvalCache {
-    executables: HashMap<Graph, Arc<Executable>>,
+    executables: FastMap<Graph, Arc<Executable>>,
     hits: u64,
     misses: u64,
 }
@@ -69,7 +69,7 @@ pub fn eval(arrays: &[Array]) -> Result<()> {
     let exe = match cached {
         Some(exe) => exe,
         None => {
-            let (optimized, _) = optimize(&graph)?;
+            let (optimized, _) = optimize(&graph, Passes::default())?;
             let exe = Arc::new(Executable::new(optimized, Vec::new()));
             let mut cache = cache().lock().unwrap_or_else(|p| p.into_inner());
             if cache.executables.len() >= EVAL_CACHE_CAPACITY {

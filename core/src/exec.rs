@@ -193,6 +193,22 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<Vec<Self::Buffer>>;
 }
 
+/// A value held by the CPU executor: shared with the caller (arguments,
+/// constants) or computed and owned by this run.
+enum CpuValue {
+    Shared(Arc<HostData>),
+    Owned(HostData),
+}
+
+impl CpuValue {
+    fn data(&self) -> &HostData {
+        match self {
+            CpuValue::Shared(data) => data,
+            CpuValue::Owned(data) => data,
+        }
+    }
+}
+
 /// The CPU executor: runs every step with the reference evaluation of its
 /// op. It is the embedded default device and the oracle for other backends.
 #[derive(Clone, Copy, Debug, Default)]
@@ -221,33 +237,34 @@ impl Backend for CpuBackend {
     ) -> Result<Vec<Arc<HostData>>> {
         let shapes = exe.resolve_shapes(input_shapes)?;
         let graph = exe.graph();
-        let mut values: Vec<Option<Arc<HostData>>> = vec![None; graph.nodes.len()];
+        let released = |step: usize, j: usize| Error::Backend {
+            backend: "cpu".into(),
+            detail: format!("step {step} reads value {j}, which is not live"),
+        };
+        let mut values: Vec<Option<CpuValue>> = Vec::with_capacity(graph.nodes.len());
         for (step, node) in graph.nodes.iter().enumerate() {
             let value = match &node.kind {
-                ValueKind::Input(i) => inputs.get(*i).cloned().ok_or_else(|| Error::Backend {
-                    backend: "cpu".into(),
-                    detail: format!("executable reads argument {i}, {} were given", inputs.len()),
-                })?,
-                ValueKind::Constant(literal) => literal.0.clone(),
+                ValueKind::Input(i) => {
+                    CpuValue::Shared(inputs.get(*i).cloned().ok_or_else(|| Error::Backend {
+                        backend: "cpu".into(),
+                        detail: format!(
+                            "executable reads argument {i}, {} were given",
+                            inputs.len()
+                        ),
+                    })?)
+                }
+                ValueKind::Constant(literal) => CpuValue::Shared(literal.0.clone()),
                 ValueKind::Op(op) => {
-                    let operands = node
-                        .inputs
-                        .iter()
-                        .map(|&j| {
-                            values[j].as_deref().ok_or_else(|| Error::Backend {
-                                backend: "cpu".into(),
-                                detail: format!(
-                                    "step {step} reads value {j} after it was released"
-                                ),
-                            })
-                        })
-                        .collect::<Result<SmallVec<[&HostData; 4]>>>()?;
-                    let operand_shapes: SmallVec<[&[usize]; 4]> =
-                        node.inputs.iter().map(|&j| shapes[j].as_slice()).collect();
-                    Arc::new(op.eval(&operands, &operand_shapes, &shapes[step])?)
+                    let mut operands: SmallVec<[&HostData; 4]> = SmallVec::new();
+                    let mut operand_shapes: SmallVec<[&[usize]; 4]> = SmallVec::new();
+                    for &j in &node.inputs {
+                        operands.push(values[j].as_ref().ok_or_else(|| released(step, j))?.data());
+                        operand_shapes.push(&shapes[j]);
+                    }
+                    CpuValue::Owned(op.eval(&operands, &operand_shapes, &shapes[step])?)
                 }
             };
-            values[step] = Some(value);
+            values.push(Some(value));
             for &j in &node.inputs {
                 if exe.last_use(j) == step {
                     values[j] = None;
@@ -258,10 +275,14 @@ impl Backend for CpuBackend {
             .outputs
             .iter()
             .map(|&o| {
-                values[o].clone().ok_or_else(|| Error::Backend {
-                    backend: "cpu".into(),
-                    detail: format!("output value {o} was never computed"),
-                })
+                // Share an owned output in place, so one returned twice is not copied.
+                let shared = match values[o].take() {
+                    Some(CpuValue::Owned(data)) => Arc::new(data),
+                    Some(CpuValue::Shared(data)) => data,
+                    None => return Err(released(graph.nodes.len(), o)),
+                };
+                values[o] = Some(CpuValue::Shared(shared.clone()));
+                Ok(shared)
             })
             .collect()
     }

@@ -4,10 +4,10 @@
 use crate::array::{Array, NodeKind};
 use crate::data::HostData;
 use crate::error::{Error, Result};
-use crate::ops::{Guard, Op};
+use crate::hash::{fast_map, FastMap};
+use crate::ops::{FusedArg, FusedKernel, FusedStep, Guard, Op};
 use crate::shape::Aval;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -24,19 +24,20 @@ pub struct Literal(pub Arc<HostData>);
 const LITERAL_VALUE_LIMIT: usize = 64;
 
 impl Literal {
-    fn bits(&self) -> Option<Vec<u64>> {
-        (self.0.len() <= LITERAL_VALUE_LIMIT)
-            .then(|| self.0.to_f64_vec().into_iter().map(f64::to_bits).collect())
+    /// True when the constant is small enough to compare by value.
+    fn by_value(&self) -> bool {
+        self.0.len() <= LITERAL_VALUE_LIMIT
     }
 }
 
 impl PartialEq for Literal {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
-            || (self.0.dtype() == other.0.dtype()
+            || (self.by_value()
+                && self.0.dtype() == other.0.dtype()
                 && self.0.len() == other.0.len()
-                && self.bits().is_some()
-                && self.bits() == other.bits())
+                && (0..self.0.len())
+                    .all(|i| self.0.get_f64(i).to_bits() == other.0.get_f64(i).to_bits()))
     }
 }
 
@@ -46,8 +47,10 @@ impl Hash for Literal {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.0.dtype().hash(state);
         self.0.len().hash(state);
-        if let Some(bits) = self.bits() {
-            bits.hash(state);
+        if self.by_value() {
+            for i in 0..self.0.len() {
+                self.0.get_f64(i).to_bits().hash(state);
+            }
         }
     }
 }
@@ -100,7 +103,7 @@ pub(crate) enum Leaves {
 pub(crate) fn extract(outputs: &[Array], leaves: Leaves) -> Result<(Graph, Vec<Array>)> {
     let mut graph = Graph::default();
     let mut inputs: Vec<Array> = Vec::new();
-    let mut ids: HashMap<usize, ValueId> = HashMap::new();
+    let mut ids: FastMap<usize, ValueId> = fast_map(outputs.len() * 8);
     // Iterative post-order DFS: chains can be tens of thousands of ops deep.
     let mut stack: Vec<(Array, bool)> = outputs.iter().rev().map(|a| (a.clone(), false)).collect();
     while let Some((array, expanded)) = stack.pop() {
@@ -143,7 +146,7 @@ pub(crate) fn extract(outputs: &[Array], leaves: Leaves) -> Result<(Graph, Vec<A
                 inputs: operands,
                 guards,
             } => {
-                let operands = operands.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let operands = operands.lock().unwrap_or_else(|p| p.into_inner());
                 if expanded {
                     let ins = operands.iter().map(|a| ids[&a.id()]).collect();
                     graph.guards.extend(guards.iter().cloned());
@@ -169,7 +172,7 @@ pub(crate) fn extract(outputs: &[Array], leaves: Leaves) -> Result<(Graph, Vec<A
 
 fn push(
     graph: &mut Graph,
-    ids: &mut HashMap<usize, ValueId>,
+    ids: &mut FastMap<usize, ValueId>,
     array: &Array,
     kind: ValueKind,
     inputs: Vec<ValueId>,
@@ -196,15 +199,29 @@ pub struct PassRecord {
 /// large buffer into the executable.
 const FOLD_GROWTH_LIMIT: usize = 1024;
 
-/// Runs simplify, constant folding and CSE in one forward sweep, then DCE.
-pub fn optimize(graph: &Graph) -> Result<(Graph, Vec<PassRecord>)> {
+/// Which optional passes [`optimize`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Passes {
+    /// Fuse trees of elementwise ops into single ops.
+    pub fuse: bool,
+}
+
+impl Default for Passes {
+    fn default() -> Passes {
+        Passes { fuse: true }
+    }
+}
+
+/// Runs simplify, constant folding and CSE in one forward sweep, then DCE,
+/// then (if enabled) elementwise fusion.
+pub fn optimize(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<PassRecord>)> {
     let mut out = Graph {
         num_inputs: graph.num_inputs,
         guards: graph.guards.clone(),
         ..Graph::default()
     };
     let mut remap: Vec<ValueId> = Vec::with_capacity(graph.nodes.len());
-    let mut seen: HashMap<GraphNode, ValueId> = HashMap::new();
+    let mut seen: FastMap<GraphNode, ValueId> = fast_map(graph.nodes.len());
     let (mut simplified, mut folded, mut merged) = (0, 0, 0);
     for node in &graph.nodes {
         let inputs: Vec<ValueId> = node.inputs.iter().map(|&i| remap[i]).collect();
@@ -246,7 +263,7 @@ pub fn optimize(graph: &Graph) -> Result<(Graph, Vec<PassRecord>)> {
     }
     out.outputs = graph.outputs.iter().map(|&o| remap[o]).collect();
     let (out, removed) = dce(out);
-    let records = vec![
+    let mut records = vec![
         PassRecord {
             pass: "simplify".into(),
             changed: simplified,
@@ -264,7 +281,140 @@ pub fn optimize(graph: &Graph) -> Result<(Graph, Vec<PassRecord>)> {
             changed: removed,
         },
     ];
+    if !passes.fuse {
+        return Ok((out, records));
+    }
+    let (out, fused) = fuse(out)?;
+    records.push(PassRecord {
+        pass: "fuse".into(),
+        changed: fused,
+    });
     Ok((out, records))
+}
+
+/// Groups elementwise ops into [`Op::Fused`] ops; returns the graph and how
+/// many ops were absorbed into a group.
+///
+/// Walking the schedule backwards, an elementwise value joins the group of
+/// its consumers when all of them are in one elementwise group, it is not a
+/// graph output, and its shape provably equals the group's. Every member but
+/// the root is then read only inside its group, so groups are trees with one
+/// output (operands shared inside a group are fine) and never form a cycle
+/// with the rest of the graph.
+pub fn fuse(graph: Graph) -> Result<(Graph, usize)> {
+    let n = graph.nodes.len();
+    let fusible = |v: ValueId| matches!(&graph.nodes[v].kind, ValueKind::Op(op) if op.is_elementwise() && !matches!(op, Op::Fused(_)));
+    // Consumers of each value, deduplicated, in one flat table (CSR).
+    let mut first_consumer = vec![0usize; n + 1];
+    let distinct_inputs = |v: usize| {
+        let inputs = &graph.nodes[v].inputs;
+        (0..inputs.len())
+            .filter(move |&k| !inputs[..k].contains(&inputs[k]))
+            .map(move |k| inputs[k])
+    };
+    for v in 0..n {
+        for i in distinct_inputs(v) {
+            first_consumer[i + 1] += 1;
+        }
+    }
+    for v in 0..n {
+        first_consumer[v + 1] += first_consumer[v];
+    }
+    let mut consumer_table = vec![0usize; first_consumer[n]];
+    let mut filled = first_consumer.clone();
+    for v in 0..n {
+        for i in distinct_inputs(v) {
+            consumer_table[filled[i]] = v;
+            filled[i] += 1;
+        }
+    }
+    let consumers = |v: usize| &consumer_table[first_consumer[v]..first_consumer[v + 1]];
+    let mut is_output = vec![false; n];
+    for &o in &graph.outputs {
+        is_output[o] = true;
+    }
+    let mut root: Vec<ValueId> = (0..n).collect();
+    let mut group_size = vec![1usize; n];
+    for v in (0..n).rev() {
+        if !fusible(v) || is_output[v] {
+            continue;
+        }
+        let Some(&first) = consumers(v).first() else {
+            continue;
+        };
+        let group = root[first];
+        if fusible(group)
+            && consumers(v).iter().all(|&c| root[c] == group)
+            && graph.nodes[v].aval.shape == graph.nodes[group].aval.shape
+        {
+            root[v] = group;
+            group_size[group] += 1;
+        }
+    }
+    let mut members: Vec<Vec<ValueId>> = vec![Vec::new(); n];
+    for v in 0..n {
+        if group_size[root[v]] > 1 {
+            members[root[v]].push(v);
+        }
+    }
+    let mut out = Graph {
+        num_inputs: graph.num_inputs,
+        guards: graph.guards.clone(),
+        ..Graph::default()
+    };
+    let mut remap = vec![usize::MAX; n];
+    let mut step_of: Vec<Option<usize>> = vec![None; n];
+    let mut absorbed = 0;
+    for v in 0..n {
+        if root[v] != v {
+            continue;
+        }
+        let node = &graph.nodes[v];
+        remap[v] = out.nodes.len();
+        if members[v].is_empty() {
+            let inputs = node.inputs.iter().map(|&i| remap[i]).collect();
+            out.nodes.push(GraphNode {
+                kind: node.kind.clone(),
+                inputs,
+                aval: node.aval.clone(),
+            });
+            continue;
+        }
+        absorbed += members[v].len() - 1;
+        let mut external: Vec<ValueId> = Vec::new();
+        let mut steps = Vec::with_capacity(members[v].len());
+        for &m in &members[v] {
+            let ValueKind::Op(op) = &graph.nodes[m].kind else {
+                unreachable!("only ops join groups");
+            };
+            let args = graph.nodes[m]
+                .inputs
+                .iter()
+                .map(|&i| match step_of[i].filter(|_| root[i] == v) {
+                    Some(s) => FusedArg::Step(s),
+                    None => FusedArg::Input(external.iter().position(|&e| e == i).unwrap_or_else(
+                        || {
+                            external.push(i);
+                            external.len() - 1
+                        },
+                    )),
+                })
+                .collect();
+            step_of[m] = Some(steps.len());
+            steps.push(FusedStep {
+                op: op.clone(),
+                args,
+            });
+        }
+        let kernel = FusedKernel::new(steps, external.len())?;
+        out.nodes.push(GraphNode {
+            kind: ValueKind::Op(Op::Fused(Arc::new(kernel))),
+            inputs: external.iter().map(|&e| remap[e]).collect(),
+            aval: node.aval.clone(),
+        });
+    }
+    out.outputs = graph.outputs.iter().map(|&o| remap[o]).collect();
+    Ok((out, absorbed))
 }
 
 /// True when `op` returns its first operand unchanged.
@@ -282,6 +432,10 @@ fn fold(node: &GraphNode, graph: &Graph) -> Result<Option<Literal>> {
     let ValueKind::Op(op) = &node.kind else {
         return Ok(None);
     };
+    let is_constant = |i: &ValueId| matches!(graph.nodes[*i].kind, ValueKind::Constant(_));
+    if !matches!(op, Op::DimSize { .. }) && !node.inputs.iter().all(is_constant) {
+        return Ok(None);
+    }
     let Some(out_shape) = node.aval.shape.as_known() else {
         return Ok(None);
     };

@@ -13,6 +13,7 @@ pub mod error;
 pub mod eval;
 pub mod exec;
 pub mod graph;
+pub mod hash;
 pub mod nn;
 pub mod ops;
 pub mod random;
@@ -29,7 +30,7 @@ pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use eval::{eval, eval_cache_stats, EvalCacheStats};
 pub use exec::{Backend, CpuBackend, Executable};
-pub use graph::{Graph, GraphNode, PassRecord, ValueKind};
+pub use graph::{Graph, GraphNode, PassRecord, Passes, ValueKind};
 pub use kiln_derive::Tree;
 pub use ops::{
     BinaryOp, Condition, CustomKernel, CustomOp, Guard, Op, ReduceOp, ShapeCx, SliceAxis, UnaryOp,

@@ -137,7 +137,8 @@ fn report_lists_graph_and_passes() {
         let a = x.exp() * 2.0;
         let b = x.exp() * 2.0; // the same computation twice: CSE merges it
         a + b
-    });
+    })
+    .fusion(false);
     f.call(&arr(&[0.0], &[1])).unwrap();
     let report = f.cache().reports[0].clone();
     let cse = report.passes.iter().find(|p| p.pass == "cse").unwrap();
@@ -146,6 +147,66 @@ fn report_lists_graph_and_passes() {
     assert!(report.nodes[0].op.starts_with("input args"));
     let json = serde_json::to_string(&f.cache()).unwrap();
     assert!(json.contains("\"passes\""));
+}
+
+#[test]
+fn elementwise_chain_fuses_into_one_op_and_matches_unfused() {
+    let f = |x: Array| ((x.exp() * 2.0 + 1.0).tanh() - 0.5).sum_all();
+    let x = Array::from_vec(
+        (0..3000).map(|i| (i as f32 * 0.01).sin()).collect(),
+        &[3000],
+    )
+    .unwrap();
+    let fused = compile(f);
+    let unfused = compile(f).fusion(false);
+    assert_eq!(
+        fused.call(&x).unwrap().to_vec::<f32>().unwrap(),
+        unfused.call(&x).unwrap().to_vec::<f32>().unwrap()
+    );
+    let report = fused.cache().reports[0].clone();
+    let ops: Vec<&str> = report.nodes.iter().map(|n| n.op.as_str()).collect();
+    assert!(ops.contains(&"fused(exp, mul, add, tanh, sub)"), "{ops:?}");
+    assert!(report
+        .passes
+        .iter()
+        .any(|p| p.pass == "fuse" && p.changed == 4));
+    assert!(unfused.cache().reports[0]
+        .passes
+        .iter()
+        .all(|p| p.pass != "fuse"));
+}
+
+#[test]
+fn group_reading_another_groups_root_matches_unfused() {
+    // `e` is read by a reduction and by a second group, so it roots its own
+    // group; the second group takes it as an external operand.
+    let f = |x: Array| {
+        let e = (x.exp() * 2.0).tanh();
+        (e.sin() + 1.0) * e.sum_all()
+    };
+    let x = Array::from_vec((0..40).map(|i| i as f32 * 0.05 - 1.0).collect(), &[40]).unwrap();
+    let fused = compile(f);
+    let got = fused.call(&x).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(
+        got,
+        compile(f)
+            .fusion(false)
+            .call(&x)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
+    );
+    let report = fused.cache().reports[0].clone();
+    let groups: Vec<&str> = report
+        .nodes
+        .iter()
+        .map(|n| n.op.as_str())
+        .filter(|op| op.starts_with("fused"))
+        .collect();
+    assert_eq!(
+        groups,
+        vec!["fused(exp, mul, tanh)", "fused(sin, add, mul)"]
+    );
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! Property tests over random op DAGs: compiled == eager and shapeless ==
-//! static, for f32 and f16. Case count: `KILN_CASES` (CI default 500).
+//! Property tests over random op DAGs: compiled == eager, shapeless ==
+//! static, and fused == op by op, for f32 and f16. Case count: `KILN_CASES` (CI default 500).
 
 use kiln::{compile, nn, Array, DType, Dim};
 use proptest::prelude::*;
@@ -156,11 +156,21 @@ fn cases() -> u32 {
 fn check(program: Vec<Instr>, seed: u64, dtype: DType) -> Result<(), TestCaseError> {
     let p1 = program.clone();
     let p2 = program.clone();
+    let p3 = program.clone();
     let compiled = compile(move |xs: Vec<Array>| run(&p1, xs));
     let shapeless = compile(move |xs: Vec<Array>| run(&p2, xs)).shapeless();
-    for n in [3, 5] {
+    // Op by op, no fusion: the oracle for fused execution (eager fuses too).
+    let unfused = compile(move |xs: Vec<Array>| run(&p3, xs)).fusion(false);
+    for n in [3, 5, 37] {
         let inputs = make_inputs(n, seed, dtype);
         let eager: Vec<_> = run(&program, inputs.clone()).iter().map(bits).collect();
+        let reference: Vec<_> = unfused
+            .call(&inputs)
+            .expect("unfused call")
+            .iter()
+            .map(bits)
+            .collect();
+        prop_assert_eq!(&reference, &eager, "fused eager != op-by-op at n={}", n);
         let got: Vec<_> = compiled
             .call(&inputs)
             .expect("compiled call")

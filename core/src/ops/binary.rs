@@ -161,6 +161,86 @@ pub fn eval(
     })
 }
 
+/// Binds `$f` to the f32 function of a non-comparison binary op and
+/// evaluates `$body`: the one definition of each op's element semantics,
+/// shared by the plain and the fused evaluation so both give the same bits.
+macro_rules! with_f32_arithmetic {
+    ($op:expr, $f:ident => $body:expr) => {
+        match $op {
+            BinaryOp::Add => {
+                let $f = |x: f32, y: f32| x + y;
+                $body
+            }
+            BinaryOp::Sub => {
+                let $f = |x: f32, y: f32| x - y;
+                $body
+            }
+            BinaryOp::Mul => {
+                let $f = |x: f32, y: f32| x * y;
+                $body
+            }
+            BinaryOp::Div => {
+                let $f = |x: f32, y: f32| x / y;
+                $body
+            }
+            BinaryOp::Pow => {
+                let $f = f32::powf;
+                $body
+            }
+            BinaryOp::Maximum => {
+                let $f = nan_max;
+                $body
+            }
+            _ => {
+                let $f = nan_min;
+                $body
+            }
+        }
+    };
+}
+
+/// One operand of a fused tile: a run of elements or a broadcast scalar.
+#[derive(Clone, Copy)]
+pub(crate) enum Lane<'a> {
+    /// One element per output element.
+    Run(&'a [f32]),
+    /// The same element for every output element.
+    Splat(f32),
+}
+
+/// A non-comparison op's f32 function over two lanes into `dst`.
+#[inline(always)]
+pub(crate) fn float_zip_into(op: BinaryOp, a: Lane<'_>, b: Lane<'_>, dst: &mut [f32]) {
+    // Indexed loops over slices cut to `dst`'s length: the form LLVM
+    // vectorizes without bounds checks.
+    #[inline(always)]
+    fn zip(a: Lane<'_>, b: Lane<'_>, dst: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+        let n = dst.len();
+        match (a, b) {
+            (Lane::Run(x), Lane::Run(y)) => {
+                let (x, y) = (&x[..n], &y[..n]);
+                for i in 0..n {
+                    dst[i] = f(x[i], y[i]);
+                }
+            }
+            (Lane::Splat(p), Lane::Run(y)) => {
+                let y = &y[..n];
+                for i in 0..n {
+                    dst[i] = f(p, y[i]);
+                }
+            }
+            (Lane::Run(x), Lane::Splat(q)) => {
+                let x = &x[..n];
+                for i in 0..n {
+                    dst[i] = f(x[i], q);
+                }
+            }
+            (Lane::Splat(p), Lane::Splat(q)) => dst.fill(f(p, q)),
+        }
+    }
+    with_f32_arithmetic!(op, f => zip(a, b, dst, f))
+}
+
 /// The operand and output shapes of one evaluation; each method matches the
 /// op once and then runs a monomorphized broadcast loop.
 struct Zip<'s> {
@@ -186,15 +266,7 @@ impl Zip<'_> {
     }
 
     fn float(&self, op: BinaryOp, a: &[f32], b: &[f32]) -> Vec<f32> {
-        match op {
-            BinaryOp::Add => self.run(a, b, |x, y| x + y),
-            BinaryOp::Sub => self.run(a, b, |x, y| x - y),
-            BinaryOp::Mul => self.run(a, b, |x, y| x * y),
-            BinaryOp::Div => self.run(a, b, |x, y| x / y),
-            BinaryOp::Pow => self.run(a, b, f32::powf),
-            BinaryOp::Maximum => self.run(a, b, nan_max),
-            _ => self.run(a, b, nan_min),
-        }
+        with_f32_arithmetic!(op, f => self.run(a, b, f))
     }
 
     /// `None` for pow, which integers do not support.

@@ -3,6 +3,7 @@
 
 pub mod binary;
 pub mod cast;
+pub mod fused;
 pub mod index;
 pub mod layout;
 pub mod matmul;
@@ -21,6 +22,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 pub use binary::BinaryOp;
+pub use fused::{FusedArg, FusedKernel, FusedStep};
 pub use layout::SliceAxis;
 pub use reduce::ReduceOp;
 pub use unary::UnaryOp;
@@ -81,6 +83,8 @@ pub enum Op {
         /// The result dtype.
         dtype: DType,
     },
+    /// A group of elementwise ops fused into one (made by the `fuse` pass).
+    Fused(Arc<FusedKernel>),
     /// A user-supplied kernel with its own shape rule.
     Custom(CustomOp),
 }
@@ -137,6 +141,7 @@ impl Op {
             Op::Concat { .. } => "concat",
             Op::Take { .. } => "take",
             Op::DimSize { .. } => "dim_size",
+            Op::Fused(_) => "fused",
             Op::Custom(c) => c.0.name(),
         }
     }
@@ -159,6 +164,7 @@ impl Op {
             Op::Concat { axis } => format!("concat(axis={axis})"),
             Op::Take { axis } => format!("take(axis={axis})"),
             Op::DimSize { axes, dtype } => format!("dim_size(axes={axes:?}, {dtype})"),
+            Op::Fused(k) => k.describe(),
             other => other.name().to_string(),
         }
     }
@@ -168,7 +174,7 @@ impl Op {
     pub fn is_elementwise(&self) -> bool {
         matches!(
             self,
-            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_)
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_) | Op::Fused(_)
         )
     }
 
@@ -202,6 +208,7 @@ impl Op {
             Op::Concat { axis } => layout::concat_shape_rule(*axis, inputs, cx),
             Op::Take { axis } => index::take_shape_rule(*axis, inputs[0], inputs[1]),
             Op::DimSize { axes, dtype } => layout::dim_size_shape_rule(axes, *dtype, inputs[0]),
+            Op::Fused(k) => fused::shape_rule(k, inputs, cx),
             Op::Custom(c) => c.0.shape_rule(inputs, cx),
         }
     }
@@ -211,7 +218,7 @@ impl Op {
         match self {
             Op::Binary(_) | Op::Matmul | Op::Take { .. } => Some(2),
             Op::Select => Some(3),
-            Op::Concat { .. } | Op::Custom(_) => None,
+            Op::Concat { .. } | Op::Fused(_) | Op::Custom(_) => None,
             _ => Some(1),
         }
     }
@@ -247,6 +254,7 @@ impl Op {
                 index::take_eval(*axis, inputs[0], in_shapes[0], inputs[1], out_shape)
             }
             Op::DimSize { axes, dtype } => Ok(layout::dim_size_eval(axes, *dtype, in_shapes[0])),
+            Op::Fused(k) => fused::eval(k, inputs, in_shapes, out_shape),
             Op::Custom(c) => c.0.eval(inputs, in_shapes, out_shape),
         }
     }

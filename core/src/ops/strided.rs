@@ -264,18 +264,22 @@ macro_rules! wrapping_int {
 
 wrapping_int!(i32, u32, u8);
 
-/// IEEE maximum that propagates NaN from either side.
+/// IEEE maximum that propagates NaN from either side. The non-short-circuit
+/// `|` keeps it branch-free, so loops over it vectorize.
+#[inline(always)]
 pub(crate) fn nan_max(a: f32, b: f32) -> f32 {
-    if a >= b || a.is_nan() {
+    if (a >= b) | a.is_nan() {
         a
     } else {
         b
     }
 }
 
-/// IEEE minimum that propagates NaN from either side.
+/// IEEE minimum that propagates NaN from either side (branch-free, as
+/// [`nan_max`]).
+#[inline(always)]
 pub(crate) fn nan_min(a: f32, b: f32) -> f32 {
-    if a <= b || a.is_nan() {
+    if (a <= b) | a.is_nan() {
         a
     } else {
         b

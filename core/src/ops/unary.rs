@@ -117,26 +117,79 @@ pub fn eval(op: UnaryOp, data: &HostData) -> Result<HostData> {
     })
 }
 
+/// Binds `$f` to the f32 function of a float unary op and evaluates
+/// `$body`: the one definition of each op's element semantics, shared by
+/// the plain and the fused evaluation so both give the same bits.
+macro_rules! with_f32_unary {
+    ($op:expr, $f:ident => $body:expr) => {
+        match $op {
+            UnaryOp::Neg => {
+                let $f = |x: f32| -x;
+                $body
+            }
+            UnaryOp::Abs => {
+                let $f = f32::abs;
+                $body
+            }
+            UnaryOp::Exp => {
+                let $f = f32::exp;
+                $body
+            }
+            UnaryOp::Log => {
+                let $f = f32::ln;
+                $body
+            }
+            UnaryOp::Sin => {
+                let $f = f32::sin;
+                $body
+            }
+            UnaryOp::Cos => {
+                let $f = f32::cos;
+                $body
+            }
+            UnaryOp::Tanh => {
+                let $f = f32::tanh;
+                $body
+            }
+            UnaryOp::Sqrt => {
+                let $f = f32::sqrt;
+                $body
+            }
+            UnaryOp::Rsqrt => {
+                let $f = |x: f32| 1.0 / x.sqrt();
+                $body
+            }
+            UnaryOp::Sigmoid => {
+                let $f = |x: f32| 1.0 / (1.0 + (-x).exp());
+                $body
+            }
+            UnaryOp::Relu => {
+                let $f = |x: f32| if x < 0.0 { 0.0 } else { x };
+                $body
+            }
+            UnaryOp::Erf => {
+                let $f = |x: f32| libm::erf(f64::from(x)) as f32;
+                $body
+            }
+        }
+    };
+}
+
 /// The op's f32 function mapped over `v` (matched once, then a
 /// monomorphized loop).
 fn float_map(op: UnaryOp, v: &[f32]) -> Vec<f32> {
-    fn map(v: &[f32], f: impl Fn(f32) -> f32) -> Vec<f32> {
-        v.iter().map(|&x| f(x)).collect()
-    }
-    match op {
-        UnaryOp::Neg => map(v, |x| -x),
-        UnaryOp::Abs => map(v, f32::abs),
-        UnaryOp::Exp => map(v, f32::exp),
-        UnaryOp::Log => map(v, f32::ln),
-        UnaryOp::Sin => map(v, f32::sin),
-        UnaryOp::Cos => map(v, f32::cos),
-        UnaryOp::Tanh => map(v, f32::tanh),
-        UnaryOp::Sqrt => map(v, f32::sqrt),
-        UnaryOp::Rsqrt => map(v, |x| 1.0 / x.sqrt()),
-        UnaryOp::Sigmoid => map(v, |x| 1.0 / (1.0 + (-x).exp())),
-        UnaryOp::Relu => map(v, |x| if x < 0.0 { 0.0 } else { x }),
-        UnaryOp::Erf => map(v, |x| libm::erf(f64::from(x)) as f32),
-    }
+    with_f32_unary!(op, f => v.iter().map(|&x| f(x)).collect())
+}
+
+/// The op's f32 function from `src` into `dst` (equal lengths).
+#[inline(always)]
+pub(crate) fn float_map_into(op: UnaryOp, src: &[f32], dst: &mut [f32]) {
+    let src = &src[..dst.len()];
+    with_f32_unary!(op, f => {
+        for i in 0..dst.len() {
+            dst[i] = f(src[i]);
+        }
+    })
 }
 
 #[cfg(test)]
