@@ -10,6 +10,7 @@ use crate::shape::{Aval, Dim, Shape, Symbol};
 use crate::tree::{tree_unflatten, DifferenceKind, KeyPath, Tree, TreeDef};
 use crate::DType;
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
@@ -587,15 +588,13 @@ where
     }
 
     fn run(&self, entry: &Entry, leaves: &[Array], shapes: &[&[usize]]) -> Result<Out> {
-        let inputs = leaves
-            .iter()
-            .map(|l| match l.value() {
-                Some(v) => self.backend.upload(v),
-                None => Err(Error::ReadTracer {
-                    aval: l.aval().to_string(),
-                }),
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let mut inputs: SmallVec<[B::Buffer; 16]> = SmallVec::with_capacity(leaves.len());
+        for leaf in leaves {
+            let data = leaf.value().ok_or_else(|| Error::ReadTracer {
+                aval: leaf.aval().to_string(),
+            })?;
+            inputs.push(self.backend.upload(data)?);
+        }
         let outputs = self.backend.run(&entry.exe, &inputs, shapes)?;
         let resolved = entry.exe.resolve_shapes(shapes)?;
         let graph = entry.exe.graph();
@@ -637,16 +636,17 @@ fn hash_key(key: &CacheKey) -> u64 {
     state.finish()
 }
 
-/// The concrete shapes of a call's leaves, in one buffer.
+/// The concrete shapes of a call's leaves, in one buffer (on the stack for
+/// typical argument trees).
 struct LeafShapes {
-    dims: Vec<usize>,
-    ends: Vec<usize>,
+    dims: SmallVec<[usize; 64]>,
+    ends: SmallVec<[usize; 32]>,
 }
 
 impl LeafShapes {
     fn of(leaves: &[Array]) -> LeafShapes {
-        let mut dims = Vec::new();
-        let mut ends = Vec::with_capacity(leaves.len());
+        let mut dims = SmallVec::new();
+        let mut ends = SmallVec::new();
         for leaf in leaves {
             dims.extend(leaf.shape().dims().iter().filter_map(Dim::known));
             ends.push(dims.len());
@@ -654,7 +654,7 @@ impl LeafShapes {
         LeafShapes { dims, ends }
     }
 
-    fn refs(&self) -> Vec<&[usize]> {
+    fn refs(&self) -> SmallVec<[&[usize]; 32]> {
         let mut start = 0;
         self.ends
             .iter()

@@ -14,6 +14,8 @@ use super::{Op, ShapeCx};
 use crate::data::HostData;
 use crate::error::{Error, Result};
 use crate::shape::Aval;
+use smallvec::SmallVec;
+use std::cell::RefCell;
 
 /// Elements per tile: small enough that a few tile registers stay in L1.
 const TILE: usize = 1024;
@@ -238,10 +240,44 @@ fn eval_tiled_f32(
             HostData::F32(v) if v.len() == 1 => Some(Source::Scalar(v[0])),
             _ => None,
         })
-        .collect::<Option<Vec<_>>>()?;
+        .collect::<Option<SmallVec<[_; 8]>>>()?;
     let mut out = vec![0f32; n];
     run_tiles(kernel, &sources, &mut out);
     Some(HostData::F32(out))
+}
+
+thread_local! {
+    /// Tile registers kept between evaluations, so a cached call of a small
+    /// fused kernel allocates none.
+    static REGISTER_POOL: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `count` registers of at least `len` elements, from the pool when it has them.
+fn take_registers(count: usize, len: usize) -> Vec<Vec<f32>> {
+    let mut pooled = REGISTER_POOL.with(|pool| {
+        pool.try_borrow_mut()
+            .map(|mut p| std::mem::take(&mut *p))
+            .unwrap_or_default()
+    });
+    pooled.truncate(count);
+    for reg in &mut pooled {
+        if reg.len() < len {
+            reg.resize(len, 0.0);
+        }
+    }
+    pooled.resize_with(count, || vec![0f32; len]);
+    pooled
+}
+
+/// Gives registers back to the pool, keeping the larger set.
+fn return_registers(registers: Vec<Vec<f32>>) {
+    REGISTER_POOL.with(|pool| {
+        if let Ok(mut pool) = pool.try_borrow_mut() {
+            if registers.len() >= pool.len() {
+                *pool = registers;
+            }
+        }
+    });
 }
 
 /// Runs the kernel over `out` tile by tile; on x86_64 with AVX2, through a
@@ -267,7 +303,7 @@ fn run_tiles(kernel: &FusedKernel, sources: &[Source<'_>], out: &mut [f32]) {
 fn run_tiles_portable(kernel: &FusedKernel, sources: &[Source<'_>], out: &mut [f32]) {
     let n = out.len();
     let tile = TILE.min(n.max(1));
-    let mut registers = vec![vec![0f32; tile]; kernel.num_registers];
+    let mut registers = take_registers(kernel.num_registers, tile);
     let last = kernel.steps.len() - 1;
     for start in (0..n).step_by(tile) {
         let len = tile.min(n - start);
@@ -303,6 +339,7 @@ fn run_tiles_portable(kernel: &FusedKernel, sources: &[Source<'_>], out: &mut [f
             }
         }
     }
+    return_registers(registers);
 }
 
 #[cfg(test)]
