@@ -425,23 +425,21 @@ impl Array {
 
     /// `where(self, on_true, on_false)` with `self` a bool condition.
     pub fn select(&self, on_true: impl Operand, on_false: impl Operand) -> Array {
-        let on_true = on_true.into_array(DType::F32);
-        let on_false = on_false.into_array(on_true.dtype());
-        let on_true = if on_true.is_literal() {
-            on_true.cast(on_false.dtype())
-        } else {
-            on_true
-        };
-        Array::apply(Op::Select, vec![self.clone(), on_true, on_false])
+        // Numbers take the dtype of the array branch (f32 if both are numbers).
+        let dtype = on_true.dtype().or(on_false.dtype()).unwrap_or(DType::F32);
+        Array::apply(
+            Op::Select,
+            vec![
+                self.clone(),
+                on_true.into_array(dtype),
+                on_false.into_array(dtype),
+            ],
+        )
     }
 
     /// Elementwise conversion to `dtype`.
     pub fn cast(&self, dtype: DType) -> Array {
         Array::apply(Op::Cast(dtype), vec![self.clone()])
-    }
-
-    fn is_literal(&self) -> bool {
-        matches!(self.node.kind, NodeKind::Data) && self.ndim() == 0
     }
 
     // ----- reductions ---------------------------------------------------
@@ -726,17 +724,25 @@ pub(crate) fn normalize_axis(op: &str, axis: isize, rank: usize) -> Result<usize
 /// Something usable as an op operand: an array, or a Rust number that
 /// becomes a scalar of the other operand's dtype.
 pub trait Operand {
+    /// The dtype of an array operand; `None` for a number.
+    fn dtype(&self) -> Option<DType>;
     /// The operand as an array; numbers take `dtype`.
     fn into_array(self, dtype: DType) -> Array;
 }
 
 impl Operand for Array {
+    fn dtype(&self) -> Option<DType> {
+        Some(Array::dtype(self))
+    }
     fn into_array(self, _: DType) -> Array {
         self
     }
 }
 
 impl Operand for &Array {
+    fn dtype(&self) -> Option<DType> {
+        Some(Array::dtype(self))
+    }
     fn into_array(self, _: DType) -> Array {
         self.clone()
     }
@@ -745,6 +751,9 @@ impl Operand for &Array {
 macro_rules! number_operand {
     ($($t:ty),*) => {$(
         impl Operand for $t {
+            fn dtype(&self) -> Option<DType> {
+                None
+            }
             fn into_array(self, dtype: DType) -> Array {
                 Array::scalar(self as f64, dtype)
             }

@@ -5,7 +5,7 @@ use crate::data::HostData;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, ValueKind};
 use crate::ops::Condition;
-use crate::shape::Symbol;
+use crate::shape::{Shape, Symbol};
 use smallvec::SmallVec;
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -76,13 +76,23 @@ impl Executable {
     /// `Ok` when this executable can run arguments of `input_shapes`: every
     /// guard holds and every argument has the shape it was traced for.
     pub fn accepts(&self, input_shapes: &[&[usize]]) -> Result<()> {
-        if self.known_shapes.is_none() {
-            return self.resolve_shapes(input_shapes).map(|_| ());
+        match self.known_shapes {
+            Some(_) => self.check_inputs(input_shapes, |shape| shape.as_known()),
+            None => self.resolve_shapes(input_shapes).map(|_| ()),
         }
+    }
+
+    /// Checks each argument's shape against the shape its input node
+    /// expects (`expected` evaluates a possibly symbolic shape).
+    fn check_inputs(
+        &self,
+        input_shapes: &[&[usize]],
+        expected: impl Fn(&Shape) -> Option<Vec<usize>>,
+    ) -> Result<()> {
         for node in &self.graph.nodes {
             if let ValueKind::Input(i) = node.kind {
                 let actual = input_shapes.get(i).copied().unwrap_or(&[]);
-                if node.aval.shape.as_known().as_deref() != Some(actual) {
+                if expected(&node.aval.shape).as_deref() != Some(actual) {
                     return Err(Error::ShapeGuard {
                         condition: format!("argument leaf {i} has shape {}", node.aval.shape),
                         op: "input".into(),
@@ -109,7 +119,9 @@ impl Executable {
         };
         for guard in &self.graph.guards {
             let holds = match &guard.condition {
-                Condition::Equal(a, b) => a.eval(&bind).is_some() && a.eval(&bind) == b.eval(&bind),
+                Condition::Equal(a, b) => {
+                    matches!((a.eval(&bind), b.eval(&bind)), (Some(x), Some(y)) if x == y)
+                }
                 Condition::AtLeast(a, k) => a.eval(&bind).is_some_and(|v| v >= *k),
             };
             if !holds {
@@ -133,19 +145,7 @@ impl Executable {
                 })?;
             shapes.push(shape);
         }
-        for node in &self.graph.nodes {
-            if let ValueKind::Input(i) = node.kind {
-                let actual = input_shapes.get(i).copied().unwrap_or(&[]);
-                let expected = node.aval.shape.eval(&bind);
-                if expected.as_deref() != Some(actual) {
-                    return Err(Error::ShapeGuard {
-                        condition: format!("argument leaf {i} has shape {}", node.aval.shape),
-                        op: "input".into(),
-                        detail: format!("got {actual:?}"),
-                    });
-                }
-            }
-        }
+        self.check_inputs(input_shapes, |shape| shape.eval(&bind))?;
         Ok(Cow::Owned(shapes))
     }
 

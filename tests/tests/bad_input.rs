@@ -173,3 +173,29 @@ fn take_out_of_range_is_a_runtime_error_and_keeps_the_entry() {
     assert_eq!(y.to_vec::<f32>().unwrap(), vec![3.0]);
     assert_eq!(x.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0]);
 }
+
+#[test]
+fn select_with_branches_of_different_dtypes_is_an_error() {
+    let cond = ones(&[2]).greater(0.0);
+    let err = cond
+        .select(&ones(&[2]), &Array::ones(&[2], DType::F16))
+        .check()
+        .unwrap_err();
+    assert!(matches!(err, Error::DType { .. }), "{err}");
+    assert_mentions(&err, &["where", "f32", "f16"]);
+}
+
+#[test]
+fn select_number_branch_takes_the_array_branch_dtype() {
+    let x = Array::from_vec(
+        vec![half::f16::from_f32(-1.0), half::f16::from_f32(2.0)],
+        &[2],
+    )
+    .unwrap();
+    let y = x.greater(0.0).select(7.0, &x);
+    assert_eq!(y.dtype(), DType::F16);
+    assert_eq!(
+        y.to_vec::<half::f16>().unwrap(),
+        vec![half::f16::from_f32(-1.0), half::f16::from_f32(7.0)]
+    );
+}
