@@ -178,7 +178,7 @@ fn take_out_of_range_is_a_runtime_error_and_keeps_the_entry() {
 fn select_with_branches_of_different_dtypes_is_an_error() {
     let cond = ones(&[2]).greater(0.0);
     let err = cond
-        .select(&ones(&[2]), &Array::ones(&[2], DType::F16))
+        .select(ones(&[2]), Array::ones(&[2], DType::F16))
         .check()
         .unwrap_err();
     assert!(matches!(err, Error::DType { .. }), "{err}");
