@@ -242,8 +242,34 @@ fn eval_tiled_f32(
         })
         .collect::<Option<SmallVec<[_; 8]>>>()?;
     let mut out = vec![0f32; n];
-    run_tiles(kernel, &sources, &mut out);
+    run_split(kernel, &sources, &mut out);
     Some(HostData::F32(out))
+}
+
+/// Runs the tiles, split across the machine's cores when the group is big
+/// enough (tiles are independent, so the result is the same). wasm32 runs on
+/// one thread.
+fn run_split(kernel: &FusedKernel, sources: &[Source<'_>], out: &mut [f32]) {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        /// Element-ops (elements × steps) below which splitting the output
+        /// across threads costs more in spawning than it saves.
+        const PARALLEL_MIN_WORK: usize = 1 << 20;
+        static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let cores =
+            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let n = out.len();
+        if cores > 1 && n >= 2 * TILE && n.saturating_mul(kernel.steps.len()) >= PARALLEL_MIN_WORK {
+            let per_thread = n.div_ceil(cores).div_ceil(TILE) * TILE;
+            std::thread::scope(|scope| {
+                for (k, chunk) in out.chunks_mut(per_thread).enumerate() {
+                    scope.spawn(move || run_tiles(kernel, sources, chunk, k * per_thread));
+                }
+            });
+            return;
+        }
+    }
+    run_tiles(kernel, sources, out, 0);
 }
 
 thread_local! {
@@ -280,27 +306,38 @@ fn return_registers(registers: Vec<Vec<f32>>) {
     });
 }
 
-/// Runs the kernel over `out` tile by tile; on x86_64 with AVX2, through a
+/// Runs the kernel over `out`, which holds output elements from `offset`
+/// on, tile by tile; on x86_64 with AVX2, through a
 /// copy of the loop compiled for AVX2 (twice the lanes of the SSE2
 /// baseline). Neither build contracts into FMA, so both give the same bits.
-fn run_tiles(kernel: &FusedKernel, sources: &[Source<'_>], out: &mut [f32]) {
+fn run_tiles(kernel: &FusedKernel, sources: &[Source<'_>], out: &mut [f32], offset: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx2")]
-        fn run_tiles_avx2(kernel: &FusedKernel, sources: &[Source<'_>], out: &mut [f32]) {
-            run_tiles_portable(kernel, sources, out);
+        fn run_tiles_avx2(
+            kernel: &FusedKernel,
+            sources: &[Source<'_>],
+            out: &mut [f32],
+            offset: usize,
+        ) {
+            run_tiles_portable(kernel, sources, out, offset);
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2, checked just above.
-            unsafe { run_tiles_avx2(kernel, sources, out) };
+            unsafe { run_tiles_avx2(kernel, sources, out, offset) };
             return;
         }
     }
-    run_tiles_portable(kernel, sources, out);
+    run_tiles_portable(kernel, sources, out, offset);
 }
 
 #[inline(always)]
-fn run_tiles_portable(kernel: &FusedKernel, sources: &[Source<'_>], out: &mut [f32]) {
+fn run_tiles_portable(
+    kernel: &FusedKernel,
+    sources: &[Source<'_>],
+    out: &mut [f32],
+    offset: usize,
+) {
     let n = out.len();
     let tile = TILE.min(n.max(1));
     let mut registers = take_registers(kernel.num_registers, tile);
@@ -312,7 +349,7 @@ fn run_tiles_portable(kernel: &FusedKernel, sources: &[Source<'_>], out: &mut [f
                 (i != last).then(|| std::mem::take(&mut registers[kernel.registers[i]]));
             let lane = |arg: FusedArg| match arg {
                 FusedArg::Input(k) => match sources[k] {
-                    Source::Full(v) => Lane::Run(&v[start..start + len]),
+                    Source::Full(v) => Lane::Run(&v[offset + start..offset + start + len]),
                     Source::Scalar(x) => Lane::Splat(x),
                 },
                 FusedArg::Step(j) => Lane::Run(&registers[kernel.registers[j]][..len]),
@@ -345,6 +382,7 @@ fn run_tiles_portable(kernel: &FusedKernel, sources: &[Source<'_>], out: &mut [f
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::unary::exp_f32;
     use crate::ops::{BinaryOp, UnaryOp};
 
     fn chain_kernel() -> FusedKernel {
@@ -376,8 +414,21 @@ mod tests {
         let kernel = chain_kernel();
         let inputs = [&HostData::F32(x.clone()), &HostData::F32(vec![2.5])];
         let tiled = eval_tiled_f32(&kernel, &inputs, &[n]).unwrap();
-        let expected: Vec<f32> = x.iter().map(|&v| v.exp() * 2.5 + v).collect();
+        let expected: Vec<f32> = x.iter().map(|&v| exp_f32(v) * 2.5 + v).collect();
         assert_eq!(tiled, HostData::F32(expected));
+    }
+
+    #[test]
+    fn groups_split_across_threads_give_the_same_bits() {
+        // Enough element-ops (3 steps) to split across threads, and a length that
+        // is not a multiple of the tile.
+        let n = (1 << 20) / 3 + 123;
+        let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.0007).cos()).collect();
+        let kernel = chain_kernel();
+        let inputs = [&HostData::F32(x.clone()), &HostData::F32(vec![-0.75])];
+        let got = eval_tiled_f32(&kernel, &inputs, &[n]).unwrap();
+        let expected: Vec<f32> = x.iter().map(|&v| exp_f32(v) * -0.75 + v).collect();
+        assert_eq!(got, HostData::F32(expected));
     }
 
     #[test]
@@ -388,7 +439,7 @@ mod tests {
         let k = HostData::F16(vec![f16::from_f32(3.0)]);
         let got = eval(&kernel, &[&x, &k], &[&[2], &[1]], &[2]).unwrap();
         let step = |v: f32| {
-            let e = f16::from_f32(f16::from_f32(v).to_f32().exp());
+            let e = f16::from_f32(exp_f32(f16::from_f32(v).to_f32()));
             let m = f16::from_f32(e.to_f32() * 3.0);
             f16::from_f32(m.to_f32() + f16::from_f32(v).to_f32())
         };
