@@ -137,7 +137,7 @@ pub fn exp_f32(x: f32) -> f32 {
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
         * r
-        + 5.000_000_1e-1;
+        + 0.5;
     let e = p * (r * r) + r + 1.0;
     // 2^n as two normal powers of two, so results in the denormal range are
     // rounded once, by the second multiplication.
