@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 static NEXT_FUNCTION: AtomicU64 = AtomicU64::new(1);
@@ -45,6 +45,7 @@ where
         shapeless: false,
         passes: Passes::default(),
         backend: CpuBackend,
+        leaf_count_hint: AtomicUsize::new(0),
         cache: Mutex::default(),
         types: PhantomData,
     }
@@ -57,6 +58,8 @@ pub struct Compiled<In, Out, F, B: Backend = CpuBackend> {
     shapeless: bool,
     passes: Passes,
     backend: B,
+    /// Leaves of the previous call: the capacity to flatten into.
+    leaf_count_hint: AtomicUsize,
     cache: Mutex<CacheState>,
     types: PhantomData<fn(In) -> Out>,
 }
@@ -396,6 +399,7 @@ where
             shapeless: self.shapeless,
             passes: self.passes,
             backend,
+            leaf_count_hint: AtomicUsize::new(0),
             cache: Mutex::default(),
             types: PhantomData,
         }
@@ -440,8 +444,9 @@ where
     /// Calls the function. The arguments are only read: the result is built
     /// from new values even where it mirrors the input's structure.
     pub fn call(&self, args: &In) -> Result<Out> {
-        let mut leaves = Vec::new();
+        let mut leaves = Vec::with_capacity(self.leaf_count_hint.load(Ordering::Relaxed));
         let tree = args.flatten(&mut leaves)?;
+        self.leaf_count_hint.store(leaves.len(), Ordering::Relaxed);
         if leaves.iter().any(|l| !l.is_materialized()) {
             if leaves.iter().any(|l| l.is_tracer() || l.error().is_some()) {
                 // Called inside another trace (or on a failed array): inline `f`.
@@ -648,7 +653,11 @@ impl LeafShapes {
         let mut dims = SmallVec::new();
         let mut ends = SmallVec::new();
         for leaf in leaves {
-            dims.extend(leaf.shape().dims().iter().filter_map(Dim::known));
+            for dim in leaf.shape().dims() {
+                if let Dim::Known(n) = dim {
+                    dims.push(*n);
+                }
+            }
             ends.push(dims.len());
         }
         LeafShapes { dims, ends }

@@ -31,7 +31,7 @@ pub enum TreeDef {
 }
 
 /// A struct (derived) or registered node type inside a [`TreeDef`].
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeDef {
     /// The full Rust type path (`std::any::type_name`) for derived structs;
     /// the registered name (or the script class) for dynamic values.
@@ -41,6 +41,20 @@ pub struct NodeDef {
     /// The children: field names for named structs, `0`, `1`, ... for tuple
     /// structs and registered types.
     pub fields: Vec<(Cow<'static, str>, TreeDef)>,
+}
+
+impl std::hash::Hash for NodeDef {
+    /// Hashes the type, aux data and children but not the field names: the
+    /// type fixes them for derived structs, and equality still compares them,
+    /// so equal defs hash equally. Cache keys are hashed on every call.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.type_name.hash(state);
+        self.aux.hash(state);
+        state.write_usize(self.fields.len());
+        for (_, child) in &self.fields {
+            child.hash(state);
+        }
+    }
 }
 
 /// Where two defs first differ, and how.
