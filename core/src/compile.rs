@@ -352,6 +352,7 @@ struct Entry {
 struct CacheState {
     entries: Vec<Arc<Entry>>,
     buckets: FastMap<u64, Vec<usize>>,
+    last_hit: Option<usize>,
     calls: u64,
     hits: u64,
     misses: u64,
@@ -422,13 +423,23 @@ where
     pub fn prepare(&self, args: &In) -> Result<bool> {
         let mut leaves = Vec::new();
         let tree = args.flatten(&mut leaves)?;
-        let shapes = LeafShapes::of(&leaves);
+        let shapes = self.leaf_shapes(&leaves);
         let view = self.key_view(&tree, &leaves);
         if self.lookup(&view, &shapes.refs()).is_some() {
             return Ok(false);
         }
         self.trace_and_insert(view.to_key(), &leaves, &shapes.refs())?;
         Ok(true)
+    }
+
+    /// The call's leaf shapes, which only a shapeless compile reads: a
+    /// static entry's key pins them, and its executable knows them.
+    fn leaf_shapes(&self, leaves: &[Array]) -> LeafShapes {
+        if self.shapeless {
+            LeafShapes::of(leaves)
+        } else {
+            LeafShapes::default()
+        }
     }
 
     fn key_view<'a>(&'a self, tree: &'a TreeDef, leaves: &'a [Array]) -> KeyView<'a> {
@@ -454,7 +465,7 @@ where
             }
             crate::eval::eval(&leaves)?;
         }
-        let shapes = LeafShapes::of(&leaves);
+        let shapes = self.leaf_shapes(&leaves);
         let shape_refs = shapes.refs();
         let view = self.key_view(&tree, &leaves);
         let entry = match self.lookup(&view, &shape_refs) {
@@ -464,34 +475,30 @@ where
         self.run(&entry, &leaves, &shape_refs)
     }
 
+    /// The cached entry serving this call, if any; records the hit, or the
+    /// miss with its explanation. The entry of the last hit is tried before
+    /// hashing: a program calling with one signature over and over (the
+    /// common case) pays one key comparison.
     fn lookup(&self, key: &KeyView<'_>, shapes: &[&[usize]]) -> Option<Arc<Entry>> {
-        let hash = key.hash();
         let mut state = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         state.calls += 1;
         let mut guard_failure = None;
-        let found = state.buckets.get(&hash).and_then(|bucket| {
-            bucket.iter().find_map(|&i| {
-                let entry = &state.entries[i];
-                if !key.matches(&entry.key) {
-                    return None;
-                }
-                let accepted = if self.shapeless {
-                    entry.exe.accepts(shapes)
-                } else {
-                    Ok(())
-                };
-                match accepted {
-                    Ok(()) => Some(entry.clone()),
-                    Err(e) => {
-                        guard_failure.get_or_insert((i, e.to_string()));
-                        None
-                    }
-                }
-            })
-        });
-        if found.is_some() {
+        let mut found = state
+            .last_hit
+            .filter(|&i| self.serves(&state.entries[i], key, shapes, i, &mut guard_failure));
+        if found.is_none() {
+            guard_failure = None;
+            found = state.buckets.get(&key.hash()).and_then(|bucket| {
+                bucket
+                    .iter()
+                    .copied()
+                    .find(|&i| self.serves(&state.entries[i], key, shapes, i, &mut guard_failure))
+            });
+        }
+        if let Some(i) = found {
             state.hits += 1;
-            return found;
+            state.last_hit = Some(i);
+            return Some(state.entries[i].clone());
         }
         let miss = match guard_failure {
             Some((i, detail)) => CacheMiss {
@@ -504,6 +511,32 @@ where
         state.misses += 1;
         state.miss_log.push(miss);
         None
+    }
+
+    /// True when `entry` (at `index`) can serve the call: its key matches
+    /// and, shapeless, its guards hold for these sizes. The first guard
+    /// failure is kept to explain a miss.
+    fn serves(
+        &self,
+        entry: &Entry,
+        key: &KeyView<'_>,
+        shapes: &[&[usize]],
+        index: usize,
+        guard_failure: &mut Option<(usize, String)>,
+    ) -> bool {
+        if !key.matches(&entry.key) {
+            return false;
+        }
+        if !self.shapeless {
+            return true;
+        }
+        match entry.exe.accepts(shapes) {
+            Ok(()) => true,
+            Err(e) => {
+                guard_failure.get_or_insert((index, e.to_string()));
+                false
+            }
+        }
     }
 
     /// Traces for this call and caches the result. A shapeless trace whose
@@ -643,6 +676,7 @@ fn hash_key(key: &CacheKey) -> u64 {
 
 /// The concrete shapes of a call's leaves, in one buffer (on the stack for
 /// typical argument trees).
+#[derive(Default)]
 struct LeafShapes {
     dims: SmallVec<[usize; 64]>,
     ends: SmallVec<[usize; 32]>,

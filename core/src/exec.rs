@@ -184,7 +184,9 @@ pub trait Backend: Send + Sync + 'static {
     fn upload(&self, data: &Arc<HostData>) -> Result<Self::Buffer>;
     /// Copies a buffer back to the host.
     fn download(&self, buffer: Self::Buffer) -> Result<Arc<HostData>>;
-    /// Runs `exe` on buffers whose concrete shapes are `input_shapes`.
+    /// Runs `exe` on argument buffers. `input_shapes` holds the arguments'
+    /// concrete shapes when `exe` is shapeless; for an executable whose
+    /// shapes are all known it may be empty (read them from `exe`).
     fn run(
         &self,
         exe: &Executable,

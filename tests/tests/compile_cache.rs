@@ -104,6 +104,35 @@ fn static_scalar_argument_is_part_of_the_key() {
 }
 
 #[test]
+fn alternating_signatures_each_hit_their_own_entry() {
+    let f = compile(|(x, k): (Array, f64)| x * k);
+    let x = arr(&[1.0, 2.0], &[2]);
+    let wide = Array::ones(&[3], DType::F32);
+    for round in 0..3 {
+        assert_eq!(
+            f.call(&(x.clone(), 2.0)).unwrap().to_vec::<f32>().unwrap(),
+            vec![2.0, 4.0],
+            "round {round}"
+        );
+        assert_eq!(
+            f.call(&(x.clone(), 5.0)).unwrap().to_vec::<f32>().unwrap(),
+            vec![5.0, 10.0],
+            "round {round}"
+        );
+        assert_eq!(
+            f.call(&(wide.clone(), 2.0))
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap(),
+            vec![2.0; 3],
+            "round {round}"
+        );
+    }
+    let cache = f.cache();
+    assert_eq!((cache.entries, cache.misses, cache.hits), (3, 3, 6));
+}
+
+#[test]
 fn tree_structure_change_is_explained_with_path() {
     let f = compile(|xs: Vec<Array>| {
         xs.iter()

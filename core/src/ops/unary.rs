@@ -132,18 +132,21 @@ pub fn exp_f32(x: f32) -> f32 {
     // even) with plain arithmetic, which vectorizes on every target.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-104.0, 89.0); // keeps NaN; outside, e^x is 0 or inf
-    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let biased = x * std::f32::consts::LOG2_E + ROUND;
+    let n = biased - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
         * r
         + 0.5;
     let e = p * (r * r) + r + 1.0;
+    // n as an integer, read off the low mantissa bits of `biased` (exact for
+    // |n| < 2^22; a NaN input gives garbage here, but `e` is NaN anyway).
+    let n = (biased.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
     // 2^n as two normal powers of two, so results in the denormal range are
     // rounded once, by the second multiplication.
-    let n = n as i32;
     let half = n >> 1;
-    let scale = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
+    let scale = |k: i32| f32::from_bits((k.wrapping_add(127) as u32) << 23);
     e * scale(half) * scale(n - half)
 }
 
