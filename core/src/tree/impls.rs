@@ -105,14 +105,15 @@ tuple_tree!(8; A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7);
 
 impl<T: Tree> Tree for Vec<T> {
     fn flatten(&self, leaves: &mut Vec<Array>) -> Result<TreeDef> {
-        let children = self
-            .iter()
-            .enumerate()
-            .map(|(i, x)| {
+        // Sized up front: collecting into `Result<Vec<_>>` cannot see the
+        // length and would regrow the vector on every call.
+        let mut children = Vec::with_capacity(self.len());
+        for (i, x) in self.iter().enumerate() {
+            children.push(
                 x.flatten(leaves)
-                    .map_err(|e| prefix_error(e, PathEntry::Index(i)))
-            })
-            .collect::<Result<Vec<_>>>()?;
+                    .map_err(|e| prefix_error(e, PathEntry::Index(i)))?,
+            );
+        }
         Ok(TreeDef::List(children))
     }
 
@@ -143,14 +144,13 @@ impl<T: Tree> Tree for Option<T> {
 
 impl<T: Tree> Tree for BTreeMap<String, T> {
     fn flatten(&self, leaves: &mut Vec<Array>) -> Result<TreeDef> {
-        let children = self
-            .iter()
-            .map(|(k, x)| {
-                x.flatten(leaves)
-                    .map(|d| (k.clone(), d))
-                    .map_err(|e| prefix_error(e, PathEntry::Key(k.clone())))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let mut children = Vec::with_capacity(self.len());
+        for (k, x) in self {
+            let def = x
+                .flatten(leaves)
+                .map_err(|e| prefix_error(e, PathEntry::Key(k.clone())))?;
+            children.push((k.clone(), def));
+        }
         Ok(TreeDef::Map(children))
     }
 
