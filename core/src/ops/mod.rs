@@ -181,15 +181,7 @@ impl Op {
     /// The output aval from the input avals; records in `cx` every equality
     /// it had to assume between symbolic dims.
     pub fn shape_rule(&self, inputs: &[&Aval], cx: &mut ShapeCx) -> Result<Aval> {
-        let want = self.arity();
-        if let Some(n) = want {
-            if inputs.len() != n {
-                return Err(crate::error::arg_err(
-                    self.name(),
-                    format!("expects {n} operands, got {}", inputs.len()),
-                ));
-            }
-        }
+        self.check_arity(inputs.len())?;
         cx.op = self.name().to_string();
         match self {
             Op::Unary(u) => unary::shape_rule(*u, inputs[0]),
@@ -213,6 +205,17 @@ impl Op {
         }
     }
 
+    /// `Err` unless `given` operands fit the op.
+    fn check_arity(&self, given: usize) -> Result<()> {
+        match self.arity() {
+            Some(n) if n != given => Err(crate::error::arg_err(
+                self.name(),
+                format!("expects {n} operands, got {given}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Number of operands, when fixed.
     pub fn arity(&self) -> Option<usize> {
         match self {
@@ -223,13 +226,25 @@ impl Op {
         }
     }
 
-    /// Reference evaluation on host data with concrete shapes.
+    /// Reference evaluation on host data with concrete shapes, for operands
+    /// whose avals the shape rule accepted (the operand count is checked).
     pub fn eval(
         &self,
         inputs: &[&HostData],
         in_shapes: &[&[usize]],
         out_shape: &[usize],
     ) -> Result<HostData> {
+        self.check_arity(inputs.len())?;
+        if in_shapes.len() != inputs.len() {
+            return Err(crate::error::arg_err(
+                self.name(),
+                format!(
+                    "{} operands but {} operand shapes",
+                    inputs.len(),
+                    in_shapes.len()
+                ),
+            ));
+        }
         match self {
             Op::Unary(u) => unary::eval(*u, inputs[0]),
             Op::Binary(b) => binary::eval(
@@ -349,5 +364,24 @@ impl ShapeCx {
                 condition: Condition::AtLeast(d.clone(), k),
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod arity_tests {
+    use super::*;
+
+    #[test]
+    fn eval_with_the_wrong_operand_count_is_an_error_not_a_panic() {
+        let x = HostData::F32(vec![1.0]);
+        let err = Op::Binary(BinaryOp::Add)
+            .eval(&[&x], &[&[1]], &[1])
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("expects 2 operands, got 1"),
+            "{err}"
+        );
+        let err = Op::Unary(UnaryOp::Exp).eval(&[&x], &[], &[1]).unwrap_err();
+        assert!(err.to_string().contains("operand shapes"), "{err}");
     }
 }
