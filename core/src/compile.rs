@@ -809,7 +809,7 @@ fn build_report(
                     ValueKind::Constant(_) => "constant".to_string(),
                     ValueKind::Op(op) => op.describe(),
                 },
-                inputs: node.inputs.clone(),
+                inputs: node.inputs.to_vec(),
                 aval: node.aval.to_string(),
             })
             .collect(),

@@ -4,10 +4,11 @@
 use crate::array::{Array, NodeKind};
 use crate::data::HostData;
 use crate::error::{Error, Result};
-use crate::hash::{fast_map, FastMap};
+use crate::hash::{fast_map, FastHasher, FastMap};
 use crate::ops::{FusedArg, FusedKernel, FusedStep, Guard, Op};
 use crate::shape::Aval;
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -66,13 +67,17 @@ pub enum ValueKind {
     Op(Op),
 }
 
+/// The operands of a graph value; up to three are stored inline, since
+/// graphs are rebuilt by every pass and nearly every op has at most three.
+pub type Operands = SmallVec<[ValueId; 3]>;
+
 /// One value of the graph.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GraphNode {
     /// How the value is produced.
     pub kind: ValueKind,
     /// Operands (values earlier in the schedule).
-    pub inputs: Vec<ValueId>,
+    pub inputs: Operands,
     /// Shape and dtype (symbolic in a shapeless compile).
     pub aval: Aval,
 }
@@ -119,7 +124,7 @@ pub(crate) fn extract(outputs: &[Array], leaves: Leaves) -> Result<(Graph, Vec<A
                 }
                 Leaves::Trace { .. } => ValueKind::Constant(Literal(value.clone())),
             };
-            push(&mut graph, &mut ids, &array, kind, Vec::new());
+            push(&mut graph, &mut ids, &array, kind, Operands::new());
             continue;
         }
         match &node.kind {
@@ -132,7 +137,7 @@ pub(crate) fn extract(outputs: &[Array], leaves: Leaves) -> Result<(Graph, Vec<A
                         &mut ids,
                         &array,
                         ValueKind::Input(*index),
-                        Vec::new(),
+                        Operands::new(),
                     );
                 }
                 _ => {
@@ -175,7 +180,7 @@ fn push(
     ids: &mut FastMap<usize, ValueId>,
     array: &Array,
     kind: ValueKind,
-    inputs: Vec<ValueId>,
+    inputs: Operands,
 ) {
     ids.insert(array.id(), graph.nodes.len());
     graph.nodes.push(GraphNode {
@@ -221,10 +226,12 @@ pub fn optimize(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<PassRecord>
         ..Graph::default()
     };
     let mut remap: Vec<ValueId> = Vec::with_capacity(graph.nodes.len());
-    let mut seen: FastMap<GraphNode, ValueId> = fast_map(graph.nodes.len());
+    // CSE table: node hash → the emitted values with that hash, compared
+    // in place against `out.nodes` so no node is copied into the table.
+    let mut seen: FastMap<u64, SmallVec<[ValueId; 1]>> = fast_map(graph.nodes.len());
     let (mut simplified, mut folded, mut merged) = (0, 0, 0);
     for node in &graph.nodes {
-        let inputs: Vec<ValueId> = node.inputs.iter().map(|&i| remap[i]).collect();
+        let inputs: Operands = node.inputs.iter().map(|&i| remap[i]).collect();
         if let ValueKind::Op(op) = &node.kind {
             if let Some(&alias) = inputs
                 .first()
@@ -244,18 +251,24 @@ pub fn optimize(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<PassRecord>
             folded += 1;
             candidate = GraphNode {
                 kind: ValueKind::Constant(literal),
-                inputs: Vec::new(),
+                inputs: Operands::new(),
                 aval: node.aval.clone(),
             };
         }
-        match seen.get(&candidate) {
-            Some(&existing) => {
+        let hash = {
+            let mut state = FastHasher::default();
+            candidate.hash(&mut state);
+            state.finish()
+        };
+        let same = seen.entry(hash).or_default();
+        match same.iter().copied().find(|&id| out.nodes[id] == candidate) {
+            Some(existing) => {
                 merged += 1;
                 remap.push(existing);
             }
             None => {
                 let id = out.nodes.len();
-                seen.insert(candidate.clone(), id);
+                same.push(id);
                 out.nodes.push(candidate);
                 remap.push(id);
             }
