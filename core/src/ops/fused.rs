@@ -10,7 +10,7 @@
 use super::binary::{float_zip_into, Lane};
 use super::strided::numel;
 use super::unary::float_map_into;
-use super::{Op, ShapeCx};
+use super::{BinaryOp, Op, ShapeCx, UnaryOp};
 use crate::data::HostData;
 use crate::error::{Error, Result};
 use crate::shape::Aval;
@@ -38,6 +38,23 @@ pub struct FusedStep {
     pub args: Vec<FusedArg>,
 }
 
+/// An operand of a tiled step, resolved when the kernel is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum TileSource {
+    /// External operand `k`.
+    Input(usize),
+    /// Tile register `r`.
+    Register(usize),
+}
+
+/// One step of the tiled program: the op, its operands, and the register it
+/// writes (`None`: the output).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum TileStep {
+    Unary(UnaryOp, TileSource, Option<usize>),
+    Binary(BinaryOp, TileSource, TileSource, Option<usize>),
+}
+
 /// A fused group: its steps in order; the last step's value is the result.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FusedKernel {
@@ -48,8 +65,9 @@ pub struct FusedKernel {
     num_registers: usize,
     /// Steps after which a step's value is dead, for the replay path.
     last_use: Vec<usize>,
-    /// Every step is f32-capable arithmetic (no comparison, select or cast).
-    tileable: bool,
+    /// The steps as a tiled program, when every step is f32-capable
+    /// arithmetic (no comparison, select or cast).
+    program: Option<Vec<TileStep>>,
 }
 
 impl FusedKernel {
@@ -103,18 +121,32 @@ impl FusedKernel {
                 }
             }
         }
-        let tileable = steps.iter().all(|s| match &s.op {
-            Op::Unary(_) => true,
-            Op::Binary(b) => !b.is_comparison(),
-            _ => false,
-        });
+        let last = steps.len() - 1;
+        let source = |arg: &FusedArg| match *arg {
+            FusedArg::Input(k) => TileSource::Input(k),
+            FusedArg::Step(j) => TileSource::Register(registers[j]),
+        };
+        let program = steps
+            .iter()
+            .enumerate()
+            .map(|(i, step)| {
+                let dst = (i != last).then_some(registers[i]);
+                match (&step.op, step.args.as_slice()) {
+                    (Op::Unary(u), [a]) => Some(TileStep::Unary(*u, source(a), dst)),
+                    (Op::Binary(b), [a, c]) if !b.is_comparison() => {
+                        Some(TileStep::Binary(*b, source(a), source(c), dst))
+                    }
+                    _ => None,
+                }
+            })
+            .collect::<Option<Vec<_>>>();
         Ok(FusedKernel {
             steps,
             num_inputs,
             registers,
             num_registers,
             last_use,
-            tileable,
+            program,
         })
     }
 
@@ -229,9 +261,7 @@ fn eval_tiled_f32(
     inputs: &[&HostData],
     out_shape: &[usize],
 ) -> Option<HostData> {
-    if !kernel.tileable {
-        return None;
-    }
+    kernel.program.as_ref()?;
     let n = numel(out_shape);
     let sources = inputs
         .iter()
@@ -275,32 +305,28 @@ fn run_split(kernel: &FusedKernel, sources: &[Source<'_>], out: &mut [f32]) {
 thread_local! {
     /// Tile registers kept between evaluations, so a cached call of a small
     /// fused kernel allocates none.
-    static REGISTER_POOL: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+    static REGISTER_POOL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `count` registers of at least `len` elements, from the pool when it has them.
-fn take_registers(count: usize, len: usize) -> Vec<Vec<f32>> {
-    let mut pooled = REGISTER_POOL.with(|pool| {
+/// A buffer of at least `len` elements, from the pool when it has one.
+fn take_registers(len: usize) -> Vec<f32> {
+    let mut buffer = REGISTER_POOL.with(|pool| {
         pool.try_borrow_mut()
             .map(|mut p| std::mem::take(&mut *p))
             .unwrap_or_default()
     });
-    pooled.truncate(count);
-    for reg in &mut pooled {
-        if reg.len() < len {
-            reg.resize(len, 0.0);
-        }
+    if buffer.len() < len {
+        buffer.resize(len, 0.0);
     }
-    pooled.resize_with(count, || vec![0f32; len]);
-    pooled
+    buffer
 }
 
-/// Gives registers back to the pool, keeping the larger set.
-fn return_registers(registers: Vec<Vec<f32>>) {
+/// Gives a register buffer back to the pool, keeping the larger one.
+fn return_registers(buffer: Vec<f32>) {
     REGISTER_POOL.with(|pool| {
         if let Ok(mut pool) = pool.try_borrow_mut() {
-            if registers.len() >= pool.len() {
-                *pool = registers;
+            if buffer.len() >= pool.len() {
+                *pool = buffer;
             }
         }
     });
@@ -338,41 +364,52 @@ fn run_tiles_portable(
     out: &mut [f32],
     offset: usize,
 ) {
+    let Some(program) = kernel.program.as_deref() else {
+        return;
+    };
     let n = out.len();
     let tile = TILE.min(n.max(1));
-    let mut registers = take_registers(kernel.num_registers, tile);
-    let last = kernel.steps.len() - 1;
+    let mut registers = take_registers(kernel.num_registers * tile);
     for start in (0..n).step_by(tile) {
         let len = tile.min(n - start);
-        for (i, step) in kernel.steps.iter().enumerate() {
-            let mut scratch =
-                (i != last).then(|| std::mem::take(&mut registers[kernel.registers[i]]));
-            let lane = |arg: FusedArg| match arg {
-                FusedArg::Input(k) => match sources[k] {
+        for step in program {
+            let dst_register = match *step {
+                TileStep::Unary(_, _, dst) | TileStep::Binary(_, _, _, dst) => dst,
+            };
+            // The destination register is split off the buffer, so sources
+            // (other registers) are read while it is written.
+            let (before, dst, after): (&[f32], &mut [f32], &[f32]) = match dst_register {
+                Some(d) => {
+                    let (before, rest) = registers.split_at_mut(d * tile);
+                    let (dst, after) = rest.split_at_mut(tile);
+                    (before, &mut dst[..len], after)
+                }
+                None => (&registers[..], &mut out[start..start + len], &[]),
+            };
+            let below = dst_register.unwrap_or(usize::MAX);
+            let lane = |src: TileSource| match src {
+                TileSource::Input(k) => match sources[k] {
                     Source::Full(v) => Lane::Run(&v[offset + start..offset + start + len]),
                     Source::Scalar(x) => Lane::Splat(x),
                 },
-                FusedArg::Step(j) => Lane::Run(&registers[kernel.registers[j]][..len]),
+                TileSource::Register(r) if r < below => {
+                    Lane::Run(&before[r * tile..r * tile + len])
+                }
+                TileSource::Register(r) => {
+                    let at = (r - below - 1) * tile;
+                    Lane::Run(&after[at..at + len])
+                }
             };
-            let dst: &mut [f32] = match &mut scratch {
-                Some(reg) => &mut reg[..len],
-                None => &mut out[start..start + len],
-            };
-            match &step.op {
-                Op::Unary(u) => match lane(step.args[0]) {
-                    Lane::Run(src) => float_map_into(*u, src, dst),
+            match *step {
+                TileStep::Unary(u, a, _) => match lane(a) {
+                    Lane::Run(src) => float_map_into(u, src, dst),
                     Lane::Splat(x) => {
                         let mut one = [0f32];
-                        float_map_into(*u, &[x], &mut one);
+                        float_map_into(u, &[x], &mut one);
                         dst.fill(one[0]);
                     }
                 },
-                Op::Binary(b) => float_zip_into(*b, lane(step.args[0]), lane(step.args[1]), dst),
-                // `tileable` admits only unary and arithmetic binary steps.
-                _ => unreachable!("non-arithmetic step in a tileable kernel"),
-            }
-            if let Some(reg) = scratch {
-                registers[kernel.registers[i]] = reg;
+                TileStep::Binary(b, a, c, _) => float_zip_into(b, lane(a), lane(c), dst),
             }
         }
     }
