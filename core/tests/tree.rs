@@ -578,7 +578,7 @@ fn registered_unflatten_given_the_wrong_child_count_is_an_error() {
     // Flatten made one child for this aux; a structure claiming none leaves
     // the registered unflatten short of children.
     let def = TreeDef::Map(vec![(
-        "c".to_string(),
+        "c".into(),
         TreeDef::Node(Arc::new(NodeDef {
             type_name: "Cache".into(),
             aux: StaticValue::new(Vec::<(usize, i64)>::new()),
@@ -788,4 +788,28 @@ proptest! {
             leaves.iter().map(data).collect::<Vec<_>>()
         );
     }
+}
+
+#[test]
+fn map_keys_are_shared_between_flattens() {
+    let mut map = BTreeMap::new();
+    map.insert(
+        "weight".to_string(),
+        Array::from_vec(vec![1.0f32], &[1]).unwrap(),
+    );
+    let (_, first) = tree_flatten(&map).unwrap();
+    let (_, second) = tree_flatten(&map.clone()).unwrap();
+    match (&first, &second) {
+        (TreeDef::Map(a), TreeDef::Map(b)) => {
+            assert_eq!(&*a[0].0, "weight");
+            assert!(
+                Arc::ptr_eq(&a[0].0, &b[0].0),
+                "keys were copied, not shared"
+            );
+        }
+        other => panic!("expected two maps, got {other:?}"),
+    }
+    let back: BTreeMap<String, Array> =
+        tree_unflatten(&first, vec![Array::from_vec(vec![2.0f32], &[1]).unwrap()]).unwrap();
+    assert_eq!(back["weight"].to_vec::<f32>().unwrap(), vec![2.0]);
 }

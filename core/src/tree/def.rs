@@ -24,10 +24,37 @@ pub enum TreeDef {
     List(Vec<TreeDef>),
     /// An `Option`.
     Option(Option<Box<TreeDef>>),
-    /// A map with string keys, in key order.
-    Map(Vec<(String, TreeDef)>),
+    /// A map with string keys, in key order. Keys are shared, interned
+    /// strings ([`intern_key`]): flattening a map on every call copies none.
+    Map(Vec<(Arc<str>, TreeDef)>),
     /// A struct or a registered node type.
     Node(Arc<NodeDef>),
+}
+
+/// Entries the key interner holds before it starts over (keys already handed
+/// out stay valid; only sharing with later calls is lost).
+const INTERNED_KEYS_LIMIT: usize = 1 << 16;
+
+/// The shared copy of a map key: the same `Arc` for equal keys on this
+/// thread, so flattening a map argument allocates no key and comparing two
+/// interned keys is a pointer check.
+pub fn intern_key(key: &str) -> Arc<str> {
+    thread_local! {
+        static KEYS: std::cell::RefCell<std::collections::HashSet<Arc<str>, std::hash::BuildHasherDefault<crate::hash::FastHasher>>> =
+            std::cell::RefCell::default();
+    }
+    KEYS.with(|keys| {
+        let mut keys = keys.borrow_mut();
+        if let Some(shared) = keys.get(key) {
+            return shared.clone();
+        }
+        if keys.len() >= INTERNED_KEYS_LIMIT {
+            keys.clear();
+        }
+        let shared: Arc<str> = Arc::from(key);
+        keys.insert(shared.clone());
+        shared
+    })
 }
 
 /// A struct (derived) or registered node type inside a [`TreeDef`].
@@ -148,7 +175,7 @@ impl TreeDef {
                 .collect(),
             TreeDef::Map(c) => c
                 .iter()
-                .map(|(k, d)| (PathEntry::Key(k.clone()), d))
+                .map(|(k, d)| (PathEntry::Key(k.to_string()), d))
                 .collect(),
             TreeDef::Node(n) => n
                 .fields
@@ -185,7 +212,7 @@ impl TreeDef {
             TreeDef::Option(None) => "None".into(),
             TreeDef::Option(Some(_)) => "Some".into(),
             TreeDef::Map(c) => {
-                let keys: Vec<&str> = c.iter().map(|(k, _)| k.as_str()).collect();
+                let keys: Vec<&str> = c.iter().map(|(k, _)| k.as_ref()).collect();
                 format!("map{{{}}}", keys.join(","))
             }
             TreeDef::Node(n) => {

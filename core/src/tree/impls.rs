@@ -2,7 +2,7 @@
 
 use super::path::{prefix_error, tree_err, PathEntry};
 use super::static_value::{F32Bits, F64Bits, StaticValue};
-use super::{Tree, TreeDef};
+use super::{intern_key, Tree, TreeDef};
 use crate::array::Array;
 use crate::error::Result;
 use std::collections::BTreeMap;
@@ -149,7 +149,7 @@ impl<T: Tree> Tree for BTreeMap<String, T> {
             let def = x
                 .flatten(leaves)
                 .map_err(|e| prefix_error(e, PathEntry::Key(k.clone())))?;
-            children.push((k.clone(), def));
+            children.push((intern_key(k), def));
         }
         Ok(TreeDef::Map(children))
     }
@@ -160,8 +160,8 @@ impl<T: Tree> Tree for BTreeMap<String, T> {
                 .iter()
                 .map(|(k, d)| {
                     T::unflatten(d, leaves)
-                        .map(|x| (k.clone(), x))
-                        .map_err(|e| prefix_error(e, PathEntry::Key(k.clone())))
+                        .map(|x| (k.to_string(), x))
+                        .map_err(|e| prefix_error(e, PathEntry::Key(k.to_string())))
                 })
                 .collect(),
             other => Err(mismatch("a map", other)),

@@ -4,7 +4,7 @@
 use super::impls::{mismatch, next_leaf};
 use super::path::{prefix_error, tree_err, PathEntry};
 use super::static_value::StaticValue;
-use super::{NodeDef, Tree, TreeDef};
+use super::{intern_key, NodeDef, Tree, TreeDef};
 use crate::array::Array;
 use crate::error::Result;
 use std::borrow::Cow;
@@ -100,7 +100,7 @@ impl Value {
                 map.iter()
                     .map(|(k, v)| {
                         v.flatten_with(registry, leaves)
-                            .map(|d| (k.clone(), d))
+                            .map(|d| (intern_key(k), d))
                             .map_err(|e| prefix_error(e, PathEntry::Key(k.clone())))
                     })
                     .collect::<Result<_>>()?,
@@ -159,8 +159,8 @@ impl Value {
                     .iter()
                     .map(|(k, d)| {
                         Value::unflatten_with(registry, d, leaves)
-                            .map(|v| (k.clone(), v))
-                            .map_err(|e| prefix_error(e, PathEntry::Key(k.clone())))
+                            .map(|v| (k.to_string(), v))
+                            .map_err(|e| prefix_error(e, PathEntry::Key(k.to_string())))
                     })
                     .collect::<Result<_>>()?,
             ),
