@@ -257,8 +257,10 @@ impl Backend for CpuBackend {
                 }
                 ValueKind::Constant(literal) => CpuValue::Shared(literal.0.clone()),
                 ValueKind::Op(op) => {
-                    let mut operands: SmallVec<[&HostData; 4]> = SmallVec::new();
-                    let mut operand_shapes: SmallVec<[&[usize]; 4]> = SmallVec::new();
+                    let mut operands: SmallVec<[&HostData; 4]> =
+                        SmallVec::with_capacity(node.inputs.len());
+                    let mut operand_shapes: SmallVec<[&[usize]; 4]> =
+                        SmallVec::with_capacity(node.inputs.len());
                     for &j in &node.inputs {
                         operands.push(values[j].as_ref().ok_or_else(|| released(step, j))?.data());
                         operand_shapes.push(&shapes[j]);

@@ -263,14 +263,14 @@ fn eval_tiled_f32(
 ) -> Option<HostData> {
     kernel.program.as_ref()?;
     let n = numel(out_shape);
-    let sources = inputs
-        .iter()
-        .map(|data| match data {
-            HostData::F32(v) if v.len() == n => Some(Source::Full(v)),
-            HostData::F32(v) if v.len() == 1 => Some(Source::Scalar(v[0])),
-            _ => None,
-        })
-        .collect::<Option<SmallVec<[_; 8]>>>()?;
+    let mut sources: SmallVec<[Source<'_>; 8]> = SmallVec::with_capacity(inputs.len());
+    for data in inputs {
+        sources.push(match data {
+            HostData::F32(v) if v.len() == n => Source::Full(v),
+            HostData::F32(v) if v.len() == 1 => Source::Scalar(v[0]),
+            _ => return None,
+        });
+    }
     let mut out = vec![0f32; n];
     run_split(kernel, &sources, &mut out);
     Some(HostData::F32(out))
