@@ -24,36 +24,100 @@ pub enum TreeDef {
     List(Vec<TreeDef>),
     /// An `Option`.
     Option(Option<Box<TreeDef>>),
-    /// A map with string keys, in key order. Keys are shared, interned
-    /// strings ([`intern_key`]): flattening a map on every call copies none.
-    Map(Vec<(Arc<str>, TreeDef)>),
+    /// A map with string keys, in key order. Keys are interned
+    /// ([`intern_key`]): flattening a map on every call copies none.
+    Map(Vec<(MapKey, TreeDef)>),
     /// A struct or a registered node type.
     Node(Arc<NodeDef>),
 }
 
-/// Entries the key interner holds before it starts over (keys already handed
-/// out stay valid; only sharing with later calls is lost).
-const INTERNED_KEYS_LIMIT: usize = 1 << 16;
+/// A map key of a [`TreeDef`]: an interned `&'static str` shared by every
+/// flatten of an equal key (no allocation, no reference counting, equality
+/// by pointer first), or an owned string once the interner is full.
+#[derive(Clone, Eq, PartialOrd, Ord)]
+pub struct MapKey(Cow<'static, str>);
 
-/// The shared copy of a map key: the same `Arc` for equal keys on this
-/// thread, so flattening a map argument allocates no key and comparing two
-/// interned keys is a pointer check.
-pub fn intern_key(key: &str) -> Arc<str> {
-    thread_local! {
-        static KEYS: std::cell::RefCell<std::collections::HashSet<Arc<str>, std::hash::BuildHasherDefault<crate::hash::FastHasher>>> =
-            std::cell::RefCell::default();
+impl fmt::Debug for MapKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
     }
-    KEYS.with(|keys| {
-        let mut keys = keys.borrow_mut();
-        if let Some(shared) = keys.get(key) {
-            return shared.clone();
+}
+
+impl MapKey {
+    /// The key text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq for MapKey {
+    fn eq(&self, other: &Self) -> bool {
+        let (a, b) = (self.as_str(), other.as_str());
+        std::ptr::eq(a, b) || a == b
+    }
+}
+
+impl std::hash::Hash for MapKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl std::ops::Deref for MapKey {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl fmt::Display for MapKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<&str> for MapKey {
+    fn from(key: &str) -> MapKey {
+        intern_key(key)
+    }
+}
+
+/// Distinct keys the interner keeps (and the bytes they may take); interned
+/// keys live for the whole process, so the interner is bounded and later
+/// keys are simply owned.
+const INTERNED_KEYS_LIMIT: usize = 1 << 16;
+const INTERNED_BYTES_LIMIT: usize = 1 << 20;
+
+/// The map key for `key`: interned (the same `&'static str` for equal keys
+/// on this thread) while the interner has room, owned after that.
+pub fn intern_key(key: &str) -> MapKey {
+    #[derive(Default)]
+    struct Interner {
+        keys: std::collections::HashSet<
+            &'static str,
+            std::hash::BuildHasherDefault<crate::hash::FastHasher>,
+        >,
+        bytes: usize,
+    }
+    thread_local! {
+        static INTERNER: std::cell::RefCell<Interner> = std::cell::RefCell::default();
+    }
+    INTERNER.with(|interner| {
+        let Ok(mut interner) = interner.try_borrow_mut() else {
+            return MapKey(Cow::Owned(key.to_string()));
+        };
+        if let Some(&shared) = interner.keys.get(key) {
+            return MapKey(Cow::Borrowed(shared));
         }
-        if keys.len() >= INTERNED_KEYS_LIMIT {
-            keys.clear();
+        if interner.keys.len() >= INTERNED_KEYS_LIMIT
+            || interner.bytes + key.len() > INTERNED_BYTES_LIMIT
+        {
+            return MapKey(Cow::Owned(key.to_string()));
         }
-        let shared: Arc<str> = Arc::from(key);
-        keys.insert(shared.clone());
-        shared
+        let shared: &'static str = Box::leak(key.into());
+        interner.bytes += key.len();
+        interner.keys.insert(shared);
+        MapKey(Cow::Borrowed(shared))
     })
 }
 

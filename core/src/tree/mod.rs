@@ -36,7 +36,7 @@ mod path;
 mod static_value;
 mod value;
 
-pub use def::{intern_key, DifferenceKind, NodeDef, TreeDef, TreeDifference};
+pub use def::{intern_key, DifferenceKind, MapKey, NodeDef, TreeDef, TreeDifference};
 pub use path::{prefix_error, KeyPath, PathEntry};
 pub use static_value::{StaticBound, StaticValue};
 pub use value::{FlattenFn, NodeType, Registry, UnflattenFn, Value};
