@@ -633,8 +633,8 @@ where
             })?;
             inputs.push(self.backend.upload(data)?);
         }
-        let outputs = self.backend.run(&entry.exe, &inputs, shapes)?;
         let resolved = entry.exe.resolve_shapes(shapes)?;
+        let outputs = self.backend.run(&entry.exe, &inputs, &resolved)?;
         let graph = entry.exe.graph();
         let arrays = outputs
             .into_iter()

@@ -80,12 +80,10 @@ pub fn eval(arrays: &[Array]) -> Result<()> {
         }
     };
     let inputs: Vec<_> = leaves.iter().filter_map(|a| a.value().cloned()).collect();
-    let shapes: Vec<Vec<usize>> = leaves
-        .iter()
-        .map(|a| a.dims().unwrap_or_default())
-        .collect();
-    let shape_refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
-    let outputs = CpuBackend.run(&exe, &inputs, &shape_refs)?;
+    // Eager graphs are built from computed arrays, so every shape is known
+    // and the executable resolves them without the arguments' shapes.
+    let shapes = exe.resolve_shapes(&[])?;
+    let outputs = CpuBackend.run(&exe, &inputs, &shapes)?;
     for (array, value) in pending.iter().zip(outputs) {
         array.set_value(value);
     }

@@ -184,14 +184,14 @@ pub trait Backend: Send + Sync + 'static {
     fn upload(&self, data: &Arc<HostData>) -> Result<Self::Buffer>;
     /// Copies a buffer back to the host.
     fn download(&self, buffer: Self::Buffer) -> Result<Arc<HostData>>;
-    /// Runs `exe` on argument buffers. `input_shapes` holds the arguments'
-    /// concrete shapes when `exe` is shapeless; for an executable whose
-    /// shapes are all known it may be empty (read them from `exe`).
+    /// Runs `exe` on argument buffers; `shapes` is the concrete shape of
+    /// every value of its graph, as [`Executable::resolve_shapes`] gives
+    /// them for this call.
     fn run(
         &self,
         exe: &Executable,
         inputs: &[Self::Buffer],
-        input_shapes: &[&[usize]],
+        shapes: &[Vec<usize>],
     ) -> Result<Vec<Self::Buffer>>;
 }
 
@@ -235,10 +235,19 @@ impl Backend for CpuBackend {
         &self,
         exe: &Executable,
         inputs: &[Arc<HostData>],
-        input_shapes: &[&[usize]],
+        shapes: &[Vec<usize>],
     ) -> Result<Vec<Arc<HostData>>> {
-        let shapes = exe.resolve_shapes(input_shapes)?;
         let graph = exe.graph();
+        if shapes.len() != graph.nodes.len() {
+            return Err(Error::Backend {
+                backend: "cpu".into(),
+                detail: format!(
+                    "{} value shapes for a graph of {} values",
+                    shapes.len(),
+                    graph.nodes.len()
+                ),
+            });
+        }
         let released = |step: usize, j: usize| Error::Backend {
             backend: "cpu".into(),
             detail: format!("step {step} reads value {j}, which is not live"),

@@ -193,7 +193,7 @@ fn push(
 /// What one pass did, for the [`crate::Report`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PassRecord {
-    /// The pass: `simplify`, `constant_folding`, `cse`, `dce`.
+    /// The pass: `simplify`, `constant_folding`, `cse`, `dce`, `fuse`.
     pub pass: String,
     /// How many values it removed, folded or merged.
     pub changed: usize,

@@ -60,8 +60,6 @@ enum TileStep {
 pub struct FusedKernel {
     steps: Vec<FusedStep>,
     num_inputs: usize,
-    /// Tile register of each step (the last step writes the output).
-    registers: Vec<usize>,
     num_registers: usize,
     /// Steps after which a step's value is dead, for the replay path.
     last_use: Vec<usize>,
@@ -143,7 +141,6 @@ impl FusedKernel {
         Ok(FusedKernel {
             steps,
             num_inputs,
-            registers,
             num_registers,
             last_use,
             program,
