@@ -1,0 +1,259 @@
+//! Reductions, argmax and matmul: static algorithms in `wgsl/` with the
+//! dtype-specific prelude generated here.
+//!
+//! These kernels write one element per invocation. For f16 and bf16 results
+//! they write f32 words instead (see [`stores_f32`]), which a backend packs
+//! with an elementwise cast, so no two invocations share an output word.
+
+use crate::element::{load_fn, value_type};
+use crate::source::{bindings, param, PRELUDE};
+use crate::{row_major_strides, KernelError, KernelSpec, View};
+use kiln::{DType, ReduceOp};
+use std::fmt::Write;
+
+const REDUCE: &str = include_str!("wgsl/reduce.wgsl");
+const ARGMAX: &str = include_str!("wgsl/argmax.wgsl");
+const MATMUL_COMMON: &str = include_str!("wgsl/matmul_common.wgsl");
+const MATMUL_TILED: &str = include_str!("wgsl/matmul_tiled.wgsl");
+const MATMUL_SKINNY: &str = include_str!("wgsl/matmul_skinny.wgsl");
+const MATMUL_NAIVE: &str = include_str!("wgsl/matmul_naive.wgsl");
+
+/// True when [`reduce`] and [`matmul`] write f32 words for a result of
+/// `dtype` (f16 and bf16), to be packed by an elementwise cast.
+pub fn stores_f32(dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16)
+}
+
+/// The type reductions and products accumulate in: f32 for the floats,
+/// u32 for bool (0/1) and u8.
+fn accumulator(dtype: DType) -> &'static str {
+    match dtype {
+        DType::Bool => "u32",
+        other => value_type(other),
+    }
+}
+
+/// `store_value(v: T) -> u32` for an accumulator of `dtype`.
+fn store_accumulator(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 | DType::I32 => {
+            "fn store_value(v: T) -> u32 {\n    return bitcast<u32>(v);\n}\n"
+        }
+        DType::U8 => "fn store_value(v: T) -> u32 {\n    return v & 0xffu;\n}\n",
+        DType::U32 | DType::Bool => "fn store_value(v: T) -> u32 {\n    return v;\n}\n",
+    }
+}
+
+/// Loads element `i` of operand `k` as the accumulator type.
+fn load_accumulated(name: &str, k: usize, dtype: DType) -> String {
+    if dtype == DType::Bool {
+        format!("fn {name}(i: u32) -> u32 {{\n    return in_{k}[i];\n}}\n")
+    } else {
+        load_fn(name, &format!("in_{k}"), dtype)
+    }
+}
+
+fn header(operands: usize, dtype: DType) -> String {
+    let mut source = String::from(PRELUDE);
+    source.push_str(&bindings(operands));
+    let _ = writeln!(source, "alias T = {};", accumulator(dtype));
+    source
+}
+
+fn workgroups_of(op: &str, n: usize) -> Result<u64, KernelError> {
+    param(op, n).map(u64::from)
+}
+
+/// Kept and reduced axes as [kept rank, reduced rank, kept shape, kept
+/// strides, reduced shape, reduced strides] of a contiguous input.
+fn axis_params(op: &str, shape: &[usize], reduced: &[usize]) -> Result<Vec<u32>, KernelError> {
+    let strides = row_major_strides(shape);
+    let kept: Vec<usize> = (0..shape.len()).filter(|d| !reduced.contains(d)).collect();
+    let mut params = vec![param(op, kept.len())?, param(op, reduced.len())?];
+    for axes in [&kept[..], reduced] {
+        for &d in axes {
+            params.push(param(op, shape[d])?);
+        }
+        for &d in axes {
+            params.push(param(op, strides[d])?);
+        }
+    }
+    Ok(params)
+}
+
+/// A reduction of contiguous `shape` over `axes` (sorted, unique): one
+/// workgroup per output element with a tree reduction in shared memory.
+pub fn reduce(
+    op: ReduceOp,
+    dtype: DType,
+    shape: &[usize],
+    axes: &[usize],
+) -> Result<KernelSpec, KernelError> {
+    let (identity, combine) = match (dtype, op) {
+        (DType::Bool, ReduceOp::Sum) => {
+            return Err(KernelError::Unsupported {
+                op: op.name().into(),
+                dtypes: dtype.name().into(),
+            })
+        }
+        (d, ReduceOp::Sum) if d.is_float() => ("0.0", "a + b"),
+        (d, ReduceOp::Max) if d.is_float() => ("-pos_inf()", "nan_max(a, b)"),
+        (d, ReduceOp::Min) if d.is_float() => ("pos_inf()", "nan_min(a, b)"),
+        (DType::I32, ReduceOp::Sum) => ("0", "a + b"),
+        (DType::I32, ReduceOp::Max) => ("-2147483647 - 1", "max(a, b)"),
+        (DType::I32, ReduceOp::Min) => ("2147483647", "min(a, b)"),
+        (DType::U8, ReduceOp::Sum) => ("0u", "(a + b) & 0xffu"),
+        (DType::U8, ReduceOp::Min) => ("255u", "min(a, b)"),
+        (DType::Bool, ReduceOp::Min) => ("1u", "min(a, b)"),
+        (_, ReduceOp::Sum) => ("0u", "a + b"),
+        (_, ReduceOp::Max) => ("0u", "max(a, b)"),
+        (_, ReduceOp::Min) => ("4294967295u", "min(a, b)"),
+    };
+    let name = op.name();
+    let mut source = header(1, dtype);
+    let _ = write!(
+        source,
+        "fn identity() -> T {{\n    return {identity};\n}}\n\
+         fn combine(a: T, b: T) -> T {{\n    return {combine};\n}}\n"
+    );
+    source.push_str(&load_accumulated("load_in", 0, dtype));
+    source.push_str(store_accumulator(dtype));
+    source.push_str(REDUCE);
+    let outputs: usize = (0..shape.len())
+        .filter(|d| !axes.contains(d))
+        .map(|d| shape[d])
+        .product();
+    let group: usize = axes.iter().map(|&d| shape[d]).product();
+    let mut params = vec![param(name, outputs)?, param(name, group)?];
+    params.extend(axis_params(name, shape, axes)?);
+    Ok(KernelSpec {
+        source,
+        params,
+        workgroups: workgroups_of(name, outputs)?,
+    })
+}
+
+/// Index (u32) of the first maximum of contiguous `shape` along `axis`;
+/// the first NaN counts as the maximum.
+pub fn argmax(dtype: DType, shape: &[usize], axis: usize) -> Result<KernelSpec, KernelError> {
+    let (lowest, nan_of) = match dtype {
+        d if d.is_float() => ("-pos_inf()", "is_nan(v)"),
+        DType::I32 => ("-2147483647 - 1", "false"),
+        _ => ("0u", "false"),
+    };
+    let mut source = header(1, dtype);
+    let _ = write!(
+        source,
+        "fn lowest() -> T {{\n    return {lowest};\n}}\n\
+         fn nan_of(v: T) -> bool {{\n    return {nan_of};\n}}\n"
+    );
+    source.push_str(&load_accumulated("load_in", 0, dtype));
+    source.push_str(ARGMAX);
+    let outputs: usize = (0..shape.len())
+        .filter(|&d| d != axis)
+        .map(|d| shape[d])
+        .product();
+    let group = shape.get(axis).copied().unwrap_or(1);
+    let mut params = vec![param("argmax", outputs)?, param("argmax", group)?];
+    params.extend(axis_params("argmax", shape, &[axis])?);
+    Ok(KernelSpec {
+        source,
+        params,
+        workgroups: workgroups_of("argmax", outputs)?,
+    })
+}
+
+/// Which matmul kernel computes a product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatmulVariant {
+    /// 32×32 output blocks staged through workgroup memory.
+    Tiled,
+    /// One workgroup per output element splitting the inner dimension:
+    /// for few outputs and a long inner dimension.
+    Skinny,
+    /// One invocation per output element reading global memory (a
+    /// baseline for benchmarks).
+    Naive,
+}
+
+impl MatmulVariant {
+    /// The variant suited to `outputs` output elements and inner size `k`.
+    pub fn choose(outputs: usize, k: usize) -> MatmulVariant {
+        if outputs <= 4096 && k >= 256 {
+            MatmulVariant::Skinny
+        } else {
+            MatmulVariant::Tiled
+        }
+    }
+}
+
+/// A batched product `[..., m, k] @ [..., k, n]` of contiguous operands
+/// with broadcast batch dims, into contiguous `out_shape`.
+pub fn matmul(
+    variant: MatmulVariant,
+    dtype: DType,
+    a_shape: &[usize],
+    b_shape: &[usize],
+    out_shape: &[usize],
+) -> Result<KernelSpec, KernelError> {
+    let bad = || KernelError::Unsupported {
+        op: "matmul".into(),
+        dtypes: format!("{dtype} of shapes {a_shape:?} @ {b_shape:?}"),
+    };
+    if a_shape.len() < 2 || b_shape.len() < 2 || out_shape.len() < 2 || dtype == DType::Bool {
+        return Err(bad());
+    }
+    let (ra, rb, ro) = (a_shape.len(), b_shape.len(), out_shape.len());
+    let (m, k, n) = (a_shape[ra - 2], a_shape[ra - 1], b_shape[rb - 1]);
+    let batch_shape = &out_shape[..ro - 2];
+    let batches: usize = batch_shape.iter().product();
+    let a_batch = View::broadcast(dtype, &a_shape[..ra - 2], batch_shape);
+    let b_batch = View::broadcast(dtype, &b_shape[..rb - 2], batch_shape);
+    let mut params = vec![
+        param("matmul", m)?,
+        param("matmul", n)?,
+        param("matmul", k)?,
+        param("matmul", batches)?,
+        param("matmul", batch_shape.len())?,
+    ];
+    for &d in batch_shape {
+        params.push(param("matmul", d)?);
+    }
+    for (view, size) in [(&a_batch, m * k), (&b_batch, k * n)] {
+        for &s in &view.strides {
+            params.push(param("matmul", s * size)?);
+        }
+    }
+    let mut source = header(2, dtype);
+    let zero = match dtype {
+        d if d.is_float() => "0.0",
+        DType::I32 => "0",
+        _ => "0u",
+    };
+    let _ = writeln!(source, "fn zero() -> T {{\n    return {zero};\n}}");
+    source.push_str(&load_accumulated("load_a", 0, dtype));
+    source.push_str(&load_accumulated("load_b", 1, dtype));
+    source.push_str(store_accumulator(dtype));
+    source.push_str(MATMUL_COMMON);
+    let outputs = batches * m * n;
+    let workgroups = match variant {
+        MatmulVariant::Tiled => {
+            source.push_str(MATMUL_TILED);
+            batches * m.div_ceil(32) * n.div_ceil(32)
+        }
+        MatmulVariant::Skinny => {
+            source.push_str(MATMUL_SKINNY);
+            outputs
+        }
+        MatmulVariant::Naive => {
+            source.push_str(MATMUL_NAIVE);
+            outputs.div_ceil(256)
+        }
+    };
+    param("matmul", outputs)?;
+    Ok(KernelSpec {
+        source,
+        params,
+        workgroups: workgroups_of("matmul", workgroups)?,
+    })
+}

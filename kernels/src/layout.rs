@@ -1,0 +1,124 @@
+//! Kernels that move elements: strided copies (reshape, permute, broadcast,
+//! slice), concatenation and gather (`take`).
+
+use crate::element::value_type;
+use crate::source::{param, ElementKernel};
+use crate::{KernelError, KernelSpec, View};
+use kiln::DType;
+use std::fmt::Write;
+
+const GATHER: &str = include_str!("wgsl/gather.wgsl");
+
+/// Copies `view` of one operand into a contiguous output of `out_shape`:
+/// transpose, broadcast, strided slice and reshape are all this kernel with
+/// different views.
+pub fn copy(view: &View, out_shape: &[usize]) -> Result<KernelSpec, KernelError> {
+    ElementKernel {
+        op: "copy",
+        views: std::slice::from_ref(view),
+        out_shape,
+        out_dtype: view.dtype,
+        element: format!(
+            "fn element(i: u32) -> {} {{\n    return at_0(i);\n}}\n",
+            value_type(view.dtype)
+        ),
+        params: Vec::new(),
+    }
+    .assemble()
+}
+
+/// Joins contiguous operands of `shapes` along `axis` into `out_shape`.
+pub fn concat(
+    dtype: DType,
+    shapes: &[&[usize]],
+    axis: usize,
+    out_shape: &[usize],
+) -> Result<KernelSpec, KernelError> {
+    let inner: usize = out_shape.iter().skip(axis + 1).product();
+    let total = out_shape.get(axis).copied().unwrap_or(1);
+    let mut params = vec![param("concat", inner)?, param("concat", total)?];
+    let mut element = format!(
+        "fn element(i: u32) -> {} {{\n    let inner = params[1];\n    let total = params[2];\n    \
+         let r = i % inner;\n    let c = (i / inner) % total;\n    let o = i / (inner * total);\n",
+        value_type(dtype)
+    );
+    let mut start = 0usize;
+    for (k, shape) in shapes.iter().enumerate() {
+        let len = shape.get(axis).copied().unwrap_or(1);
+        let at = params.len() + 1;
+        params.push(param("concat", start)?);
+        params.push(param("concat", len)?);
+        let read = format!(
+            "load_{k}((o * params[{}] + c - params[{at}]) * inner + r)",
+            at + 1
+        );
+        if k + 1 == shapes.len() {
+            let _ = writeln!(element, "    return {read};");
+        } else {
+            let _ = writeln!(
+                element,
+                "    if (c < params[{at}] + params[{}]) {{\n        return {read};\n    }}",
+                at + 1
+            );
+        }
+        start += len;
+    }
+    element.push_str("}\n");
+    let views: Vec<View> = shapes
+        .iter()
+        .map(|shape| View::contiguous(dtype, shape))
+        .collect();
+    ElementKernel {
+        op: "concat",
+        views: &views,
+        out_shape,
+        out_dtype: dtype,
+        element,
+        params,
+    }
+    .assemble()
+}
+
+/// NumPy `take` of contiguous `data` along `axis` by contiguous `indices`
+/// (i32 or u32; negative i32 indices count from the end, and the kernel
+/// clamps into range where the reference would report an error).
+pub fn take(
+    dtype: DType,
+    data_shape: &[usize],
+    index_dtype: DType,
+    index_count: usize,
+    axis: usize,
+    out_shape: &[usize],
+) -> Result<KernelSpec, KernelError> {
+    let index_load = match index_dtype {
+        DType::I32 => "bitcast<i32>(in_1[j])",
+        DType::U32 => "i32(min(in_1[j], 2147483647u))",
+        other => {
+            return Err(KernelError::Unsupported {
+                op: "take".into(),
+                dtypes: format!("{dtype}, {other}"),
+            })
+        }
+    };
+    let inner: usize = data_shape.iter().skip(axis + 1).product();
+    let n = data_shape.get(axis).copied().unwrap_or(0);
+    let element =
+        format!("fn load_index(j: u32) -> i32 {{\n    return {index_load};\n}}\n{GATHER}");
+    let views = [
+        View::contiguous(dtype, data_shape),
+        View::contiguous(index_dtype, &[index_count]),
+    ];
+    ElementKernel {
+        op: "take",
+        views: &views,
+        out_shape,
+        out_dtype: dtype,
+        element,
+        params: vec![
+            param("take", inner)?,
+            param("take", index_count)?,
+            param("take", n)?,
+        ],
+    }
+    .assemble()
+}

@@ -1,0 +1,182 @@
+//! Kiln's WGSL kernels.
+//!
+//! Every op family of the core has a kernel here: the static sources in
+//! `src/wgsl/*.wgsl` hold the algorithms (tree reductions, tiled matmul,
+//! gather, the index-to-element mains), and this crate generates the small
+//! dtype-specific part each one needs (how to load, combine and store an
+//! element) plus one whole kernel per fused elementwise group.
+//!
+//! A [`KernelSpec`] is everything a backend needs for one dispatch: the WGSL
+//! source, the parameter words and the number of workgroups. Buffers are
+//! arrays of 32-bit words (see [`words`]); binding 0 holds the parameters,
+//! binding 1 the output and bindings 2.. the operands.
+//!
+//! ```
+//! use kiln::{DType, Op, UnaryOp};
+//! use kiln_kernels::{elementwise, validate, View};
+//!
+//! let x = View::contiguous(DType::F32, &[4]);
+//! let spec = elementwise(&Op::Unary(UnaryOp::Exp), &[x], &[4], DType::F32).unwrap();
+//! validate(&spec.source).unwrap();
+//! assert_eq!(spec.workgroups, 1);
+//! ```
+#![warn(missing_docs)]
+
+mod element;
+mod family;
+mod layout;
+mod source;
+
+pub use family::{argmax, matmul, reduce, stores_f32, MatmulVariant};
+pub use layout::{concat, copy, take};
+pub use source::{elementwise, words};
+
+use kiln::DType;
+use thiserror::Error;
+
+/// What a kernel could not be built or validated for.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum KernelError {
+    /// The op has no kernel for these operand dtypes.
+    #[error("no WGSL kernel for `{op}` on {dtypes}")]
+    Unsupported {
+        /// The op's name.
+        op: String,
+        /// The operand dtypes, like `bool, bool`.
+        dtypes: String,
+    },
+    /// A generated kernel failed naga validation: a bug in the generator,
+    /// reported with the offending source.
+    #[error("generated WGSL for `{op}` does not validate: {message}\n{wgsl}")]
+    Invalid {
+        /// What the kernel computes.
+        op: String,
+        /// naga's diagnostic.
+        message: String,
+        /// The kernel source.
+        wgsl: String,
+    },
+    /// A size does not fit the 32-bit indexing of the kernels.
+    #[error("`{op}` needs {elements} elements, more than 32-bit indexing allows")]
+    TooLarge {
+        /// The op's name.
+        op: String,
+        /// The element count.
+        elements: usize,
+    },
+}
+
+/// One dispatch: source, parameters and workgroup count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelSpec {
+    /// The complete WGSL module (entry point `main`).
+    pub source: String,
+    /// The words of the parameter buffer (binding 0); never empty.
+    pub params: Vec<u32>,
+    /// Workgroups to run, before splitting over the x, y and z dimensions
+    /// (the kernels index them flat).
+    pub workgroups: u64,
+}
+
+/// How one operand of an index-to-element kernel is read: the element of
+/// output position `p` (row-major over the output shape) is at
+/// `offset + Σ p[d]·strides[d]` of the operand's buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct View {
+    /// The operand's dtype.
+    pub dtype: DType,
+    /// Element offset of output position zero.
+    pub offset: usize,
+    /// Element stride per output axis (0 where the operand is broadcast).
+    pub strides: Vec<usize>,
+    /// True when the view reads the buffer in order from element 0, so
+    /// output element `i` is operand element `i`.
+    pub contiguous: bool,
+}
+
+impl View {
+    /// A contiguous operand of exactly the output shape.
+    pub fn contiguous(dtype: DType, shape: &[usize]) -> View {
+        View {
+            dtype,
+            offset: 0,
+            strides: row_major_strides(shape),
+            contiguous: true,
+        }
+    }
+
+    /// A contiguous operand of shape `shape` broadcast (NumPy rules) to
+    /// `out_shape`.
+    pub fn broadcast(dtype: DType, shape: &[usize], out_shape: &[usize]) -> View {
+        let own = row_major_strides(shape);
+        let lead = out_shape.len().saturating_sub(shape.len());
+        let strides: Vec<usize> = (0..out_shape.len())
+            .map(|d| match d.checked_sub(lead) {
+                Some(s) if shape[s] != 1 => own[s],
+                _ => 0,
+            })
+            .collect();
+        View::strided(dtype, 0, strides, out_shape)
+    }
+
+    /// An arbitrary strided view over an output of shape `out_shape`.
+    pub fn strided(dtype: DType, offset: usize, strides: Vec<usize>, out_shape: &[usize]) -> View {
+        let contiguous =
+            offset == 0 && nonunit_equal(&strides, &row_major_strides(out_shape), out_shape);
+        View {
+            dtype,
+            offset,
+            strides,
+            contiguous,
+        }
+    }
+
+    /// True when every output element reads the same operand element.
+    fn is_scalar(&self, out_shape: &[usize]) -> bool {
+        self.strides
+            .iter()
+            .zip(out_shape)
+            .all(|(&s, &n)| s == 0 || n == 1)
+    }
+}
+
+/// Strides agree on every axis longer than 1 (axes of size 1 are never
+/// stepped along).
+fn nonunit_equal(a: &[usize], b: &[usize], shape: &[usize]) -> bool {
+    a.len() == b.len() && (0..a.len()).all(|d| shape[d] == 1 || a[d] == b[d])
+}
+
+/// Row-major element strides of a contiguous array of `shape`.
+pub fn row_major_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1];
+    }
+    strides
+}
+
+/// Checks a WGSL module with naga's parser and validator, with the
+/// capabilities every WebGPU implementation has (`pack2x16float` and
+/// `unpack2x16float` included).
+///
+/// `Err` carries naga's diagnostic rendered against the source.
+pub fn validate(source: &str) -> Result<(), String> {
+    let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
+    naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+    )
+    .validate(&module)
+    .map(|_| ())
+    .map_err(|e| e.emit_to_string(source))
+}
+
+/// Validates a generated kernel, turning a failure into [`KernelError::Invalid`].
+pub fn checked(op: &str, spec: KernelSpec) -> Result<KernelSpec, KernelError> {
+    validate(&spec.source).map_err(|message| KernelError::Invalid {
+        op: op.to_string(),
+        message,
+        wgsl: spec.source.clone(),
+    })?;
+    Ok(spec)
+}

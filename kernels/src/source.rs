@@ -1,0 +1,249 @@
+//! Assembly of index-to-element kernels (each output element a function of
+//! its index) and the elementwise/fused-group generator built on it.
+
+use crate::element::{self, is_packed, value_type};
+use crate::{KernelError, KernelSpec, View};
+use kiln::ops::{FusedArg, FusedStep};
+use kiln::{DType, Op};
+use std::fmt::Write;
+
+/// Helpers every kernel includes.
+pub(crate) const PRELUDE: &str = include_str!("wgsl/prelude.wgsl");
+const MAIN: &str = include_str!("wgsl/elementwise.wgsl");
+const MAIN_PACKED: &str = include_str!("wgsl/elementwise_packed.wgsl");
+
+/// Invocations per workgroup of the index-to-element mains.
+const WORKGROUP: u64 = 256;
+
+/// 32-bit words a buffer of `len` elements of `dtype` occupies: f16 and
+/// bf16 pack two per word, every other dtype takes one word per element.
+///
+/// ```
+/// assert_eq!(kiln_kernels::words(kiln::DType::BF16, 5), 3);
+/// assert_eq!(kiln_kernels::words(kiln::DType::U8, 5), 5);
+/// ```
+pub fn words(dtype: DType, len: usize) -> usize {
+    if is_packed(dtype) {
+        len.div_ceil(2)
+    } else {
+        len
+    }
+}
+
+/// The binding declarations of parameters, output and `operands` inputs.
+pub(crate) fn bindings(operands: usize) -> String {
+    let mut s = String::from(
+        "@group(0) @binding(0) var<storage, read> params: array<u32>;\n\
+         @group(0) @binding(1) var<storage, read_write> out: array<u32>;\n",
+    );
+    for k in 0..operands {
+        let _ = writeln!(
+            s,
+            "@group(0) @binding({}) var<storage, read> in_{k}: array<u32>;",
+            k + 2
+        );
+    }
+    s
+}
+
+/// Element count as a 32-bit kernel parameter.
+pub(crate) fn param(op: &str, n: usize) -> Result<u32, KernelError> {
+    u32::try_from(n).map_err(|_| KernelError::TooLarge {
+        op: op.to_string(),
+        elements: n,
+    })
+}
+
+/// An index-to-element kernel before assembly.
+pub(crate) struct ElementKernel<'a> {
+    /// The op, for messages.
+    pub op: &'a str,
+    /// Operands, bound at 2.. and readable as `load_k(i)` (raw element
+    /// `i`) and `at_k(i)` (the element output `i` reads through the view).
+    pub views: &'a [View],
+    /// The output shape and dtype.
+    pub out_shape: &'a [usize],
+    /// The output dtype.
+    pub out_dtype: DType,
+    /// Defines `element(i: u32) -> T` (and anything it needs).
+    pub element: String,
+    /// Parameters after the element count, at params[1..].
+    pub params: Vec<u32>,
+}
+
+impl ElementKernel<'_> {
+    /// The complete module, its parameters and workgroup count.
+    pub(crate) fn assemble(self) -> Result<KernelSpec, KernelError> {
+        let numel: usize = self.out_shape.iter().product();
+        let mut params = vec![param(self.op, numel)?];
+        params.extend(&self.params);
+        let mut source = String::from(PRELUDE);
+        source.push_str(&bindings(self.views.len()));
+        let _ = writeln!(source, "alias T = {};", value_type(self.out_dtype));
+        let shape_at = params.len();
+        let strided = self
+            .views
+            .iter()
+            .any(|v| !v.contiguous && !v.is_scalar(self.out_shape));
+        if strided {
+            for &n in self.out_shape {
+                params.push(param(self.op, n)?);
+            }
+        }
+        for (k, view) in self.views.iter().enumerate() {
+            source.push_str(&element::load_fn(
+                &format!("load_{k}"),
+                &format!("in_{k}"),
+                view.dtype,
+            ));
+            let index = if view.contiguous {
+                "i".to_string()
+            } else {
+                let at = params.len();
+                params.push(param(self.op, view.offset)?);
+                if view.is_scalar(self.out_shape) {
+                    format!("params[{at}]")
+                } else {
+                    for &s in &view.strides {
+                        params.push(param(self.op, s)?);
+                    }
+                    let _ = writeln!(source, "fn index_{k}(i: u32) -> u32 {{");
+                    let _ = writeln!(source, "    var rem = i;\n    var idx = params[{at}];");
+                    for d in (0..self.out_shape.len()).rev() {
+                        let _ = writeln!(
+                            source,
+                            "    idx += (rem % params[{}]) * params[{}];\n    rem /= params[{}];",
+                            shape_at + d,
+                            at + 1 + d,
+                            shape_at + d
+                        );
+                    }
+                    source.push_str("    return idx;\n}\n");
+                    format!("index_{k}(i)")
+                }
+            };
+            let _ = writeln!(
+                source,
+                "fn at_{k}(i: u32) -> {} {{\n    return load_{k}({index});\n}}",
+                value_type(view.dtype)
+            );
+        }
+        source.push_str(&self.element);
+        source.push_str(&element::store_fn(self.out_dtype));
+        let invocations = if is_packed(self.out_dtype) {
+            source.push_str(MAIN_PACKED);
+            numel.div_ceil(2)
+        } else {
+            source.push_str(MAIN);
+            numel
+        };
+        Ok(KernelSpec {
+            source,
+            params,
+            workgroups: (invocations as u64).div_ceil(WORKGROUP),
+        })
+    }
+}
+
+/// The dtype each step of a fused program produces.
+fn step_dtypes(op: &str, steps: &[FusedStep], inputs: &[View]) -> Result<Vec<DType>, KernelError> {
+    let mut dtypes: Vec<DType> = Vec::with_capacity(steps.len());
+    for step in steps {
+        let arg = |n: usize| match step.args.get(n) {
+            Some(FusedArg::Input(k)) => inputs.get(*k).map(|v| v.dtype),
+            Some(FusedArg::Step(j)) => dtypes.get(*j).copied(),
+            None => None,
+        };
+        let dtype = match &step.op {
+            Op::Unary(_) => arg(0),
+            Op::Binary(b) if b.is_comparison() => arg(0).map(|_| DType::Bool),
+            Op::Binary(_) => arg(0),
+            Op::Select => arg(1),
+            Op::Cast(d) => arg(0).map(|_| *d),
+            _ => None,
+        };
+        dtypes.push(dtype.ok_or_else(|| KernelError::Unsupported {
+            op: format!("{op} step `{}`", step.op.name()),
+            dtypes: "its operands".into(),
+        })?);
+    }
+    Ok(dtypes)
+}
+
+/// One kernel computing an elementwise op or a whole fused group: every
+/// member runs in registers, only the group's operands are read and only
+/// its result is written.
+///
+/// `operands` are the op's operands as views over the output shape.
+pub fn elementwise(
+    op: &Op,
+    operands: &[View],
+    out_shape: &[usize],
+    out_dtype: DType,
+) -> Result<KernelSpec, KernelError> {
+    let single;
+    let steps: &[FusedStep] = match op {
+        Op::Fused(kernel) => kernel.steps(),
+        Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_) => {
+            single = [FusedStep {
+                op: op.clone(),
+                args: (0..operands.len()).map(FusedArg::Input).collect(),
+            }];
+            &single
+        }
+        other => {
+            return Err(KernelError::Unsupported {
+                op: other.name().to_string(),
+                dtypes: "an elementwise kernel".into(),
+            })
+        }
+    };
+    let dtypes = step_dtypes(op.name(), steps, operands)?;
+    let mut body = format!("fn element(i: u32) -> {} {{\n", value_type(out_dtype));
+    let mut loaded = vec![false; operands.len()];
+    let mut lines = String::new();
+    for (j, step) in steps.iter().enumerate() {
+        let mut args = Vec::with_capacity(step.args.len());
+        let mut arg_dtypes = Vec::with_capacity(step.args.len());
+        for arg in &step.args {
+            match *arg {
+                FusedArg::Input(k) => {
+                    if !loaded[k] {
+                        loaded[k] = true;
+                        let _ = writeln!(body, "    let x{k} = at_{k}(i);");
+                    }
+                    args.push(format!("x{k}"));
+                    arg_dtypes.push(operands[k].dtype);
+                }
+                FusedArg::Step(s) => {
+                    args.push(format!("s{s}"));
+                    arg_dtypes.push(dtypes[s]);
+                }
+            }
+        }
+        let expr = match &step.op {
+            Op::Unary(u) => element::unary(*u, arg_dtypes[0], &args[0])?,
+            Op::Binary(b) => element::binary(*b, arg_dtypes[0], &args[0], &args[1])?,
+            Op::Select => format!("select({}, {}, {})", args[2], args[1], args[0]),
+            Op::Cast(d) => element::cast(arg_dtypes[0], *d, &args[0]),
+            other => {
+                return Err(KernelError::Unsupported {
+                    op: other.name().to_string(),
+                    dtypes: "a fused group".into(),
+                })
+            }
+        };
+        let _ = writeln!(lines, "    let s{j} = {expr};");
+    }
+    body.push_str(&lines);
+    let _ = writeln!(body, "    return s{};\n}}", steps.len() - 1);
+    ElementKernel {
+        op: op.name(),
+        views: operands,
+        out_shape,
+        out_dtype,
+        element: body,
+        params: Vec::new(),
+    }
+    .assemble()
+}

@@ -1,0 +1,158 @@
+//! Every static kernel, instantiated for every dtype it supports, and
+//! generated fused kernels pass naga's parser and validator.
+
+use kiln::ops::{FusedArg, FusedKernel, FusedStep};
+use kiln::{BinaryOp, DType, Op, ReduceOp, UnaryOp};
+use kiln_kernels::{
+    argmax, concat, copy, elementwise, matmul, reduce, take, validate, KernelSpec, MatmulVariant,
+    View,
+};
+use std::sync::Arc;
+
+fn assert_valid(what: &str, spec: &KernelSpec) {
+    if let Err(message) = validate(&spec.source) {
+        panic!("{what} does not validate:\n{message}\n{}", spec.source);
+    }
+}
+
+const UNARY: [UnaryOp; 12] = [
+    UnaryOp::Neg,
+    UnaryOp::Abs,
+    UnaryOp::Exp,
+    UnaryOp::Log,
+    UnaryOp::Sin,
+    UnaryOp::Cos,
+    UnaryOp::Tanh,
+    UnaryOp::Sqrt,
+    UnaryOp::Rsqrt,
+    UnaryOp::Sigmoid,
+    UnaryOp::Relu,
+    UnaryOp::Erf,
+];
+
+const BINARY: [BinaryOp; 13] = [
+    BinaryOp::Add,
+    BinaryOp::Sub,
+    BinaryOp::Mul,
+    BinaryOp::Div,
+    BinaryOp::Pow,
+    BinaryOp::Maximum,
+    BinaryOp::Minimum,
+    BinaryOp::Eq,
+    BinaryOp::Ne,
+    BinaryOp::Lt,
+    BinaryOp::Le,
+    BinaryOp::Gt,
+    BinaryOp::Ge,
+];
+
+#[test]
+fn every_unary_and_binary_kernel_validates_for_every_dtype_it_supports() {
+    let mut built = 0;
+    for dtype in DType::ALL {
+        for op in UNARY {
+            let x = View::contiguous(dtype, &[3, 5]);
+            if let Ok(spec) = elementwise(&Op::Unary(op), &[x], &[3, 5], dtype) {
+                assert_valid(op.name(), &spec);
+                built += 1;
+            }
+        }
+        for op in BINARY {
+            let a = View::broadcast(dtype, &[5], &[3, 5]);
+            let b = View::broadcast(dtype, &[3, 1], &[3, 5]);
+            let out = if op.is_comparison() {
+                DType::Bool
+            } else {
+                dtype
+            };
+            if let Ok(spec) = elementwise(&Op::Binary(op), &[a, b], &[3, 5], out) {
+                assert_valid(op.name(), &spec);
+                built += 1;
+            }
+        }
+    }
+    // Unary: 12 ops on 3 float dtypes, neg/abs/relu on i32, abs/relu on u32
+    // and u8. Binary: 13 ops on 3 float dtypes, 6 arithmetic ops and 6
+    // comparisons on 3 integer dtypes, maximum/minimum and 6 comparisons on bool.
+    assert_eq!(built, (12 * 3 + 3 + 2 * 2) + (13 * 3 + 12 * 3 + 8));
+}
+
+#[test]
+fn select_and_every_cast_validate() {
+    for from in DType::ALL {
+        for to in DType::ALL {
+            let x = View::contiguous(from, &[7]);
+            assert_valid("cast", &elementwise(&Op::Cast(to), &[x], &[7], to).unwrap());
+        }
+        let c = View::contiguous(DType::Bool, &[7]);
+        let a = View::contiguous(from, &[7]);
+        let spec = elementwise(&Op::Select, &[c, a.clone(), a], &[7], from).unwrap();
+        assert_valid("where", &spec);
+    }
+}
+
+#[test]
+fn a_generated_fused_chain_of_one_hundred_ops_validates() {
+    let mut steps = vec![FusedStep {
+        op: Op::Binary(BinaryOp::Add),
+        args: vec![FusedArg::Input(0), FusedArg::Input(1)],
+    }];
+    for j in 1..100 {
+        let op = if j % 2 == 0 {
+            Op::Unary(UnaryOp::Tanh)
+        } else {
+            Op::Binary(BinaryOp::Mul)
+        };
+        let args = if j % 2 == 0 {
+            vec![FusedArg::Step(j - 1)]
+        } else {
+            vec![FusedArg::Step(j - 1), FusedArg::Input(1)]
+        };
+        steps.push(FusedStep { op, args });
+    }
+    let kernel = Op::Fused(Arc::new(FusedKernel::new(steps, 2).unwrap()));
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let a = View::contiguous(dtype, &[4, 8]);
+        let b = View::broadcast(dtype, &[8], &[4, 8]);
+        let spec = elementwise(&kernel, &[a, b], &[4, 8], dtype).unwrap();
+        assert_valid("fused chain", &spec);
+        assert_eq!(spec.source.matches("fn element").count(), 1);
+    }
+}
+
+#[test]
+fn layout_kernels_validate_for_every_dtype() {
+    for dtype in DType::ALL {
+        let transposed = View::strided(dtype, 0, vec![1, 3], &[4, 3]);
+        assert!(!transposed.contiguous);
+        assert_valid("copy", &copy(&transposed, &[4, 3]).unwrap());
+        let spec = concat(dtype, &[&[2, 3], &[2, 1], &[2, 4]], 1, &[2, 8]).unwrap();
+        assert_valid("concat", &spec);
+        for index in [DType::I32, DType::U32] {
+            assert_valid("take", &take(dtype, &[4, 3], index, 5, 0, &[5, 3]).unwrap());
+        }
+    }
+}
+
+#[test]
+fn reductions_argmax_and_matmuls_validate_for_every_dtype_they_support() {
+    for dtype in DType::ALL {
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+            match reduce(op, dtype, &[3, 4, 5], &[0, 2]) {
+                Ok(spec) => assert_valid(op.name(), &spec),
+                Err(_) => assert_eq!((op, dtype), (ReduceOp::Sum, DType::Bool)),
+            }
+        }
+        assert_valid("argmax", &argmax(dtype, &[3, 4], 1).unwrap());
+        if dtype != DType::Bool {
+            for variant in [
+                MatmulVariant::Tiled,
+                MatmulVariant::Skinny,
+                MatmulVariant::Naive,
+            ] {
+                let spec = matmul(variant, dtype, &[2, 3, 4], &[4, 5], &[2, 3, 5]).unwrap();
+                assert_valid("matmul", &spec);
+            }
+        }
+    }
+}
