@@ -2,3 +2,5 @@
 //! benchmark program.
 
 pub mod bench;
+pub mod conformance;
+pub mod gpu;

@@ -40,7 +40,12 @@ impl SliceAxis {
 
     /// The concrete start and length on an axis of size `n` (NumPy
     /// normalisation; `step` must be at least 1).
-    fn resolve(&self, n: usize) -> (usize, usize) {
+    ///
+    /// ```
+    /// let axis = kiln::SliceAxis { start: -3, stop: None, step: 2 };
+    /// assert_eq!(axis.resolve(5), (2, 2));
+    /// ```
+    pub fn resolve(&self, n: usize) -> (usize, usize) {
         let n = i64::try_from(n).unwrap_or(i64::MAX);
         let clamp = |i: i64| if i < 0 { i.saturating_add(n) } else { i }.clamp(0, n);
         let start = clamp(self.start);

@@ -1,0 +1,558 @@
+//! Kiln's wgpu backend: runs executables on Vulkan, Metal, DX12 and, in the
+//! browser, WebGPU.
+//!
+//! Every op value of an executable becomes one dispatch of a kernel from
+//! `kiln-kernels` (a fused elementwise group is one kernel). The first call
+//! with a set of shapes builds a [plan](plan::Plan): pipelines (cached by
+//! source across executables), parameter buffers and the buffers of every
+//! intermediate value. Later calls with those shapes record the same
+//! commands into one command encoder; buffers for arguments and outputs
+//! come from a pool that freed buffers return to, so a steady-state call
+//! creates neither pipelines nor buffers (see [`WgpuBackend::counters`]).
+//!
+//! ```no_run
+//! use kiln::{Array, Backend};
+//! let gpu = kiln_wgpu::WgpuBackend::new().expect("an adapter");
+//! let f = kiln::compile(|x: Array| x.exp()).with_backend(gpu);
+//! ```
+#![warn(missing_docs)]
+
+mod buffer;
+mod device;
+mod plan;
+mod wait;
+
+pub use buffer::WgpuBuffer;
+pub use device::{DeviceError, BACKEND_ENV};
+pub use kiln_kernels::MatmulVariant;
+
+use buffer::{byte_size, from_words, to_words, Pool};
+use device::{block_on, Gpu};
+use kiln::{Backend, Error, Executable, Graph, HostData, Result};
+use plan::{Command, Loc, Plan};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// How many device objects the backend has created: a cached call adds
+/// nothing to any of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Compute pipelines (one per distinct kernel source).
+    pub pipelines: u64,
+    /// Buffers of any kind (storage, parameters, readback).
+    pub buffers: u64,
+    /// Plans (one per executable and shape set).
+    pub plans: u64,
+}
+
+/// Runs Kiln executables through wgpu.
+#[derive(Clone)]
+pub struct WgpuBackend {
+    shared: Arc<Shared>,
+}
+
+/// A compute pipeline and the layout of its one bind group.
+type Pipeline = (Arc<wgpu::ComputePipeline>, Arc<wgpu::BindGroupLayout>);
+
+/// The plans built for one executable, with the graph they were built
+/// from (the executable is known by address, so the graph confirms it).
+struct ExePlans {
+    graph: Graph,
+    plans: Vec<Arc<Plan>>,
+}
+
+pub(crate) struct Shared {
+    name: String,
+    gpu: Gpu,
+    pool: Arc<Pool>,
+    pipelines: Mutex<HashMap<String, Pipeline>>,
+    layouts: Mutex<HashMap<usize, (Arc<wgpu::BindGroupLayout>, Arc<wgpu::PipelineLayout>)>>,
+    plans: Mutex<HashMap<usize, ExePlans>>,
+    pipelines_created: AtomicU64,
+    other_buffers: AtomicU64,
+    plans_built: AtomicU64,
+    /// Forces one matmul kernel (benchmarks compare them).
+    matmul_variant: Option<MatmulVariant>,
+}
+
+fn backend_err(detail: impl Into<String>) -> Error {
+    Error::Backend {
+        backend: "wgpu".into(),
+        detail: detail.into(),
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    /// `Err` naming the size and the limit when a buffer of `bytes` cannot
+    /// be bound.
+    fn check_size(&self, op: &str, bytes: u64) -> Result<()> {
+        let limits = &self.gpu.limits;
+        let limit = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
+        if bytes > limit {
+            return Err(backend_err(format!(
+                "`{op}` needs a buffer of {bytes} bytes, above the adapter's maximum storage \
+                 binding size of {limit} bytes"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A plan-owned storage buffer (counted).
+    fn new_buffer(&self, bytes: u64) -> wgpu::Buffer {
+        self.other_buffers.fetch_add(1, Ordering::Relaxed);
+        self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln plan"),
+            size: bytes,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// The bind group layout of kernels with `operands` operands:
+    /// parameters, output, then the operands.
+    fn layout(&self, operands: usize) -> (Arc<wgpu::BindGroupLayout>, Arc<wgpu::PipelineLayout>) {
+        let mut layouts = lock(&self.layouts);
+        let entry = layouts.entry(operands).or_insert_with(|| {
+            let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..operands + 2)
+                .map(|binding| wgpu::BindGroupLayoutEntry {
+                    binding: binding as u32,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage {
+                            read_only: binding != 1,
+                        },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                })
+                .collect();
+            let group =
+                self.gpu
+                    .device
+                    .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                        label: Some("kiln kernel"),
+                        entries: &entries,
+                    });
+            let pipeline =
+                self.gpu
+                    .device
+                    .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                        label: Some("kiln kernel"),
+                        bind_group_layouts: &[Some(&group)],
+                        immediate_size: 0,
+                    });
+            (Arc::new(group), Arc::new(pipeline))
+        });
+        (entry.0.clone(), entry.1.clone())
+    }
+
+    /// The pipeline of `source` (validated by naga and compiled once).
+    fn pipeline(&self, op: &str, source: &str, operands: usize) -> Result<Pipeline> {
+        if let Some(found) = lock(&self.pipelines).get(source) {
+            return Ok(found.clone());
+        }
+        kiln_kernels::validate(source).map_err(|message| {
+            backend_err(
+                kiln_kernels::KernelError::Invalid {
+                    op: op.to_string(),
+                    message,
+                    wgsl: source.to_string(),
+                }
+                .to_string(),
+            )
+        })?;
+        let (group, layout) = self.layout(operands);
+        let device = &self.gpu.device;
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(op),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(op),
+            layout: Some(&layout),
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(Some(error)) = block_on(scope.pop()) {
+            return Err(backend_err(format!(
+                "the pipeline of `{op}` was rejected: {error}"
+            )));
+        }
+        self.pipelines_created.fetch_add(1, Ordering::Relaxed);
+        let entry = (Arc::new(pipeline), group);
+        lock(&self.pipelines).insert(source.to_string(), entry.clone());
+        Ok(entry)
+    }
+
+    fn bind_group(
+        &self,
+        layout: &wgpu::BindGroupLayout,
+        params: &wgpu::Buffer,
+        buffers: &[&wgpu::Buffer],
+    ) -> wgpu::BindGroup {
+        let entries: Vec<wgpu::BindGroupEntry> = std::iter::once(params)
+            .chain(buffers.iter().copied())
+            .enumerate()
+            .map(|(binding, buffer)| wgpu::BindGroupEntry {
+                binding: binding as u32,
+                resource: buffer.as_entire_binding(),
+            })
+            .collect();
+        self.gpu
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("kiln kernel"),
+                layout,
+                entries: &entries,
+            })
+    }
+
+    /// `Err` once the device is lost: every later call says so.
+    fn check_alive(&self) -> Result<()> {
+        match lock(&self.gpu.lost).as_ref() {
+            Some(reason) => Err(backend_err(format!(
+                "the device of `{}` was lost ({reason}); create a new backend",
+                self.name
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Errors the device raised outside an error scope since last asked.
+    fn take_uncaptured(&self) -> Result<()> {
+        let errors = std::mem::take(&mut *lock(&self.gpu.uncaptured));
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(backend_err(errors.join("; ")))
+        }
+    }
+
+    /// The plan of `exe` for `shapes`, built on first use.
+    fn plan(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Result<Arc<Plan>> {
+        let key = exe as *const Executable as usize;
+        {
+            let plans = lock(&self.plans);
+            if let Some(entry) = plans.get(&key).filter(|e| e.graph == *exe.graph()) {
+                if let Some(plan) = entry.plans.iter().find(|p| p.shapes == shapes) {
+                    return Ok(plan.clone());
+                }
+            }
+        }
+        let plan = Arc::new(plan::build(self, exe, shapes)?);
+        self.plans_built.fetch_add(1, Ordering::Relaxed);
+        let mut plans = lock(&self.plans);
+        let entry = plans.entry(key).or_insert_with(|| ExePlans {
+            graph: exe.graph().clone(),
+            plans: Vec::new(),
+        });
+        if entry.graph != *exe.graph() {
+            *entry = ExePlans {
+                graph: exe.graph().clone(),
+                plans: Vec::new(),
+            };
+        }
+        entry.plans.push(plan.clone());
+        Ok(plan)
+    }
+}
+
+impl WgpuBackend {
+    /// Opens the default adapter (see [`BACKEND_ENV`]), blocking until the
+    /// device is ready. Not available in the browser: use [`Self::new_async`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new() -> Result<WgpuBackend, DeviceError> {
+        pollster::block_on(Self::new_async())
+    }
+
+    /// Opens the default adapter (see [`BACKEND_ENV`]).
+    pub async fn new_async() -> Result<WgpuBackend, DeviceError> {
+        let gpu = device::open().await?;
+        Ok(WgpuBackend {
+            shared: Arc::new(Shared {
+                name: format!("wgpu:{}", gpu.info.name),
+                gpu,
+                pool: Arc::new(Pool::default()),
+                pipelines: Mutex::default(),
+                layouts: Mutex::default(),
+                plans: Mutex::default(),
+                pipelines_created: AtomicU64::new(0),
+                other_buffers: AtomicU64::new(0),
+                plans_built: AtomicU64::new(0),
+                matmul_variant: None,
+            }),
+        })
+    }
+
+    /// The same device with every matmul computed by `variant` (pipelines
+    /// and plans are not shared with the original).
+    pub fn with_matmul_variant(&self, variant: MatmulVariant) -> WgpuBackend {
+        let s = &self.shared;
+        WgpuBackend {
+            shared: Arc::new(Shared {
+                name: format!("{}+matmul={variant:?}", s.name),
+                gpu: Gpu {
+                    device: s.gpu.device.clone(),
+                    queue: s.gpu.queue.clone(),
+                    limits: s.gpu.limits.clone(),
+                    info: s.gpu.info.clone(),
+                    lost: s.gpu.lost.clone(),
+                    uncaptured: s.gpu.uncaptured.clone(),
+                },
+                pool: s.pool.clone(),
+                pipelines: Mutex::default(),
+                layouts: Mutex::default(),
+                plans: Mutex::default(),
+                pipelines_created: AtomicU64::new(0),
+                other_buffers: AtomicU64::new(0),
+                plans_built: AtomicU64::new(0),
+                matmul_variant: Some(variant),
+            }),
+        }
+    }
+
+    /// The adapter's description, like `llvmpipe (LLVM 15.0.6, 256 bits) / Vulkan`.
+    pub fn adapter(&self) -> String {
+        let info = &self.shared.gpu.info;
+        format!("{} / {:?}", info.name, info.backend)
+    }
+
+    /// The device limits in force (the adapter's own).
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.shared.gpu.limits
+    }
+
+    /// True when the device computes in f16 natively (SHADER_F16).
+    pub fn has_shader_f16(&self) -> bool {
+        self.shared
+            .gpu
+            .device
+            .features()
+            .contains(wgpu::Features::SHADER_F16)
+    }
+
+    /// Device objects created so far.
+    pub fn counters(&self) -> Counters {
+        let s = &self.shared;
+        Counters {
+            pipelines: s.pipelines_created.load(Ordering::Relaxed),
+            buffers: s.pool.created() + s.other_buffers.load(Ordering::Relaxed),
+            plans: s.plans_built.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Blocks until the device has finished all submitted work (for
+    /// timing).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn wait_idle(&self) -> Result<()> {
+        self.shared
+            .gpu
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| backend_err(e.to_string()))
+    }
+
+    /// Copies a buffer back to the host without blocking (the browser's
+    /// way; natively it also drives the device until the copy is done).
+    pub async fn download_async(&self, buffer: WgpuBuffer) -> Result<Arc<HostData>> {
+        let s = &self.shared;
+        s.check_alive()?;
+        let Some(source) = buffer.raw() else {
+            return Err(backend_err("downloading a released buffer"));
+        };
+        let bytes = byte_size(buffer.dtype, buffer.len);
+        let staging = s.pool.take(&s.gpu.device, bytes, true);
+        let mut encoder = s
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("kiln readback"),
+            });
+        encoder.copy_buffer_to_buffer(source, 0, &staging, 0, bytes);
+        s.gpu.queue.submit([encoder.finish()]);
+        let (sender, receiver) = wait::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |result| sender.send(result));
+        #[cfg(not(target_arch = "wasm32"))]
+        s.gpu
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| backend_err(format!("waiting for a readback: {e}")))?;
+        receiver
+            .await
+            .map_err(|e| backend_err(format!("mapping a readback buffer: {e}")))?;
+        let data = {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| backend_err(format!("reading a readback buffer: {e}")))?;
+            from_words(buffer.dtype, buffer.len, bytemuck::cast_slice(&view))
+        };
+        staging.unmap();
+        s.pool.give(staging, true);
+        s.check_alive()?;
+        s.take_uncaptured()?;
+        Ok(Arc::new(data))
+    }
+
+    fn execute(&self, plan: &Plan, inputs: &[WgpuBuffer]) -> Result<Vec<WgpuBuffer>> {
+        let s = &self.shared;
+        let device = &s.gpu.device;
+        let outputs: Vec<WgpuBuffer> = plan
+            .outputs
+            .iter()
+            .map(|&(dtype, len)| WgpuBuffer {
+                buffer: Some(s.pool.take(device, byte_size(dtype, len), false)),
+                dtype,
+                len,
+                pool: s.pool.clone(),
+            })
+            .collect();
+        let resolve = |loc: Loc| -> Result<&wgpu::Buffer> {
+            let found = match loc {
+                Loc::Input(i) => inputs.get(i).and_then(WgpuBuffer::raw),
+                Loc::Temp(t) => plan.temps.get(t),
+                Loc::Output(o) => outputs.get(o).and_then(WgpuBuffer::raw),
+            };
+            found.ok_or_else(|| backend_err(format!("the plan reads {loc:?}, which was not given")))
+        };
+        // Bind groups naming this call's arguments and outputs.
+        let mut per_call: Vec<Option<wgpu::BindGroup>> = Vec::with_capacity(plan.commands.len());
+        for command in &plan.commands {
+            per_call.push(match command {
+                Command::Dispatch {
+                    layout,
+                    params,
+                    bindings,
+                    bind_group: None,
+                    ..
+                } => {
+                    let buffers = bindings
+                        .iter()
+                        .map(|&l| resolve(l))
+                        .collect::<Result<Vec<_>>>()?;
+                    Some(s.bind_group(layout, params, &buffers))
+                }
+                _ => None,
+            });
+        }
+        let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("kiln call"),
+        });
+        let mut pass: Option<wgpu::ComputePass<'static>> = None;
+        for (command, group) in plan.commands.iter().zip(&per_call) {
+            match command {
+                Command::Dispatch {
+                    pipeline,
+                    workgroups,
+                    bind_group,
+                    ..
+                } => {
+                    let pass = pass.get_or_insert_with(|| {
+                        encoder
+                            .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                                label: Some("kiln kernels"),
+                                timestamp_writes: None,
+                            })
+                            .forget_lifetime()
+                    });
+                    let Some(group) = bind_group.as_ref().or(group.as_ref()) else {
+                        return Err(backend_err("a dispatch has no bind group"));
+                    };
+                    pass.set_pipeline(pipeline);
+                    pass.set_bind_group(0, group, &[]);
+                    pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+                }
+                Command::Copy { from, to, bytes } => {
+                    drop(pass.take());
+                    encoder.copy_buffer_to_buffer(resolve(*from)?, 0, resolve(*to)?, 0, *bytes);
+                }
+            }
+        }
+        drop(pass);
+        s.gpu.queue.submit([encoder.finish()]);
+        Ok(outputs)
+    }
+}
+
+impl Backend for WgpuBackend {
+    type Buffer = WgpuBuffer;
+
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    fn upload(&self, data: &Arc<HostData>) -> Result<WgpuBuffer> {
+        let s = &self.shared;
+        s.check_alive()?;
+        let bytes = byte_size(data.dtype(), data.len());
+        s.check_size("upload", bytes)?;
+        let buffer = s.pool.take(&s.gpu.device, bytes, false);
+        let words = to_words(data);
+        if !words.is_empty() {
+            s.gpu
+                .queue
+                .write_buffer(&buffer, 0, bytemuck::cast_slice(&words));
+        }
+        Ok(WgpuBuffer {
+            buffer: Some(buffer),
+            dtype: data.dtype(),
+            len: data.len(),
+            pool: s.pool.clone(),
+        })
+    }
+
+    fn download(&self, buffer: WgpuBuffer) -> Result<Arc<HostData>> {
+        block_on(self.download_async(buffer)).unwrap_or_else(|| {
+            Err(backend_err(
+                "blocking readback is not available in the browser; use `download_async`",
+            ))
+        })
+    }
+
+    fn run(
+        &self,
+        exe: &Executable,
+        inputs: &[WgpuBuffer],
+        shapes: &[Vec<usize>],
+    ) -> Result<Vec<WgpuBuffer>> {
+        let s = &self.shared;
+        s.check_alive()?;
+        if shapes.len() != exe.graph().nodes.len() {
+            return Err(backend_err(format!(
+                "{} value shapes for a graph of {} values",
+                shapes.len(),
+                exe.graph().nodes.len()
+            )));
+        }
+        // Errors of an earlier call that no scope caught belong to it, not to this one.
+        drop(s.take_uncaptured());
+        let device = &s.gpu.device;
+        let memory = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let result = s
+            .plan(exe, shapes)
+            .and_then(|plan| self.execute(&plan, inputs));
+        let invalid = block_on(validation.pop()).flatten();
+        let out_of_memory = block_on(memory.pop()).flatten();
+        if let Some(error) = out_of_memory.or(invalid) {
+            // A failed plan may hold broken objects: forget this executable's plans.
+            lock(&s.plans).remove(&(exe as *const Executable as usize));
+            return Err(backend_err(format!("device error: {error}")));
+        }
+        s.check_alive()?;
+        result
+    }
+}

@@ -1,0 +1,367 @@
+//! What one executable does on the device for one set of resolved shapes:
+//! the kernel of every step with its parameter buffer, and the buffers of
+//! its intermediate values. Built on the first call with those shapes and
+//! replayed by every later one.
+
+use crate::buffer::{byte_size, to_words};
+use crate::Shared;
+use kiln::{DType, Error, Executable, HostData, Op, Result, ValueKind};
+use kiln_kernels::{KernelSpec, MatmulVariant, View};
+use std::sync::Arc;
+
+/// Where a value's elements live during a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Loc {
+    /// Argument buffer `i`.
+    Input(usize),
+    /// Buffer `t` the plan owns (constants, intermediates, scratch).
+    Temp(usize),
+    /// The buffer returned as output `o`, taken from the pool per call.
+    Output(usize),
+}
+
+/// One command of a call.
+pub(crate) enum Command {
+    /// A compute dispatch: bindings are [params, output, operands...].
+    Dispatch {
+        pipeline: Arc<wgpu::ComputePipeline>,
+        layout: Arc<wgpu::BindGroupLayout>,
+        params: wgpu::Buffer,
+        bindings: Vec<Loc>,
+        workgroups: [u32; 3],
+        /// Made once when every binding is plan-owned.
+        bind_group: Option<wgpu::BindGroup>,
+    },
+    /// A buffer copy of `bytes`.
+    Copy { from: Loc, to: Loc, bytes: u64 },
+}
+
+/// The device program of one executable for one shape set.
+pub(crate) struct Plan {
+    /// The shapes it was built for.
+    pub shapes: Vec<Vec<usize>>,
+    pub commands: Vec<Command>,
+    pub temps: Vec<wgpu::Buffer>,
+    /// Per output: dtype and element count.
+    pub outputs: Vec<(DType, usize)>,
+}
+
+fn backend_err(detail: String) -> Error {
+    Error::Backend {
+        backend: "wgpu".into(),
+        detail,
+    }
+}
+
+/// Splits `workgroups` over x, y and z, each at most `max`.
+fn split(op: &str, workgroups: u64, max: u32) -> Result<[u32; 3]> {
+    let max = u64::from(max.max(1));
+    let x = workgroups.min(max);
+    let rest = workgroups.div_ceil(x.max(1));
+    let y = rest.min(max);
+    let z = rest.div_ceil(y.max(1));
+    if z > max {
+        return Err(backend_err(format!(
+            "`{op}` needs {workgroups} workgroups, more than {max}³"
+        )));
+    }
+    Ok([x as u32, y as u32, z as u32])
+}
+
+struct Builder<'a> {
+    shared: &'a Shared,
+    exe: &'a Executable,
+    shapes: &'a [Vec<usize>],
+    locs: Vec<Option<Loc>>,
+    commands: Vec<Command>,
+    temps: Vec<wgpu::Buffer>,
+}
+
+impl Builder<'_> {
+    fn dtype(&self, v: usize) -> DType {
+        self.exe.graph().nodes[v].aval.dtype
+    }
+
+    fn numel(&self, v: usize) -> usize {
+        self.shapes[v].iter().product()
+    }
+
+    /// A new plan-owned buffer of `bytes`, checked against the device limits.
+    fn temp(&mut self, op: &str, bytes: u64) -> Result<Loc> {
+        self.shared.check_size(op, bytes)?;
+        self.temps.push(self.shared.new_buffer(bytes));
+        Ok(Loc::Temp(self.temps.len() - 1))
+    }
+
+    fn loc(&self, v: usize) -> Result<Loc> {
+        self.locs[v].ok_or_else(|| backend_err(format!("value {v} is read before it is computed")))
+    }
+
+    fn dispatch(&mut self, op: &str, spec: KernelSpec, bindings: Vec<Loc>) -> Result<()> {
+        if spec.workgroups == 0 {
+            return Ok(());
+        }
+        let max = self.shared.gpu.limits.max_compute_workgroups_per_dimension;
+        let workgroups = split(op, spec.workgroups, max)?;
+        let operands = bindings.len() - 1;
+        let (pipeline, layout) = self.shared.pipeline(op, &spec.source, operands)?;
+        let params = self.shared.new_buffer(4 * spec.params.len().max(1) as u64);
+        self.shared
+            .gpu
+            .queue
+            .write_buffer(&params, 0, bytemuck::cast_slice(&spec.params));
+        let bind_group = bindings.iter().all(|l| matches!(l, Loc::Temp(_))).then(|| {
+            let buffers: Vec<&wgpu::Buffer> = bindings
+                .iter()
+                .filter_map(|l| match l {
+                    Loc::Temp(t) => self.temps.get(*t),
+                    _ => None,
+                })
+                .collect();
+            self.shared.bind_group(&layout, &params, &buffers)
+        });
+        self.commands.push(Command::Dispatch {
+            pipeline,
+            layout,
+            params,
+            bindings,
+            workgroups,
+            bind_group,
+        });
+        Ok(())
+    }
+
+    /// Records a kernel writing value `v` (at `out`) from `operands`; for
+    /// kernels that write f32 words for f16/bf16 results, through a scratch
+    /// buffer and a packing cast.
+    fn kernel(&mut self, v: usize, out: Loc, spec: KernelSpec, operands: Vec<Loc>) -> Result<()> {
+        let op = self.op_name(v);
+        let dtype = self.dtype(v);
+        let packs = kiln_kernels::stores_f32(dtype)
+            && matches!(self.node_op(v), Some(Op::Reduce { .. } | Op::Matmul));
+        if !packs {
+            let mut bindings = vec![out];
+            bindings.extend(operands);
+            return self.dispatch(&op, spec, bindings);
+        }
+        let n = self.numel(v);
+        let scratch = self.temp(&op, byte_size(DType::F32, n))?;
+        let mut bindings = vec![scratch];
+        bindings.extend(operands);
+        self.dispatch(&op, spec, bindings)?;
+        let shape = [n];
+        let pack = kiln_kernels::elementwise(
+            &Op::Cast(dtype),
+            &[View::contiguous(DType::F32, &shape)],
+            &shape,
+            dtype,
+        )
+        .map_err(|e| backend_err(e.to_string()))?;
+        self.dispatch(&op, pack, vec![out, scratch])
+    }
+
+    fn node_op(&self, v: usize) -> Option<&Op> {
+        match &self.exe.graph().nodes[v].kind {
+            ValueKind::Op(op) => Some(op),
+            _ => None,
+        }
+    }
+
+    fn op_name(&self, v: usize) -> String {
+        self.node_op(v)
+            .map_or_else(|| "value".to_string(), |op| op.name().to_string())
+    }
+
+    /// The kernel computing op value `v`.
+    fn spec(&self, v: usize, op: &Op) -> Result<KernelSpec> {
+        let node = &self.exe.graph().nodes[v];
+        let out_shape = &self.shapes[v];
+        let dtype = node.aval.dtype;
+        let in_shape = |k: usize| &self.shapes[node.inputs[k]][..];
+        let in_dtype = |k: usize| self.dtype(node.inputs[k]);
+        let kernel_err = |e: kiln_kernels::KernelError| backend_err(e.to_string());
+        let spec = match op {
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_) | Op::Fused(_) => {
+                let views: Vec<View> = (0..node.inputs.len())
+                    .map(|k| View::broadcast(in_dtype(k), in_shape(k), out_shape))
+                    .collect();
+                kiln_kernels::elementwise(op, &views, out_shape, dtype)
+            }
+            Op::Permute(perm) => {
+                let strides = kiln_kernels::row_major_strides(in_shape(0));
+                let permuted = perm.iter().map(|&p| strides[p]).collect();
+                kiln_kernels::copy(&View::strided(dtype, 0, permuted, out_shape), out_shape)
+            }
+            Op::BroadcastTo(_) => {
+                kiln_kernels::copy(&View::broadcast(dtype, in_shape(0), out_shape), out_shape)
+            }
+            Op::Slice(axes) => {
+                let strides = kiln_kernels::row_major_strides(in_shape(0));
+                let mut offset = 0;
+                let mut stepped = Vec::with_capacity(axes.len());
+                for ((axis, &n), &stride) in axes.iter().zip(in_shape(0)).zip(&strides) {
+                    let (start, _) = axis.resolve(n);
+                    offset += start * stride;
+                    stepped.push(stride * axis.step.max(1) as usize);
+                }
+                kiln_kernels::copy(&View::strided(dtype, offset, stepped, out_shape), out_shape)
+            }
+            Op::Concat { axis } => {
+                let shapes: Vec<&[usize]> = (0..node.inputs.len()).map(in_shape).collect();
+                kiln_kernels::concat(dtype, &shapes, *axis, out_shape)
+            }
+            Op::Take { axis } => kiln_kernels::take(
+                dtype,
+                in_shape(0),
+                in_dtype(1),
+                in_shape(1).iter().product(),
+                *axis,
+                out_shape,
+            ),
+            Op::Reduce {
+                op: reduce, axes, ..
+            } => {
+                let group: usize = axes.iter().map(|&a| in_shape(0)[a]).product();
+                if *reduce != kiln::ReduceOp::Sum && group == 0 && !out_shape.contains(&0) {
+                    return Err(Error::Runtime {
+                        op: reduce.name().to_string(),
+                        detail: format!(
+                            "cannot take the {} of an empty axis (shape {:?}, axes {axes:?})",
+                            reduce.name(),
+                            in_shape(0)
+                        ),
+                    });
+                }
+                kiln_kernels::reduce(*reduce, in_dtype(0), in_shape(0), axes)
+            }
+            Op::ArgMax { axis, .. } => {
+                if in_shape(0).get(*axis) == Some(&0) && !out_shape.contains(&0) {
+                    return Err(Error::Runtime {
+                        op: "argmax".into(),
+                        detail: format!(
+                            "cannot take the argmax of an empty axis {axis} (shape {:?})",
+                            in_shape(0)
+                        ),
+                    });
+                }
+                kiln_kernels::argmax(in_dtype(0), in_shape(0), *axis)
+            }
+            Op::Matmul => {
+                let a = in_shape(0);
+                let k = a.get(a.len().wrapping_sub(1)).copied().unwrap_or(0);
+                let variant = self
+                    .shared
+                    .matmul_variant
+                    .unwrap_or_else(|| MatmulVariant::choose(out_shape.iter().product(), k));
+                kiln_kernels::matmul(variant, dtype, a, in_shape(1), out_shape)
+            }
+            other => {
+                return Err(backend_err(format!(
+                    "op `{}` has no wgpu kernel",
+                    other.describe()
+                )))
+            }
+        };
+        spec.map_err(kernel_err)
+    }
+}
+
+/// Host data of a `dim_size` value.
+fn dim_size(axes: &[usize], dtype: DType, in_shape: &[usize]) -> HostData {
+    let count: usize = axes.iter().map(|&a| in_shape[a]).product();
+    HostData::from_f64s(dtype, std::iter::once(count as f64))
+}
+
+/// Builds the device program of `exe` for `shapes`.
+pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) -> Result<Plan> {
+    let graph = exe.graph();
+    let mut b = Builder {
+        shared,
+        exe,
+        shapes,
+        locs: vec![None; graph.nodes.len()],
+        commands: Vec::new(),
+        temps: Vec::new(),
+    };
+    // Each computed output value is written straight into its first output
+    // buffer; every other output position gets a copy.
+    let mut claimed: Vec<Option<usize>> = vec![None; graph.nodes.len()];
+    for (o, &v) in graph.outputs.iter().enumerate() {
+        let computed = matches!(
+            &graph.nodes[v].kind,
+            ValueKind::Op(op) if !matches!(op, Op::Reshape(_) | Op::DimSize { .. })
+        );
+        if computed && claimed[v].is_none() {
+            claimed[v] = Some(o);
+        }
+    }
+    for (v, node) in graph.nodes.iter().enumerate() {
+        let bytes = byte_size(node.aval.dtype, b.numel(v));
+        let loc = match &node.kind {
+            ValueKind::Input(i) => Loc::Input(*i),
+            ValueKind::Constant(literal) => {
+                let loc = b.temp("constant", bytes)?;
+                if let Loc::Temp(t) = loc {
+                    shared.gpu.queue.write_buffer(
+                        &b.temps[t],
+                        0,
+                        bytemuck::cast_slice(&to_words(&literal.0)),
+                    );
+                }
+                loc
+            }
+            ValueKind::Op(Op::Reshape(_)) => b.loc(node.inputs[0])?,
+            ValueKind::Op(Op::DimSize { axes, dtype }) => {
+                let loc = b.temp("dim_size", bytes)?;
+                let data = dim_size(axes, *dtype, &shapes[node.inputs[0]]);
+                if let Loc::Temp(t) = loc {
+                    shared.gpu.queue.write_buffer(
+                        &b.temps[t],
+                        0,
+                        bytemuck::cast_slice(&to_words(&data)),
+                    );
+                }
+                loc
+            }
+            ValueKind::Op(op) => {
+                let out = match claimed[v] {
+                    Some(o) => {
+                        shared.check_size(op.name(), bytes)?;
+                        Loc::Output(o)
+                    }
+                    None => b.temp(op.name(), bytes)?,
+                };
+                let spec = b.spec(v, op)?;
+                let operands = node
+                    .inputs
+                    .iter()
+                    .map(|&j| b.loc(j))
+                    .collect::<Result<Vec<_>>>()?;
+                b.kernel(v, out, spec, operands)?;
+                out
+            }
+        };
+        b.locs[v] = Some(loc);
+    }
+    let mut outputs = Vec::with_capacity(graph.outputs.len());
+    for (o, &v) in graph.outputs.iter().enumerate() {
+        let dtype = b.dtype(v);
+        let len = b.numel(v);
+        if claimed[v] != Some(o) {
+            let from = b.loc(v)?;
+            shared.check_size("output", byte_size(dtype, len))?;
+            b.commands.push(Command::Copy {
+                from,
+                to: Loc::Output(o),
+                bytes: byte_size(dtype, len),
+            });
+        }
+        outputs.push((dtype, len));
+    }
+    Ok(Plan {
+        shapes: shapes.to_vec(),
+        commands: b.commands,
+        temps: b.temps,
+        outputs,
+    })
+}
