@@ -520,6 +520,21 @@ where
         Ok(true)
     }
 
+    /// The executable that serves calls with the signature of `args`
+    /// (compiled on a miss, like [`Compiled::prepare`]): its graph, plan
+    /// and shapes, for backends, tests and tools.
+    pub fn executable(&self, args: &In) -> Result<Arc<Executable>> {
+        let mut leaves = Vec::new();
+        let tree = args.flatten(&mut leaves)?;
+        let shapes = self.leaf_shapes(&leaves);
+        let view = self.key_view(&tree, &leaves);
+        let entry = match self.lookup(&view, &shapes.refs()) {
+            Some(entry) => entry,
+            None => self.trace_and_insert(view.to_key(), &leaves, &shapes.refs())?,
+        };
+        Ok(entry.exe.clone())
+    }
+
     /// The call's leaf shapes, which only a shapeless compile reads: a
     /// static entry's key pins them, and its executable knows them.
     fn leaf_shapes(&self, leaves: &[Array]) -> LeafShapes {

@@ -2,3 +2,4 @@
 //! benchmark program.
 
 pub mod bench;
+pub mod programs;

@@ -38,13 +38,14 @@ pub enum PlanViolation {
         /// The value the buffer holds instead (`None`: never written).
         holds: Option<ValueId>,
     },
-    /// A value is written over one that is still needed, and this is not a
-    /// valid in-place continuation.
-    OverwritesLiveValue {
+    /// A step writes its output over an operand it reads, but is not an
+    /// elementwise op whose output has that operand's dtype and provably
+    /// equal shape.
+    InvalidInPlace {
         /// The writing step.
         step: usize,
-        /// The value still needed.
-        live: ValueId,
+        /// The operand overwritten.
+        operand: ValueId,
     },
     /// A caller's argument buffer is written though it was not donated.
     UndonatedInputWritten {
@@ -89,9 +90,9 @@ impl fmt::Display for PlanViolation {
                 Some(h) => write!(f, "step {step} reads %{value}, but its buffer holds %{h}"),
                 None => write!(f, "step {step} reads %{value}, but its buffer was never written"),
             },
-            PlanViolation::OverwritesLiveValue { step, live } => write!(
+            PlanViolation::InvalidInPlace { step, operand } => write!(
                 f,
-                "step {step} overwrites %{live}, which is read later or is not a valid in-place operand"
+                "step {step} writes over its operand %{operand}, which is not a valid in-place operand"
             ),
             PlanViolation::UndonatedInputWritten { step, leaf } => {
                 write!(f, "step {step} writes argument leaf {leaf}, which was not donated")
@@ -117,10 +118,11 @@ enum Buffer {
 }
 
 /// Checks `homes` (one per value) and `slot_bytes` (one per slot) against
-/// `graph` run on values of `shapes`: no value is read after its buffer
-/// was reused, no buffer holds two live values except an elementwise
-/// output continuing the operand it consumes, only `donated` arguments are
-/// written, and every value fits its slot.
+/// `graph` run on values of `shapes`, replaying the schedule: every read
+/// (and every output at the end) finds its value still in its buffer, so
+/// no two live values ever share one; a step writes over an operand it
+/// reads only as a valid elementwise in-place continuation; only `donated`
+/// arguments are written; and every value fits its slot.
 pub fn verify_plan(
     graph: &Graph,
     homes: &[Home],
@@ -144,7 +146,13 @@ pub fn verify_plan(
     for &o in &graph.outputs {
         needed_until[o] = n;
     }
+    // Arguments are in their buffers before the first step.
     let mut holder: HashMap<Buffer, ValueId> = HashMap::new();
+    for (v, node) in graph.nodes.iter().enumerate() {
+        if let ValueKind::Input(i) = node.kind {
+            holder.insert(Buffer::Input(i), v);
+        }
+    }
     let buffer_of = |v: ValueId| match homes[v] {
         Home::Input(i) => Some(Buffer::Input(i)),
         Home::Slot(s) => Some(Buffer::Slot(s)),
@@ -170,7 +178,6 @@ pub fn verify_plan(
                 if homes[step] != Home::Input(*i) {
                     return Err(PlanViolation::MisplacedLeaf { value: step });
                 }
-                holder.insert(Buffer::Input(*i), step);
                 continue;
             }
             ValueKind::Constant(_) => {
@@ -187,13 +194,13 @@ pub fn verify_plan(
                 return Err(PlanViolation::UndonatedInputWritten { step, leaf });
             }
         }
+        // Overwriting a value read later shows up at that read; here, only
+        // the operands this very step reads.
         if let Some(&previous) = holder.get(&buffer) {
-            let still_needed = needed_until[previous] > step
-                || (needed_until[previous] == step && !continues_in_place(graph, step, previous));
-            if still_needed {
-                return Err(PlanViolation::OverwritesLiveValue {
+            if needed_until[previous] == step && !continues_in_place(graph, step, previous) {
+                return Err(PlanViolation::InvalidInPlace {
                     step,
-                    live: previous,
+                    operand: previous,
                 });
             }
         }
