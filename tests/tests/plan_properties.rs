@@ -187,11 +187,11 @@ enum Corruption {
     NonElementwiseInPlace,
 }
 
-/// Every corruption that applies to this plan, as (kind, homes, slot bytes, donated).
-fn corruptions(
-    exe: &Executable,
-    shapes: &[Vec<usize>],
-) -> Vec<(Corruption, Vec<Home>, Vec<usize>, Vec<bool>)> {
+/// A plan's homes, slot sizes and donations after one corruption.
+type Corrupted = (Corruption, Vec<Home>, Vec<usize>, Vec<bool>);
+
+/// Every corruption that applies to this plan.
+fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
     let graph = exe.graph();
     let plan = exe.plan();
     let homes = plan.homes().to_vec();
@@ -332,23 +332,22 @@ fn verifier_rejects_every_kind_of_corrupted_plan() {
         let (exe, _, shapes) = prepare(&program, setup, case as u64);
         for (kind, homes, sizes, donated) in corruptions(&exe, &shapes) {
             let verdict = verify_plan(exe.graph(), &homes, &sizes, &donated, &shapes);
-            let expected = match (kind, &verdict) {
-                (Corruption::SlotTooSmall, Err(PlanViolation::SlotTooSmall { .. })) => true,
-                (Corruption::OverwriteLiveValue, Err(PlanViolation::ReadAfterOverwrite { .. })) => {
-                    true
-                }
-                (Corruption::ReadAfterOverwrite, Err(PlanViolation::ReadAfterOverwrite { .. })) => {
-                    true
-                }
+            let expected = matches!(
+                (kind, &verdict),
                 (
+                    Corruption::SlotTooSmall,
+                    Err(PlanViolation::SlotTooSmall { .. })
+                ) | (
+                    Corruption::OverwriteLiveValue | Corruption::ReadAfterOverwrite,
+                    Err(PlanViolation::ReadAfterOverwrite { .. })
+                ) | (
                     Corruption::UndonatedInputWritten,
-                    Err(PlanViolation::UndonatedInputWritten { .. }),
-                ) => true,
-                (Corruption::NonElementwiseInPlace, Err(PlanViolation::InvalidInPlace { .. })) => {
-                    true
-                }
-                _ => false,
-            };
+                    Err(PlanViolation::UndonatedInputWritten { .. })
+                ) | (
+                    Corruption::NonElementwiseInPlace,
+                    Err(PlanViolation::InvalidInPlace { .. })
+                )
+            );
             assert!(
                 expected,
                 "{kind:?} gave {verdict:?} for {program:?} with {setup:?}"

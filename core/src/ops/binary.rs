@@ -267,10 +267,10 @@ pub fn eval_in_place(
                 BinaryOp::Minimum => update.run(t, o, |p, q| p & q),
                 BinaryOp::Eq => update.run(t, o, |p, q| p == q),
                 BinaryOp::Ne => update.run(t, o, |p, q| p != q),
-                BinaryOp::Lt => update.run(t, o, |p, q| p < q),
-                BinaryOp::Le => update.run(t, o, |p, q| p <= q),
-                BinaryOp::Gt => update.run(t, o, |p, q| p > q),
-                BinaryOp::Ge => update.run(t, o, |p, q| p >= q),
+                BinaryOp::Lt => update.run(t, o, |p, q| !p & q),
+                BinaryOp::Le => update.run(t, o, |p, q| !p | q),
+                BinaryOp::Gt => update.run(t, o, |p, q| p & !q),
+                BinaryOp::Ge => update.run(t, o, |p, q| p | !q),
                 _ => return Err(unsupported()),
             }
         }
