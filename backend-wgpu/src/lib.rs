@@ -525,7 +525,7 @@ impl Backend for WgpuBackend {
     fn run(
         &self,
         exe: &Executable,
-        inputs: &[WgpuBuffer],
+        inputs: Vec<WgpuBuffer>,
         shapes: &[Vec<usize>],
     ) -> Result<Vec<WgpuBuffer>> {
         let s = &self.shared;
@@ -544,7 +544,7 @@ impl Backend for WgpuBackend {
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let result = s
             .plan(exe, shapes)
-            .and_then(|plan| self.execute(&plan, inputs));
+            .and_then(|plan| self.execute(&plan, &inputs));
         let invalid = block_on(validation.pop()).flatten();
         let out_of_memory = block_on(memory.pop()).flatten();
         if let Some(error) = out_of_memory.or(invalid) {

@@ -5,6 +5,7 @@
 
 use crate::buffer::{byte_size, to_words};
 use crate::Shared;
+use kiln::plan::Home;
 use kiln::{DType, Error, Executable, HostData, Op, Result, ValueKind};
 use kiln_kernels::{KernelSpec, MatmulVariant, View};
 use std::sync::Arc;
@@ -93,6 +94,19 @@ impl Builder<'_> {
         Ok(Loc::Temp(self.temps.len() - 1))
     }
 
+    /// A plan-owned buffer holding `data`.
+    fn upload_temp(&mut self, op: &str, data: &HostData) -> Result<Loc> {
+        let loc = self.temp(op, byte_size(data.dtype(), data.len()))?;
+        if let (Loc::Temp(t), false) = (loc, data.is_empty()) {
+            self.shared.gpu.queue.write_buffer(
+                &self.temps[t],
+                0,
+                bytemuck::cast_slice(&to_words(data)),
+            );
+        }
+        Ok(loc)
+    }
+
     fn loc(&self, v: usize) -> Result<Loc> {
         self.locs[v].ok_or_else(|| backend_err(format!("value {v} is read before it is computed")))
     }
@@ -172,18 +186,28 @@ impl Builder<'_> {
             .map_or_else(|| "value".to_string(), |op| op.name().to_string())
     }
 
-    /// The kernel computing op value `v`.
-    fn spec(&self, v: usize, op: &Op) -> Result<KernelSpec> {
+    /// The kernel computing op value `v`; `aliased[k]` marks operands that
+    /// share the output's buffer (the plan reinplaced `v` into them).
+    fn spec(&self, v: usize, op: &Op, aliased: &[bool]) -> Result<KernelSpec> {
         let node = &self.exe.graph().nodes[v];
         let out_shape = &self.shapes[v];
         let dtype = node.aval.dtype;
         let in_shape = |k: usize| &self.shapes[node.inputs[k]][..];
         let in_dtype = |k: usize| self.dtype(node.inputs[k]);
         let kernel_err = |e: kiln_kernels::KernelError| backend_err(e.to_string());
+        if aliased.contains(&true) && !op.is_elementwise() {
+            return Err(backend_err(format!(
+                "`{}` cannot run in place on wgpu",
+                op.name()
+            )));
+        }
         let spec = match op {
             Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_) | Op::Fused(_) => {
                 let views: Vec<View> = (0..node.inputs.len())
-                    .map(|k| View::broadcast(in_dtype(k), in_shape(k), out_shape))
+                    .map(|k| View {
+                        aliases_output: aliased.get(k) == Some(&true),
+                        ..View::broadcast(in_dtype(k), in_shape(k), out_shape)
+                    })
                     .collect();
                 kiln_kernels::elementwise(op, &views, out_shape, dtype)
             }
@@ -272,9 +296,23 @@ fn dim_size(axes: &[usize], dtype: DType, in_shape: &[usize]) -> HostData {
     HostData::from_f64s(dtype, std::iter::once(count as f64))
 }
 
-/// Builds the device program of `exe` for `shapes`.
+/// Bytes of one element in a slot: f16 and bf16 are packed two per word,
+/// every other dtype takes a word.
+fn slot_element_bytes(dtype: DType) -> usize {
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        2
+    } else {
+        4
+    }
+}
+
+/// Builds the device program of `exe` for `shapes`: every computed value
+/// lives in the buffer of its plan slot (an in-place value in its
+/// operand's), except outputs, which are written straight into the
+/// buffers returned to the caller.
 pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) -> Result<Plan> {
     let graph = exe.graph();
+    let slot_plan = exe.plan();
     let mut b = Builder {
         shared,
         exe,
@@ -283,77 +321,108 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
         commands: Vec::new(),
         temps: Vec::new(),
     };
+    let slot_bytes = slot_plan.slot_bytes(graph, shapes, slot_element_bytes);
+    let mut slot_locs: Vec<Option<Loc>> = vec![None; slot_bytes.len()];
+    // Stands in for an operand read through the output binding.
+    let placeholder = b.temp("in-place", 4)?;
     // Each computed output value is written straight into its first output
     // buffer; every other output position gets a copy.
     let mut claimed: Vec<Option<usize>> = vec![None; graph.nodes.len()];
     for (o, &v) in graph.outputs.iter().enumerate() {
-        let computed = matches!(
-            &graph.nodes[v].kind,
-            ValueKind::Op(op) if !matches!(op, Op::Reshape(_) | Op::DimSize { .. })
-        );
-        if computed && claimed[v].is_none() {
+        if matches!(graph.nodes[v].kind, ValueKind::Op(_)) && claimed[v].is_none() {
             claimed[v] = Some(o);
         }
     }
     for (v, node) in graph.nodes.iter().enumerate() {
         let bytes = byte_size(node.aval.dtype, b.numel(v));
-        let loc = match &node.kind {
-            ValueKind::Input(i) => Loc::Input(*i),
+        let op = match &node.kind {
+            ValueKind::Input(i) => {
+                b.locs[v] = Some(Loc::Input(*i));
+                continue;
+            }
             ValueKind::Constant(literal) => {
-                let loc = b.temp("constant", bytes)?;
-                if let Loc::Temp(t) = loc {
-                    shared.gpu.queue.write_buffer(
-                        &b.temps[t],
-                        0,
-                        bytemuck::cast_slice(&to_words(&literal.0)),
-                    );
-                }
-                loc
+                let loc = b.upload_temp("constant", &literal.0)?;
+                b.locs[v] = Some(loc);
+                continue;
             }
-            ValueKind::Op(Op::Reshape(_)) => b.loc(node.inputs[0])?,
-            ValueKind::Op(Op::DimSize { axes, dtype }) => {
-                let loc = b.temp("dim_size", bytes)?;
-                let data = dim_size(axes, *dtype, &shapes[node.inputs[0]]);
-                if let Loc::Temp(t) = loc {
-                    shared.gpu.queue.write_buffer(
-                        &b.temps[t],
-                        0,
-                        bytemuck::cast_slice(&to_words(&data)),
-                    );
-                }
-                loc
+            ValueKind::Op(op) => op,
+        };
+        let out = match (claimed[v], slot_plan.home(v)) {
+            (Some(o), _) => {
+                shared.check_size(op.name(), bytes)?;
+                Loc::Output(o)
             }
-            ValueKind::Op(op) => {
-                let out = match claimed[v] {
-                    Some(o) => {
-                        shared.check_size(op.name(), bytes)?;
-                        Loc::Output(o)
+            (None, Home::Input(i)) => Loc::Input(i),
+            (None, Home::Slot(s)) => match slot_locs.get(s).copied().flatten() {
+                Some(loc) => loc,
+                None => {
+                    let size = slot_bytes.get(s).copied().unwrap_or(0).max(16) as u64;
+                    let loc = b.temp(op.name(), size.max(bytes))?;
+                    if let Some(entry) = slot_locs.get_mut(s) {
+                        *entry = Some(loc);
                     }
-                    None => b.temp(op.name(), bytes)?,
-                };
-                let spec = b.spec(v, op)?;
-                let operands = node
-                    .inputs
-                    .iter()
-                    .map(|&j| b.loc(j))
-                    .collect::<Result<Vec<_>>>()?;
-                b.kernel(v, out, spec, operands)?;
-                out
+                    loc
+                }
+            },
+            (None, Home::Constant) => {
+                return Err(backend_err(format!(
+                    "the plan places computed value {v} (`{}`) in a constant",
+                    op.name()
+                )))
             }
         };
-        b.locs[v] = Some(loc);
+        match op {
+            Op::Reshape(_) => {
+                let from = b.loc(node.inputs[0])?;
+                b.commands.push(Command::Copy {
+                    from,
+                    to: out,
+                    bytes,
+                });
+            }
+            Op::DimSize { axes, dtype } => {
+                let data = dim_size(axes, *dtype, &shapes[node.inputs[0]]);
+                let from = b.upload_temp("dim_size", &data)?;
+                b.commands.push(Command::Copy {
+                    from,
+                    to: out,
+                    bytes,
+                });
+            }
+            _ => {
+                let mut operands = Vec::with_capacity(node.inputs.len());
+                let mut aliased = Vec::with_capacity(node.inputs.len());
+                for &j in &node.inputs {
+                    let loc = b.loc(j)?;
+                    let shares = loc == out;
+                    if shares && slot_plan.in_place_of(v) != Some(j) {
+                        return Err(backend_err(format!(
+                            "value {v} (`{}`) would overwrite its operand {j}, which the plan \
+                             does not allow",
+                            op.name()
+                        )));
+                    }
+                    aliased.push(shares);
+                    operands.push(if shares { placeholder } else { loc });
+                }
+                let spec = b.spec(v, op, &aliased)?;
+                b.kernel(v, out, spec, operands)?;
+            }
+        }
+        b.locs[v] = Some(out);
     }
     let mut outputs = Vec::with_capacity(graph.outputs.len());
     for (o, &v) in graph.outputs.iter().enumerate() {
         let dtype = b.dtype(v);
         let len = b.numel(v);
+        let bytes = byte_size(dtype, len);
         if claimed[v] != Some(o) {
             let from = b.loc(v)?;
-            shared.check_size("output", byte_size(dtype, len))?;
+            shared.check_size("output", bytes)?;
             b.commands.push(Command::Copy {
                 from,
                 to: Loc::Output(o),
-                bytes: byte_size(dtype, len),
+                bytes,
             });
         }
         outputs.push((dtype, len));

@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::exec::{Backend, CpuBackend, Executable, SymbolSource};
 use crate::graph::{extract, optimize, Leaves, PassRecord, Passes, ValueKind};
 use crate::hash::{FastHasher, FastMap};
+use crate::plan::{Home, PlanMemory, ReinplaceDecision};
 use crate::shape::{Aval, Dim, Shape, Symbol};
 use crate::tree::{tree_unflatten, DifferenceKind, KeyPath, Tree, TreeDef};
 use crate::DType;
@@ -44,6 +45,7 @@ where
         function: NEXT_FUNCTION.fetch_add(1, Ordering::Relaxed),
         shapeless: false,
         passes: Passes::default(),
+        donate: Vec::new(),
         backend: CpuBackend,
         leaf_count_hint: AtomicUsize::new(0),
         cache: Mutex::default(),
@@ -57,6 +59,8 @@ pub struct Compiled<In, Out, F, B: Backend = CpuBackend> {
     function: u64,
     shapeless: bool,
     passes: Passes,
+    /// Argument paths whose buffers the caller gives up.
+    donate: Vec<String>,
     backend: B,
     /// Leaves of the previous call: the capacity to flatten into.
     leaf_count_hint: AtomicUsize,
@@ -275,6 +279,48 @@ pub struct ReportNode {
     pub inputs: Vec<usize>,
     /// Shape and dtype, like `f32[s0,4]`.
     pub aval: String,
+    /// Where the value lives: `slot 2`, `args.x` or `constant`.
+    pub home: String,
+    /// For an elementwise node, whether it writes in place of an operand
+    /// and why each operand was or was not taken.
+    pub reinplace: Option<ReinplaceDecision>,
+}
+
+/// One value held by a slot, with its lifetime.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotValue {
+    /// The value's id.
+    pub value: usize,
+    /// The step defining it.
+    pub def: usize,
+    /// The last step reading it (the schedule's length: returned).
+    pub last: usize,
+}
+
+/// One slot of the buffer plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotReport {
+    /// The slot's index.
+    pub slot: usize,
+    /// Its size for the traced call's shapes, rounded to the slot alignment.
+    pub bytes: usize,
+    /// Its size as an expression of the symbols (before rounding).
+    pub bytes_expr: String,
+    /// The values it holds, in schedule order.
+    pub values: Vec<SlotValue>,
+}
+
+/// The buffer plan of an entry, as reports show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanReport {
+    /// Every slot with its values and their lifetimes.
+    pub slots: Vec<SlotReport>,
+    /// Peak, lower bound and no-reuse bytes for the traced call's shapes.
+    pub memory: PlanMemory,
+    /// The donated argument leaves.
+    pub donated: Vec<String>,
+    /// Elementwise nodes written in place of an operand.
+    pub reinplaced: usize,
 }
 
 /// What `compile` did for one cache entry.
@@ -300,6 +346,8 @@ pub struct Report {
     pub guards: Vec<String>,
     /// Where each symbol comes from, like `s0 = args.x.shape[0]`.
     pub symbols: Vec<String>,
+    /// Reinplacing and slot planning.
+    pub plan: PlanReport,
 }
 
 /// A snapshot of a compiled function's cache.
@@ -371,6 +419,18 @@ pub(crate) fn arg_path(path: &KeyPath) -> String {
     }
 }
 
+/// A donated path as reports write it: `x` and `[0]` become `args.x` and
+/// `args[0]`.
+fn normalize_arg_path(path: String) -> String {
+    if path == "args" || path.starts_with("args.") || path.starts_with("args[") {
+        path
+    } else if path.starts_with('[') {
+        format!("args{path}")
+    } else {
+        format!("args.{path}")
+    }
+}
+
 impl<In, Out, F, B> Compiled<In, Out, F, B>
 where
     In: Tree,
@@ -392,6 +452,33 @@ where
         self
     }
 
+    /// Donates the argument leaves at `paths` (written as reports show
+    /// them, `args.x` or `args[0]`; a path to a subtree donates every leaf
+    /// under it): the executable may write its results into their buffers.
+    /// [`Compiled::call_owned`] then reuses a donated buffer that nothing
+    /// else holds; one still shared (e.g. by the caller, through
+    /// [`Compiled::call`]) is copied first, so the caller's data stays
+    /// intact. A path that names no leaf is an error at the first call.
+    ///
+    /// ```
+    /// use kiln::{compile, Array};
+    /// let f = compile(|(x, y): (Array, Array)| (x.exp() + &y).tanh()).donate(["args[0]"]);
+    /// let x = Array::from_vec(vec![0.0f32; 4], &[4])?;
+    /// let y = Array::from_vec(vec![1.0f32; 4], &[4])?;
+    /// let out = f.call_owned((x, y))?;
+    /// assert_eq!(out.to_vec::<f32>()?, vec![2.0f32.tanh(); 4]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn donate<P: Into<String>>(mut self, paths: impl IntoIterator<Item = P>) -> Self {
+        self.donate = paths
+            .into_iter()
+            .map(|p| normalize_arg_path(p.into()))
+            .collect();
+        self.donate.sort();
+        self.donate.dedup();
+        self
+    }
+
     /// Runs on `backend` instead (the cache starts empty).
     pub fn with_backend<B2: Backend>(self, backend: B2) -> Compiled<In, Out, F, B2> {
         Compiled {
@@ -399,6 +486,7 @@ where
             function: self.function,
             shapeless: self.shapeless,
             passes: self.passes,
+            donate: self.donate,
             backend,
             leaf_count_hint: AtomicUsize::new(0),
             cache: Mutex::default(),
@@ -430,6 +518,21 @@ where
         }
         self.trace_and_insert(view.to_key(), &leaves, &shapes.refs())?;
         Ok(true)
+    }
+
+    /// The executable that serves calls with the signature of `args`
+    /// (compiled on a miss, like [`Compiled::prepare`]): its graph, plan
+    /// and shapes, for backends, tests and tools.
+    pub fn executable(&self, args: &In) -> Result<Arc<Executable>> {
+        let mut leaves = Vec::new();
+        let tree = args.flatten(&mut leaves)?;
+        let shapes = self.leaf_shapes(&leaves);
+        let view = self.key_view(&tree, &leaves);
+        let entry = match self.lookup(&view, &shapes.refs()) {
+            Some(entry) => entry,
+            None => self.trace_and_insert(view.to_key(), &leaves, &shapes.refs())?,
+        };
+        Ok(entry.exe.clone())
     }
 
     /// The call's leaf shapes, which only a shapeless compile reads: a
@@ -472,7 +575,33 @@ where
             Some(entry) => entry,
             None => self.trace_and_insert(view.to_key(), &leaves, &shape_refs)?,
         };
-        self.run(&entry, &leaves, &shape_refs)
+        self.run(&entry, leaves, &shape_refs)
+    }
+
+    /// Calls the function on arguments it takes over: a donated leaf that
+    /// nothing else holds (no clone of the array is kept) has its buffer
+    /// reused for results written in place. Otherwise like [`Compiled::call`].
+    pub fn call_owned(&self, args: In) -> Result<Out> {
+        if self.donate.is_empty() {
+            return self.call(&args);
+        }
+        let mut leaves = Vec::with_capacity(self.leaf_count_hint.load(Ordering::Relaxed));
+        let tree = args.flatten(&mut leaves)?;
+        drop(args);
+        if leaves.iter().any(|l| !l.is_materialized()) {
+            if leaves.iter().any(|l| l.is_tracer() || l.error().is_some()) {
+                return Ok((self.f)(tree_unflatten(&tree, leaves)?));
+            }
+            crate::eval::eval(&leaves)?;
+        }
+        let shapes = self.leaf_shapes(&leaves);
+        let shape_refs = shapes.refs();
+        let view = self.key_view(&tree, &leaves);
+        let entry = match self.lookup(&view, &shape_refs) {
+            Some(entry) => entry,
+            None => self.trace_and_insert(view.to_key(), &leaves, &shape_refs)?,
+        };
+        self.run(&entry, leaves, &shape_refs)
     }
 
     /// The cached entry serving this call, if any; records the hit, or the
@@ -562,7 +691,9 @@ where
         let mut state = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let index = state.entries.len();
         let leaf_paths = key.tree.leaf_paths();
+        let representative = exe.representative_shapes(shapes);
         let report = Arc::new(build_report(
+            &representative,
             index,
             exe.is_shapeless(),
             &key.tree,
@@ -616,8 +747,19 @@ where
         )?;
         let traced_nodes = graph.nodes.len();
         let (graph, passes) = optimize(&graph, self.passes)?;
+        let donated = self.donated_leaves(tree)?;
+        let input_shapes: Vec<Vec<usize>> = leaves
+            .iter()
+            .map(|l| l.shape().as_known().unwrap_or_default())
+            .collect();
+        let input_refs: Vec<&[usize]> = input_shapes.iter().map(Vec::as_slice).collect();
         Ok(Traced {
-            exe: Arc::new(Executable::new(graph, symbols.clone())),
+            exe: Arc::new(Executable::new(
+                graph,
+                symbols.clone(),
+                &donated,
+                &input_refs,
+            )?),
             output_tree,
             traced_nodes,
             passes,
@@ -625,16 +767,46 @@ where
         })
     }
 
-    fn run(&self, entry: &Entry, leaves: &[Array], shapes: &[&[usize]]) -> Result<Out> {
-        let mut inputs: SmallVec<[B::Buffer; 16]> = SmallVec::with_capacity(leaves.len());
-        for leaf in leaves {
+    /// Which argument leaves of `tree` are donated; `Err` names a donated
+    /// path that matches no leaf.
+    fn donated_leaves(&self, tree: &TreeDef) -> Result<Vec<bool>> {
+        let paths: Vec<String> = tree.leaf_paths().iter().map(arg_path).collect();
+        let under = |leaf: &str, root: &str| {
+            leaf == root
+                || (leaf.starts_with(root)
+                    && matches!(leaf.as_bytes().get(root.len()), Some(b'.' | b'[')))
+        };
+        for root in &self.donate {
+            if !paths.iter().any(|leaf| under(leaf, root)) {
+                return Err(Error::InvalidArgument {
+                    op: "donate".into(),
+                    detail: format!(
+                        "no argument leaf at `{root}`; the leaves are {}",
+                        paths.join(", ")
+                    ),
+                });
+            }
+        }
+        Ok(paths
+            .iter()
+            .map(|leaf| self.donate.iter().any(|root| under(leaf, root)))
+            .collect())
+    }
+
+    /// Runs `entry` on the leaves, which it consumes: once uploaded, the
+    /// leaves are dropped, so a donated buffer nothing else holds can be
+    /// written in place.
+    fn run(&self, entry: &Entry, leaves: Vec<Array>, shapes: &[&[usize]]) -> Result<Out> {
+        let mut inputs: Vec<B::Buffer> = Vec::with_capacity(leaves.len());
+        for leaf in &leaves {
             let data = leaf.value().ok_or_else(|| Error::ReadTracer {
                 aval: leaf.aval().to_string(),
             })?;
             inputs.push(self.backend.upload(data)?);
         }
+        drop(leaves);
         let resolved = entry.exe.resolve_shapes(shapes)?;
-        let outputs = self.backend.run(&entry.exe, &inputs, &resolved)?;
+        let outputs = self.backend.run(&entry.exe, inputs, &resolved)?;
         let graph = entry.exe.graph();
         let arrays = outputs
             .into_iter()
@@ -776,6 +948,7 @@ fn differences(before: &CacheKey, now: &CacheKey) -> Vec<MissReason> {
 
 #[allow(clippy::too_many_arguments)]
 fn build_report(
+    shapes: &[Vec<usize>],
     entry: usize,
     shapeless: bool,
     input_tree: &TreeDef,
@@ -792,6 +965,46 @@ fn build_report(
             .map_or_else(|| format!("leaf {i}"), arg_path)
     };
     let graph = exe.graph();
+    let plan = exe.plan();
+    let mut decisions: Vec<Option<ReinplaceDecision>> = vec![None; graph.nodes.len()];
+    for decision in plan.decisions() {
+        decisions[decision.node] = Some(decision.clone());
+    }
+    let slot_bytes = plan.slot_bytes(graph, shapes, DType::size_bytes);
+    let plan_report = PlanReport {
+        slots: (0..plan.num_slots())
+            .map(|slot| SlotReport {
+                slot,
+                bytes: slot_bytes[slot],
+                bytes_expr: plan.slot_bytes_expr(graph, slot),
+                values: plan
+                    .slot_values(slot)
+                    .iter()
+                    .map(|&value| {
+                        let life = plan.lifetime(value);
+                        SlotValue {
+                            value,
+                            def: life.def,
+                            last: life.last,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect(),
+        memory: plan.memory(graph, shapes),
+        donated: plan
+            .donated()
+            .iter()
+            .enumerate()
+            .filter(|(_, &d)| d)
+            .map(|(i, _)| leaf_name(i))
+            .collect(),
+        reinplaced: plan
+            .decisions()
+            .iter()
+            .filter(|d| d.target().is_some())
+            .count(),
+    };
     Report {
         entry,
         shapeless,
@@ -811,6 +1024,12 @@ fn build_report(
                 },
                 inputs: node.inputs.to_vec(),
                 aval: node.aval.to_string(),
+                home: match plan.home(id) {
+                    Home::Slot(s) => format!("slot {s}"),
+                    Home::Input(i) => leaf_name(i),
+                    Home::Constant => "constant".to_string(),
+                },
+                reinplace: decisions[id].take(),
             })
             .collect(),
         outputs: graph.outputs.clone(),
@@ -824,5 +1043,6 @@ fn build_report(
             .iter()
             .map(|(s, src)| format!("{s} = {}.shape[{}]", leaf_name(src.leaf), src.axis))
             .collect(),
+        plan: plan_report,
     }
 }

@@ -72,6 +72,33 @@ host_element!(bool, Bool);
 host_element!(u8, U8);
 
 impl HostData {
+    /// Overwrites the elements with `src`'s, keeping this buffer; `Err`
+    /// describes a dtype or length mismatch.
+    pub fn copy_from(&mut self, src: &HostData) -> Result<(), String> {
+        let (len, dtype) = (self.len(), self.dtype());
+        let mismatch = || {
+            format!(
+                "cannot copy {} {} elements into {len} {dtype} elements",
+                src.len(),
+                src.dtype(),
+            )
+        };
+        if self.len() != src.len() {
+            return Err(mismatch());
+        }
+        match (&mut *self, src) {
+            (HostData::F32(d), HostData::F32(s)) => d.copy_from_slice(s),
+            (HostData::F16(d), HostData::F16(s)) => d.copy_from_slice(s),
+            (HostData::BF16(d), HostData::BF16(s)) => d.copy_from_slice(s),
+            (HostData::I32(d), HostData::I32(s)) => d.copy_from_slice(s),
+            (HostData::U32(d), HostData::U32(s)) => d.copy_from_slice(s),
+            (HostData::Bool(d), HostData::Bool(s)) => d.copy_from_slice(s),
+            (HostData::U8(d), HostData::U8(s)) => d.copy_from_slice(s),
+            _ => return Err(mismatch()),
+        }
+        Ok(())
+    }
+
     /// The dtype of the elements.
     pub fn dtype(&self) -> DType {
         match self {

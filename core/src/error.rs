@@ -86,6 +86,13 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// A buffer plan broke an invariant (a bug in the planner, caught by
+    /// the verifier or by an executor replaying the plan).
+    #[error("invalid buffer plan: {detail}")]
+    InvalidPlan {
+        /// What the verifier or executor found.
+        detail: String,
+    },
     /// A backend failed.
     #[error("backend `{backend}`: {detail}")]
     Backend {

@@ -70,7 +70,7 @@ pub fn eval(arrays: &[Array]) -> Result<()> {
         Some(exe) => exe,
         None => {
             let (optimized, _) = optimize(&graph, Passes::default())?;
-            let exe = Arc::new(Executable::new(optimized, Vec::new()));
+            let exe = Arc::new(Executable::new(optimized, Vec::new(), &[], &[])?);
             let mut cache = cache().lock().unwrap_or_else(|p| p.into_inner());
             if cache.executables.len() >= EVAL_CACHE_CAPACITY {
                 cache.executables.clear();
@@ -83,7 +83,7 @@ pub fn eval(arrays: &[Array]) -> Result<()> {
     // Eager graphs are built from computed arrays, so every shape is known
     // and the executable resolves them without the arguments' shapes.
     let shapes = exe.resolve_shapes(&[])?;
-    let outputs = CpuBackend.run(&exe, &inputs, &shapes)?;
+    let outputs = CpuBackend.run(&exe, inputs, &shapes)?;
     for (array, value) in pending.iter().zip(outputs) {
         array.set_value(value);
     }

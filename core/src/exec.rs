@@ -5,6 +5,7 @@ use crate::data::HostData;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, ValueKind};
 use crate::ops::Condition;
+use crate::plan::{Home, Plan};
 use crate::shape::{Shape, Symbol};
 use smallvec::SmallVec;
 use std::borrow::Cow;
@@ -20,22 +21,33 @@ pub struct SymbolSource {
 }
 
 /// A compiled graph ready to run: the optimized graph in schedule order,
-/// when each value is last read, and how to find concrete shapes.
+/// when each value is last read, how to find concrete shapes, and the
+/// buffer plan every backend runs through.
 #[derive(Debug)]
 pub struct Executable {
     graph: Graph,
     last_use: Vec<usize>,
     known_shapes: Option<Vec<Vec<usize>>>,
     symbols: Vec<(Symbol, SymbolSource)>,
+    plan: Plan,
 }
 
 /// Marks values read by nobody later (graph outputs live to the end).
 const LIVE_TO_END: usize = usize::MAX;
 
 impl Executable {
-    /// Builds an executable from an optimized graph; `symbols` tells where
-    /// each symbol of a shapeless graph is read from.
-    pub fn new(graph: Graph, symbols: Vec<(Symbol, SymbolSource)>) -> Executable {
+    /// Builds an executable from an optimized graph and plans its buffers.
+    /// `symbols` tells where each symbol of a shapeless graph is read from;
+    /// `donated[i]` whether argument leaf `i` may be overwritten; and
+    /// `input_shapes` are the traced call's argument shapes, which stand in
+    /// for every call's when the plan orders its packing. In debug builds
+    /// the plan is checked by the independent verifier.
+    pub fn new(
+        graph: Graph,
+        symbols: Vec<(Symbol, SymbolSource)>,
+        donated: &[bool],
+        input_shapes: &[&[usize]],
+    ) -> Result<Executable> {
         let mut last_use = vec![0; graph.nodes.len()];
         for (i, node) in graph.nodes.iter().enumerate() {
             for &j in &node.inputs {
@@ -50,12 +62,56 @@ impl Executable {
             .iter()
             .map(|n| n.aval.shape.as_known())
             .collect();
-        Executable {
+        let mut exe = Executable {
             graph,
             last_use,
             known_shapes,
             symbols,
+            plan: Plan::default(),
+        };
+        let shapes = exe.representative_shapes(input_shapes);
+        exe.plan = Plan::build(&exe.graph, donated, &shapes);
+        if cfg!(debug_assertions) {
+            exe.plan
+                .verify(&exe.graph, &shapes)
+                .map_err(|violation| Error::InvalidPlan {
+                    detail: violation.to_string(),
+                })?;
         }
+        Ok(exe)
+    }
+
+    /// Every value's shape with symbols bound to `input_shapes`, without
+    /// checking guards (a shapeless trace may be rejected for the very call
+    /// that traced it); a dim that does not evaluate counts as 0.
+    pub(crate) fn representative_shapes(&self, input_shapes: &[&[usize]]) -> Vec<Vec<usize>> {
+        if let Some(known) = &self.known_shapes {
+            return known.clone();
+        }
+        let bind = |s: Symbol| {
+            self.symbols
+                .iter()
+                .find(|(sym, _)| *sym == s)
+                .and_then(|(_, src)| input_shapes.get(src.leaf)?.get(src.axis))
+                .map(|&n| n as i64)
+        };
+        self.graph
+            .nodes
+            .iter()
+            .map(|node| {
+                node.aval
+                    .shape
+                    .dims()
+                    .iter()
+                    .map(|d| d.eval(&bind).unwrap_or(0))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The buffer plan: reinplace decisions, slots and lifetimes.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
     }
 
     /// The graph it runs.
@@ -184,37 +240,134 @@ pub trait Backend: Send + Sync + 'static {
     fn upload(&self, data: &Arc<HostData>) -> Result<Self::Buffer>;
     /// Copies a buffer back to the host.
     fn download(&self, buffer: Self::Buffer) -> Result<Arc<HostData>>;
-    /// Runs `exe` on argument buffers; `shapes` is the concrete shape of
-    /// every value of its graph, as [`Executable::resolve_shapes`] gives
-    /// them for this call.
+    /// Runs `exe` on argument buffers through its [`Plan`]; `shapes` is
+    /// the concrete shape of every value of its graph, as
+    /// [`Executable::resolve_shapes`] gives them for this call. The
+    /// buffers are given up: an argument the plan writes in place (a
+    /// donated one) may be reused when nothing else holds it.
     fn run(
         &self,
         exe: &Executable,
-        inputs: &[Self::Buffer],
+        inputs: Vec<Self::Buffer>,
         shapes: &[Vec<usize>],
     ) -> Result<Vec<Self::Buffer>>;
 }
 
-/// A value held by the CPU executor: shared with the caller (arguments,
-/// constants) or computed and owned by this run.
-enum CpuValue {
+/// An argument buffer of the CPU executor: still shared with the caller,
+/// or owned after the plan wrote a donated argument in place.
+enum CpuArgument {
     Shared(Arc<HostData>),
     Owned(HostData),
-}
-
-impl CpuValue {
-    fn data(&self) -> &HostData {
-        match self {
-            CpuValue::Shared(data) => data,
-            CpuValue::Owned(data) => data,
-        }
-    }
+    /// Taken out for an in-place write that is under way.
+    Taken,
 }
 
 /// The CPU executor: runs every step with the reference evaluation of its
-/// op. It is the embedded default device and the oracle for other backends.
+/// op, through the executable's plan: each computed value lives in its
+/// slot, and a reinplaced node writes into its operand's buffer. It is the
+/// embedded default device and the oracle for other backends.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend;
+
+/// The buffers of one CPU run: slots, then argument buffers, and which
+/// value each holds now (checked on every read, so a wrong plan is an
+/// `Err`, never a wrong answer).
+struct CpuBuffers {
+    slots: Vec<Option<HostData>>,
+    arguments: Vec<CpuArgument>,
+    holder: Vec<usize>,
+}
+
+/// Marks a buffer that holds no value yet.
+const EMPTY: usize = usize::MAX;
+
+impl CpuBuffers {
+    fn index(&self, home: Home) -> Option<usize> {
+        match home {
+            Home::Slot(s) => Some(s),
+            Home::Input(i) => Some(self.slots.len() + i),
+            Home::Constant => None,
+        }
+    }
+
+    fn check_holder(&self, step: usize, home: Home, value: usize) -> Result<()> {
+        let Some(b) = self.index(home) else {
+            return Ok(());
+        };
+        match self.holder.get(b) {
+            Some(&h) if h == value => Ok(()),
+            holds => Err(Error::InvalidPlan {
+                detail: format!(
+                    "step {step} reads %{value} from {home:?}, which holds {}",
+                    match holds {
+                        Some(&EMPTY) | None => "nothing".to_string(),
+                        Some(h) => format!("%{h}"),
+                    }
+                ),
+            }),
+        }
+    }
+
+    /// Value `v`'s data (it lives in `home`; constants in `graph`).
+    fn read<'a>(
+        &'a self,
+        graph: &'a Graph,
+        step: usize,
+        home: Home,
+        v: usize,
+    ) -> Result<&'a HostData> {
+        self.check_holder(step, home, v)?;
+        let missing = || Error::InvalidPlan {
+            detail: format!("step {step} reads %{v}, whose buffer is empty"),
+        };
+        match home {
+            Home::Slot(s) => self.slots[s].as_ref().ok_or_else(missing),
+            Home::Input(i) => match &self.arguments[i] {
+                CpuArgument::Shared(data) => Ok(data),
+                CpuArgument::Owned(data) => Ok(data),
+                CpuArgument::Taken => Err(missing()),
+            },
+            Home::Constant => match &graph.nodes[v].kind {
+                ValueKind::Constant(literal) => Ok(&literal.0),
+                _ => Err(missing()),
+            },
+        }
+    }
+
+    /// Takes value `v`'s buffer out to write it in place; a donated
+    /// argument still shared with someone else is copied first.
+    fn take(&mut self, step: usize, home: Home, v: usize) -> Result<HostData> {
+        self.check_holder(step, home, v)?;
+        let taken = match home {
+            Home::Slot(s) => self.slots[s].take(),
+            Home::Input(i) => match std::mem::replace(&mut self.arguments[i], CpuArgument::Taken) {
+                CpuArgument::Shared(data) => {
+                    Some(Arc::try_unwrap(data).unwrap_or_else(|shared| (*shared).clone()))
+                }
+                CpuArgument::Owned(data) => Some(data),
+                CpuArgument::Taken => None,
+            },
+            Home::Constant => None,
+        };
+        taken.ok_or_else(|| Error::InvalidPlan {
+            detail: format!("step {step} writes %{v}'s buffer in place, but it has none"),
+        })
+    }
+
+    /// Stores value `v`'s data in its home.
+    fn put(&mut self, home: Home, v: usize, data: HostData) -> Result<()> {
+        let b = self.index(home).ok_or_else(|| Error::InvalidPlan {
+            detail: format!("%{v} is computed but placed in a constant"),
+        })?;
+        match home {
+            Home::Slot(s) => self.slots[s] = Some(data),
+            Home::Input(i) => self.arguments[i] = CpuArgument::Owned(data),
+            Home::Constant => {}
+        }
+        self.holder[b] = v;
+        Ok(())
+    }
+}
 
 impl Backend for CpuBackend {
     type Buffer = Arc<HostData>;
@@ -234,10 +387,11 @@ impl Backend for CpuBackend {
     fn run(
         &self,
         exe: &Executable,
-        inputs: &[Arc<HostData>],
+        inputs: Vec<Arc<HostData>>,
         shapes: &[Vec<usize>],
     ) -> Result<Vec<Arc<HostData>>> {
         let graph = exe.graph();
+        let plan = exe.plan();
         if shapes.len() != graph.nodes.len() {
             return Err(Error::Backend {
                 backend: "cpu".into(),
@@ -248,53 +402,99 @@ impl Backend for CpuBackend {
                 ),
             });
         }
-        let released = |step: usize, j: usize| Error::Backend {
-            backend: "cpu".into(),
-            detail: format!("step {step} reads value {j}, which is not live"),
+        let num_buffers = plan.num_slots() + inputs.len();
+        let mut buffers = CpuBuffers {
+            slots: (0..plan.num_slots()).map(|_| None).collect(),
+            arguments: inputs.into_iter().map(CpuArgument::Shared).collect(),
+            holder: vec![EMPTY; num_buffers],
         };
-        let mut values: Vec<Option<CpuValue>> = Vec::with_capacity(graph.nodes.len());
         for (step, node) in graph.nodes.iter().enumerate() {
-            let value = match &node.kind {
+            let op = match &node.kind {
                 ValueKind::Input(i) => {
-                    CpuValue::Shared(inputs.get(*i).cloned().ok_or_else(|| Error::Backend {
-                        backend: "cpu".into(),
-                        detail: format!(
-                            "executable reads argument {i}, {} were given",
-                            inputs.len()
-                        ),
-                    })?)
+                    if *i >= buffers.arguments.len() {
+                        return Err(Error::Backend {
+                            backend: "cpu".into(),
+                            detail: format!(
+                                "executable reads argument {i}, {} were given",
+                                buffers.arguments.len()
+                            ),
+                        });
+                    }
+                    let b = plan.home(step);
+                    if let Some(b) = buffers.index(b) {
+                        buffers.holder[b] = step;
+                    }
+                    continue;
                 }
-                ValueKind::Constant(literal) => CpuValue::Shared(literal.0.clone()),
-                ValueKind::Op(op) => {
-                    let mut operands: SmallVec<[&HostData; 4]> =
-                        SmallVec::with_capacity(node.inputs.len());
-                    let mut operand_shapes: SmallVec<[&[usize]; 4]> =
+                ValueKind::Constant(_) => continue,
+                ValueKind::Op(op) => op,
+            };
+            let mut operand_shapes: SmallVec<[&[usize]; 4]> =
+                SmallVec::with_capacity(node.inputs.len());
+            for &j in &node.inputs {
+                operand_shapes.push(&shapes[j]);
+            }
+            let value = match plan.in_place_of(step) {
+                Some(target) => {
+                    let mut buffer = buffers.take(step, plan.home(target), target)?;
+                    let mut operands: SmallVec<[Option<&HostData>; 4]> =
                         SmallVec::with_capacity(node.inputs.len());
                     for &j in &node.inputs {
-                        operands.push(values[j].as_ref().ok_or_else(|| released(step, j))?.data());
-                        operand_shapes.push(&shapes[j]);
+                        operands.push(if j == target {
+                            None
+                        } else {
+                            Some(buffers.read(graph, step, plan.home(j), j)?)
+                        });
                     }
-                    CpuValue::Owned(op.eval(&operands, &operand_shapes, &shapes[step])?)
+                    op.eval_in_place(&operands, &operand_shapes, &shapes[step], &mut buffer)?;
+                    buffer
+                }
+                None => {
+                    let mut operands: SmallVec<[&HostData; 4]> =
+                        SmallVec::with_capacity(node.inputs.len());
+                    for &j in &node.inputs {
+                        operands.push(buffers.read(graph, step, plan.home(j), j)?);
+                    }
+                    op.eval(&operands, &operand_shapes, &shapes[step])?
                 }
             };
-            values.push(Some(value));
-            for &j in &node.inputs {
-                if exe.last_use(j) == step {
-                    values[j] = None;
-                }
-            }
+            buffers.put(plan.home(step), step, value)?;
         }
+        let end = graph.nodes.len();
+        let mut returned: Vec<Option<Arc<HostData>>> = vec![None; num_buffers];
         graph
             .outputs
             .iter()
             .map(|&o| {
-                // Share an owned output in place, so one returned twice is not copied.
-                let shared = match values[o].take() {
-                    Some(CpuValue::Owned(data)) => Arc::new(data),
-                    Some(CpuValue::Shared(data)) => data,
-                    None => return Err(released(graph.nodes.len(), o)),
+                let home = plan.home(o);
+                let Some(b) = buffers.index(home) else {
+                    return match &graph.nodes[o].kind {
+                        ValueKind::Constant(literal) => Ok(literal.0.clone()),
+                        _ => Err(Error::InvalidPlan {
+                            detail: format!("output %{o} is computed but placed in a constant"),
+                        }),
+                    };
                 };
-                values[o] = Some(CpuValue::Shared(shared.clone()));
+                buffers.check_holder(end, home, o)?;
+                // One buffer returned twice is shared, not copied.
+                if let Some(shared) = &returned[b] {
+                    return Ok(shared.clone());
+                }
+                let shared = match home {
+                    Home::Slot(s) => buffers.slots[s].take().map(Arc::new),
+                    Home::Input(i) => {
+                        match std::mem::replace(&mut buffers.arguments[i], CpuArgument::Taken) {
+                            CpuArgument::Shared(data) => Some(data),
+                            CpuArgument::Owned(data) => Some(Arc::new(data)),
+                            CpuArgument::Taken => None,
+                        }
+                    }
+                    Home::Constant => None,
+                }
+                .ok_or_else(|| Error::InvalidPlan {
+                    detail: format!("output %{o} has no buffer at the end of the run"),
+                })?;
+                returned[b] = Some(shared.clone());
                 Ok(shared)
             })
             .collect()

@@ -16,14 +16,15 @@ pub mod graph;
 pub mod hash;
 pub mod nn;
 pub mod ops;
+pub mod plan;
 pub mod random;
 pub mod shape;
 pub mod tree;
 
 pub use array::{concat, select, Array, Operand};
 pub use compile::{
-    compile, CacheInfo, CacheKey, CacheMiss, Compiled, LeafSignature, MissReason, Report,
-    ReportNode,
+    compile, CacheInfo, CacheKey, CacheMiss, Compiled, LeafSignature, MissReason, PlanReport,
+    Report, ReportNode, SlotReport, SlotValue,
 };
 pub use data::{HostData, HostElement};
 pub use dtype::{DType, Element};
@@ -35,6 +36,7 @@ pub use kiln_derive::Tree;
 pub use ops::{
     BinaryOp, Condition, CustomKernel, CustomOp, Guard, Op, ReduceOp, ShapeCx, SliceAxis, UnaryOp,
 };
+pub use plan::{Home, Plan, PlanMemory, Refusal, ReinplaceDecision};
 pub use shape::{Atom, Aval, Dim, Shape, SymExpr, Symbol};
 pub use tree::{
     tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten, DifferenceKind,

@@ -92,6 +92,11 @@ pub struct View {
     /// True when the view reads the buffer in order from element 0, so
     /// output element `i` is operand element `i`.
     pub contiguous: bool,
+    /// True when the operand shares the output's buffer (an in-place
+    /// kernel): it is read through the output binding, since one dispatch
+    /// cannot bind a buffer both read-only and read-write. Only contiguous
+    /// views of the output's dtype can share it.
+    pub aliases_output: bool,
 }
 
 impl View {
@@ -102,6 +107,7 @@ impl View {
             offset: 0,
             strides: row_major_strides(shape),
             contiguous: true,
+            aliases_output: false,
         }
     }
 
@@ -128,6 +134,7 @@ impl View {
             offset,
             strides,
             contiguous,
+            aliases_output: false,
         }
     }
 

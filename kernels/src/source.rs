@@ -91,11 +91,18 @@ impl ElementKernel<'_> {
             }
         }
         for (k, view) in self.views.iter().enumerate() {
-            source.push_str(&element::load_fn(
-                &format!("load_{k}"),
-                &format!("in_{k}"),
-                view.dtype,
-            ));
+            if view.aliases_output && !(view.contiguous && view.dtype == self.out_dtype) {
+                return Err(KernelError::Unsupported {
+                    op: format!("{} in place", self.op),
+                    dtypes: format!("a {} operand not laid out as the output", view.dtype),
+                });
+            }
+            let buffer = if view.aliases_output {
+                "out".to_string()
+            } else {
+                format!("in_{k}")
+            };
+            source.push_str(&element::load_fn(&format!("load_{k}"), &buffer, view.dtype));
             let index = if view.contiguous {
                 "i".to_string()
             } else {

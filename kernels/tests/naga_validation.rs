@@ -156,3 +156,30 @@ fn reductions_argmax_and_matmuls_validate_for_every_dtype_they_support() {
         }
     }
 }
+#[test]
+fn an_operand_sharing_the_output_buffer_is_read_through_the_output_binding() {
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::U8] {
+        let shared = View {
+            aliases_output: true,
+            ..View::contiguous(dtype, &[5])
+        };
+        let other = View::contiguous(dtype, &[5]);
+        let spec = elementwise(
+            &Op::Binary(BinaryOp::Maximum),
+            &[shared, other],
+            &[5],
+            dtype,
+        )
+        .unwrap();
+        assert_valid("in-place maximum", &spec);
+        let load = spec.source.split("fn load_0").nth(1).unwrap();
+        let load = &load[..load.find('}').unwrap()];
+        assert!(load.contains("out[") && !load.contains("in_0"), "{load}");
+    }
+    let broadcast = View {
+        aliases_output: true,
+        ..View::broadcast(DType::F32, &[1], &[5])
+    };
+    let err = elementwise(&Op::Unary(UnaryOp::Exp), &[broadcast], &[5], DType::F32).unwrap_err();
+    assert!(err.to_string().contains("in place"), "{err}");
+}

@@ -2,10 +2,11 @@
 //! shape rule and reference evaluation.
 
 use super::strided::{
-    broadcast_shapes, broadcast_zip, eval_dtype_err, nan_max, nan_min, narrow, widen, WrappingInt,
+    broadcast_shapes, broadcast_update, broadcast_zip, eval_dtype_err, nan_max, nan_min, narrow,
+    widen, HalfFloat, WrappingInt,
 };
 use super::ShapeCx;
-use crate::data::HostData;
+use crate::data::{HostData, HostElement};
 use crate::error::{dtype_err, require_float, require_same_dtype, Result};
 use crate::shape::Aval;
 use crate::DType;
@@ -197,6 +198,136 @@ macro_rules! with_f32_arithmetic {
             }
         }
     };
+}
+
+/// Evaluates in place into `target`, the buffer of the operand at each
+/// position where `operands` holds `None` (both for `x op x`); it has the
+/// output's shape and dtype, so a comparison runs in place only on bools.
+/// Gives the same bits as [`eval`].
+pub fn eval_in_place(
+    op: BinaryOp,
+    operands: [Option<&HostData>; 2],
+    shapes: [&[usize]; 2],
+    out_shape: &[usize],
+    target: &mut HostData,
+) -> Result<()> {
+    let (other, other_shape, target_is_lhs) = match operands {
+        [None, other] => (other, shapes[1], true),
+        [other, None] => (other, shapes[0], false),
+        _ => {
+            return Err(crate::error::arg_err(
+                op.name(),
+                "in-place evaluation needs an operand to write into",
+            ))
+        }
+    };
+    let target_dtype = target.dtype();
+    let unsupported = || {
+        let other_dtype = other.map_or(target_dtype, HostData::dtype);
+        eval_dtype_err(
+            op.name(),
+            &[target_dtype, other_dtype],
+            "unsupported in-place operand dtypes",
+        )
+    };
+    let update = InPlace {
+        other_shape,
+        out_shape,
+        target_is_lhs,
+    };
+    match target {
+        HostData::F32(t) if !op.is_comparison() => {
+            let o = update.other(other).ok_or_else(unsupported)?;
+            with_f32_arithmetic!(op, f => update.run(t, o, f));
+        }
+        HostData::F16(t) if !op.is_comparison() => {
+            let o = update.other(other).ok_or_else(unsupported)?;
+            update.half(op, t, o);
+        }
+        HostData::BF16(t) if !op.is_comparison() => {
+            let o = update.other(other).ok_or_else(unsupported)?;
+            update.half(op, t, o);
+        }
+        HostData::I32(t) => {
+            let o = update.other(other).ok_or_else(unsupported)?;
+            update.int(op, t, o).ok_or_else(unsupported)?;
+        }
+        HostData::U32(t) => {
+            let o = update.other(other).ok_or_else(unsupported)?;
+            update.int(op, t, o).ok_or_else(unsupported)?;
+        }
+        HostData::U8(t) => {
+            let o = update.other(other).ok_or_else(unsupported)?;
+            update.int(op, t, o).ok_or_else(unsupported)?;
+        }
+        HostData::Bool(t) => {
+            let o = update.other(other).ok_or_else(unsupported)?;
+            match op {
+                BinaryOp::Maximum => update.run(t, o, |p, q| p | q),
+                BinaryOp::Minimum => update.run(t, o, |p, q| p & q),
+                BinaryOp::Eq => update.run(t, o, |p, q| p == q),
+                BinaryOp::Ne => update.run(t, o, |p, q| p != q),
+                BinaryOp::Lt => update.run(t, o, |p, q| !p & q),
+                BinaryOp::Le => update.run(t, o, |p, q| !p | q),
+                BinaryOp::Gt => update.run(t, o, |p, q| p & !q),
+                BinaryOp::Ge => update.run(t, o, |p, q| p | !q),
+                _ => return Err(unsupported()),
+            }
+        }
+        _ => return Err(unsupported()),
+    }
+    Ok(())
+}
+
+/// The shapes of one in-place evaluation and which side the target is on.
+struct InPlace<'s> {
+    other_shape: &'s [usize],
+    out_shape: &'s [usize],
+    target_is_lhs: bool,
+}
+
+impl InPlace<'_> {
+    /// The other operand typed like the target: `Some(None)` when the
+    /// target is both operands, `None` when the dtypes differ.
+    fn other<'a, T: HostElement>(&self, other: Option<&'a HostData>) -> Option<Option<&'a [T]>> {
+        match other {
+            None => Some(None),
+            Some(data) => T::slice(data).map(Some),
+        }
+    }
+
+    /// `target = f(target, other)` (or `f(other, target)`), broadcasting.
+    fn run<T: Copy>(&self, target: &mut [T], other: Option<&[T]>, f: impl Fn(T, T) -> T) {
+        let other = other.map(|o| (o, self.other_shape));
+        if self.target_is_lhs {
+            broadcast_update(target, other, self.out_shape, f);
+        } else {
+            broadcast_update(target, other, self.out_shape, |t, o| f(o, t));
+        }
+    }
+
+    fn half<H: HalfFloat>(&self, op: BinaryOp, target: &mut [H], other: Option<&[H]>) {
+        with_f32_arithmetic!(op, f => self.run(target, other, |x: H, y: H| H::narrow(f(x.widen(), y.widen()))))
+    }
+
+    /// `None` for pow and comparisons, which integers do not support in place.
+    fn int<T: WrappingInt>(
+        &self,
+        op: BinaryOp,
+        target: &mut [T],
+        other: Option<&[T]>,
+    ) -> Option<()> {
+        match op {
+            BinaryOp::Add => self.run(target, other, T::add),
+            BinaryOp::Sub => self.run(target, other, T::sub),
+            BinaryOp::Mul => self.run(target, other, T::mul),
+            BinaryOp::Div => self.run(target, other, T::div),
+            BinaryOp::Maximum => self.run(target, other, Ord::max),
+            BinaryOp::Minimum => self.run(target, other, Ord::min),
+            _ => return None,
+        }
+        Some(())
+    }
 }
 
 /// One operand of a fused tile: a run of elements or a broadcast scalar.

@@ -249,6 +249,41 @@ pub fn eval(
 enum Source<'a> {
     Full(&'a [f32]),
     Scalar(f32),
+    /// The output buffer itself, which the group writes in place.
+    Aliased,
+}
+
+/// Evaluates the group into `target`, the buffer of the external operand
+/// at each position where `inputs` holds `None` (it has the output's shape
+/// and dtype). Returns `false`, touching nothing, when the group does not
+/// take the tiled f32 path; the caller then evaluates and copies.
+pub fn eval_in_place(
+    kernel: &FusedKernel,
+    inputs: &[Option<&HostData>],
+    out_shape: &[usize],
+    target: &mut HostData,
+) -> bool {
+    if kernel.program.is_none() || inputs.len() != kernel.num_inputs {
+        return false;
+    }
+    let HostData::F32(out) = target else {
+        return false;
+    };
+    let n = numel(out_shape);
+    if out.len() != n {
+        return false;
+    }
+    let mut sources: SmallVec<[Source<'_>; 8]> = SmallVec::with_capacity(inputs.len());
+    for input in inputs {
+        sources.push(match input {
+            None => Source::Aliased,
+            Some(HostData::F32(v)) if v.len() == n => Source::Full(v),
+            Some(HostData::F32(v)) if v.len() == 1 => Source::Scalar(v[0]),
+            Some(_) => return false,
+        });
+    }
+    run_split(kernel, &sources, out);
+    true
 }
 
 /// The tiled path, when every step is f32 arithmetic and every operand is
@@ -366,9 +401,17 @@ fn run_tiles_portable(
     };
     let n = out.len();
     let tile = TILE.min(n.max(1));
-    let mut registers = take_registers(kernel.num_registers * tile);
+    // An aliased operand is copied tile by tile into one extra register
+    // before the tile's steps run, since the last step overwrites it.
+    let aliased = sources.iter().any(|s| matches!(s, Source::Aliased));
+    let alias_register = kernel.num_registers;
+    let mut registers = take_registers((kernel.num_registers + usize::from(aliased)) * tile);
     for start in (0..n).step_by(tile) {
         let len = tile.min(n - start);
+        if aliased {
+            let at = alias_register * tile;
+            registers[at..at + len].copy_from_slice(&out[start..start + len]);
+        }
         for step in program {
             let dst_register = match *step {
                 TileStep::Unary(_, _, dst) | TileStep::Binary(_, _, _, dst) => dst,
@@ -384,18 +427,21 @@ fn run_tiles_portable(
                 None => (&registers[..], &mut out[start..start + len], &[]),
             };
             let below = dst_register.unwrap_or(usize::MAX);
+            let register = |r: usize| {
+                if r < below {
+                    Lane::Run(&before[r * tile..r * tile + len])
+                } else {
+                    let at = (r - below - 1) * tile;
+                    Lane::Run(&after[at..at + len])
+                }
+            };
             let lane = |src: TileSource| match src {
                 TileSource::Input(k) => match sources[k] {
                     Source::Full(v) => Lane::Run(&v[offset + start..offset + start + len]),
                     Source::Scalar(x) => Lane::Splat(x),
+                    Source::Aliased => register(alias_register),
                 },
-                TileSource::Register(r) if r < below => {
-                    Lane::Run(&before[r * tile..r * tile + len])
-                }
-                TileSource::Register(r) => {
-                    let at = (r - below - 1) * tile;
-                    Lane::Run(&after[at..at + len])
-                }
+                TileSource::Register(r) => register(r),
             };
             match *step {
                 TileStep::Unary(u, a, _) => match lane(a) {

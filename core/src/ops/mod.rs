@@ -17,6 +17,7 @@ use crate::error::Result;
 use crate::shape::{Aval, Dim, Shape};
 use crate::DType;
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -272,6 +273,53 @@ impl Op {
             Op::Fused(k) => fused::eval(k, inputs, in_shapes, out_shape),
             Op::Custom(c) => c.0.eval(inputs, in_shapes, out_shape),
         }
+    }
+
+    /// Evaluates an elementwise op into `target`: the buffer of the operand
+    /// at every position where `inputs` holds `None`, which has the
+    /// output's shape and dtype (a reinplaced node). Unary, binary and
+    /// tiled fused f32 groups update it element by element; the other
+    /// elementwise ops evaluate and copy into it. Same bits as [`Op::eval`].
+    pub fn eval_in_place(
+        &self,
+        inputs: &[Option<&HostData>],
+        in_shapes: &[&[usize]],
+        out_shape: &[usize],
+        target: &mut HostData,
+    ) -> Result<()> {
+        self.check_arity(inputs.len())?;
+        let numel: usize = out_shape.iter().product();
+        if !self.is_elementwise() || in_shapes.len() != inputs.len() || target.len() != numel {
+            return Err(crate::error::arg_err(
+                self.name(),
+                format!(
+                    "cannot run in place into {} elements for output shape {out_shape:?}",
+                    target.len()
+                ),
+            ));
+        }
+        match self {
+            Op::Unary(u) => return unary::eval_in_place(*u, target),
+            Op::Binary(b) => {
+                return binary::eval_in_place(
+                    *b,
+                    [inputs[0], inputs[1]],
+                    [in_shapes[0], in_shapes[1]],
+                    out_shape,
+                    target,
+                )
+            }
+            Op::Fused(k) if fused::eval_in_place(k, inputs, out_shape, target) => return Ok(()),
+            _ => {}
+        }
+        let result = {
+            let operands: SmallVec<[&HostData; 4]> =
+                inputs.iter().map(|i| i.unwrap_or(&*target)).collect();
+            self.eval(&operands, in_shapes, out_shape)?
+        };
+        target.copy_from(&result).map_err(|detail| {
+            crate::error::arg_err(self.name(), format!("in-place result: {detail}"))
+        })
     }
 }
 

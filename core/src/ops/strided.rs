@@ -127,6 +127,35 @@ pub(crate) fn broadcast_zip<A: Copy, B: Copy, R>(
     }
 }
 
+/// `target[i] = f(target[i], o)` for every element, where `o` is the
+/// element of `other` (a contiguous operand of the given shape, broadcast
+/// to `out_shape`) at the same position, or `target[i]` itself when
+/// `other` is `None`. `target` has `out_shape`; elements are read before
+/// they are written, so this is an in-place elementwise evaluation.
+pub(crate) fn broadcast_update<T: Copy>(
+    target: &mut [T],
+    other: Option<(&[T], &[usize])>,
+    out_shape: &[usize],
+    f: impl Fn(T, T) -> T,
+) {
+    match other {
+        None => target.iter_mut().for_each(|x| *x = f(*x, *x)),
+        Some((o, _)) if o.len() == target.len() => {
+            for (x, &y) in target.iter_mut().zip(o) {
+                *x = f(*x, y);
+            }
+        }
+        Some((&[y], _)) => target.iter_mut().for_each(|x| *x = f(*x, y)),
+        Some((o, shape)) => {
+            let own = row_major_strides(out_shape);
+            let broadcast = broadcast_strides(shape, out_shape);
+            for_each_offset(out_shape, [&own, &broadcast], |[i, j]| {
+                target[i] = f(target[i], o[j]);
+            });
+        }
+    }
+}
+
 /// NumPy broadcasting of the operands' shapes for `op`; every dim pair goes
 /// through [`ShapeCx::broadcast`], so symbolic pairs record guards.
 pub(crate) fn broadcast_shapes(op: &str, avals: &[&Aval], cx: &mut ShapeCx) -> Result<Shape> {

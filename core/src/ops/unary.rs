@@ -1,6 +1,6 @@
 //! Elementwise one-operand math: shape rule and reference evaluation.
 
-use super::strided::{eval_dtype_err, narrow, widen};
+use super::strided::{eval_dtype_err, narrow, widen, HalfFloat};
 use crate::data::HostData;
 use crate::error::{dtype_err, require_float, Result};
 use crate::shape::Aval;
@@ -223,6 +223,36 @@ pub(crate) fn float_map_into(op: UnaryOp, src: &[f32], dst: &mut [f32]) {
             dst[i] = f(src[i]);
         }
     })
+}
+
+/// Evaluates in place: each element of `data` is replaced by the op's
+/// value of it, with the same bits as [`eval`].
+pub fn eval_in_place(op: UnaryOp, data: &mut HostData) -> Result<()> {
+    if !op.accepts(data.dtype()) || data.dtype() == DType::Bool {
+        return Err(eval_dtype_err(
+            op.name(),
+            &[data.dtype()],
+            "unsupported dtype",
+        ));
+    }
+    match data {
+        HostData::F32(v) => with_f32_unary!(op, f => v.iter_mut().for_each(|x| *x = f(*x))),
+        HostData::F16(v) => map_half_in_place(op, v),
+        HostData::BF16(v) => map_half_in_place(op, v),
+        HostData::I32(v) => match op {
+            UnaryOp::Neg => v.iter_mut().for_each(|x| *x = x.wrapping_neg()),
+            UnaryOp::Abs => v.iter_mut().for_each(|x| *x = x.wrapping_abs()),
+            _ => v.iter_mut().for_each(|x| *x = (*x).max(0)),
+        },
+        // abs and relu are the identity on unsigned types.
+        HostData::U32(_) | HostData::U8(_) | HostData::Bool(_) => {}
+    }
+    Ok(())
+}
+
+/// The op through f32 on 16-bit floats, rounding once per element.
+fn map_half_in_place<H: HalfFloat>(op: UnaryOp, v: &mut [H]) {
+    with_f32_unary!(op, f => v.iter_mut().for_each(|x| *x = H::narrow(f(x.widen()))))
 }
 
 #[cfg(test)]
