@@ -1,0 +1,459 @@
+//! The conformance suite, generic over [`Backend`]: every op family on
+//! f32/f16/bf16 (and the integer and bool dtypes where the op takes them),
+//! over shapes with size-0 and size-1 dims, broadcasting, transposed
+//! operands, sizes that are no multiple of a workgroup and dispatches of
+//! more than 65,535 workgroups. Each case runs fused and unfused and is
+//! compared with the CPU executor under per-dtype tolerances.
+//!
+//! The CPU executor runs the suite against itself (fused against unfused
+//! reference), and the wgpu backend runs it on the default adapter
+//! (lavapipe in CI, where `KILN_REQUIRE_GPU` makes a missing adapter fail).
+
+use kiln::{concat, Array, Backend, CpuBackend, DType, HostData};
+use kiln_tests::conformance::{check_against_cpu, Program};
+
+/// One case: a name, a program and its inputs.
+struct Case {
+    name: String,
+    program: Program,
+    inputs: Vec<Array>,
+}
+
+fn case(name: impl Into<String>, program: Program, inputs: Vec<Array>) -> Case {
+    Case {
+        name: name.into(),
+        program,
+        inputs,
+    }
+}
+
+/// Deterministic values of `dtype`: floats in [-2, 2) with a few exact
+/// zeros, i32 in [-50, 50), u32 and u8 in [0, 100), alternating bools.
+fn values(dtype: DType, shape: &[usize], seed: u64) -> Array {
+    let n: usize = shape.iter().product();
+    let mut state = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+    let raw: Vec<f64> = (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((state >> 33) % 1000) as f64 / 1000.0
+        })
+        .collect();
+    let data = match dtype {
+        d if d.is_float() => HostData::from_f64s(d, raw.iter().map(|&r| (r * 4.0 - 2.0) * 1.0)),
+        DType::I32 => HostData::from_f64s(dtype, raw.iter().map(|&r| (r * 100.0).floor() - 50.0)),
+        DType::Bool => HostData::Bool(raw.iter().map(|&r| r > 0.5).collect()),
+        d => HostData::from_f64s(d, raw.iter().map(|&r| (r * 100.0).floor())),
+    };
+    Array::from_data(data, shape).expect("shape fits the data")
+}
+
+const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+const NUMERIC: [DType; 6] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::I32,
+    DType::U32,
+    DType::U8,
+];
+
+fn unary_cases(cases: &mut Vec<Case>) {
+    let float_ops: [(&str, Program); 12] = [
+        ("neg", |a| vec![a[0].neg()]),
+        ("abs", |a| vec![a[0].abs()]),
+        ("exp", |a| vec![a[0].exp()]),
+        ("log", |a| vec![(a[0].abs() + 0.25).log()]),
+        ("sin", |a| vec![a[0].sin()]),
+        ("cos", |a| vec![a[0].cos()]),
+        ("tanh", |a| vec![(&a[0] * 10.0).tanh()]),
+        ("sqrt", |a| vec![a[0].abs().sqrt()]),
+        ("rsqrt", |a| vec![(a[0].abs() + 0.25).rsqrt()]),
+        ("sigmoid", |a| vec![(&a[0] * 8.0).sigmoid()]),
+        ("relu", |a| vec![a[0].relu()]),
+        ("erf", |a| vec![a[0].erf()]),
+    ];
+    for dtype in FLOATS {
+        for (name, program) in float_ops {
+            cases.push(case(
+                format!("{name} {dtype} [3,5]"),
+                program,
+                vec![values(dtype, &[3, 5], 1)],
+            ));
+        }
+    }
+    for dtype in [DType::I32, DType::U32, DType::U8] {
+        cases.push(case(
+            format!("abs, relu {dtype}"),
+            |a| vec![a[0].abs(), a[0].relu()],
+            vec![values(dtype, &[17], 2)],
+        ));
+    }
+    cases.push(case(
+        "neg i32 wraps",
+        |a| vec![a[0].neg(), a[0].abs()],
+        vec![Array::from_vec(vec![i32::MIN, -3, 0, 9], &[4]).expect("4 values")],
+    ));
+}
+
+fn binary_cases(cases: &mut Vec<Case>) {
+    let arithmetic: [(&str, Program); 6] = [
+        ("add", |a| vec![&a[0] + &a[1]]),
+        ("sub", |a| vec![&a[0] - &a[1]]),
+        ("mul", |a| vec![&a[0] * &a[1]]),
+        ("div", |a| vec![&a[0] / &a[1]]),
+        ("maximum", |a| vec![a[0].maximum(&a[1])]),
+        ("minimum", |a| vec![a[0].minimum(&a[1])]),
+    ];
+    for dtype in NUMERIC {
+        for (name, program) in arithmetic {
+            cases.push(case(
+                format!("{name} {dtype} broadcast [3,1,5] with [4,5]"),
+                program,
+                vec![values(dtype, &[3, 1, 5], 3), values(dtype, &[4, 5], 4)],
+            ));
+        }
+    }
+    for dtype in FLOATS {
+        cases.push(case(
+            format!("pow {dtype}"),
+            |a| vec![a[0].abs().pow(&a[1]), a[0].pow(2.0), a[0].pow(&a[1])],
+            vec![values(dtype, &[6, 7], 5), values(dtype, &[6, 7], 6)],
+        ));
+    }
+    let comparisons: Program = |a| {
+        vec![
+            a[0].equal(&a[1]),
+            a[0].not_equal(&a[1]),
+            a[0].less(&a[1]),
+            a[0].less_equal(&a[1]),
+            a[0].greater(&a[1]),
+            a[0].greater_equal(&a[1]),
+        ]
+    };
+    for dtype in kiln::DType::ALL {
+        cases.push(case(
+            format!("comparisons {dtype} broadcast [2,1] with [9]"),
+            comparisons,
+            vec![values(dtype, &[2, 1], 7), values(dtype, &[9], 8)],
+        ));
+    }
+    cases.push(case(
+        "bool maximum is or, minimum is and",
+        |a| vec![a[0].maximum(&a[1]), a[0].minimum(&a[1])],
+        vec![
+            values(DType::Bool, &[13], 9),
+            values(DType::Bool, &[13], 10),
+        ],
+    ));
+    cases.push(case(
+        "integer division by zero is zero and wrapping",
+        |a| vec![&a[0] / &a[1], &a[0] * &a[0], &a[0] + &a[0]],
+        vec![
+            Array::from_vec(vec![7, -7, i32::MIN, i32::MAX, 5], &[5]).expect("5 values"),
+            Array::from_vec(vec![0, 2, -1, 0, -2], &[5]).expect("5 values"),
+        ],
+    ));
+    cases.push(case(
+        "maximum and minimum propagate NaN",
+        |a| vec![a[0].maximum(&a[1]), a[0].minimum(&a[1])],
+        vec![
+            Array::from_vec(vec![f32::NAN, 1.0, 2.0, f32::NAN], &[4]).expect("4 values"),
+            Array::from_vec(vec![0.0, f32::NAN, 1.0, f32::NAN], &[4]).expect("4 values"),
+        ],
+    ));
+    cases.push(case(
+        "transposed operands",
+        |a| vec![a[0].transpose() * &a[1] + a[1].transpose().transpose()],
+        vec![
+            values(DType::F32, &[5, 3], 11),
+            values(DType::F32, &[3, 5], 12),
+        ],
+    ));
+}
+
+fn select_and_cast_cases(cases: &mut Vec<Case>) {
+    for dtype in kiln::DType::ALL {
+        cases.push(case(
+            format!("where {dtype} broadcasting all three"),
+            |a| vec![kiln::select(&a[0], &a[1], &a[2])],
+            vec![
+                values(DType::Bool, &[4, 1], 13),
+                values(dtype, &[1, 6], 14),
+                values(dtype, &[4, 6], 15),
+            ],
+        ));
+    }
+    let special = Array::from_vec(
+        vec![
+            0.0f32,
+            -0.0,
+            1.5,
+            -1.5,
+            2.7,
+            -2.7,
+            255.9,
+            300.0,
+            -300.0,
+            1e10,
+            -1e10,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            65504.0,
+            1e-3,
+        ],
+        &[16],
+    )
+    .expect("16 values");
+    let casts: [(DType, Program); 7] = [
+        (DType::F32, |a| vec![a[0].cast(DType::F32)]),
+        (DType::F16, |a| vec![a[0].cast(DType::F16)]),
+        (DType::BF16, |a| vec![a[0].cast(DType::BF16)]),
+        (DType::I32, |a| vec![a[0].cast(DType::I32)]),
+        (DType::U32, |a| vec![a[0].cast(DType::U32)]),
+        (DType::Bool, |a| vec![a[0].cast(DType::Bool)]),
+        (DType::U8, |a| vec![a[0].cast(DType::U8)]),
+    ];
+    for from in kiln::DType::ALL {
+        let input = if from == DType::F32 {
+            special.clone()
+        } else {
+            values(from, &[16], 16)
+        };
+        for (to, program) in casts {
+            cases.push(case(
+                format!("cast {from} to {to}"),
+                program,
+                vec![input.clone()],
+            ));
+        }
+    }
+    cases.push(case(
+        "casts between integer types saturate",
+        |a| {
+            vec![
+                a[0].cast(DType::U8),
+                a[0].cast(DType::U32),
+                a[0].cast(DType::F16),
+            ]
+        },
+        vec![Array::from_vec(vec![-5, 0, 200, 300, i32::MAX], &[5]).expect("5 values")],
+    ));
+}
+
+fn reduction_cases(cases: &mut Vec<Case>) {
+    let reductions: [(&str, Program); 8] = [
+        ("sum axis 0", |a| vec![a[0].sum(&[0], false)]),
+        ("sum axes 0,2 keepdims", |a| vec![a[0].sum(&[0, 2], true)]),
+        ("sum all", |a| vec![a[0].sum_all()]),
+        ("max axis 1", |a| vec![a[0].max(&[1], false)]),
+        ("max axis 2 keepdims", |a| vec![a[0].max(&[2], true)]),
+        ("min axes 1,2", |a| vec![a[0].min(&[1, 2], false)]),
+        ("argmax axis 1", |a| vec![a[0].argmax(1, false)]),
+        ("argmax axis 2 keepdims", |a| vec![a[0].argmax(2, true)]),
+    ];
+    for dtype in NUMERIC {
+        for (name, program) in reductions {
+            cases.push(case(
+                format!("{name} {dtype} [3,70,5]"),
+                program,
+                vec![values(dtype, &[3, 70, 5], 17)],
+            ));
+        }
+    }
+    cases.push(case(
+        "bool max is any, min is all, argmax",
+        |a| {
+            vec![
+                a[0].max(&[1], false),
+                a[0].min(&[0], false),
+                a[0].argmax(1, false),
+            ]
+        },
+        vec![values(DType::Bool, &[5, 9], 18)],
+    ));
+    cases.push(case(
+        "argmax takes the first maximum and the first NaN",
+        |a| vec![a[0].argmax(1, false)],
+        vec![Array::from_vec(
+            vec![1.0f32, 3.0, 3.0, 0.0, 2.0, f32::NAN, 5.0, f32::NAN],
+            &[2, 4],
+        )
+        .expect("8 values")],
+    ));
+    cases.push(case(
+        "sum over an empty axis is zero; size-1 axes",
+        |a| vec![a[0].sum(&[1], false), a[1].max(&[0, 2], true)],
+        vec![
+            values(DType::F32, &[4, 0], 19),
+            values(DType::F32, &[1, 3, 1], 20),
+        ],
+    ));
+    cases.push(case(
+        "reduction over 70,000 outputs needs more than 65,535 workgroups",
+        |a| vec![a[0].sum(&[1], false), a[0].argmax(1, false)],
+        vec![values(DType::F32, &[70_000, 3], 21)],
+    ));
+}
+
+fn matmul_cases(cases: &mut Vec<Case>) {
+    let product: Program = |a| vec![a[0].matmul(&a[1])];
+    let shapes: [(&str, &[usize], &[usize]); 6] = [
+        ("odd sizes", &[33, 65], &[65, 31]),
+        ("small", &[5, 7], &[7, 3]),
+        ("broadcast batch", &[2, 1, 4, 6], &[3, 6, 5]),
+        ("skinny", &[1, 700], &[700, 3]),
+        ("empty inner dim", &[2, 0], &[0, 3]),
+        ("empty rows", &[0, 4], &[4, 3]),
+    ];
+    for (name, a, b) in shapes {
+        for dtype in [DType::F32, DType::F16, DType::BF16, DType::I32, DType::U8] {
+            cases.push(case(
+                format!("matmul {name} {dtype} {a:?}@{b:?}"),
+                product,
+                vec![values(dtype, a, 22), values(dtype, b, 23)],
+            ));
+        }
+    }
+    cases.push(case(
+        "matmul of a transposed operand",
+        |a| vec![a[0].transpose().matmul(&a[1])],
+        vec![
+            values(DType::F32, &[9, 4], 24),
+            values(DType::F32, &[9, 6], 25),
+        ],
+    ));
+}
+
+fn layout_cases(cases: &mut Vec<Case>) {
+    for dtype in kiln::DType::ALL {
+        cases.push(case(
+            format!("permute, broadcast, reshape, slice {dtype}"),
+            |a| {
+                vec![
+                    a[0].permute(&[2, 0, 1]),
+                    a[0].slice_axis(2, 1, None, 2)
+                        .broadcast_to(&[4, 2, 3, 2][..]),
+                    a[0].reshape(&[6, 4]),
+                    a[0].slice_axis(1, -2, None, 1).slice_axis(0, 1, Some(2), 1),
+                ]
+            },
+            vec![values(dtype, &[2, 3, 4], 26)],
+        ));
+        cases.push(case(
+            format!("concat axis 0, 1 and with an empty piece {dtype}"),
+            |a| {
+                vec![
+                    concat(&[a[0].clone(), a[1].clone()], 1),
+                    concat(&[a[0].clone(), a[0].clone(), a[0].clone()], 0),
+                    concat(&[a[2].clone(), a[0].clone()], 1),
+                ]
+            },
+            vec![
+                values(dtype, &[3, 5], 27),
+                values(dtype, &[3, 2], 28),
+                values(dtype, &[3, 0], 29),
+            ],
+        ));
+    }
+    for dtype in FLOATS {
+        cases.push(case(
+            format!("take i32 with negative indices and u32 {dtype}"),
+            |a| vec![a[0].take(&a[1], 1), a[0].take(&a[2], 0)],
+            vec![
+                values(dtype, &[3, 5, 2], 30),
+                Array::from_vec(vec![4, -1, 0, 2, -5, 1], &[2, 3]).expect("6 indices"),
+                Array::from_vec(vec![2u32, 0, 2], &[3]).expect("3 indices"),
+            ],
+        ));
+    }
+}
+
+fn shape_edge_cases(cases: &mut Vec<Case>) {
+    cases.push(case(
+        "size-0 dims",
+        |a| vec![a[0].exp(), &a[0] + &a[1], a[0].sum(&[0], false)],
+        vec![
+            values(DType::F32, &[0, 3], 31),
+            values(DType::F32, &[1, 3], 32),
+        ],
+    ));
+    cases.push(case(
+        "size-1 dims broadcast",
+        |a| vec![(&a[0] * &a[1]).tanh() - &a[0]],
+        vec![
+            values(DType::F32, &[1, 1, 4], 33),
+            values(DType::F32, &[3, 1, 1], 34),
+        ],
+    ));
+    for n in [1, 255, 257, 1000, 4099] {
+        cases.push(case(
+            format!("odd length {n} f16 chain"),
+            |a| vec![((&a[0] * 1.5).sigmoid() + &a[0]).cast(DType::F32)],
+            vec![values(DType::F16, &[n], 35)],
+        ));
+    }
+    cases.push(case(
+        "an elementwise dispatch of more than 65,535 workgroups",
+        |a| vec![(&a[0] + 1.0).maximum(0.0)],
+        vec![values(DType::U8, &[65_536 * 256 + 3], 36)],
+    ));
+    cases.push(case(
+        "a scalar argument returned as it is and a constant",
+        |a| vec![a[0].clone(), Array::scalar(2.5, DType::F32), a[0].clone()],
+        vec![Array::scalar(7.0, DType::F32)],
+    ));
+}
+
+fn all_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    unary_cases(&mut cases);
+    binary_cases(&mut cases);
+    select_and_cast_cases(&mut cases);
+    reduction_cases(&mut cases);
+    matmul_cases(&mut cases);
+    layout_cases(&mut cases);
+    shape_edge_cases(&mut cases);
+    cases
+}
+
+/// Runs every case on `backend`, fused and unfused; `Err` lists every
+/// failure.
+fn run_suite<B: Backend + Clone>(backend: &B) -> Result<usize, String> {
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    for case in all_cases() {
+        for fusion in [true, false] {
+            ran += 1;
+            if let Err(e) = check_against_cpu(backend.clone(), case.program, &case.inputs, fusion) {
+                failures.push(format!("{} (fusion {fusion}): {e}", case.name));
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(ran)
+    } else {
+        Err(format!(
+            "{} of {ran} runs failed:\n{}",
+            failures.len(),
+            failures.join("\n")
+        ))
+    }
+}
+
+#[test]
+fn cpu_executor_passes_the_conformance_suite() {
+    let ran = run_suite(&CpuBackend).unwrap_or_else(|e| panic!("{e}"));
+    assert!(ran > 400, "only {ran} runs");
+}
+
+#[test]
+fn wgpu_passes_the_conformance_suite() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let ran = run_suite(&gpu).unwrap_or_else(|e| panic!("on {}: {e}", gpu.adapter()));
+    assert!(ran > 400, "only {ran} runs");
+}
