@@ -44,6 +44,8 @@ pub struct Counters {
     pub buffers: u64,
     /// Plans (one per executable and shape set).
     pub plans: u64,
+    /// Compute dispatches submitted (a call submits one per kernel).
+    pub dispatches: u64,
 }
 
 /// Runs Kiln executables through wgpu.
@@ -72,6 +74,7 @@ pub(crate) struct Shared {
     pipelines_created: AtomicU64,
     other_buffers: AtomicU64,
     plans_built: AtomicU64,
+    dispatches: AtomicU64,
     /// Forces one matmul kernel (benchmarks compare them).
     matmul_variant: Option<MatmulVariant>,
 }
@@ -292,13 +295,14 @@ impl WgpuBackend {
                 pipelines_created: AtomicU64::new(0),
                 other_buffers: AtomicU64::new(0),
                 plans_built: AtomicU64::new(0),
+                dispatches: AtomicU64::new(0),
                 matmul_variant: None,
             }),
         })
     }
 
-    /// The same device with every matmul computed by `variant` (pipelines
-    /// and plans are not shared with the original).
+    /// The same device with every matmul computed by `variant`, and with
+    /// caches, buffer pool and counters of its own.
     pub fn with_matmul_variant(&self, variant: MatmulVariant) -> WgpuBackend {
         let s = &self.shared;
         WgpuBackend {
@@ -312,13 +316,14 @@ impl WgpuBackend {
                     lost: s.gpu.lost.clone(),
                     uncaptured: s.gpu.uncaptured.clone(),
                 },
-                pool: s.pool.clone(),
+                pool: Arc::new(Pool::default()),
                 pipelines: Mutex::default(),
                 layouts: Mutex::default(),
                 plans: Mutex::default(),
                 pipelines_created: AtomicU64::new(0),
                 other_buffers: AtomicU64::new(0),
                 plans_built: AtomicU64::new(0),
+                dispatches: AtomicU64::new(0),
                 matmul_variant: Some(variant),
             }),
         }
@@ -351,6 +356,7 @@ impl WgpuBackend {
             pipelines: s.pipelines_created.load(Ordering::Relaxed),
             buffers: s.pool.created() + s.other_buffers.load(Ordering::Relaxed),
             plans: s.plans_built.load(Ordering::Relaxed),
+            dispatches: s.dispatches.load(Ordering::Relaxed),
         }
     }
 
@@ -474,6 +480,7 @@ impl WgpuBackend {
                     pass.set_pipeline(pipeline);
                     pass.set_bind_group(0, group, &[]);
                     pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+                    s.dispatches.fetch_add(1, Ordering::Relaxed);
                 }
                 Command::Copy { from, to, bytes } => {
                     drop(pass.take());

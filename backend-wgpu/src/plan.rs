@@ -153,15 +153,33 @@ impl Builder<'_> {
         let dtype = self.dtype(v);
         let packs = kiln_kernels::stores_f32(dtype)
             && matches!(self.node_op(v), Some(Op::Reduce { .. } | Op::Matmul));
+        let mut bound = Vec::with_capacity(spec.bound.len());
+        for &k in &spec.bound {
+            bound.push(*operands.get(k).ok_or_else(|| {
+                backend_err(format!(
+                    "the `{op}` kernel binds operand {k} of {}",
+                    operands.len()
+                ))
+            })?);
+        }
+        let storage_limit = self.shared.gpu.limits.max_storage_buffers_per_shader_stage as usize;
+        if bound.len() + 2 > storage_limit {
+            return Err(backend_err(format!(
+                "`{op}` reads {} buffers, more than the {} storage buffers the adapter allows \
+                 per kernel (with parameters and output)",
+                bound.len(),
+                storage_limit
+            )));
+        }
         if !packs {
             let mut bindings = vec![out];
-            bindings.extend(operands);
+            bindings.extend(bound);
             return self.dispatch(&op, spec, bindings);
         }
         let n = self.numel(v);
         let scratch = self.temp(&op, byte_size(DType::F32, n))?;
         let mut bindings = vec![scratch];
-        bindings.extend(operands);
+        bindings.extend(bound);
         self.dispatch(&op, spec, bindings)?;
         let shape = [n];
         let pack = kiln_kernels::elementwise(
@@ -172,6 +190,16 @@ impl Builder<'_> {
         )
         .map_err(|e| backend_err(e.to_string()))?;
         self.dispatch(&op, pack, vec![out, scratch])
+    }
+
+    /// The storage word of value `v` when it is a one-element constant.
+    fn scalar_constant(&self, v: usize) -> Option<u32> {
+        match &self.exe.graph().nodes[v].kind {
+            ValueKind::Constant(literal) if literal.0.len() == 1 => {
+                to_words(&literal.0).first().copied()
+            }
+            _ => None,
+        }
     }
 
     fn node_op(&self, v: usize) -> Option<&Op> {
@@ -204,9 +232,12 @@ impl Builder<'_> {
         let spec = match op {
             Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_) | Op::Fused(_) => {
                 let views: Vec<View> = (0..node.inputs.len())
-                    .map(|k| View {
-                        aliases_output: aliased.get(k) == Some(&true),
-                        ..View::broadcast(in_dtype(k), in_shape(k), out_shape)
+                    .map(|k| match self.scalar_constant(node.inputs[k]) {
+                        Some(word) => View::inline(in_dtype(k), word),
+                        None => View {
+                            aliases_output: aliased.get(k) == Some(&true),
+                            ..View::broadcast(in_dtype(k), in_shape(k), out_shape)
+                        },
                     })
                     .collect();
                 kiln_kernels::elementwise(op, &views, out_shape, dtype)
@@ -323,8 +354,6 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
     };
     let slot_bytes = slot_plan.slot_bytes(graph, shapes, slot_element_bytes);
     let mut slot_locs: Vec<Option<Loc>> = vec![None; slot_bytes.len()];
-    // Stands in for an operand read through the output binding.
-    let placeholder = b.temp("in-place", 4)?;
     // Each computed output value is written straight into its first output
     // buffer; every other output position gets a copy.
     let mut claimed: Vec<Option<usize>> = vec![None; graph.nodes.len()];
@@ -403,7 +432,7 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
                         )));
                     }
                     aliased.push(shares);
-                    operands.push(if shares { placeholder } else { loc });
+                    operands.push(loc);
                 }
                 let spec = b.spec(v, op, &aliased)?;
                 b.kernel(v, out, spec, operands)?;

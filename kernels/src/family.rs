@@ -55,7 +55,7 @@ fn load_accumulated(name: &str, k: usize, dtype: DType) -> String {
 
 fn header(operands: usize, dtype: DType) -> String {
     let mut source = String::from(PRELUDE);
-    source.push_str(&bindings(operands));
+    source.push_str(&bindings(&(0..operands).collect::<Vec<_>>()));
     let _ = writeln!(source, "alias T = {};", accumulator(dtype));
     source
 }
@@ -130,6 +130,7 @@ pub fn reduce(
         source,
         params,
         workgroups: workgroups_of(name, outputs)?,
+        bound: vec![0],
     })
 }
 
@@ -160,6 +161,7 @@ pub fn argmax(dtype: DType, shape: &[usize], axis: usize) -> Result<KernelSpec, 
         source,
         params,
         workgroups: workgroups_of("argmax", outputs)?,
+        bound: vec![0],
     })
 }
 
@@ -255,5 +257,6 @@ pub fn matmul(
         source,
         params,
         workgroups: workgroups_of("matmul", workgroups)?,
+        bound: vec![0, 1],
     })
 }

@@ -76,6 +76,9 @@ pub struct KernelSpec {
     /// Workgroups to run, before splitting over the x, y and z dimensions
     /// (the kernels index them flat).
     pub workgroups: u64,
+    /// The operands bound at bindings 2.., in order: operands read through
+    /// the output binding or inlined into the parameters take none.
+    pub bound: Vec<usize>,
 }
 
 /// How one operand of an index-to-element kernel is read: the element of
@@ -97,6 +100,10 @@ pub struct View {
     /// cannot bind a buffer both read-only and read-write. Only contiguous
     /// views of the output's dtype can share it.
     pub aliases_output: bool,
+    /// A scalar operand carried in the parameters instead of a buffer (its
+    /// word as [`words`] lays it out, the value in the low half for f16 and
+    /// bf16), so a fused group with many constants binds few buffers.
+    pub inline: Option<u32>,
 }
 
 impl View {
@@ -108,6 +115,7 @@ impl View {
             strides: row_major_strides(shape),
             contiguous: true,
             aliases_output: false,
+            inline: None,
         }
     }
 
@@ -135,6 +143,20 @@ impl View {
             strides,
             contiguous,
             aliases_output: false,
+            inline: None,
+        }
+    }
+
+    /// A scalar of `dtype` whose storage word is `word`, carried in the
+    /// kernel's parameters.
+    pub fn inline(dtype: DType, word: u32) -> View {
+        View {
+            dtype,
+            offset: 0,
+            strides: Vec::new(),
+            contiguous: false,
+            aliases_output: false,
+            inline: Some(word),
         }
     }
 

@@ -30,17 +30,19 @@ pub fn words(dtype: DType, len: usize) -> usize {
     }
 }
 
-/// The binding declarations of parameters, output and `operands` inputs.
-pub(crate) fn bindings(operands: usize) -> String {
+/// The binding declarations of parameters, output and the operands in
+/// `bound` (operand `k` is named `in_k`; bindings are numbered 2.. in the
+/// order of `bound`).
+pub(crate) fn bindings(bound: &[usize]) -> String {
     let mut s = String::from(
         "@group(0) @binding(0) var<storage, read> params: array<u32>;\n\
          @group(0) @binding(1) var<storage, read_write> out: array<u32>;\n",
     );
-    for k in 0..operands {
+    for (b, k) in bound.iter().enumerate() {
         let _ = writeln!(
             s,
             "@group(0) @binding({}) var<storage, read> in_{k}: array<u32>;",
-            k + 2
+            b + 2
         );
     }
     s
@@ -77,14 +79,17 @@ impl ElementKernel<'_> {
         let numel: usize = self.out_shape.iter().product();
         let mut params = vec![param(self.op, numel)?];
         params.extend(&self.params);
+        let bound: Vec<usize> = (0..self.views.len())
+            .filter(|&k| !self.views[k].aliases_output && self.views[k].inline.is_none())
+            .collect();
         let mut source = String::from(PRELUDE);
-        source.push_str(&bindings(self.views.len()));
+        source.push_str(&bindings(&bound));
         let _ = writeln!(source, "alias T = {};", value_type(self.out_dtype));
         let shape_at = params.len();
         let strided = self
             .views
             .iter()
-            .any(|v| !v.contiguous && !v.is_scalar(self.out_shape));
+            .any(|v| !v.contiguous && v.inline.is_none() && !v.is_scalar(self.out_shape));
         if strided {
             for &n in self.out_shape {
                 params.push(param(self.op, n)?);
@@ -99,11 +104,19 @@ impl ElementKernel<'_> {
             }
             let buffer = if view.aliases_output {
                 "out".to_string()
+            } else if view.inline.is_some() {
+                "params".to_string()
             } else {
                 format!("in_{k}")
             };
             source.push_str(&element::load_fn(&format!("load_{k}"), &buffer, view.dtype));
-            let index = if view.contiguous {
+            let index = if let Some(word) = view.inline {
+                // The value sits in the low half (or whole) of one parameter word.
+                let at = params.len();
+                params.push(word);
+                let per_word = if is_packed(view.dtype) { 2 } else { 1 };
+                format!("{}u", at * per_word)
+            } else if view.contiguous {
                 "i".to_string()
             } else {
                 let at = params.len();
@@ -148,6 +161,7 @@ impl ElementKernel<'_> {
             source,
             params,
             workgroups: (invocations as u64).div_ceil(WORKGROUP),
+            bound,
         })
     }
 }

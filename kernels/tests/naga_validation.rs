@@ -183,3 +183,17 @@ fn an_operand_sharing_the_output_buffer_is_read_through_the_output_binding() {
     let err = elementwise(&Op::Unary(UnaryOp::Exp), &[broadcast], &[5], DType::F32).unwrap_err();
     assert!(err.to_string().contains("in place"), "{err}");
 }
+
+#[test]
+fn scalar_operands_inlined_in_the_parameters_take_no_binding() {
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::I32, DType::Bool] {
+        let x = View::contiguous(dtype, &[6]);
+        let constant = View::inline(dtype, 1);
+        let spec =
+            elementwise(&Op::Binary(BinaryOp::Maximum), &[x, constant], &[6], dtype).unwrap();
+        assert_valid("maximum with an inlined scalar", &spec);
+        assert_eq!(spec.bound, vec![0]);
+        assert!(!spec.source.contains("in_1"));
+        assert_eq!(spec.params.last(), Some(&1));
+    }
+}

@@ -37,6 +37,14 @@ pub fn tolerance(dtype: DType) -> (f64, f64) {
 /// `Err` describing the first element where `got` and `want` differ beyond
 /// the tolerance of their dtype (NaN matches NaN, infinities match exactly).
 pub fn compare(got: &HostData, want: &HostData) -> Result<(), String> {
+    let (atol, rtol) = tolerance(want.dtype());
+    compare_within(got, want, atol, rtol)
+}
+
+/// `Err` describing the first element where `got` and `want` differ by
+/// more than `atol + rtol·|want|` (NaN matches NaN, infinities match
+/// exactly); dtypes and lengths must agree.
+pub fn compare_within(got: &HostData, want: &HostData, atol: f64, rtol: f64) -> Result<(), String> {
     if got.dtype() != want.dtype() || got.len() != want.len() {
         return Err(format!(
             "got {}[{}], want {}[{}]",
@@ -46,7 +54,6 @@ pub fn compare(got: &HostData, want: &HostData) -> Result<(), String> {
             want.len()
         ));
     }
-    let (atol, rtol) = tolerance(want.dtype());
     for i in 0..want.len() {
         let (g, w) = (got.get_f64(i), want.get_f64(i));
         let same = (g.is_nan() && w.is_nan())

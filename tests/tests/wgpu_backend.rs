@@ -1,0 +1,202 @@
+//! The wgpu backend on the default adapter (lavapipe in CI): random graphs
+//! equal the CPU executor, cached calls create nothing, a fused chain is
+//! one dispatch, and errors are `Err`s after which the backend still works.
+//! Case count of the property test: `KILN_CASES` (default 48: every case
+//! compiles kernels on a software rasterizer).
+
+use kiln::{compile, Array, CpuBackend, DType};
+use kiln_tests::conformance::compare_within;
+use kiln_tests::programs::{cases, instr, make_inputs, run, Instr};
+use proptest::prelude::*;
+use std::sync::Arc;
+
+/// Runs `program` compiled with fusion and reinplacing (`donate` marks
+/// argument leaves that may be overwritten) on `backend`.
+fn run_program<B: kiln::Backend>(
+    backend: B,
+    program: &Arc<Vec<Instr>>,
+    inputs: &[Array],
+    donate: &[String],
+    shapeless: bool,
+) -> kiln::Result<Vec<Arc<kiln::HostData>>> {
+    let p = program.clone();
+    let f = compile(move |xs: Vec<Array>| run(&p, xs))
+        .fusion(true)
+        .donate(donate.to_vec())
+        .with_backend(backend);
+    let f = if shapeless { f.shapeless() } else { f };
+    f.call_owned(inputs.to_vec())?
+        .iter()
+        .map(Array::data)
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases(48)))]
+
+    #[test]
+    fn random_fused_reinplaced_graphs_on_wgpu_equal_the_cpu_executor(
+        program in prop::collection::vec(instr(), 1..12),
+        n in prop::sample::select(vec![1usize, 3, 6]),
+        dtype in prop::sample::select(vec![DType::F32, DType::F32, DType::F16]),
+        donated in 0u8..16,
+        shapeless in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let Some(gpu) = kiln_tests::gpu::backend() else {
+            return Ok(());
+        };
+        let program = Arc::new(program);
+        let donate: Vec<String> = (0..4)
+            .filter(|i| donated & (1 << i) != 0)
+            .map(|i| format!("args[{i}]"))
+            .collect();
+        let want = run_program(CpuBackend, &program, &make_inputs(n, seed, dtype), &donate, shapeless);
+        let got = run_program(gpu, &program, &make_inputs(n, seed, dtype), &donate, shapeless);
+        match (want, got) {
+            (Ok(want), Ok(got)) => {
+                prop_assert_eq!(want.len(), got.len());
+                // Random programs amplify rounding (cancellation, exp), so the
+                // bound is looser than the conformance suite's.
+                let (atol, rtol) = if dtype == DType::F32 { (1e-3, 1e-3) } else { (5e-2, 5e-2) };
+                for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+                    if let Err(e) = compare_within(g, w, atol, rtol) {
+                        return Err(TestCaseError::fail(format!("output {k}: {e}")));
+                    }
+                }
+            }
+            (Err(w), Err(g)) => prop_assert_eq!(w.to_string(), g.to_string()),
+            (want, got) => {
+                return Err(TestCaseError::fail(format!("cpu gave {want:?}, wgpu gave {got:?}")))
+            }
+        }
+    }
+}
+
+#[test]
+fn a_second_call_creates_no_pipeline_and_no_buffer() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let gpu = gpu.with_matmul_variant(kiln_wgpu::MatmulVariant::Tiled);
+    let f = compile(|(x, w): (Array, Array)| {
+        let h = x.matmul(&w).relu() + 1.0;
+        (h.sum(&[1], false), h.exp().max(&[0], true))
+    })
+    .with_backend(gpu.clone());
+    let x = Array::from_vec(
+        (0..24).map(|i| i as f32 / 10.0).collect::<Vec<_>>(),
+        &[4, 6],
+    )
+    .expect("24 values");
+    let w = Array::from_vec(
+        (0..18).map(|i| 0.5 - i as f32 / 20.0).collect::<Vec<_>>(),
+        &[6, 3],
+    )
+    .expect("18 values");
+    let first = f.call(&(x.clone(), w.clone())).expect("first call");
+    let after_first = gpu.counters();
+    assert!(after_first.pipelines > 0 && after_first.buffers > 0);
+    let second = f.call(&(x, w)).expect("second call");
+    let after_second = gpu.counters();
+    assert_eq!(
+        after_second.pipelines, after_first.pipelines,
+        "new pipelines"
+    );
+    assert_eq!(after_second.buffers, after_first.buffers, "new buffers");
+    assert_eq!(after_second.plans, after_first.plans, "a new plan");
+    assert_eq!(
+        first.0.to_vec::<f32>().expect("f32"),
+        second.0.to_vec::<f32>().expect("f32")
+    );
+    assert_eq!(
+        first.1.to_vec::<f32>().expect("f32"),
+        second.1.to_vec::<f32>().expect("f32")
+    );
+}
+
+#[test]
+fn a_fused_chain_of_one_hundred_ops_runs_as_one_dispatch() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let gpu = gpu.with_matmul_variant(kiln_wgpu::MatmulVariant::Tiled);
+    let chain = |x: Array| {
+        let mut y = x;
+        for i in 0..50 {
+            y = (&y * 0.999).sin() + i as f64 * 1e-3;
+        }
+        y
+    };
+    let x = Array::from_vec(
+        (0..1000).map(|i| i as f32 / 100.0).collect::<Vec<_>>(),
+        &[1000],
+    )
+    .expect("1000 values");
+    let f = compile(chain).with_backend(gpu.clone());
+    let got = f.call(&x).expect("wgpu call");
+    let before = gpu.counters();
+    f.call(&x).expect("cached call");
+    assert_eq!(gpu.counters().dispatches - before.dispatches, 1);
+    let want = compile(chain).call(&x).expect("cpu call");
+    compare_within(
+        &got.data().expect("data"),
+        &want.data().expect("data"),
+        1e-4,
+        1e-4,
+    )
+    .expect("wgpu == cpu");
+}
+
+#[test]
+fn a_buffer_above_the_binding_limit_is_an_error_naming_size_and_limit_and_the_backend_recovers() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let limit = gpu.limits().max_storage_buffer_binding_size;
+    let side = ((limit / 4) as f64).sqrt() as usize + 2;
+    let f =
+        compile(move |x: Array| x.broadcast_to(&[side, side][..]) * 2.0).with_backend(gpu.clone());
+    let err = f
+        .call(&Array::scalar(1.0, DType::F32))
+        .expect_err("too large a buffer");
+    let message = err.to_string();
+    let bytes = side * side * 4;
+    assert!(
+        message.contains(&bytes.to_string()) && message.contains(&limit.to_string()),
+        "{message}"
+    );
+    let g = compile(|x: Array| x * 3.0).with_backend(gpu);
+    let y = g.call(&Array::scalar(2.0, DType::F32)).expect("later call");
+    assert_eq!(y.item::<f32>().expect("f32"), 6.0);
+}
+
+#[test]
+fn a_runtime_error_on_the_device_path_matches_the_cpu_and_leaves_the_backend_usable() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let f = compile(|x: Array| x.max(&[1], false)).with_backend(gpu.clone());
+    let empty = Array::zeros(&[2, 0], DType::F32);
+    let err = f.call(&empty).expect_err("max of an empty axis");
+    let want = compile(|x: Array| x.max(&[1], false))
+        .call(&empty)
+        .expect_err("cpu too");
+    assert_eq!(err.to_string(), want.to_string());
+    let ok = f
+        .call(&Array::from_vec(vec![1.0f32, 5.0, 2.0, -1.0], &[2, 2]).expect("4 values"))
+        .expect("later call");
+    assert_eq!(ok.to_vec::<f32>().expect("f32"), vec![5.0, 2.0]);
+}
+
+#[test]
+fn the_backend_name_names_the_adapter_and_keys_the_cache() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    use kiln::Backend;
+    assert!(gpu.name().starts_with("wgpu:"), "{}", gpu.name());
+    assert!(gpu
+        .adapter()
+        .contains(gpu.name().trim_start_matches("wgpu:")));
+}
