@@ -57,6 +57,10 @@ pub struct WgpuBackend {
 /// A compute pipeline and the layout of its one bind group.
 type Pipeline = (Arc<wgpu::ComputePipeline>, Arc<wgpu::BindGroupLayout>);
 
+/// The bind group layout and pipeline layout of kernels with a given
+/// number of bound operands.
+type Layouts = (Arc<wgpu::BindGroupLayout>, Arc<wgpu::PipelineLayout>);
+
 /// The plans built for one executable, with the graph they were built
 /// from (the executable is known by address, so the graph confirms it).
 struct ExePlans {
@@ -69,7 +73,7 @@ pub(crate) struct Shared {
     gpu: Gpu,
     pool: Arc<Pool>,
     pipelines: Mutex<HashMap<String, Pipeline>>,
-    layouts: Mutex<HashMap<usize, (Arc<wgpu::BindGroupLayout>, Arc<wgpu::PipelineLayout>)>>,
+    layouts: Mutex<HashMap<usize, Layouts>>,
     plans: Mutex<HashMap<usize, ExePlans>>,
     pipelines_created: AtomicU64,
     other_buffers: AtomicU64,
@@ -122,7 +126,7 @@ impl Shared {
 
     /// The bind group layout of kernels with `operands` operands:
     /// parameters, output, then the operands.
-    fn layout(&self, operands: usize) -> (Arc<wgpu::BindGroupLayout>, Arc<wgpu::PipelineLayout>) {
+    fn layout(&self, operands: usize) -> Layouts {
         let mut layouts = lock(&self.layouts);
         let entry = layouts.entry(operands).or_insert_with(|| {
             let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..operands + 2)
