@@ -3,6 +3,7 @@
 //! Each check is one entry of [`STEPS`]; a new check (wgpu on lavapipe, web build,
 //! browser tests) is one more entry. A step installs what it needs itself.
 
+use crate::apt;
 use crate::process::{self, cargo};
 use crate::wasm;
 use std::time::Instant;
@@ -12,6 +13,12 @@ struct Step {
     what: &'static str,
     run: fn() -> Result<(), String>,
 }
+
+/// The packages of the software Vulkan adapter the wgpu tests run on.
+const LAVAPIPE_PACKAGES: &[&str] = &["mesa-vulkan-drivers", "libvulkan1"];
+
+/// Makes the wgpu tests fail, not skip, when no adapter is found.
+const REQUIRE_GPU: &str = "KILN_REQUIRE_GPU";
 
 const STEPS: &[Step] = &[
     Step {
@@ -34,13 +41,27 @@ const STEPS: &[Step] = &[
         },
     },
     Step {
+        name: "lavapipe",
+        what: "install Mesa's software Vulkan driver (mesa-vulkan-drivers libvulkan1) if missing",
+        run: || apt::ensure_installed(LAVAPIPE_PACKAGES),
+    },
+    Step {
         name: "test",
-        what: "cargo test --workspace (KILN_CASES passed through as set)",
-        run: || process::run(cargo().args(["test", "--workspace"])),
+        what: "cargo test --workspace on lavapipe (KILN_REQUIRE_GPU=1; KILN_CASES passed through)",
+        run: || {
+            let mut command = cargo();
+            command.args(["test", "--workspace"]).env(REQUIRE_GPU, "1");
+            // The Vulkan loader and Mesa want a runtime directory.
+            if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+                command.env("XDG_RUNTIME_DIR", "/tmp");
+            }
+            process::run(&mut command)
+        },
     },
     Step {
         name: "wasm32",
-        what: "build `kiln` for wasm32-unknown-unknown (rustup target, else Debian rustc-web)",
+        what: "build `kiln` and `kiln-wgpu` (webgpu) for wasm32-unknown-unknown (rustup target, \
+               else Debian rustc-web)",
         run: || wasm::build(wasm::Route::Auto),
     },
 ];

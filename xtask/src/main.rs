@@ -1,5 +1,6 @@
 //! `cargo xtask <command>`: Kiln's project commands (see README.md).
 
+mod apt;
 mod bench;
 mod ci;
 mod process;

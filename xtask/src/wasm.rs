@@ -1,10 +1,11 @@
-//! The wasm32 build of `kiln`.
+//! The wasm32 build of `kiln` and of `kiln-wgpu` on the browser's WebGPU.
 //!
 //! First choice: rustup's `wasm32-unknown-unknown` target with the normal cargo.
 //! Where rustup cannot install it (no route to static.rust-lang.org), Debian's
 //! `rustc-web` toolchain builds std from `rust-web-src` with `-Z build-std`, into a
 //! target dir of its own so it never clobbers the rustup build cache.
 
+use crate::apt;
 use crate::process::{self, cargo, target_dir};
 use std::env;
 use std::path::{Path, PathBuf};
@@ -12,6 +13,18 @@ use std::process::Command;
 use std::time::Duration;
 
 const TARGET: &str = "wasm32-unknown-unknown";
+/// What is built: the core, and the wgpu backend with only its `webgpu` feature.
+const PACKAGES: &[&str] = &[
+    "-p",
+    "kiln",
+    "-p",
+    "kiln-wgpu",
+    "--no-default-features",
+    "--features",
+    "kiln-wgpu/webgpu",
+];
+/// The libraries the build must leave behind.
+const RLIBS: &[&str] = &["libkiln.rlib", "libkiln_wgpu.rlib"];
 /// How long `rustup target add` may try to download before we fall back.
 const RUSTUP_ADD_LIMIT: Duration = Duration::from_secs(180);
 
@@ -62,12 +75,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
     build(route)
 }
 
-/// Builds `kiln` for wasm32 and checks that its `.rlib` exists.
+/// Builds `kiln` and `kiln-wgpu` (webgpu) for wasm32 and checks that their
+/// `.rlib`s exist.
 pub fn build(route: Route) -> Result<(), String> {
     let target_root = match route {
         Route::Auto if rustup_target_available() => {
             eprintln!("  using rustup's {TARGET} target");
-            process::run(cargo().args(["build", "--target", TARGET, "-p", "kiln"]))?;
+            process::run(cargo().args(["build", "--target", TARGET]).args(PACKAGES))?;
             target_dir()
         }
         Route::Auto => {
@@ -76,16 +90,17 @@ pub fn build(route: Route) -> Result<(), String> {
         }
         Route::Debian => build_with_debian()?,
     };
-    let rlib = target_root.join(TARGET).join("debug").join("libkiln.rlib");
-    if rlib.is_file() {
+    for name in RLIBS {
+        let rlib = target_root.join(TARGET).join("debug").join(name);
+        if !rlib.is_file() {
+            return Err(format!(
+                "the build succeeded but {} is missing",
+                rlib.display()
+            ));
+        }
         eprintln!("  built {}", rlib.display());
-        Ok(())
-    } else {
-        Err(format!(
-            "the build succeeded but {} is missing",
-            rlib.display()
-        ))
     }
+    Ok(())
 }
 
 /// Whether the active rustup toolchain has the wasm32 std, installing it if it can.
@@ -146,23 +161,14 @@ fn build_with_debian() -> Result<PathBuf, String> {
             "build-std=std,panic_abort",
             "--target",
             TARGET,
-            "-p",
-            "kiln",
-        ]);
+        ])
+        .args(PACKAGES);
     process::run(&mut command)?;
     Ok(target_root)
 }
 
-/// Installs whichever of [`DEBIAN_PACKAGES`] is missing (one `apt-get update` first).
+/// Installs whichever of [`DEBIAN_PACKAGES`] is missing.
 fn ensure_debian_packages() -> Result<(), String> {
-    let missing: Vec<&str> = DEBIAN_PACKAGES
-        .iter()
-        .copied()
-        .filter(|package| !debian_package_installed(package))
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
     if !Path::new("/etc/debian_version").exists() {
         return Err(format!(
             "rustup cannot install {TARGET} and this is not Debian, so the fallback \
@@ -170,33 +176,7 @@ fn ensure_debian_packages() -> Result<(), String> {
             DEBIAN_PACKAGES.join(" ")
         ));
     }
-    eprintln!("  installing {}", missing.join(" "));
-    process::run(apt_get().arg("update"))?;
-    process::run(
-        apt_get()
-            .args(["install", "-y", "--no-install-recommends"])
-            .args(&missing),
-    )
-}
-
-fn debian_package_installed(package: &str) -> bool {
-    process::stdout_of(Command::new("dpkg-query").args(["-W", "-f=${Status}", package]))
-        .is_some_and(|status| status.trim() == "install ok installed")
-}
-
-/// `apt-get`, through `sudo -n` unless we are root.
-fn apt_get() -> Command {
-    let is_root =
-        process::stdout_of(Command::new("id").arg("-u")).is_some_and(|uid| uid.trim() == "0");
-    let mut command = if is_root {
-        Command::new("apt-get")
-    } else {
-        let mut sudo = Command::new("sudo");
-        sudo.args(["-n", "apt-get"]);
-        sudo
-    };
-    command.env("DEBIAN_FRONTEND", "noninteractive");
-    command
+    apt::ensure_installed(DEBIAN_PACKAGES)
 }
 
 /// The std sources build-std reads: `<sysroot>/lib/rustlib/src/rust/library`, which
