@@ -69,16 +69,42 @@ pub(crate) fn byte_size(dtype: DType, len: usize) -> u64 {
     (kiln_kernels::words(dtype, len).max(1) as u64) * 4
 }
 
-/// A device-resident array. Dropping it hands its storage back to the
-/// backend's pool.
+/// Storage that goes back to its pool when the last handle to it drops.
+struct Held {
+    buffer: wgpu::Buffer,
+    pool: Arc<Pool>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.pool.give(self.buffer.clone(), false);
+    }
+}
+
+/// A device-resident array. Clones share the storage; when the last one
+/// drops, the storage returns to the backend's pool for later calls.
+#[derive(Clone)]
 pub struct WgpuBuffer {
-    pub(crate) buffer: Option<wgpu::Buffer>,
+    held: Arc<Held>,
     pub(crate) dtype: DType,
     pub(crate) len: usize,
-    pub(crate) pool: Arc<Pool>,
 }
 
 impl WgpuBuffer {
+    /// Wraps pooled storage holding `len` elements of `dtype`.
+    pub(crate) fn new(
+        buffer: wgpu::Buffer,
+        pool: Arc<Pool>,
+        dtype: DType,
+        len: usize,
+    ) -> WgpuBuffer {
+        WgpuBuffer {
+            held: Arc::new(Held { buffer, pool }),
+            dtype,
+            len,
+        }
+    }
+
     /// The element dtype.
     pub fn dtype(&self) -> DType {
         self.dtype
@@ -94,16 +120,14 @@ impl WgpuBuffer {
         self.len == 0
     }
 
-    pub(crate) fn raw(&self) -> Option<&wgpu::Buffer> {
-        self.buffer.as_ref()
+    pub(crate) fn raw(&self) -> &wgpu::Buffer {
+        &self.held.buffer
     }
-}
 
-impl Drop for WgpuBuffer {
-    fn drop(&mut self) {
-        if let Some(buffer) = self.buffer.take() {
-            self.pool.give(buffer, false);
-        }
+    /// True when another handle shares the storage (so it must not be
+    /// written in place).
+    pub(crate) fn is_shared(&self) -> bool {
+        Arc::strong_count(&self.held) > 1
     }
 }
 

@@ -381,9 +381,7 @@ impl WgpuBackend {
     pub async fn download_async(&self, buffer: WgpuBuffer) -> Result<Arc<HostData>> {
         let s = &self.shared;
         s.check_alive()?;
-        let Some(source) = buffer.raw() else {
-            return Err(backend_err("downloading a released buffer"));
-        };
+        let source = buffer.raw();
         let bytes = byte_size(buffer.dtype, buffer.len);
         let staging = s.pool.take(&s.gpu.device, bytes, true);
         let mut encoder = s
@@ -417,24 +415,52 @@ impl WgpuBackend {
         Ok(Arc::new(data))
     }
 
+    /// The arguments with each one the plan writes in place replaced by a
+    /// private copy where another handle still shares it.
+    fn own_written_inputs(&self, plan: &Plan, mut inputs: Vec<WgpuBuffer>) -> Vec<WgpuBuffer> {
+        let s = &self.shared;
+        let shared: Vec<usize> = plan
+            .written_inputs
+            .iter()
+            .copied()
+            .filter(|&i| inputs.get(i).is_some_and(WgpuBuffer::is_shared))
+            .collect();
+        if shared.is_empty() {
+            return inputs;
+        }
+        let mut encoder = s
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("kiln copy of shared arguments"),
+            });
+        for i in shared {
+            let original = &inputs[i];
+            let bytes = byte_size(original.dtype, original.len);
+            let copy = s.pool.take(&s.gpu.device, bytes, false);
+            encoder.copy_buffer_to_buffer(original.raw(), 0, &copy, 0, bytes);
+            inputs[i] = WgpuBuffer::new(copy, s.pool.clone(), original.dtype, original.len);
+        }
+        s.gpu.queue.submit([encoder.finish()]);
+        inputs
+    }
+
     fn execute(&self, plan: &Plan, inputs: &[WgpuBuffer]) -> Result<Vec<WgpuBuffer>> {
         let s = &self.shared;
         let device = &s.gpu.device;
         let outputs: Vec<WgpuBuffer> = plan
             .outputs
             .iter()
-            .map(|&(dtype, len)| WgpuBuffer {
-                buffer: Some(s.pool.take(device, byte_size(dtype, len), false)),
-                dtype,
-                len,
-                pool: s.pool.clone(),
+            .map(|&(dtype, len)| {
+                let buffer = s.pool.take(device, byte_size(dtype, len), false);
+                WgpuBuffer::new(buffer, s.pool.clone(), dtype, len)
             })
             .collect();
         let resolve = |loc: Loc| -> Result<&wgpu::Buffer> {
             let found = match loc {
-                Loc::Input(i) => inputs.get(i).and_then(WgpuBuffer::raw),
+                Loc::Input(i) => inputs.get(i).map(WgpuBuffer::raw),
                 Loc::Temp(t) => plan.temps.get(t),
-                Loc::Output(o) => outputs.get(o).and_then(WgpuBuffer::raw),
+                Loc::Output(o) => outputs.get(o).map(WgpuBuffer::raw),
             };
             found.ok_or_else(|| backend_err(format!("the plan reads {loc:?}, which was not given")))
         };
@@ -517,12 +543,12 @@ impl Backend for WgpuBackend {
                 .queue
                 .write_buffer(&buffer, 0, bytemuck::cast_slice(&words));
         }
-        Ok(WgpuBuffer {
-            buffer: Some(buffer),
-            dtype: data.dtype(),
-            len: data.len(),
-            pool: s.pool.clone(),
-        })
+        Ok(WgpuBuffer::new(
+            buffer,
+            s.pool.clone(),
+            data.dtype(),
+            data.len(),
+        ))
     }
 
     fn download(&self, buffer: WgpuBuffer) -> Result<Arc<HostData>> {
@@ -553,9 +579,10 @@ impl Backend for WgpuBackend {
         let device = &s.gpu.device;
         let memory = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let result = s
-            .plan(exe, shapes)
-            .and_then(|plan| self.execute(&plan, &inputs));
+        let result = s.plan(exe, shapes).and_then(|plan| {
+            let inputs = self.own_written_inputs(&plan, inputs);
+            self.execute(&plan, &inputs)
+        });
         let invalid = block_on(validation.pop()).flatten();
         let out_of_memory = block_on(memory.pop()).flatten();
         if let Some(error) = out_of_memory.or(invalid) {

@@ -45,6 +45,8 @@ pub(crate) struct Plan {
     pub temps: Vec<wgpu::Buffer>,
     /// Per output: dtype and element count.
     pub outputs: Vec<(DType, usize)>,
+    /// Arguments some kernel writes in place (donated ones).
+    pub written_inputs: Vec<usize>,
 }
 
 fn backend_err(detail: String) -> Error {
@@ -456,10 +458,27 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
         }
         outputs.push((dtype, len));
     }
+    let mut written_inputs: Vec<usize> = b
+        .commands
+        .iter()
+        .filter_map(|command| match command {
+            Command::Dispatch { bindings, .. } => match bindings.first() {
+                Some(Loc::Input(i)) => Some(*i),
+                _ => None,
+            },
+            Command::Copy {
+                to: Loc::Input(i), ..
+            } => Some(*i),
+            Command::Copy { .. } => None,
+        })
+        .collect();
+    written_inputs.sort_unstable();
+    written_inputs.dedup();
     Ok(Plan {
         shapes: shapes.to_vec(),
         commands: b.commands,
         temps: b.temps,
         outputs,
+        written_inputs,
     })
 }

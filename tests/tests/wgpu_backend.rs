@@ -200,3 +200,34 @@ fn the_backend_name_names_the_adapter_and_keys_the_cache() {
         .adapter()
         .contains(gpu.name().trim_start_matches("wgpu:")));
 }
+
+#[test]
+fn a_donated_argument_still_shared_by_the_caller_is_copied_before_an_in_place_write() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    use kiln::plan::Home;
+    use kiln::Backend;
+    let f = compile(|xs: Vec<Array>| vec![xs[0].exp().sin() * 2.0])
+        .donate(["args[0]"])
+        .with_backend(gpu.clone());
+    let values: Vec<f32> = (0..8).map(|i| i as f32 / 8.0).collect();
+    let x = Array::from_vec(values.clone(), &[8]).expect("8 values");
+    let exe = f.executable(&vec![x.clone()]).expect("compiles");
+    assert!(
+        exe.plan().homes().contains(&Home::Input(0)),
+        "the plan writes the donated argument in place"
+    );
+    let shapes = exe.resolve_shapes(&[&[8]]).expect("shapes").into_owned();
+    let argument = gpu.upload(&x.data().expect("data")).expect("upload");
+    let kept = argument.clone();
+    let outputs = gpu.run(&exe, vec![argument], &shapes).expect("run");
+    let kept = gpu.download(kept).expect("download");
+    assert_eq!(*kept, kiln::HostData::F32(values.clone()));
+    let out = outputs.into_iter().next().expect("one output");
+    let got = gpu.download(out).expect("download").to_vec::<f32>();
+    let want: Vec<f32> = values.iter().map(|v| v.exp().sin() * 2.0).collect();
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() < 1e-5, "{got:?} vs {want:?}");
+    }
+}
