@@ -38,6 +38,23 @@ pub(crate) fn load_fn(name: &str, buffer: &str, dtype: DType) -> String {
     )
 }
 
+/// A WGSL expression of the element whose storage word is `word` (the
+/// low half for f16 and bf16); `None` for non-finite floats, which WGSL
+/// constant expressions cannot hold.
+pub(crate) fn literal(dtype: DType, word: u32) -> Option<String> {
+    let f32_bits = match dtype {
+        DType::F32 => word,
+        DType::BF16 => (word & 0xffff) << 16,
+        DType::F16 => half::f16::from_bits(word as u16).to_f32().to_bits(),
+        DType::I32 => return Some(format!("bitcast<i32>({word:#x}u)")),
+        DType::U32 | DType::U8 => return Some(format!("{word:#x}u")),
+        DType::Bool => return Some((word != 0).to_string()),
+    };
+    f32::from_bits(f32_bits)
+        .is_finite()
+        .then(|| format!("bitcast<f32>({f32_bits:#x}u)"))
+}
+
 /// WGSL functions storing a computed value: `store_value(v) -> u32` for the
 /// one-per-word dtypes, `store_pair(low, high) -> u32` for f16 and bf16.
 pub(crate) fn store_fn(dtype: DType) -> String {

@@ -110,8 +110,21 @@ impl ElementKernel<'_> {
                 format!("in_{k}")
             };
             source.push_str(&element::load_fn(&format!("load_{k}"), &buffer, view.dtype));
+            if let Some(literal) = view
+                .inline
+                .and_then(|word| element::literal(view.dtype, word))
+            {
+                // Baked into the source, so the compiler folds it into the arithmetic.
+                let _ = writeln!(
+                    source,
+                    "fn at_{k}(i: u32) -> {} {{\n    return {literal};\n}}",
+                    value_type(view.dtype)
+                );
+                continue;
+            }
             let index = if let Some(word) = view.inline {
-                // The value sits in the low half (or whole) of one parameter word.
+                // A non-finite float cannot be a WGSL constant: it is read
+                // from the low half (or whole) of one parameter word.
                 let at = params.len();
                 params.push(word);
                 let per_word = if is_packed(view.dtype) { 2 } else { 1 };

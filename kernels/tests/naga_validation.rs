@@ -185,15 +185,23 @@ fn an_operand_sharing_the_output_buffer_is_read_through_the_output_binding() {
 }
 
 #[test]
-fn scalar_operands_inlined_in_the_parameters_take_no_binding() {
+fn scalar_constants_are_baked_into_the_source_or_carried_in_the_parameters() {
     for dtype in [DType::F32, DType::F16, DType::BF16, DType::I32, DType::Bool] {
-        let x = View::contiguous(dtype, &[6]);
-        let constant = View::inline(dtype, 1);
-        let spec =
-            elementwise(&Op::Binary(BinaryOp::Maximum), &[x, constant], &[6], dtype).unwrap();
-        assert_valid("maximum with an inlined scalar", &spec);
-        assert_eq!(spec.bound, vec![0]);
-        assert!(!spec.source.contains("in_1"));
-        assert_eq!(spec.params.last(), Some(&1));
+        // 0xffff_ffff is NaN for the floats, which WGSL constants cannot hold.
+        for word in [1, 0xffff_ffff] {
+            let x = View::contiguous(dtype, &[6]);
+            let constant = View::inline(dtype, word);
+            let spec =
+                elementwise(&Op::Binary(BinaryOp::Maximum), &[x, constant], &[6], dtype).unwrap();
+            assert_valid("maximum with an inlined scalar", &spec);
+            assert_eq!(spec.bound, vec![0], "no binding for the constant");
+            assert!(!spec.source.contains("in_1"));
+            let in_params = spec.params.last() == Some(&word);
+            assert_eq!(
+                in_params,
+                dtype.is_float() && word != 1,
+                "{dtype} {word:#x}"
+            );
+        }
     }
 }

@@ -1,9 +1,11 @@
 //! Kiln's benchmarks: prints one JSON document (see DESIGN.md, Benchmarks).
 //! `cargo xtask bench [NAME...]` runs it in release mode.
 
-use kiln::{compile, Array, DType, Tree};
+use kiln::{compile, Array, Backend, DType, Tree};
 use kiln_tests::bench::{median_micros, selected, time_once_ms, BenchReport};
+use kiln_wgpu::{MatmulVariant, WgpuBackend, WgpuBuffer};
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 /// Ten (4,4) arrays in a derived struct.
 #[derive(Tree, Clone)]
@@ -140,5 +142,117 @@ fn main() {
     if selected("retrace_chain_100", &names) {
         report.record("retrace_chain_100", retrace_chain_100(), "ms");
     }
+    wgpu_benchmarks(&names, &mut report);
     println!("{}", report.to_json());
+}
+
+/// The wgpu figures, on the default adapter; omitted (with a note on
+/// stderr) where there is none.
+fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
+    const NAMES: [&str; 5] = [
+        "wgpu_fused_chain_100_4m",
+        "wgpu_copy_4m",
+        "wgpu_matmul_1024",
+        "wgpu_matmul_1024_naive",
+        "wgpu_host_overhead_10op",
+    ];
+    if !NAMES.iter().any(|name| selected(name, names)) {
+        return;
+    }
+    let gpu = match WgpuBackend::new() {
+        Ok(gpu) => gpu,
+        Err(e) => {
+            eprintln!("kiln-bench: no wgpu adapter ({e}); the wgpu figures are left out");
+            return;
+        }
+    };
+    report.adapter = Some(gpu.adapter());
+    let four_m = [4 << 20];
+    if selected("wgpu_fused_chain_100_4m", names) {
+        let f = compile(|x: Array| chain(x, 100)).with_backend(gpu.clone());
+        let ms = device_ms(&gpu, &f, ramp(&four_m), 20);
+        report.record("wgpu_fused_chain_100_4m", ms, "ms");
+    }
+    if selected("wgpu_copy_4m", names) {
+        // A reshape is a plain buffer copy into the output.
+        let f = compile(|x: Array| x.reshape(&[2048, 2048])).with_backend(gpu.clone());
+        let ms = device_ms(&gpu, &f, ramp(&four_m), 20);
+        report.record("wgpu_copy_4m", ms, "ms");
+    }
+    for (name, variant) in [
+        ("wgpu_matmul_1024", MatmulVariant::Tiled),
+        ("wgpu_matmul_1024_naive", MatmulVariant::Naive),
+    ] {
+        if selected(name, names) {
+            let gpu = gpu.with_matmul_variant(variant);
+            let f = compile(|(a, b): (Array, Array)| a.matmul(&b)).with_backend(gpu.clone());
+            let ms = device_ms(&gpu, &f, (ramp(&[1024, 1024]), ramp(&[1024, 1024])), 3);
+            report.record(name, 2.0 * 1024f64.powi(3) / (ms * 1e-3) / 1e9, "gflops");
+        }
+    }
+    if selected("wgpu_host_overhead_10op", names) {
+        report.record("wgpu_host_overhead_10op", host_overhead_10op(&gpu), "us");
+    }
+}
+
+/// f32 values 0, 1e-6, 2e-6, ... of `shape`.
+fn ramp(shape: &[usize]) -> Array {
+    let n: usize = shape.iter().product();
+    Array::from_vec((0..n).map(|i| i as f32 * 1e-6).collect(), shape).expect("sized data")
+}
+
+/// The median milliseconds `f`'s executable takes on the device, its
+/// arguments already resident, waiting for completion each time.
+fn device_ms<In: Tree + Clone, F: Fn(In) -> Out, Out: Tree>(
+    gpu: &WgpuBackend,
+    f: &kiln::Compiled<In, Out, F, WgpuBackend>,
+    args: In,
+    iterations: usize,
+) -> f64 {
+    let exe = f.executable(&args).expect("compiles");
+    let mut leaves = Vec::new();
+    args.flatten(&mut leaves).expect("flattens");
+    let shapes: Vec<Vec<usize>> = leaves
+        .iter()
+        .map(|a| a.shape().as_known().expect("known shape"))
+        .collect();
+    let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+    let shapes = exe.resolve_shapes(&refs).expect("shapes").into_owned();
+    let buffers: Vec<WgpuBuffer> = leaves
+        .iter()
+        .map(|a| gpu.upload(&a.data().expect("data")).expect("upload"))
+        .collect();
+    median_micros(iterations, || {
+        let outputs = gpu.run(&exe, buffers.clone(), &shapes).expect("run");
+        gpu.wait_idle().expect("device finishes");
+        drop(outputs);
+    }) / 1e3
+}
+
+/// Host microseconds of a cached call of a 10-op graph on tiny inputs:
+/// uploading the argument, finding the plan, recording and submitting ten
+/// dispatches. The device's work is waited for outside the timed part.
+fn host_overhead_10op(gpu: &WgpuBackend) -> f64 {
+    let f = compile(|x: Array| chain(x, 10))
+        .fusion(false)
+        .with_backend(gpu.clone());
+    let x = small(0);
+    let exe = f.executable(&x).expect("compiles");
+    let shapes = exe.resolve_shapes(&[&[4, 4]]).expect("shapes").into_owned();
+    let data = x.data().expect("data");
+    let mut samples = Vec::new();
+    for i in 0..2_200 {
+        let start = Instant::now();
+        let input = gpu.upload(&data).expect("upload");
+        let outputs = gpu.run(&exe, vec![input], &shapes).expect("run");
+        let micros = start.elapsed().as_secs_f64() * 1e6;
+        gpu.wait_idle().expect("device finishes");
+        drop(outputs);
+        // The first 200 calls warm the caches up.
+        if i >= 200 {
+            samples.push(micros);
+        }
+    }
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
 }
