@@ -24,7 +24,7 @@ mod wait;
 
 pub use buffer::WgpuBuffer;
 pub use device::{DeviceError, BACKEND_ENV};
-pub use kiln_kernels::MatmulVariant;
+pub use kiln_kernels::{MatmulVariant, Target};
 
 use buffer::{byte_size, from_words, to_words, Pool};
 use device::{block_on, Gpu};
@@ -81,6 +81,8 @@ pub(crate) struct Shared {
     dispatches: AtomicU64,
     /// Forces one matmul kernel (benchmarks compare them).
     matmul_variant: Option<MatmulVariant>,
+    /// What the kernels may use (native f16).
+    target: Target,
 }
 
 fn backend_err(detail: impl Into<String>) -> Error {
@@ -288,6 +290,9 @@ impl WgpuBackend {
     /// Opens the default adapter (see [`BACKEND_ENV`]).
     pub async fn new_async() -> Result<WgpuBackend, DeviceError> {
         let gpu = device::open().await?;
+        let target = Target {
+            native_f16: gpu.device.features().contains(wgpu::Features::SHADER_F16),
+        };
         Ok(WgpuBackend {
             shared: Arc::new(Shared {
                 name: format!("wgpu:{}", gpu.info.name),
@@ -301,6 +306,7 @@ impl WgpuBackend {
                 plans_built: AtomicU64::new(0),
                 dispatches: AtomicU64::new(0),
                 matmul_variant: None,
+                target,
             }),
         })
     }
@@ -308,10 +314,34 @@ impl WgpuBackend {
     /// The same device with every matmul computed by `variant`, and with
     /// caches, buffer pool and counters of its own.
     pub fn with_matmul_variant(&self, variant: MatmulVariant) -> WgpuBackend {
+        self.derived(
+            format!("+matmul={variant:?}"),
+            Some(variant),
+            self.shared.target,
+        )
+    }
+
+    /// The same device reading and writing f16 as packed words (the path
+    /// of adapters without SHADER_F16), with caches, buffer pool and
+    /// counters of its own.
+    pub fn with_packed_f16(&self) -> WgpuBackend {
+        self.derived(
+            "+packed-f16".to_string(),
+            self.shared.matmul_variant,
+            Target { native_f16: false },
+        )
+    }
+
+    fn derived(
+        &self,
+        suffix: String,
+        matmul_variant: Option<MatmulVariant>,
+        target: Target,
+    ) -> WgpuBackend {
         let s = &self.shared;
         WgpuBackend {
             shared: Arc::new(Shared {
-                name: format!("{}+matmul={variant:?}", s.name),
+                name: format!("{}{suffix}", s.name),
                 gpu: Gpu {
                     device: s.gpu.device.clone(),
                     queue: s.gpu.queue.clone(),
@@ -328,7 +358,8 @@ impl WgpuBackend {
                 other_buffers: AtomicU64::new(0),
                 plans_built: AtomicU64::new(0),
                 dispatches: AtomicU64::new(0),
-                matmul_variant: Some(variant),
+                matmul_variant,
+                target,
             }),
         }
     }
@@ -344,13 +375,10 @@ impl WgpuBackend {
         &self.shared.gpu.limits
     }
 
-    /// True when the device computes in f16 natively (SHADER_F16).
+    /// True when the kernels read and write f16 natively (the adapter has
+    /// SHADER_F16 and [`Self::with_packed_f16`] was not asked for).
     pub fn has_shader_f16(&self) -> bool {
-        self.shared
-            .gpu
-            .device
-            .features()
-            .contains(wgpu::Features::SHADER_F16)
+        self.shared.target.native_f16
     }
 
     /// Device objects created so far.

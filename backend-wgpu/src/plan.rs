@@ -189,6 +189,7 @@ impl Builder<'_> {
             &[View::contiguous(DType::F32, &shape)],
             &shape,
             dtype,
+            self.shared.target,
         )
         .map_err(|e| backend_err(e.to_string()))?;
         self.dispatch(&op, pack, vec![out, scratch])
@@ -225,6 +226,7 @@ impl Builder<'_> {
         let in_shape = |k: usize| &self.shapes[node.inputs[k]][..];
         let in_dtype = |k: usize| self.dtype(node.inputs[k]);
         let kernel_err = |e: kiln_kernels::KernelError| backend_err(e.to_string());
+        let target = self.shared.target;
         if aliased.contains(&true) && !op.is_elementwise() {
             return Err(backend_err(format!(
                 "`{}` cannot run in place on wgpu",
@@ -242,16 +244,22 @@ impl Builder<'_> {
                         },
                     })
                     .collect();
-                kiln_kernels::elementwise(op, &views, out_shape, dtype)
+                kiln_kernels::elementwise(op, &views, out_shape, dtype, target)
             }
             Op::Permute(perm) => {
                 let strides = kiln_kernels::row_major_strides(in_shape(0));
                 let permuted = perm.iter().map(|&p| strides[p]).collect();
-                kiln_kernels::copy(&View::strided(dtype, 0, permuted, out_shape), out_shape)
+                kiln_kernels::copy(
+                    &View::strided(dtype, 0, permuted, out_shape),
+                    out_shape,
+                    target,
+                )
             }
-            Op::BroadcastTo(_) => {
-                kiln_kernels::copy(&View::broadcast(dtype, in_shape(0), out_shape), out_shape)
-            }
+            Op::BroadcastTo(_) => kiln_kernels::copy(
+                &View::broadcast(dtype, in_shape(0), out_shape),
+                out_shape,
+                target,
+            ),
             Op::Slice(axes) => {
                 let strides = kiln_kernels::row_major_strides(in_shape(0));
                 let mut offset = 0;
@@ -261,11 +269,15 @@ impl Builder<'_> {
                     offset += start * stride;
                     stepped.push(stride * axis.step.max(1) as usize);
                 }
-                kiln_kernels::copy(&View::strided(dtype, offset, stepped, out_shape), out_shape)
+                kiln_kernels::copy(
+                    &View::strided(dtype, offset, stepped, out_shape),
+                    out_shape,
+                    target,
+                )
             }
             Op::Concat { axis } => {
                 let shapes: Vec<&[usize]> = (0..node.inputs.len()).map(in_shape).collect();
-                kiln_kernels::concat(dtype, &shapes, *axis, out_shape)
+                kiln_kernels::concat(dtype, &shapes, *axis, out_shape, target)
             }
             Op::Take { axis } => kiln_kernels::take(
                 dtype,
@@ -274,6 +286,7 @@ impl Builder<'_> {
                 in_shape(1).iter().product(),
                 *axis,
                 out_shape,
+                target,
             ),
             Op::Reduce {
                 op: reduce, axes, ..
@@ -289,7 +302,7 @@ impl Builder<'_> {
                         ),
                     });
                 }
-                kiln_kernels::reduce(*reduce, in_dtype(0), in_shape(0), axes)
+                kiln_kernels::reduce(*reduce, in_dtype(0), in_shape(0), axes, target)
             }
             Op::ArgMax { axis, .. } => {
                 if in_shape(0).get(*axis) == Some(&0) && !out_shape.contains(&0) {
@@ -301,7 +314,7 @@ impl Builder<'_> {
                         ),
                     });
                 }
-                kiln_kernels::argmax(in_dtype(0), in_shape(0), *axis)
+                kiln_kernels::argmax(in_dtype(0), in_shape(0), *axis, target)
             }
             Op::Matmul => {
                 let a = in_shape(0);
@@ -310,7 +323,7 @@ impl Builder<'_> {
                     .shared
                     .matmul_variant
                     .unwrap_or_else(|| MatmulVariant::choose(out_shape.iter().product(), k));
-                kiln_kernels::matmul(variant, dtype, a, in_shape(1), out_shape)
+                kiln_kernels::matmul(variant, dtype, a, in_shape(1), out_shape, target)
             }
             other => {
                 return Err(backend_err(format!(

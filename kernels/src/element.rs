@@ -3,7 +3,7 @@
 //! reference evaluation in `kiln::ops` (wrapping integers, division by zero
 //! giving 0, NaN-propagating maximum, saturating casts).
 
-use crate::KernelError;
+use crate::{KernelError, Target};
 use kiln::{BinaryOp, DType, UnaryOp};
 
 /// The WGSL type an element is computed in: f16 and bf16 compute in f32,
@@ -17,14 +17,30 @@ pub(crate) fn value_type(dtype: DType) -> &'static str {
     }
 }
 
-/// True for the dtypes stored two per word.
-pub(crate) fn is_packed(dtype: DType) -> bool {
-    matches!(dtype, DType::F16 | DType::BF16)
+/// True for the dtypes a kernel for `target` reads and writes two per word.
+pub(crate) fn is_packed(dtype: DType, target: Target) -> bool {
+    match dtype {
+        DType::F16 => !target.native_f16,
+        DType::BF16 => true,
+        _ => false,
+    }
 }
 
-/// A WGSL function `name(i: u32) -> T` reading element `i` of `buffer`.
-pub(crate) fn load_fn(name: &str, buffer: &str, dtype: DType) -> String {
+/// The element type of a buffer holding `dtype`: `f16` for f16 on a
+/// native-f16 target, words otherwise.
+pub(crate) fn buffer_type(dtype: DType, target: Target) -> &'static str {
+    if dtype == DType::F16 && target.native_f16 {
+        "f16"
+    } else {
+        "u32"
+    }
+}
+
+/// A WGSL function `name(i: u32) -> T` reading element `i` of `buffer`
+/// (declared with [`buffer_type`] for `target`).
+pub(crate) fn load_fn(name: &str, buffer: &str, dtype: DType, target: Target) -> String {
     let body = match dtype {
+        DType::F16 if target.native_f16 => format!("f32({buffer}[i])"),
         DType::F32 => format!("bitcast<f32>({buffer}[i])"),
         DType::I32 => format!("bitcast<i32>({buffer}[i])"),
         DType::U32 | DType::U8 => format!("{buffer}[i]"),
@@ -55,11 +71,15 @@ pub(crate) fn literal(dtype: DType, word: u32) -> Option<String> {
         .then(|| format!("bitcast<f32>({f32_bits:#x}u)"))
 }
 
-/// WGSL functions storing a computed value: `store_value(v) -> u32` for the
-/// one-per-word dtypes, `store_pair(low, high) -> u32` for f16 and bf16.
-pub(crate) fn store_fn(dtype: DType) -> String {
+/// WGSL functions storing a computed value: `store_value(v)` for the
+/// dtypes stored one per element, `store_pair(low, high) -> u32` for f16
+/// and bf16 packed two per word.
+pub(crate) fn store_fn(dtype: DType, target: Target) -> String {
     let ty = value_type(dtype);
     match dtype {
+        DType::F16 if target.native_f16 => {
+            "fn store_value(v: f32) -> f16 {\n    return f16(v);\n}\n".to_string()
+        }
         DType::F16 => "fn store_pair(low: f32, high: f32) -> u32 {\n    \
                        return pack2x16float(vec2<f32>(low, high));\n}\n"
             .to_string(),

@@ -6,8 +6,8 @@
 //! with an elementwise cast, so no two invocations share an output word.
 
 use crate::element::{load_fn, value_type};
-use crate::source::{bindings, param, PRELUDE};
-use crate::{row_major_strides, KernelError, KernelSpec, View};
+use crate::source::{bindings, param, prelude};
+use crate::{row_major_strides, KernelError, KernelSpec, Target, View};
 use kiln::{DType, ReduceOp};
 use std::fmt::Write;
 
@@ -45,17 +45,20 @@ fn store_accumulator(dtype: DType) -> &'static str {
 }
 
 /// Loads element `i` of operand `k` as the accumulator type.
-fn load_accumulated(name: &str, k: usize, dtype: DType) -> String {
+fn load_accumulated(name: &str, k: usize, dtype: DType, target: Target) -> String {
     if dtype == DType::Bool {
         format!("fn {name}(i: u32) -> u32 {{\n    return in_{k}[i];\n}}\n")
     } else {
-        load_fn(name, &format!("in_{k}"), dtype)
+        load_fn(name, &format!("in_{k}"), dtype, target)
     }
 }
 
-fn header(operands: usize, dtype: DType) -> String {
-    let mut source = String::from(PRELUDE);
-    source.push_str(&bindings(&(0..operands).collect::<Vec<_>>()));
+/// Prelude and bindings of `operands` operands of `dtype`; the output is
+/// words (f32 for f16 and bf16 results, see [`stores_f32`]).
+fn header(operands: usize, dtype: DType, target: Target) -> String {
+    let mut source = prelude(target);
+    let bound: Vec<(usize, DType)> = (0..operands).map(|k| (k, dtype)).collect();
+    source.push_str(&bindings(&bound, DType::U32, target));
     let _ = writeln!(source, "alias T = {};", accumulator(dtype));
     source
 }
@@ -88,6 +91,7 @@ pub fn reduce(
     dtype: DType,
     shape: &[usize],
     axes: &[usize],
+    target: Target,
 ) -> Result<KernelSpec, KernelError> {
     let (identity, combine) = match (dtype, op) {
         (DType::Bool, ReduceOp::Sum) => {
@@ -110,13 +114,13 @@ pub fn reduce(
         (_, ReduceOp::Min) => ("4294967295u", "min(a, b)"),
     };
     let name = op.name();
-    let mut source = header(1, dtype);
+    let mut source = header(1, dtype, target);
     let _ = write!(
         source,
         "fn identity() -> T {{\n    return {identity};\n}}\n\
          fn combine(a: T, b: T) -> T {{\n    return {combine};\n}}\n"
     );
-    source.push_str(&load_accumulated("load_in", 0, dtype));
+    source.push_str(&load_accumulated("load_in", 0, dtype, target));
     source.push_str(store_accumulator(dtype));
     source.push_str(REDUCE);
     let outputs: usize = (0..shape.len())
@@ -136,19 +140,24 @@ pub fn reduce(
 
 /// Index (u32) of the first maximum of contiguous `shape` along `axis`;
 /// the first NaN counts as the maximum.
-pub fn argmax(dtype: DType, shape: &[usize], axis: usize) -> Result<KernelSpec, KernelError> {
+pub fn argmax(
+    dtype: DType,
+    shape: &[usize],
+    axis: usize,
+    target: Target,
+) -> Result<KernelSpec, KernelError> {
     let (lowest, nan_of) = match dtype {
         d if d.is_float() => ("-pos_inf()", "is_nan(v)"),
         DType::I32 => ("-2147483647 - 1", "false"),
         _ => ("0u", "false"),
     };
-    let mut source = header(1, dtype);
+    let mut source = header(1, dtype, target);
     let _ = write!(
         source,
         "fn lowest() -> T {{\n    return {lowest};\n}}\n\
          fn nan_of(v: T) -> bool {{\n    return {nan_of};\n}}\n"
     );
-    source.push_str(&load_accumulated("load_in", 0, dtype));
+    source.push_str(&load_accumulated("load_in", 0, dtype, target));
     source.push_str(ARGMAX);
     let outputs: usize = (0..shape.len())
         .filter(|&d| d != axis)
@@ -197,6 +206,7 @@ pub fn matmul(
     a_shape: &[usize],
     b_shape: &[usize],
     out_shape: &[usize],
+    target: Target,
 ) -> Result<KernelSpec, KernelError> {
     let bad = || KernelError::Unsupported {
         op: "matmul".into(),
@@ -226,15 +236,15 @@ pub fn matmul(
             params.push(param("matmul", s * size)?);
         }
     }
-    let mut source = header(2, dtype);
+    let mut source = header(2, dtype, target);
     let zero = match dtype {
         d if d.is_float() => "0.0",
         DType::I32 => "0",
         _ => "0u",
     };
     let _ = writeln!(source, "fn zero() -> T {{\n    return {zero};\n}}");
-    source.push_str(&load_accumulated("load_a", 0, dtype));
-    source.push_str(&load_accumulated("load_b", 1, dtype));
+    source.push_str(&load_accumulated("load_a", 0, dtype, target));
+    source.push_str(&load_accumulated("load_b", 1, dtype, target));
     source.push_str(store_accumulator(dtype));
     source.push_str(MATMUL_COMMON);
     let outputs = batches * m * n;

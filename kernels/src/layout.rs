@@ -3,7 +3,7 @@
 
 use crate::element::value_type;
 use crate::source::{param, ElementKernel};
-use crate::{KernelError, KernelSpec, View};
+use crate::{KernelError, KernelSpec, Target, View};
 use kiln::DType;
 use std::fmt::Write;
 
@@ -12,7 +12,7 @@ const GATHER: &str = include_str!("wgsl/gather.wgsl");
 /// Copies `view` of one operand into a contiguous output of `out_shape`:
 /// transpose, broadcast, strided slice and reshape are all this kernel with
 /// different views.
-pub fn copy(view: &View, out_shape: &[usize]) -> Result<KernelSpec, KernelError> {
+pub fn copy(view: &View, out_shape: &[usize], target: Target) -> Result<KernelSpec, KernelError> {
     ElementKernel {
         op: "copy",
         views: std::slice::from_ref(view),
@@ -23,6 +23,7 @@ pub fn copy(view: &View, out_shape: &[usize]) -> Result<KernelSpec, KernelError>
             value_type(view.dtype)
         ),
         params: Vec::new(),
+        target,
     }
     .assemble()
 }
@@ -33,6 +34,7 @@ pub fn concat(
     shapes: &[&[usize]],
     axis: usize,
     out_shape: &[usize],
+    target: Target,
 ) -> Result<KernelSpec, KernelError> {
     let inner: usize = out_shape.iter().skip(axis + 1).product();
     let total = out_shape.get(axis).copied().unwrap_or(1);
@@ -75,6 +77,7 @@ pub fn concat(
         out_dtype: dtype,
         element,
         params,
+        target,
     }
     .assemble()
 }
@@ -89,6 +92,7 @@ pub fn take(
     index_count: usize,
     axis: usize,
     out_shape: &[usize],
+    target: Target,
 ) -> Result<KernelSpec, KernelError> {
     let index_load = match index_dtype {
         DType::I32 => "bitcast<i32>(in_1[j])",
@@ -119,6 +123,7 @@ pub fn take(
             param("take", index_count)?,
             param("take", n)?,
         ],
+        target,
     }
     .assemble()
 }

@@ -13,10 +13,10 @@
 //!
 //! ```
 //! use kiln::{DType, Op, UnaryOp};
-//! use kiln_kernels::{elementwise, validate, View};
+//! use kiln_kernels::{elementwise, validate, Target, View};
 //!
 //! let x = View::contiguous(DType::F32, &[4]);
-//! let spec = elementwise(&Op::Unary(UnaryOp::Exp), &[x], &[4], DType::F32).unwrap();
+//! let spec = elementwise(&Op::Unary(UnaryOp::Exp), &[x], &[4], DType::F32, Target::default()).unwrap();
 //! validate(&spec.source).unwrap();
 //! assert_eq!(spec.workgroups, 1);
 //! ```
@@ -30,6 +30,20 @@ mod source;
 pub use family::{argmax, matmul, reduce, stores_f32, MatmulVariant};
 pub use layout::{concat, copy, take};
 pub use source::{elementwise, words};
+
+/// What the device offers the kernels beyond core WebGPU.
+///
+/// With `native_f16` (the adapter has SHADER_F16) kernels start with
+/// `enable f16;` and read and write f16 buffers as `array<f16>`, one
+/// element per invocation; otherwise f16 is read and written as packed
+/// words through `unpack2x16float`/`pack2x16float`. Either way arithmetic
+/// runs in f32 and rounds to f16 after every op, as the reference does, and
+/// the buffer layout is the same.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Target {
+    /// The device computes with f16 natively (SHADER_F16).
+    pub native_f16: bool,
+}
 
 use kiln::DType;
 use thiserror::Error;
@@ -186,14 +200,15 @@ pub fn row_major_strides(shape: &[usize]) -> Vec<usize> {
 
 /// Checks a WGSL module with naga's parser and validator, with the
 /// capabilities every WebGPU implementation has (`pack2x16float` and
-/// `unpack2x16float` included).
+/// `unpack2x16float` included) plus f16 for modules that enable it.
 ///
 /// `Err` carries naga's diagnostic rendered against the source.
 pub fn validate(source: &str) -> Result<(), String> {
     let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
     naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+        naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32
+            | naga::valid::Capabilities::SHADER_FLOAT16,
     )
     .validate(&module)
     .map(|_| ())

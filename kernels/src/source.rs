@@ -1,14 +1,24 @@
 //! Assembly of index-to-element kernels (each output element a function of
 //! its index) and the elementwise/fused-group generator built on it.
 
-use crate::element::{self, is_packed, value_type};
-use crate::{KernelError, KernelSpec, View};
+use crate::element::{self, buffer_type, is_packed, value_type};
+use crate::{KernelError, KernelSpec, Target, View};
 use kiln::ops::{FusedArg, FusedStep};
 use kiln::{DType, Op};
 use std::fmt::Write;
 
 /// Helpers every kernel includes.
-pub(crate) const PRELUDE: &str = include_str!("wgsl/prelude.wgsl");
+const PRELUDE: &str = include_str!("wgsl/prelude.wgsl");
+
+/// The start of every module for `target`: the f16 extension where used,
+/// then the helpers.
+pub(crate) fn prelude(target: Target) -> String {
+    if target.native_f16 {
+        format!("enable f16;\n{PRELUDE}")
+    } else {
+        PRELUDE.to_string()
+    }
+}
 const MAIN: &str = include_str!("wgsl/elementwise.wgsl");
 const MAIN_PACKED: &str = include_str!("wgsl/elementwise_packed.wgsl");
 
@@ -23,26 +33,28 @@ const WORKGROUP: u64 = 256;
 /// assert_eq!(kiln_kernels::words(kiln::DType::U8, 5), 5);
 /// ```
 pub fn words(dtype: DType, len: usize) -> usize {
-    if is_packed(dtype) {
+    if matches!(dtype, DType::F16 | DType::BF16) {
         len.div_ceil(2)
     } else {
         len
     }
 }
 
-/// The binding declarations of parameters, output and the operands in
-/// `bound` (operand `k` is named `in_k`; bindings are numbered 2.. in the
-/// order of `bound`).
-pub(crate) fn bindings(bound: &[usize]) -> String {
-    let mut s = String::from(
+/// The binding declarations of parameters, an output buffer holding
+/// `out` and the operands in `bound` as (operand, dtype) (operand `k` is
+/// named `in_k`; bindings are numbered 2.. in the order of `bound`).
+pub(crate) fn bindings(bound: &[(usize, DType)], out: DType, target: Target) -> String {
+    let mut s = format!(
         "@group(0) @binding(0) var<storage, read> params: array<u32>;\n\
-         @group(0) @binding(1) var<storage, read_write> out: array<u32>;\n",
+         @group(0) @binding(1) var<storage, read_write> out: array<{}>;\n",
+        buffer_type(out, target)
     );
-    for (b, k) in bound.iter().enumerate() {
+    for (b, (k, dtype)) in bound.iter().enumerate() {
         let _ = writeln!(
             s,
-            "@group(0) @binding({}) var<storage, read> in_{k}: array<u32>;",
-            b + 2
+            "@group(0) @binding({}) var<storage, read> in_{k}: array<{}>;",
+            b + 2,
+            buffer_type(*dtype, target)
         );
     }
     s
@@ -71,6 +83,8 @@ pub(crate) struct ElementKernel<'a> {
     pub element: String,
     /// Parameters after the element count, at params[1..].
     pub params: Vec<u32>,
+    /// The device's capabilities.
+    pub target: Target,
 }
 
 impl ElementKernel<'_> {
@@ -82,8 +96,9 @@ impl ElementKernel<'_> {
         let bound: Vec<usize> = (0..self.views.len())
             .filter(|&k| !self.views[k].aliases_output && self.views[k].inline.is_none())
             .collect();
-        let mut source = String::from(PRELUDE);
-        source.push_str(&bindings(&bound));
+        let typed: Vec<(usize, DType)> = bound.iter().map(|&k| (k, self.views[k].dtype)).collect();
+        let mut source = prelude(self.target);
+        source.push_str(&bindings(&typed, self.out_dtype, self.target));
         let _ = writeln!(source, "alias T = {};", value_type(self.out_dtype));
         let shape_at = params.len();
         let strided = self
@@ -102,14 +117,20 @@ impl ElementKernel<'_> {
                     dtypes: format!("a {} operand not laid out as the output", view.dtype),
                 });
             }
-            let buffer = if view.aliases_output {
-                "out".to_string()
+            // Parameters are words whatever the target.
+            let (buffer, target) = if view.aliases_output {
+                ("out".to_string(), self.target)
             } else if view.inline.is_some() {
-                "params".to_string()
+                ("params".to_string(), Target::default())
             } else {
-                format!("in_{k}")
+                (format!("in_{k}"), self.target)
             };
-            source.push_str(&element::load_fn(&format!("load_{k}"), &buffer, view.dtype));
+            source.push_str(&element::load_fn(
+                &format!("load_{k}"),
+                &buffer,
+                view.dtype,
+                target,
+            ));
             if let Some(literal) = view
                 .inline
                 .and_then(|word| element::literal(view.dtype, word))
@@ -127,7 +148,11 @@ impl ElementKernel<'_> {
                 // from the low half (or whole) of one parameter word.
                 let at = params.len();
                 params.push(word);
-                let per_word = if is_packed(view.dtype) { 2 } else { 1 };
+                let per_word = if is_packed(view.dtype, Target::default()) {
+                    2
+                } else {
+                    1
+                };
                 format!("{}u", at * per_word)
             } else if view.contiguous {
                 "i".to_string()
@@ -162,8 +187,8 @@ impl ElementKernel<'_> {
             );
         }
         source.push_str(&self.element);
-        source.push_str(&element::store_fn(self.out_dtype));
-        let invocations = if is_packed(self.out_dtype) {
+        source.push_str(&element::store_fn(self.out_dtype, self.target));
+        let invocations = if is_packed(self.out_dtype, self.target) {
             source.push_str(MAIN_PACKED);
             numel.div_ceil(2)
         } else {
@@ -214,6 +239,7 @@ pub fn elementwise(
     operands: &[View],
     out_shape: &[usize],
     out_dtype: DType,
+    target: Target,
 ) -> Result<KernelSpec, KernelError> {
     let single;
     let steps: &[FusedStep] = match op {
@@ -278,6 +304,7 @@ pub fn elementwise(
         out_dtype,
         element: body,
         params: Vec::new(),
+        target,
     }
     .assemble()
 }

@@ -5,9 +5,12 @@ use kiln::ops::{FusedArg, FusedKernel, FusedStep};
 use kiln::{BinaryOp, DType, Op, ReduceOp, UnaryOp};
 use kiln_kernels::{
     argmax, concat, copy, elementwise, matmul, reduce, take, validate, KernelSpec, MatmulVariant,
-    View,
+    Target, View,
 };
 use std::sync::Arc;
+
+/// Packed f16 (core WebGPU) and native f16 (SHADER_F16).
+const TARGETS: [Target; 2] = [Target { native_f16: false }, Target { native_f16: true }];
 
 fn assert_valid(what: &str, spec: &KernelSpec) {
     if let Err(message) = validate(&spec.source) {
@@ -48,160 +51,223 @@ const BINARY: [BinaryOp; 13] = [
 
 #[test]
 fn every_unary_and_binary_kernel_validates_for_every_dtype_it_supports() {
-    let mut built = 0;
-    for dtype in DType::ALL {
-        for op in UNARY {
-            let x = View::contiguous(dtype, &[3, 5]);
-            if let Ok(spec) = elementwise(&Op::Unary(op), &[x], &[3, 5], dtype) {
-                assert_valid(op.name(), &spec);
-                built += 1;
+    for target in TARGETS {
+        let mut built = 0;
+        for dtype in DType::ALL {
+            for op in UNARY {
+                let x = View::contiguous(dtype, &[3, 5]);
+                if let Ok(spec) = elementwise(&Op::Unary(op), &[x], &[3, 5], dtype, target) {
+                    assert_valid(op.name(), &spec);
+                    built += 1;
+                }
+            }
+            for op in BINARY {
+                let a = View::broadcast(dtype, &[5], &[3, 5]);
+                let b = View::broadcast(dtype, &[3, 1], &[3, 5]);
+                let out = if op.is_comparison() {
+                    DType::Bool
+                } else {
+                    dtype
+                };
+                if let Ok(spec) = elementwise(&Op::Binary(op), &[a, b], &[3, 5], out, target) {
+                    assert_valid(op.name(), &spec);
+                    built += 1;
+                }
             }
         }
-        for op in BINARY {
-            let a = View::broadcast(dtype, &[5], &[3, 5]);
-            let b = View::broadcast(dtype, &[3, 1], &[3, 5]);
-            let out = if op.is_comparison() {
-                DType::Bool
-            } else {
-                dtype
-            };
-            if let Ok(spec) = elementwise(&Op::Binary(op), &[a, b], &[3, 5], out) {
-                assert_valid(op.name(), &spec);
-                built += 1;
-            }
-        }
+        // Unary: 12 ops on 3 float dtypes, neg/abs/relu on i32, abs/relu on u32
+        // and u8. Binary: 13 ops on 3 float dtypes, 6 arithmetic ops and 6
+        // comparisons on 3 integer dtypes, maximum/minimum and 6 comparisons on bool.
+        assert_eq!(built, (12 * 3 + 3 + 2 * 2) + (13 * 3 + 12 * 3 + 8));
     }
-    // Unary: 12 ops on 3 float dtypes, neg/abs/relu on i32, abs/relu on u32
-    // and u8. Binary: 13 ops on 3 float dtypes, 6 arithmetic ops and 6
-    // comparisons on 3 integer dtypes, maximum/minimum and 6 comparisons on bool.
-    assert_eq!(built, (12 * 3 + 3 + 2 * 2) + (13 * 3 + 12 * 3 + 8));
 }
 
 #[test]
 fn select_and_every_cast_validate() {
-    for from in DType::ALL {
-        for to in DType::ALL {
-            let x = View::contiguous(from, &[7]);
-            assert_valid("cast", &elementwise(&Op::Cast(to), &[x], &[7], to).unwrap());
+    for target in TARGETS {
+        for from in DType::ALL {
+            for to in DType::ALL {
+                let x = View::contiguous(from, &[7]);
+                assert_valid(
+                    "cast",
+                    &elementwise(&Op::Cast(to), &[x], &[7], to, target).unwrap(),
+                );
+            }
+            let c = View::contiguous(DType::Bool, &[7]);
+            let a = View::contiguous(from, &[7]);
+            let spec = elementwise(&Op::Select, &[c, a.clone(), a], &[7], from, target).unwrap();
+            assert_valid("where", &spec);
         }
-        let c = View::contiguous(DType::Bool, &[7]);
-        let a = View::contiguous(from, &[7]);
-        let spec = elementwise(&Op::Select, &[c, a.clone(), a], &[7], from).unwrap();
-        assert_valid("where", &spec);
     }
 }
 
 #[test]
 fn a_generated_fused_chain_of_one_hundred_ops_validates() {
-    let mut steps = vec![FusedStep {
-        op: Op::Binary(BinaryOp::Add),
-        args: vec![FusedArg::Input(0), FusedArg::Input(1)],
-    }];
-    for j in 1..100 {
-        let op = if j % 2 == 0 {
-            Op::Unary(UnaryOp::Tanh)
-        } else {
-            Op::Binary(BinaryOp::Mul)
-        };
-        let args = if j % 2 == 0 {
-            vec![FusedArg::Step(j - 1)]
-        } else {
-            vec![FusedArg::Step(j - 1), FusedArg::Input(1)]
-        };
-        steps.push(FusedStep { op, args });
-    }
-    let kernel = Op::Fused(Arc::new(FusedKernel::new(steps, 2).unwrap()));
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
-        let a = View::contiguous(dtype, &[4, 8]);
-        let b = View::broadcast(dtype, &[8], &[4, 8]);
-        let spec = elementwise(&kernel, &[a, b], &[4, 8], dtype).unwrap();
-        assert_valid("fused chain", &spec);
-        assert_eq!(spec.source.matches("fn element").count(), 1);
+    for target in TARGETS {
+        let mut steps = vec![FusedStep {
+            op: Op::Binary(BinaryOp::Add),
+            args: vec![FusedArg::Input(0), FusedArg::Input(1)],
+        }];
+        for j in 1..100 {
+            let op = if j % 2 == 0 {
+                Op::Unary(UnaryOp::Tanh)
+            } else {
+                Op::Binary(BinaryOp::Mul)
+            };
+            let args = if j % 2 == 0 {
+                vec![FusedArg::Step(j - 1)]
+            } else {
+                vec![FusedArg::Step(j - 1), FusedArg::Input(1)]
+            };
+            steps.push(FusedStep { op, args });
+        }
+        let kernel = Op::Fused(Arc::new(FusedKernel::new(steps, 2).unwrap()));
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let a = View::contiguous(dtype, &[4, 8]);
+            let b = View::broadcast(dtype, &[8], &[4, 8]);
+            let spec = elementwise(&kernel, &[a, b], &[4, 8], dtype, target).unwrap();
+            assert_valid("fused chain", &spec);
+            assert_eq!(spec.source.matches("fn element").count(), 1);
+        }
     }
 }
 
 #[test]
 fn layout_kernels_validate_for_every_dtype() {
-    for dtype in DType::ALL {
-        let transposed = View::strided(dtype, 0, vec![1, 3], &[4, 3]);
-        assert!(!transposed.contiguous);
-        assert_valid("copy", &copy(&transposed, &[4, 3]).unwrap());
-        let spec = concat(dtype, &[&[2, 3], &[2, 1], &[2, 4]], 1, &[2, 8]).unwrap();
-        assert_valid("concat", &spec);
-        for index in [DType::I32, DType::U32] {
-            assert_valid("take", &take(dtype, &[4, 3], index, 5, 0, &[5, 3]).unwrap());
+    for target in TARGETS {
+        for dtype in DType::ALL {
+            let transposed = View::strided(dtype, 0, vec![1, 3], &[4, 3]);
+            assert!(!transposed.contiguous);
+            assert_valid("copy", &copy(&transposed, &[4, 3], target).unwrap());
+            let spec = concat(dtype, &[&[2, 3], &[2, 1], &[2, 4]], 1, &[2, 8], target).unwrap();
+            assert_valid("concat", &spec);
+            for index in [DType::I32, DType::U32] {
+                assert_valid(
+                    "take",
+                    &take(dtype, &[4, 3], index, 5, 0, &[5, 3], target).unwrap(),
+                );
+            }
         }
     }
 }
 
 #[test]
 fn reductions_argmax_and_matmuls_validate_for_every_dtype_they_support() {
-    for dtype in DType::ALL {
-        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
-            match reduce(op, dtype, &[3, 4, 5], &[0, 2]) {
-                Ok(spec) => assert_valid(op.name(), &spec),
-                Err(_) => assert_eq!((op, dtype), (ReduceOp::Sum, DType::Bool)),
+    for target in TARGETS {
+        for dtype in DType::ALL {
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+                match reduce(op, dtype, &[3, 4, 5], &[0, 2], target) {
+                    Ok(spec) => assert_valid(op.name(), &spec),
+                    Err(_) => assert_eq!((op, dtype), (ReduceOp::Sum, DType::Bool)),
+                }
             }
-        }
-        assert_valid("argmax", &argmax(dtype, &[3, 4], 1).unwrap());
-        if dtype != DType::Bool {
-            for variant in [
-                MatmulVariant::Tiled,
-                MatmulVariant::Skinny,
-                MatmulVariant::Naive,
-            ] {
-                let spec = matmul(variant, dtype, &[2, 3, 4], &[4, 5], &[2, 3, 5]).unwrap();
-                assert_valid("matmul", &spec);
+            assert_valid("argmax", &argmax(dtype, &[3, 4], 1, target).unwrap());
+            if dtype != DType::Bool {
+                for variant in [
+                    MatmulVariant::Tiled,
+                    MatmulVariant::Skinny,
+                    MatmulVariant::Naive,
+                ] {
+                    let spec =
+                        matmul(variant, dtype, &[2, 3, 4], &[4, 5], &[2, 3, 5], target).unwrap();
+                    assert_valid("matmul", &spec);
+                }
             }
         }
     }
 }
 #[test]
 fn an_operand_sharing_the_output_buffer_is_read_through_the_output_binding() {
-    for dtype in [DType::F32, DType::F16, DType::BF16, DType::U8] {
-        let shared = View {
+    for target in TARGETS {
+        for dtype in [DType::F32, DType::F16, DType::BF16, DType::U8] {
+            let shared = View {
+                aliases_output: true,
+                ..View::contiguous(dtype, &[5])
+            };
+            let other = View::contiguous(dtype, &[5]);
+            let spec = elementwise(
+                &Op::Binary(BinaryOp::Maximum),
+                &[shared, other],
+                &[5],
+                dtype,
+                target,
+            )
+            .unwrap();
+            assert_valid("in-place maximum", &spec);
+            let load = spec.source.split("fn load_0").nth(1).unwrap();
+            let load = &load[..load.find('}').unwrap()];
+            assert!(load.contains("out[") && !load.contains("in_0"), "{load}");
+        }
+        let broadcast = View {
             aliases_output: true,
-            ..View::contiguous(dtype, &[5])
+            ..View::broadcast(DType::F32, &[1], &[5])
         };
-        let other = View::contiguous(dtype, &[5]);
-        let spec = elementwise(
-            &Op::Binary(BinaryOp::Maximum),
-            &[shared, other],
+        let err = elementwise(
+            &Op::Unary(UnaryOp::Exp),
+            &[broadcast],
             &[5],
-            dtype,
+            DType::F32,
+            target,
         )
-        .unwrap();
-        assert_valid("in-place maximum", &spec);
-        let load = spec.source.split("fn load_0").nth(1).unwrap();
-        let load = &load[..load.find('}').unwrap()];
-        assert!(load.contains("out[") && !load.contains("in_0"), "{load}");
+        .unwrap_err();
+        assert!(err.to_string().contains("in place"), "{err}");
     }
-    let broadcast = View {
-        aliases_output: true,
-        ..View::broadcast(DType::F32, &[1], &[5])
-    };
-    let err = elementwise(&Op::Unary(UnaryOp::Exp), &[broadcast], &[5], DType::F32).unwrap_err();
-    assert!(err.to_string().contains("in place"), "{err}");
 }
 
 #[test]
 fn scalar_constants_are_baked_into_the_source_or_carried_in_the_parameters() {
-    for dtype in [DType::F32, DType::F16, DType::BF16, DType::I32, DType::Bool] {
-        // 0xffff_ffff is NaN for the floats, which WGSL constants cannot hold.
-        for word in [1, 0xffff_ffff] {
-            let x = View::contiguous(dtype, &[6]);
-            let constant = View::inline(dtype, word);
-            let spec =
-                elementwise(&Op::Binary(BinaryOp::Maximum), &[x, constant], &[6], dtype).unwrap();
-            assert_valid("maximum with an inlined scalar", &spec);
-            assert_eq!(spec.bound, vec![0], "no binding for the constant");
-            assert!(!spec.source.contains("in_1"));
-            let in_params = spec.params.last() == Some(&word);
-            assert_eq!(
-                in_params,
-                dtype.is_float() && word != 1,
-                "{dtype} {word:#x}"
-            );
+    for target in TARGETS {
+        for dtype in [DType::F32, DType::F16, DType::BF16, DType::I32, DType::Bool] {
+            // 0xffff_ffff is NaN for the floats, which WGSL constants cannot hold.
+            for word in [1, 0xffff_ffff] {
+                let x = View::contiguous(dtype, &[6]);
+                let constant = View::inline(dtype, word);
+                let spec = elementwise(
+                    &Op::Binary(BinaryOp::Maximum),
+                    &[x, constant],
+                    &[6],
+                    dtype,
+                    target,
+                )
+                .unwrap();
+                assert_valid("maximum with an inlined scalar", &spec);
+                assert_eq!(spec.bound, vec![0], "no binding for the constant");
+                assert!(!spec.source.contains("in_1"));
+                let in_params = spec.params.last() == Some(&word);
+                assert_eq!(
+                    in_params,
+                    dtype.is_float() && word != 1,
+                    "{dtype} {word:#x}"
+                );
+            }
         }
     }
+}
+
+#[test]
+fn native_f16_kernels_enable_f16_and_bind_f16_arrays_and_packed_ones_bind_words() {
+    let x = View::contiguous(DType::F16, &[3]);
+    let native = elementwise(
+        &Op::Unary(UnaryOp::Exp),
+        std::slice::from_ref(&x),
+        &[3],
+        DType::F16,
+        Target { native_f16: true },
+    )
+    .unwrap();
+    assert!(native.source.starts_with("enable f16;"));
+    assert!(
+        native.source.contains("in_0: array<f16>") && native.source.contains("out: array<f16>")
+    );
+    assert_eq!(native.workgroups, 1);
+    let packed = elementwise(
+        &Op::Unary(UnaryOp::Exp),
+        &[x],
+        &[3],
+        DType::F16,
+        Target::default(),
+    )
+    .unwrap();
+    assert!(!packed.source.contains("enable f16"));
+    assert!(packed.source.contains("unpack2x16float") && packed.source.contains("store_pair"));
 }

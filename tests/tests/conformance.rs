@@ -7,7 +7,9 @@
 //!
 //! The CPU executor runs the suite against itself (fused against unfused
 //! reference), and the wgpu backend runs it on the default adapter
-//! (lavapipe in CI, where `KILN_REQUIRE_GPU` makes a missing adapter fail).
+//! (lavapipe in CI, where `KILN_REQUIRE_GPU` makes a missing adapter fail)
+//! twice: with native f16 where the adapter has SHADER_F16 (lavapipe has),
+//! and with f16 packed in words as on adapters without it.
 
 use kiln::{concat, Array, Backend, CpuBackend, DType, HostData};
 use kiln_tests::conformance::{check_against_cpu, Program};
@@ -455,5 +457,16 @@ fn wgpu_passes_the_conformance_suite() {
         return;
     };
     let ran = run_suite(&gpu).unwrap_or_else(|e| panic!("on {}: {e}", gpu.adapter()));
+    assert!(ran > 400, "only {ran} runs");
+}
+
+#[test]
+fn wgpu_with_f16_packed_in_words_passes_the_conformance_suite() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let packed = gpu.with_packed_f16();
+    assert!(!packed.has_shader_f16());
+    let ran = run_suite(&packed).unwrap_or_else(|e| panic!("on {}: {e}", packed.adapter()));
     assert!(ran > 400, "only {ran} runs");
 }
