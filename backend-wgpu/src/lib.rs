@@ -381,6 +381,19 @@ impl WgpuBackend {
         self.shared.target.native_f16
     }
 
+    /// Destroys the device now, for this backend and every one derived
+    /// from it: later calls return an error saying the device was lost.
+    pub fn destroy(&self) {
+        self.shared.gpu.device.destroy();
+        #[cfg(not(target_arch = "wasm32"))]
+        drop(
+            self.shared
+                .gpu
+                .device
+                .poll(wgpu::PollType::wait_indefinitely()),
+        );
+    }
+
     /// Device objects created so far.
     pub fn counters(&self) -> Counters {
         let s = &self.shared;
