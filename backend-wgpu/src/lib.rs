@@ -66,7 +66,17 @@ type Layouts = (Arc<wgpu::BindGroupLayout>, Arc<wgpu::PipelineLayout>);
 struct ExePlans {
     graph: Graph,
     plans: Vec<Arc<Plan>>,
+    /// When a call last used one of them (a tick of `plan_clock`).
+    last_used: u64,
 }
+
+/// Executables whose plans (and so buffers) are kept; beyond it the least
+/// recently used one's are released.
+const MAX_PLANNED_EXECUTABLES: usize = 64;
+
+/// Shape sets kept per executable (a shapeless one sees many); beyond it
+/// the oldest plan is released.
+const MAX_SHAPE_SETS: usize = 16;
 
 pub(crate) struct Shared {
     name: String,
@@ -78,6 +88,7 @@ pub(crate) struct Shared {
     pipelines_created: AtomicU64,
     other_buffers: AtomicU64,
     plans_built: AtomicU64,
+    plan_clock: AtomicU64,
     dispatches: AtomicU64,
     /// Forces one matmul kernel (benchmarks compare them).
     matmul_variant: Option<MatmulVariant>,
@@ -253,10 +264,12 @@ impl Shared {
     /// The plan of `exe` for `shapes`, built on first use.
     fn plan(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Result<Arc<Plan>> {
         let key = exe as *const Executable as usize;
+        let tick = self.plan_clock.fetch_add(1, Ordering::Relaxed);
         {
-            let plans = lock(&self.plans);
-            if let Some(entry) = plans.get(&key).filter(|e| e.graph == *exe.graph()) {
+            let mut plans = lock(&self.plans);
+            if let Some(entry) = plans.get_mut(&key).filter(|e| e.graph == *exe.graph()) {
                 if let Some(plan) = entry.plans.iter().find(|p| p.shapes == shapes) {
+                    entry.last_used = tick;
                     return Ok(plan.clone());
                 }
             }
@@ -264,16 +277,30 @@ impl Shared {
         let plan = Arc::new(plan::build(self, exe, shapes)?);
         self.plans_built.fetch_add(1, Ordering::Relaxed);
         let mut plans = lock(&self.plans);
+        if !plans.contains_key(&key) && plans.len() >= MAX_PLANNED_EXECUTABLES {
+            // Executables are known by address only, so one that was
+            // dropped is never seen again: forget the least recently used.
+            if let Some(oldest) = plans
+                .iter()
+                .min_by_key(|(_, e)| e.last_used)
+                .map(|(k, _)| *k)
+            {
+                plans.remove(&oldest);
+            }
+        }
         let entry = plans.entry(key).or_insert_with(|| ExePlans {
             graph: exe.graph().clone(),
             plans: Vec::new(),
+            last_used: tick,
         });
         if entry.graph != *exe.graph() {
-            *entry = ExePlans {
-                graph: exe.graph().clone(),
-                plans: Vec::new(),
-            };
+            entry.graph = exe.graph().clone();
+            entry.plans.clear();
         }
+        if entry.plans.len() >= MAX_SHAPE_SETS {
+            entry.plans.remove(0);
+        }
+        entry.last_used = tick;
         entry.plans.push(plan.clone());
         Ok(plan)
     }
@@ -304,6 +331,7 @@ impl WgpuBackend {
                 pipelines_created: AtomicU64::new(0),
                 other_buffers: AtomicU64::new(0),
                 plans_built: AtomicU64::new(0),
+                plan_clock: AtomicU64::new(0),
                 dispatches: AtomicU64::new(0),
                 matmul_variant: None,
                 target,
@@ -357,6 +385,7 @@ impl WgpuBackend {
                 pipelines_created: AtomicU64::new(0),
                 other_buffers: AtomicU64::new(0),
                 plans_built: AtomicU64::new(0),
+                plan_clock: AtomicU64::new(0),
                 dispatches: AtomicU64::new(0),
                 matmul_variant,
                 target,

@@ -231,3 +231,36 @@ fn a_donated_argument_still_shared_by_the_caller_is_copied_before_an_in_place_wr
         assert!((g - w).abs() < 1e-5, "{got:?} vs {want:?}");
     }
 }
+
+#[test]
+fn plans_of_executables_not_used_for_long_are_released() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let gpu = gpu.with_packed_f16();
+    let x = Array::from_vec(vec![1.0f32, 2.0], &[2]).expect("2 values");
+    let first = compile(|x: Array| x * 2.0).with_backend(gpu.clone());
+    first.call(&x).expect("first call");
+    let planned = gpu.counters().plans;
+    first.call(&x).expect("cached call");
+    assert_eq!(
+        gpu.counters().plans,
+        planned,
+        "a cached call reuses its plan"
+    );
+    // Seventy other executables, each with its own constant.
+    let others: Vec<_> = (0..70)
+        .map(|i| {
+            let f = compile(move |x: Array| x + f64::from(i)).with_backend(gpu.clone());
+            f.call(&x).expect("call");
+            f
+        })
+        .collect();
+    first.call(&x).expect("call after many others");
+    assert_eq!(
+        gpu.counters().plans,
+        planned + 71,
+        "the first executable's plan was released and rebuilt"
+    );
+    drop(others);
+}
