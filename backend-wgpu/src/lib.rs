@@ -83,7 +83,7 @@ pub(crate) struct Shared {
     gpu: Gpu,
     pool: Arc<Pool>,
     pipelines: Mutex<HashMap<String, Pipeline>>,
-    layouts: Mutex<HashMap<usize, Layouts>>,
+    layouts: Mutex<HashMap<(usize, bool), Layouts>>,
     plans: Mutex<HashMap<usize, ExePlans>>,
     pipelines_created: AtomicU64,
     other_buffers: AtomicU64,
@@ -138,17 +138,18 @@ impl Shared {
     }
 
     /// The bind group layout of kernels with `operands` operands:
-    /// parameters, output, then the operands.
-    fn layout(&self, operands: usize) -> Layouts {
+    /// parameters, output, the operands, then (with `status`) a status word.
+    fn layout(&self, operands: usize, status: bool) -> Layouts {
         let mut layouts = lock(&self.layouts);
-        let entry = layouts.entry(operands).or_insert_with(|| {
-            let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..operands + 2)
+        let entry = layouts.entry((operands, status)).or_insert_with(|| {
+            let count = operands + 2 + usize::from(status);
+            let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..count)
                 .map(|binding| wgpu::BindGroupLayoutEntry {
                     binding: binding as u32,
                     visibility: wgpu::ShaderStages::COMPUTE,
                     ty: wgpu::BindingType::Buffer {
                         ty: wgpu::BufferBindingType::Storage {
-                            read_only: binding != 1,
+                            read_only: binding != 1 && binding != operands + 2,
                         },
                         has_dynamic_offset: false,
                         min_binding_size: None,
@@ -177,7 +178,7 @@ impl Shared {
     }
 
     /// The pipeline of `source` (validated by naga and compiled once).
-    fn pipeline(&self, op: &str, source: &str, operands: usize) -> Result<Pipeline> {
+    fn pipeline(&self, op: &str, source: &str, operands: usize, status: bool) -> Result<Pipeline> {
         if let Some(found) = lock(&self.pipelines).get(source) {
             return Ok(found.clone());
         }
@@ -191,7 +192,7 @@ impl Shared {
                 .to_string(),
             )
         })?;
-        let (group, layout) = self.layout(operands);
+        let (group, layout) = self.layout(operands, status);
         let device = &self.gpu.device;
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -462,24 +463,9 @@ impl WgpuBackend {
             });
         encoder.copy_buffer_to_buffer(source, 0, &staging, 0, bytes);
         s.gpu.queue.submit([encoder.finish()]);
-        let (sender, receiver) = wait::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |result| sender.send(result));
-        #[cfg(not(target_arch = "wasm32"))]
-        s.gpu
-            .device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| backend_err(format!("waiting for a readback: {e}")))?;
-        receiver
-            .await
-            .map_err(|e| backend_err(format!("mapping a readback buffer: {e}")))?;
-        let data = {
-            let view = staging
-                .get_mapped_range(..)
-                .map_err(|e| backend_err(format!("reading a readback buffer: {e}")))?;
-            from_words(buffer.dtype, buffer.len, bytemuck::cast_slice(&view))
-        };
-        staging.unmap();
+        let words = self.read_staging(&staging).await;
         s.pool.give(staging, true);
+        let data = from_words(buffer.dtype, buffer.len, &words?);
         s.check_alive()?;
         s.take_uncaptured()?;
         Ok(Arc::new(data))
@@ -554,6 +540,11 @@ impl WgpuBackend {
                 _ => None,
             });
         }
+        for check in &plan.checks {
+            if let Some(word) = plan.temps.get(check.temp) {
+                s.gpu.queue.write_buffer(word, 0, &u32::MAX.to_le_bytes());
+            }
+        }
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("kiln call"),
         });
@@ -590,7 +581,69 @@ impl WgpuBackend {
         }
         drop(pass);
         s.gpu.queue.submit([encoder.finish()]);
+        self.verify_checks(plan)?;
         Ok(outputs)
+    }
+
+    /// Reads the plan's status words back (waiting for the call) and turns
+    /// the first that reports bad input into an error. In the browser,
+    /// which cannot wait, the words are not read.
+    fn verify_checks(&self, plan: &Plan) -> Result<()> {
+        if plan.checks.is_empty() {
+            return Ok(());
+        }
+        let s = &self.shared;
+        let bytes = 4 * plan.checks.len() as u64;
+        let staging = s.pool.take(&s.gpu.device, bytes, true);
+        let mut encoder = s
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("kiln status words"),
+            });
+        for (k, check) in plan.checks.iter().enumerate() {
+            if let Some(word) = plan.temps.get(check.temp) {
+                encoder.copy_buffer_to_buffer(word, 0, &staging, 4 * k as u64, 4);
+            }
+        }
+        s.gpu.queue.submit([encoder.finish()]);
+        let words = block_on(self.read_staging(&staging));
+        s.pool.give(staging, true);
+        let Some(words) = words.transpose()? else {
+            return Ok(());
+        };
+        for (check, &position) in plan.checks.iter().zip(&words) {
+            if position != u32::MAX {
+                return Err(Error::Runtime {
+                    op: check.op.clone(),
+                    detail: format!("{} (at position {position} of the indices)", check.detail),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The words of a staging buffer once the device has filled it.
+    async fn read_staging(&self, staging: &wgpu::Buffer) -> Result<Vec<u32>> {
+        let s = &self.shared;
+        let (sender, receiver) = wait::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |result| sender.send(result));
+        #[cfg(not(target_arch = "wasm32"))]
+        s.gpu
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| backend_err(format!("waiting for a readback: {e}")))?;
+        receiver
+            .await
+            .map_err(|e| backend_err(format!("mapping a readback buffer: {e}")))?;
+        let words = {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| backend_err(format!("reading a readback buffer: {e}")))?;
+            bytemuck::cast_slice::<u8, u32>(&view).to_vec()
+        };
+        staging.unmap();
+        Ok(words)
     }
 }
 

@@ -37,6 +37,17 @@ pub(crate) enum Command {
     Copy { from: Loc, to: Loc, bytes: u64 },
 }
 
+/// A status word a kernel lowers from `u32::MAX` to the first position of
+/// bad input (see `KernelSpec::status`).
+pub(crate) struct Check {
+    /// The plan-owned buffer holding it.
+    pub temp: usize,
+    /// The op that checks.
+    pub op: String,
+    /// What went wrong, before the position.
+    pub detail: String,
+}
+
 /// The device program of one executable for one shape set.
 pub(crate) struct Plan {
     /// The shapes it was built for.
@@ -47,6 +58,8 @@ pub(crate) struct Plan {
     pub outputs: Vec<(DType, usize)>,
     /// Arguments some kernel writes in place (donated ones).
     pub written_inputs: Vec<usize>,
+    /// Status words read back after each call.
+    pub checks: Vec<Check>,
 }
 
 fn backend_err(detail: String) -> Error {
@@ -78,6 +91,9 @@ struct Builder<'a> {
     locs: Vec<Option<Loc>>,
     commands: Vec<Command>,
     temps: Vec<wgpu::Buffer>,
+    checks: Vec<Check>,
+    /// The message of the next status check recorded.
+    check_detail: Option<String>,
 }
 
 impl Builder<'_> {
@@ -113,14 +129,27 @@ impl Builder<'_> {
         self.locs[v].ok_or_else(|| backend_err(format!("value {v} is read before it is computed")))
     }
 
-    fn dispatch(&mut self, op: &str, spec: KernelSpec, bindings: Vec<Loc>) -> Result<()> {
+    fn dispatch(&mut self, op: &str, spec: KernelSpec, mut bindings: Vec<Loc>) -> Result<()> {
         if spec.workgroups == 0 {
             return Ok(());
         }
         let max = self.shared.gpu.limits.max_compute_workgroups_per_dimension;
         let workgroups = split(op, spec.workgroups, max)?;
         let operands = bindings.len() - 1;
-        let (pipeline, layout) = self.shared.pipeline(op, &spec.source, operands)?;
+        if spec.status {
+            let word = self.temp(op, 4)?;
+            if let Loc::Temp(t) = word {
+                self.checks.push(Check {
+                    temp: t,
+                    op: op.to_string(),
+                    detail: self.check_detail.take().unwrap_or_default(),
+                });
+            }
+            bindings.push(word);
+        }
+        let (pipeline, layout) = self
+            .shared
+            .pipeline(op, &spec.source, operands, spec.status)?;
         let params = self.shared.new_buffer(4 * spec.params.len().max(1) as u64);
         self.shared
             .gpu
@@ -366,6 +395,8 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
         locs: vec![None; graph.nodes.len()],
         commands: Vec::new(),
         temps: Vec::new(),
+        checks: Vec::new(),
+        check_detail: None,
     };
     let slot_bytes = slot_plan.slot_bytes(graph, shapes, slot_element_bytes);
     let mut slot_locs: Vec<Option<Loc>> = vec![None; slot_bytes.len()];
@@ -450,6 +481,12 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
                     operands.push(loc);
                 }
                 let spec = b.spec(v, op, &aliased)?;
+                if let Op::Take { axis } = op {
+                    let n = shapes[node.inputs[0]].get(*axis).copied().unwrap_or(0);
+                    b.check_detail = Some(format!(
+                        "an index is out of range for axis {axis} of size {n}"
+                    ));
+                }
                 b.kernel(v, out, spec, operands)?;
             }
         }
@@ -493,5 +530,6 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
         temps: b.temps,
         outputs,
         written_inputs,
+        checks: b.checks,
     })
 }

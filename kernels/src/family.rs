@@ -135,6 +135,7 @@ pub fn reduce(
         params,
         workgroups: workgroups_of(name, outputs)?,
         bound: vec![0],
+        status: false,
     })
 }
 
@@ -171,6 +172,7 @@ pub fn argmax(
         params,
         workgroups: workgroups_of("argmax", outputs)?,
         bound: vec![0],
+        status: false,
     })
 }
 
@@ -268,5 +270,6 @@ pub fn matmul(
         params,
         workgroups: workgroups_of("matmul", workgroups)?,
         bound: vec![0, 1],
+        status: false,
     })
 }

@@ -24,6 +24,7 @@ pub fn copy(view: &View, out_shape: &[usize], target: Target) -> Result<KernelSp
         ),
         params: Vec::new(),
         target,
+        status: false,
     }
     .assemble()
 }
@@ -78,13 +79,15 @@ pub fn concat(
         element,
         params,
         target,
+        status: false,
     }
     .assemble()
 }
 
 /// NumPy `take` of contiguous `data` along `axis` by contiguous `indices`
-/// (i32 or u32; negative i32 indices count from the end, and the kernel
-/// clamps into range where the reference would report an error).
+/// (i32 or u32; negative i32 indices count from the end). An index still
+/// out of range is reported through the status word (the first offending
+/// position) and read clamped.
 pub fn take(
     dtype: DType,
     data_shape: &[usize],
@@ -124,6 +127,7 @@ pub fn take(
             param("take", n)?,
         ],
         target,
+        status: true,
     }
     .assemble()
 }

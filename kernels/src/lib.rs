@@ -93,6 +93,10 @@ pub struct KernelSpec {
     /// The operands bound at bindings 2.., in order: operands read through
     /// the output binding or inlined into the parameters take none.
     pub bound: Vec<usize>,
+    /// The kernel reports bad input in a status word bound read-write after
+    /// the operands: it starts at `u32::MAX` and the kernel lowers it to the
+    /// first offending position (`take`'s out-of-range indices).
+    pub status: bool,
 }
 
 /// How one operand of an index-to-element kernel is read: the element of

@@ -85,6 +85,8 @@ pub(crate) struct ElementKernel<'a> {
     pub params: Vec<u32>,
     /// The device's capabilities.
     pub target: Target,
+    /// Binds a status word after the operands (see [`KernelSpec::status`]).
+    pub status: bool,
 }
 
 impl ElementKernel<'_> {
@@ -99,6 +101,13 @@ impl ElementKernel<'_> {
         let typed: Vec<(usize, DType)> = bound.iter().map(|&k| (k, self.views[k].dtype)).collect();
         let mut source = prelude(self.target);
         source.push_str(&bindings(&typed, self.out_dtype, self.target));
+        if self.status {
+            let _ = writeln!(
+                source,
+                "@group(0) @binding({}) var<storage, read_write> status: array<atomic<u32>>;",
+                bound.len() + 2
+            );
+        }
         let _ = writeln!(source, "alias T = {};", value_type(self.out_dtype));
         let shape_at = params.len();
         let strided = self
@@ -200,6 +209,7 @@ impl ElementKernel<'_> {
             params,
             workgroups: (invocations as u64).div_ceil(WORKGROUP),
             bound,
+            status: self.status,
         })
     }
 }
@@ -305,6 +315,7 @@ pub fn elementwise(
         element: body,
         params: Vec::new(),
         target,
+        status: false,
     }
     .assemble()
 }

@@ -264,3 +264,26 @@ fn plans_of_executables_not_used_for_long_are_released() {
     );
     drop(others);
 }
+
+#[test]
+fn an_index_out_of_range_in_take_is_a_runtime_error_as_on_the_cpu() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let take = |(x, i): (Array, Array)| x.take(&i, 0);
+    let f = compile(take).with_backend(gpu);
+    let x = Array::from_vec(vec![1.0f32, 2.0, 3.0], &[3]).expect("3 values");
+    let bad = Array::from_vec(vec![0, 2, 3, -4], &[4]).expect("4 indices");
+    let err = f.call(&(x.clone(), bad.clone())).expect_err("index 3 of 3");
+    let cpu = compile(take).call(&(x.clone(), bad)).expect_err("cpu too");
+    for message in [err.to_string(), cpu.to_string()] {
+        assert!(
+            message.contains("`take`") && message.contains("out of range for axis 0 of size 3"),
+            "{message}"
+        );
+    }
+    assert!(err.to_string().contains("position 2"), "{err}");
+    let good = Array::from_vec(vec![-1, 0], &[2]).expect("2 indices");
+    let y = f.call(&(x, good)).expect("in range");
+    assert_eq!(y.to_vec::<f32>().expect("f32"), vec![3.0, 1.0]);
+}
