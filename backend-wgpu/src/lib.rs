@@ -625,11 +625,11 @@ impl WgpuBackend {
 
     /// The words of a staging buffer once the device has filled it.
     async fn read_staging(&self, staging: &wgpu::Buffer) -> Result<Vec<u32>> {
-        let s = &self.shared;
         let (sender, receiver) = wait::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |result| sender.send(result));
         #[cfg(not(target_arch = "wasm32"))]
-        s.gpu
+        self.shared
+            .gpu
             .device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| backend_err(format!("waiting for a readback: {e}")))?;
