@@ -39,9 +39,9 @@ impl Executable {
     /// Builds an executable from an optimized graph and plans its buffers.
     /// `symbols` tells where each symbol of a shapeless graph is read from;
     /// `donated[i]` whether argument leaf `i` may be overwritten; and
-    /// `input_shapes` are the traced call's argument shapes, which stand in
-    /// for every call's when the plan orders its packing. In debug builds
-    /// the plan is checked by the independent verifier.
+    /// `input_shapes` are the traced call's argument shapes. In debug builds
+    /// the plan (and its arena for those shapes) is checked by the
+    /// independent verifier.
     pub fn new(
         graph: Graph,
         symbols: Vec<(Symbol, SymbolSource)>,
@@ -69,9 +69,9 @@ impl Executable {
             symbols,
             plan: Plan::default(),
         };
-        let shapes = exe.representative_shapes(input_shapes);
-        exe.plan = Plan::build(&exe.graph, donated, &shapes);
+        exe.plan = Plan::build(&exe.graph, donated);
         if cfg!(debug_assertions) {
+            let shapes = exe.representative_shapes(input_shapes);
             exe.plan
                 .verify(&exe.graph, &shapes)
                 .map_err(|violation| Error::InvalidPlan {

@@ -81,7 +81,11 @@ fn check_in_place(op: &Op, operands: &[HostData], shapes: &[&[usize]], out_shape
         let mut buffer = operands[target].clone();
         op.eval_in_place(&inputs, shapes, out_shape, &mut buffer)
             .unwrap_or_else(|e| panic!("{op:?} in place of operand {target}: {e}"));
-        assert_eq!(bits(&buffer), bits(&expected), "{op:?} in place of operand {target}");
+        assert_eq!(
+            bits(&buffer),
+            bits(&expected),
+            "{op:?} in place of operand {target}"
+        );
     }
 }
 
@@ -161,7 +165,12 @@ fn fused_group_in_place_over_many_tiles_equals_functional() {
         let b: Vec<f64> = (0..n).map(|i| ((i % 13) as f64) / 4.0).collect();
         let x = data(DType::F32, &a);
         check_in_place(&op, &[x.clone(), data(DType::F32, &b)], &[&[n], &[n]], &[n]);
-        check_in_place(&op, &[x.clone(), data(DType::F32, &[0.5])], &[&[n], &[]], &[n]);
+        check_in_place(
+            &op,
+            &[x.clone(), data(DType::F32, &[0.5])],
+            &[&[n], &[]],
+            &[n],
+        );
         check_in_place(&op, &[x.clone(), x], &[&[n], &[n]], &[n]);
         let h = data(DType::F16, &a);
         check_in_place(&op, &[h, data(DType::F16, &b)], &[&[n], &[n]], &[n]);

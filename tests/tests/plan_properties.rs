@@ -5,7 +5,7 @@
 //! bit, every plan passes the verifier, and corrupted plans never do.
 //! Case count: `KILN_CASES` (CI default 2000).
 
-use kiln::plan::{verify_plan, Home, PlanViolation};
+use kiln::plan::{verify_plan, Arena, Home, PlanViolation};
 use kiln::{compile, Array, Backend, CpuBackend, DType, Executable, HostData, ValueKind};
 use kiln_tests::programs::{cases, instr, make_inputs, run, Instr};
 use proptest::prelude::*;
@@ -185,17 +185,23 @@ enum Corruption {
     ReadAfterOverwrite,
     UndonatedInputWritten,
     NonElementwiseInPlace,
+    SharedArenaBytes,
 }
 
 /// A plan's homes, slot sizes and donations after one corruption.
-type Corrupted = (Corruption, Vec<Home>, Vec<usize>, Vec<bool>);
+type Corrupted = (Corruption, Vec<Home>, Arena, Vec<bool>);
 
 /// Every corruption that applies to this plan.
 fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
     let graph = exe.graph();
     let plan = exe.plan();
     let homes = plan.homes().to_vec();
-    let slot_bytes = plan.slot_bytes(graph, shapes, DType::size_bytes);
+    let arena = plan.arena(graph, shapes, DType::size_bytes);
+    let slot_bytes = arena.bytes.clone();
+    let with_sizes = |sizes: Vec<usize>| Arena {
+        bytes: sizes,
+        ..arena.clone()
+    };
     let donated = plan.donated().to_vec();
     let n = graph.nodes.len();
     let bytes =
@@ -223,7 +229,7 @@ fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
         out.push((
             Corruption::SlotTooSmall,
             homes.clone(),
-            sizes,
+            with_sizes(sizes),
             donated.clone(),
         ));
     }
@@ -240,7 +246,7 @@ fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
                     out.push((
                         Corruption::OverwriteLiveValue,
                         moved,
-                        sizes,
+                        with_sizes(sizes),
                         donated.clone(),
                     ));
                     break 'live;
@@ -265,7 +271,7 @@ fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
                     out.push((
                         Corruption::ReadAfterOverwrite,
                         moved,
-                        sizes,
+                        with_sizes(sizes),
                         donated.clone(),
                     ));
                     break 'read;
@@ -281,7 +287,7 @@ fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
             out.push((
                 Corruption::UndonatedInputWritten,
                 moved,
-                slot_bytes.clone(),
+                arena.clone(),
                 donated.clone(),
             ));
         }
@@ -304,13 +310,33 @@ fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
                     out.push((
                         Corruption::NonElementwiseInPlace,
                         moved,
-                        sizes,
+                        with_sizes(sizes),
                         donated.clone(),
                     ));
                     break 'ew;
                 }
             }
         }
+    }
+    // Two slots busy at a common step moved onto the same arena bytes.
+    let coexist = |s: usize, t: usize| {
+        plan.slot_busy(s)
+            .iter()
+            .any(|a| plan.slot_busy(t).iter().any(|b| a.overlaps(b)))
+    };
+    let slots = arena.offsets.len();
+    if let Some((s, t)) = (0..slots)
+        .flat_map(|s| (0..slots).map(move |t| (s, t)))
+        .find(|&(s, t)| s != t && arena.bytes[s] > 0 && arena.bytes[t] > 0 && coexist(s, t))
+    {
+        let mut moved = arena.clone();
+        moved.offsets[s] = moved.offsets[t];
+        out.push((
+            Corruption::SharedArenaBytes,
+            homes.clone(),
+            moved,
+            donated.clone(),
+        ));
     }
     out
 }
@@ -346,6 +372,9 @@ fn verifier_rejects_every_kind_of_corrupted_plan() {
                 ) | (
                     Corruption::NonElementwiseInPlace,
                     Err(PlanViolation::InvalidInPlace { .. })
+                ) | (
+                    Corruption::SharedArenaBytes,
+                    Err(PlanViolation::SharedBytes { .. })
                 )
             );
             assert!(
@@ -361,6 +390,7 @@ fn verifier_rejects_every_kind_of_corrupted_plan() {
         Corruption::ReadAfterOverwrite,
         Corruption::UndonatedInputWritten,
         Corruption::NonElementwiseInPlace,
+        Corruption::SharedArenaBytes,
     ] {
         assert!(
             applied.get(&kind).copied().unwrap_or(0) > 0,

@@ -4,7 +4,7 @@
 
 use kiln::graph::{Graph, GraphNode, Literal, Operands, ValueId};
 use kiln::{
-    compile, Array, Aval, Backend, BinaryOp, CpuBackend, DType, Executable, HostData, Home, Op,
+    compile, Array, Aval, Backend, BinaryOp, CpuBackend, DType, Executable, Home, HostData, Op,
     Plan, Refusal, UnaryOp, ValueKind,
 };
 use std::sync::Arc;
@@ -16,7 +16,13 @@ struct Builder {
 }
 
 impl Builder {
-    fn push(&mut self, kind: ValueKind, inputs: &[ValueId], shape: &[usize], dtype: DType) -> ValueId {
+    fn push(
+        &mut self,
+        kind: ValueKind,
+        inputs: &[ValueId],
+        shape: &[usize],
+        dtype: DType,
+    ) -> ValueId {
         self.graph.nodes.push(GraphNode {
             kind,
             inputs: Operands::from_slice(inputs),
@@ -38,7 +44,12 @@ impl Builder {
 
     fn unary(&mut self, op: UnaryOp, x: ValueId) -> ValueId {
         let aval = self.graph.nodes[x].aval.clone();
-        self.push(ValueKind::Op(Op::Unary(op)), &[x], &shape_of(&aval), aval.dtype)
+        self.push(
+            ValueKind::Op(Op::Unary(op)),
+            &[x],
+            &shape_of(&aval),
+            aval.dtype,
+        )
     }
 
     fn binary(&mut self, op: BinaryOp, a: ValueId, b: ValueId, shape: &[usize]) -> ValueId {
@@ -62,8 +73,9 @@ fn shape_of(aval: &Aval) -> Vec<usize> {
 
 fn plan(graph: &Graph, donated: &[bool]) -> Plan {
     let shapes: Vec<Vec<usize>> = graph.nodes.iter().map(|n| shape_of(&n.aval)).collect();
-    let plan = Plan::build(graph, donated, &shapes);
-    plan.verify(graph, &shapes).expect("the verifier accepts the plan");
+    let plan = Plan::build(graph, donated);
+    plan.verify(graph, &shapes)
+        .expect("the verifier accepts the plan");
     plan
 }
 
@@ -87,7 +99,10 @@ fn verdict(plan: &Plan, node: ValueId, operand: ValueId) -> Option<Refusal> {
 fn run(graph: Graph, donated: &[bool], inputs: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
     let shapes: Vec<Vec<usize>> = graph.nodes.iter().map(|n| shape_of(&n.aval)).collect();
     let exe = Executable::new(graph, Vec::new(), donated, &[]).expect("plans");
-    let inputs = inputs.into_iter().map(|v| Arc::new(HostData::F32(v))).collect();
+    let inputs = inputs
+        .into_iter()
+        .map(|v| Arc::new(HostData::F32(v)))
+        .collect();
     CpuBackend
         .run(&exe, inputs, &shapes)
         .expect("runs")
@@ -113,7 +128,10 @@ fn operand_read_later_by_a_reinplaced_node_blocks_an_earlier_reinplace() {
     assert_eq!(verdict(&p, a, t), Some(Refusal::ReadLater { reader: b }));
     assert_eq!(verdict(&p, a, y), None);
     assert_eq!(p.in_place_of(b), Some(w));
-    assert_eq!(verdict(&p, b, t), Some(Refusal::MultipleCandidates { chosen: w }));
+    assert_eq!(
+        verdict(&p, b, t),
+        Some(Refusal::MultipleCandidates { chosen: w })
+    );
 
     let xs = [0.5f32, -1.0, 2.0, 0.0];
     let expected: Vec<f32> = xs
@@ -122,7 +140,10 @@ fn operand_read_later_by_a_reinplaced_node_blocks_an_earlier_reinplace() {
         .collect();
     let got = run(graph, &[false], vec![xs.to_vec()]);
     for (g, e) in got[0].iter().zip(&expected) {
-        assert!((g - e).abs() <= 1e-5 * e.abs().max(1.0), "{got:?} vs {expected:?}");
+        assert!(
+            (g - e).abs() <= 1e-5 * e.abs().max(1.0),
+            "{got:?} vs {expected:?}"
+        );
     }
 }
 
@@ -232,7 +253,11 @@ fn donated_argument_buffer_holds_the_result_when_nothing_else_holds_it() {
     };
     let probe = address(&x);
     let out = f.call_owned(x).expect("call");
-    assert_eq!(address(&out), probe, "the result was not written into the donated buffer");
+    assert_eq!(
+        address(&out),
+        probe,
+        "the result was not written into the donated buffer"
+    );
     let expected: Vec<f32> = [0.0f32, 0.5, -0.5, 1.0]
         .iter()
         .map(|v| (v.exp() * 2.0 + 1.0).tanh())
@@ -295,7 +320,11 @@ fn symbolic_dims_are_refused_unless_provably_equal() {
     );
     let out = f.call(&args).expect("call");
     let expected = 0.5f32.exp() + 0.25f32.exp() + 0.5f32.sin();
-    assert!(out.to_vec::<f32>().expect("values").iter().all(|v| (v - expected).abs() < 1e-6));
+    assert!(out
+        .to_vec::<f32>()
+        .expect("values")
+        .iter()
+        .all(|v| (v - expected).abs() < 1e-6));
     let report = &f.cache().reports[0];
     let refusals: Vec<String> = report
         .nodes
@@ -322,9 +351,17 @@ fn chain_exp_mul_add_tanh_runs_in_one_slot() {
         let eager = (x.exp() * 2.0 + 1.0).tanh();
         assert_eq!(out.to_vec::<f32>().unwrap(), eager.to_vec::<f32>().unwrap());
         let report = &f.cache().reports[0];
-        assert_eq!(report.plan.slots.len(), 1, "fusion {fusion}: {:#?}", report.plan);
+        assert_eq!(
+            report.plan.slots.len(),
+            1,
+            "fusion {fusion}: {:#?}",
+            report.plan
+        );
         let homes: Vec<&str> = report.nodes.iter().map(|n| n.home.as_str()).collect();
-        assert!(homes.iter().filter(|h| h.starts_with("slot")).all(|h| *h == "slot 0"));
+        assert!(homes
+            .iter()
+            .filter(|h| h.starts_with("slot"))
+            .all(|h| *h == "slot 0"));
         if !fusion {
             // exp takes a new slot (x is the caller's); mul, add and tanh
             // continue in it.
