@@ -69,9 +69,9 @@ impl Executable {
             symbols,
             plan: Plan::default(),
         };
-        exe.plan = Plan::build(&exe.graph, donated);
+        let shapes = exe.representative_shapes(input_shapes);
+        exe.plan = Plan::build(&exe.graph, donated, &shapes);
         if cfg!(debug_assertions) {
-            let shapes = exe.representative_shapes(input_shapes);
             exe.plan
                 .verify(&exe.graph, &shapes)
                 .map_err(|violation| Error::InvalidPlan {
@@ -161,9 +161,16 @@ impl Executable {
     }
 
     /// The concrete shape of every value for arguments of `input_shapes`,
-    /// checking every guard the trace relied on.
+    /// checking every guard the trace relied on and every argument's shape.
+    /// An executable whose shapes are all known may be given no argument
+    /// shapes (its cache key pinned them).
     pub fn resolve_shapes(&self, input_shapes: &[&[usize]]) -> Result<Cow<'_, [Vec<usize>]>> {
         if let Some(known) = &self.known_shapes {
+            // A static entry's cache key already pinned the shapes (its
+            // caller passes none); other callers get them checked.
+            if !input_shapes.is_empty() {
+                self.check_inputs(input_shapes, |shape| shape.as_known())?;
+            }
             return Ok(Cow::Borrowed(known));
         }
         let bind = |s: Symbol| {

@@ -135,6 +135,36 @@ fn check(program: Vec<Instr>, setup: Setup, seed: u64) -> Result<(), TestCaseErr
         .collect();
     prop_assert_eq!(planned, expected, "planned != functional for {:?}", setup);
 
+    // A shapeless executable called with other sizes: the same slots,
+    // placed again in the arena for these sizes.
+    if setup.shapeless {
+        let other = make_inputs(setup.n + 2, seed ^ 1, setup.dtype);
+        let leaf_shapes: Vec<Vec<usize>> = other
+            .iter()
+            .map(|a| a.shape().as_known().expect("known"))
+            .collect();
+        let refs: Vec<&[usize]> = leaf_shapes.iter().map(Vec::as_slice).collect();
+        if let Ok(shapes) = exe.resolve_shapes(&refs) {
+            if let Err(violation) = exe.plan().verify(graph, &shapes) {
+                return Err(TestCaseError::fail(format!(
+                    "verifier rejects the plan at other sizes: {violation}"
+                )));
+            }
+            let data: Vec<Arc<HostData>> = other
+                .iter()
+                .map(|a| Arc::new((*a.data().expect("input data")).clone()))
+                .collect();
+            let expected: Vec<_> = functional(&exe, &data, &shapes).iter().map(bits).collect();
+            let planned: Vec<_> = CpuBackend
+                .run(&exe, data, &shapes)
+                .expect("planned run at other sizes")
+                .iter()
+                .map(|d| bits(d))
+                .collect();
+            prop_assert_eq!(planned, expected, "planned != functional at other sizes");
+        }
+    }
+
     // Through the API with borrowed (so shared) donated arguments: same
     // answer, and the caller's arrays are left intact.
     let f = compiled(&program, setup);

@@ -29,6 +29,8 @@ pub struct Plan {
     slots: Vec<Vec<ValueId>>,
     /// Per slot, the steps it holds a value: sorted, disjoint lifetimes.
     busy: Vec<Vec<Lifetime>>,
+    /// The slots placed for the traced call's sizes.
+    traced_arena: Arena,
     donated: Vec<bool>,
 }
 
@@ -45,19 +47,26 @@ pub struct PlanMemory {
 }
 
 impl Plan {
-    /// Plans `graph`. `donated[i]` says whether argument leaf `i` may be
-    /// written. Slots are shared only by values of provably equal size, so
-    /// the plan holds for every shape a shapeless executable accepts; slot
-    /// sizes and arena offsets are resolved per set of shapes.
-    pub fn build(graph: &Graph, donated: &[bool]) -> Plan {
+    /// Plans `graph` for values of `shapes` (the traced call's).
+    /// `donated[i]` says whether argument leaf `i` may be written. The
+    /// slots hold for every shape a shapeless executable accepts: their
+    /// sizes, and where the arena places them, are resolved per set of
+    /// shapes ([`Plan::arena`]).
+    pub fn build(graph: &Graph, donated: &[bool], shapes: &[Vec<usize>]) -> Plan {
         let decisions = reinplace(graph, donated);
         let mut in_place = vec![None; graph.nodes.len()];
         for decision in &decisions {
             in_place[decision.node] = decision.target();
         }
         let lifetimes = lifetimes(graph);
-        let size_keys: Vec<SymExpr> = graph.nodes.iter().map(|n| byte_expr(&n.aval)).collect();
-        let (homes, slots) = slots::assign_slots(graph, &in_place, &lifetimes, &size_keys);
+        let bytes: Vec<usize> = graph
+            .nodes
+            .iter()
+            .zip(shapes)
+            .map(|(node, shape)| shape.iter().product::<usize>() * node.aval.dtype.size_bytes())
+            .collect();
+        let (homes, slots, traced_arena) =
+            slots::assign_slots(graph, &in_place, &lifetimes, &bytes);
         let busy = slots
             .iter()
             .map(|values| {
@@ -79,6 +88,7 @@ impl Plan {
             lifetimes,
             slots,
             busy,
+            traced_arena,
             donated: donated.to_vec(),
         }
     }
@@ -162,14 +172,20 @@ impl Plan {
     }
 
     /// The slots placed in one arena buffer for values of `shapes`, with
-    /// `element_bytes` giving a backend's storage size per dtype.
+    /// `element_bytes` giving a backend's storage size per dtype: the
+    /// traced placement when the sizes are the traced ones, else the slots
+    /// placed again for these sizes.
     pub fn arena(
         &self,
         graph: &Graph,
         shapes: &[Vec<usize>],
         element_bytes: impl Fn(DType) -> usize,
     ) -> Arena {
-        place_slots(&self.busy, &self.slot_bytes(graph, shapes, element_bytes))
+        let bytes = self.slot_bytes(graph, shapes, element_bytes);
+        if bytes == self.traced_arena.bytes {
+            return self.traced_arena.clone();
+        }
+        place_slots(&self.busy, &bytes)
     }
 
     /// Peak, lower bound and no-reuse bytes for values of `shapes`.

@@ -1,15 +1,13 @@
 //! Slot planning: every computed value gets a slot and a lifetime over the
-//! schedule. Values whose lifetimes do not overlap share slots of provably
-//! equal size (valid for every call of a shapeless executable); per set of
-//! concrete sizes, slots are then placed in one arena, greedily by size with
-//! best fit, where slots never busy at a common step share bytes.
+//! schedule; slots live in one arena, where values never live at a common
+//! step share bytes. Placement is greedy by size with best fit, for the
+//! traced call's sizes; a shapeless executable called with other sizes
+//! places its (fixed) slots again for those sizes.
 
 use crate::graph::{Graph, ValueId, ValueKind};
 use crate::hash::FastMap;
-use crate::shape::SymExpr;
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 
 /// Index of a slot of a [`Plan`](super::Plan).
 pub type SlotId = usize;
@@ -69,19 +67,21 @@ pub fn lifetimes(graph: &Graph) -> Vec<Lifetime> {
     lifetimes
 }
 
-/// Assigns every value a home. `in_place[v]` is the operand whose buffer
-/// `v` takes; `size_keys[v]` is each value's byte size as an expression of
-/// the symbols. A value and the outputs written in place of it form a
-/// chain; chains whose lifetimes do not overlap and whose sizes are
-/// provably equal share a slot (a linear scan in schedule order, reusing
-/// the slot freed earliest), so a slot never wastes bytes for any call.
-/// Returns the homes and, per slot, its values in schedule order.
+/// Assigns every value a home and places the slots in an arena, for the
+/// value sizes `bytes` (the traced call's). `in_place[v]` is the operand
+/// whose buffer `v` takes. A value and the outputs written in place of it
+/// form a chain, live from its first definition to its last read. Chains
+/// are placed greedily by size with best fit: largest first, each in the
+/// smallest gap between the chains live at a common step (or above them).
+/// Chains placed at the same offset with the same size form one slot, a
+/// buffer reused over time. Returns the homes, each slot's values in
+/// schedule order, and the arena.
 pub fn assign_slots(
     graph: &Graph,
     in_place: &[Option<ValueId>],
     lifetimes: &[Lifetime],
-    size_keys: &[SymExpr],
-) -> (Vec<Home>, Vec<Vec<ValueId>>) {
+    bytes: &[usize],
+) -> (Vec<Home>, Vec<Vec<ValueId>>, Arena) {
     let n = graph.nodes.len();
     // Each value's chain root: an in-place output continues its operand's.
     let mut root: Vec<ValueId> = (0..n).collect();
@@ -95,43 +95,117 @@ pub fn assign_slots(
         let r = root[v];
         chain_end[r] = chain_end[r].max(lifetimes[v].last);
     }
-    // Roots come in schedule order, so chains are scanned by start.
-    let mut free: FastMap<&SymExpr, BinaryHeap<Reverse<(usize, SlotId)>>> = FastMap::default();
-    let mut slot_of_root: Vec<Option<SlotId>> = vec![None; n];
-    let mut members: Vec<Vec<ValueId>> = Vec::new();
-    let mut homes = Vec::with_capacity(n);
-    for v in 0..n {
-        let r = root[v];
-        let home = match &graph.nodes[r].kind {
+    let roots: Vec<ValueId> = (0..n)
+        .filter(|&v| root[v] == v && matches!(graph.nodes[v].kind, ValueKind::Op(_)))
+        .collect();
+    let life = |r: ValueId| Lifetime {
+        def: r,
+        last: chain_end[r],
+    };
+    let mut order: Vec<ValueId> = roots.clone();
+    order.sort_by_key(|&r| (Reverse(aligned(bytes[r])), r));
+    let mut offset = vec![0usize; n];
+    let mut index = TimeIndex::new(n);
+    let mut taken: Vec<(usize, usize)> = Vec::new();
+    for &r in &order {
+        let size = aligned(bytes[r]);
+        taken.clear();
+        index.overlapping(life(r), |c| {
+            taken.push((offset[c], offset[c] + aligned(bytes[c])))
+        });
+        offset[r] = best_fit(&mut taken, size);
+        index.insert(r, life(r));
+    }
+    let mut slot_at: FastMap<(usize, usize), SlotId> = FastMap::default();
+    let mut slot_of_root: Vec<SlotId> = vec![0; n];
+    let mut arena = Arena::default();
+    for &r in &roots {
+        let size = aligned(bytes[r]);
+        slot_of_root[r] = *slot_at.entry((offset[r], size)).or_insert_with(|| {
+            arena.offsets.push(offset[r]);
+            arena.bytes.push(size);
+            arena.size = arena.size.max(offset[r] + size);
+            arena.offsets.len() - 1
+        });
+    }
+    let mut members: Vec<Vec<ValueId>> = vec![Vec::new(); arena.offsets.len()];
+    let homes = (0..n)
+        .map(|v| match &graph.nodes[root[v]].kind {
             ValueKind::Input(i) => Home::Input(*i),
             ValueKind::Constant(_) => Home::Constant,
             ValueKind::Op(_) => {
-                let slot = match slot_of_root[r] {
-                    Some(slot) => slot,
-                    None => {
-                        let heap = free.entry(&size_keys[r]).or_default();
-                        let slot = match heap.peek() {
-                            Some(&Reverse((free_after, slot))) if free_after < v => {
-                                heap.pop();
-                                slot
-                            }
-                            _ => {
-                                members.push(Vec::new());
-                                members.len() - 1
-                            }
-                        };
-                        heap.push(Reverse((chain_end[r], slot)));
-                        slot_of_root[r] = Some(slot);
-                        slot
-                    }
-                };
+                let slot = slot_of_root[root[v]];
                 members[slot].push(v);
                 Home::Slot(slot)
             }
-        };
-        homes.push(home);
+        })
+        .collect();
+    (homes, members, arena)
+}
+
+/// The offset of the smallest gap of at least `size` bytes between the
+/// `taken` ranges, or the end of the highest one.
+fn best_fit(taken: &mut [(usize, usize)], size: usize) -> usize {
+    taken.sort_unstable();
+    let mut best: Option<(usize, usize)> = None;
+    let mut cursor = 0;
+    for &(start, end) in taken.iter() {
+        if start >= cursor + size {
+            let gap = start - cursor;
+            if best.is_none_or(|(_, g)| gap < g) {
+                best = Some((cursor, gap));
+            }
+        }
+        cursor = cursor.max(end);
     }
-    (homes, members)
+    best.map_or(cursor, |(offset, _)| offset)
+}
+
+/// Chains indexed by the blocks of steps they are live in, so finding the
+/// chains live at a common step with a new one looks at nearby chains only.
+struct TimeIndex {
+    blocks: Vec<Vec<ValueId>>,
+    /// Per chain root, the query in which it was last reported (so each is
+    /// reported once per query).
+    seen: Vec<usize>,
+    query: usize,
+    lives: Vec<Lifetime>,
+}
+
+/// Steps per block of a [`TimeIndex`].
+const BLOCK: usize = 32;
+
+impl TimeIndex {
+    /// An index for the chains of a graph of `values` values (live up to
+    /// step `values`, the end).
+    fn new(values: usize) -> TimeIndex {
+        TimeIndex {
+            blocks: vec![Vec::new(); values / BLOCK + 1],
+            seen: vec![0; values],
+            query: 0,
+            lives: vec![Lifetime { def: 0, last: 0 }; values],
+        }
+    }
+
+    fn insert(&mut self, chain: ValueId, life: Lifetime) {
+        for block in &mut self.blocks[life.def / BLOCK..=life.last / BLOCK] {
+            block.push(chain);
+        }
+        self.lives[chain] = life;
+    }
+
+    /// Calls `f` once for every indexed chain live at a step of `life`.
+    fn overlapping(&mut self, life: Lifetime, mut f: impl FnMut(ValueId)) {
+        self.query += 1;
+        for block in &self.blocks[life.def / BLOCK..=life.last / BLOCK] {
+            for &chain in block {
+                if self.seen[chain] != self.query && self.lives[chain].overlaps(&life) {
+                    self.seen[chain] = self.query;
+                    f(chain);
+                }
+            }
+        }
+    }
 }
 
 /// Where each slot lies in one arena buffer, for one set of sizes.
@@ -145,10 +219,9 @@ pub struct Arena {
     pub size: usize,
 }
 
-/// Places slots of `bytes` in one arena: slots busy at a common step get
-/// disjoint ranges; others may share bytes. Greedy by size with best fit:
-/// the largest slots are placed first, each in the smallest gap between the
-/// ranges of the slots it coexists with (or above them all).
+/// Places slots of `bytes` in one arena, given the steps each is `busy`:
+/// slots busy at a common step get disjoint ranges; others may share
+/// bytes. Greedy by size with best fit, like the chain placement.
 pub fn place_slots(busy: &[Vec<Lifetime>], bytes: &[usize]) -> Arena {
     let mut order: Vec<SlotId> = (0..bytes.len()).collect();
     order.sort_by_key(|&s| (Reverse(bytes[s]), busy[s].first().map_or(0, |l| l.def)));
@@ -164,19 +237,7 @@ pub fn place_slots(busy: &[Vec<Lifetime>], bytes: &[usize]) -> Arena {
                 .filter(|&&p| coexist(&busy[s], &busy[p]))
                 .map(|&p| (offsets[p], offsets[p] + bytes[p])),
         );
-        taken.sort_unstable();
-        let mut best: Option<(usize, usize)> = None;
-        let mut cursor = 0;
-        for &(start, end) in &taken {
-            if start >= cursor + bytes[s] {
-                let gap = start - cursor;
-                if best.is_none_or(|(_, g)| gap < g) {
-                    best = Some((cursor, gap));
-                }
-            }
-            cursor = cursor.max(end);
-        }
-        let offset = best.map_or(cursor, |(offset, _)| offset);
+        let offset = best_fit(&mut taken, bytes[s]);
         offsets[s] = offset;
         size = size.max(offset + bytes[s]);
         placed.push(s);

@@ -238,7 +238,7 @@ fn plan_10000_nodes() -> f64 {
     let mut times: Vec<f64> = (0..7)
         .map(|_| {
             time_once_ms(|| {
-                let plan = Plan::build(graph, &donated);
+                let plan = Plan::build(graph, &donated, &shapes);
                 std::hint::black_box(plan.memory(graph, &shapes));
             })
         })
