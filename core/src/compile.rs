@@ -304,6 +304,8 @@ pub struct SlotReport {
     pub slot: usize,
     /// Its size for the traced call's shapes, rounded to the slot alignment.
     pub bytes: usize,
+    /// Its byte offset in the arena for the traced call's shapes.
+    pub offset: usize,
     /// Its size as an expression of the symbols (before rounding).
     pub bytes_expr: String,
     /// The values it holds, in schedule order.
@@ -970,12 +972,13 @@ fn build_report(
     for decision in plan.decisions() {
         decisions[decision.node] = Some(decision.clone());
     }
-    let slot_bytes = plan.slot_bytes(graph, shapes, DType::size_bytes);
+    let arena = plan.arena(graph, shapes, DType::size_bytes);
     let plan_report = PlanReport {
         slots: (0..plan.num_slots())
             .map(|slot| SlotReport {
                 slot,
-                bytes: slot_bytes[slot],
+                bytes: arena.bytes[slot],
+                offset: arena.offsets[slot],
                 bytes_expr: plan.slot_bytes_expr(graph, slot),
                 values: plan
                     .slot_values(slot)

@@ -39,9 +39,9 @@ impl Executable {
     /// Builds an executable from an optimized graph and plans its buffers.
     /// `symbols` tells where each symbol of a shapeless graph is read from;
     /// `donated[i]` whether argument leaf `i` may be overwritten; and
-    /// `input_shapes` are the traced call's argument shapes, which stand in
-    /// for every call's when the plan orders its packing. In debug builds
-    /// the plan is checked by the independent verifier.
+    /// `input_shapes` are the traced call's argument shapes. In debug builds
+    /// the plan (and its arena for those shapes) is checked by the
+    /// independent verifier.
     pub fn new(
         graph: Graph,
         symbols: Vec<(Symbol, SymbolSource)>,
@@ -161,9 +161,16 @@ impl Executable {
     }
 
     /// The concrete shape of every value for arguments of `input_shapes`,
-    /// checking every guard the trace relied on.
+    /// checking every guard the trace relied on and every argument's shape.
+    /// An executable whose shapes are all known may be given no argument
+    /// shapes (its cache key pinned them).
     pub fn resolve_shapes(&self, input_shapes: &[&[usize]]) -> Result<Cow<'_, [Vec<usize>]>> {
         if let Some(known) = &self.known_shapes {
+            // A static entry's cache key already pinned the shapes (its
+            // caller passes none); other callers get them checked.
+            if !input_shapes.is_empty() {
+                self.check_inputs(input_shapes, |shape| shape.as_known())?;
+            }
             return Ok(Cow::Borrowed(known));
         }
         let bind = |s: Symbol| {

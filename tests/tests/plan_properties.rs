@@ -5,7 +5,7 @@
 //! bit, every plan passes the verifier, and corrupted plans never do.
 //! Case count: `KILN_CASES` (CI default 2000).
 
-use kiln::plan::{verify_plan, Home, PlanViolation};
+use kiln::plan::{verify_plan, Arena, Home, PlanViolation};
 use kiln::{compile, Array, Backend, CpuBackend, DType, Executable, HostData, ValueKind};
 use kiln_tests::programs::{cases, instr, make_inputs, run, Instr};
 use proptest::prelude::*;
@@ -135,6 +135,36 @@ fn check(program: Vec<Instr>, setup: Setup, seed: u64) -> Result<(), TestCaseErr
         .collect();
     prop_assert_eq!(planned, expected, "planned != functional for {:?}", setup);
 
+    // A shapeless executable called with other sizes: the same slots,
+    // placed again in the arena for these sizes.
+    if setup.shapeless {
+        let other = make_inputs(setup.n + 2, seed ^ 1, setup.dtype);
+        let leaf_shapes: Vec<Vec<usize>> = other
+            .iter()
+            .map(|a| a.shape().as_known().expect("known"))
+            .collect();
+        let refs: Vec<&[usize]> = leaf_shapes.iter().map(Vec::as_slice).collect();
+        if let Ok(shapes) = exe.resolve_shapes(&refs) {
+            if let Err(violation) = exe.plan().verify(graph, &shapes) {
+                return Err(TestCaseError::fail(format!(
+                    "verifier rejects the plan at other sizes: {violation}"
+                )));
+            }
+            let data: Vec<Arc<HostData>> = other
+                .iter()
+                .map(|a| Arc::new((*a.data().expect("input data")).clone()))
+                .collect();
+            let expected: Vec<_> = functional(&exe, &data, &shapes).iter().map(bits).collect();
+            let planned: Vec<_> = CpuBackend
+                .run(&exe, data, &shapes)
+                .expect("planned run at other sizes")
+                .iter()
+                .map(|d| bits(d))
+                .collect();
+            prop_assert_eq!(planned, expected, "planned != functional at other sizes");
+        }
+    }
+
     // Through the API with borrowed (so shared) donated arguments: same
     // answer, and the caller's arrays are left intact.
     let f = compiled(&program, setup);
@@ -185,17 +215,23 @@ enum Corruption {
     ReadAfterOverwrite,
     UndonatedInputWritten,
     NonElementwiseInPlace,
+    SharedArenaBytes,
 }
 
 /// A plan's homes, slot sizes and donations after one corruption.
-type Corrupted = (Corruption, Vec<Home>, Vec<usize>, Vec<bool>);
+type Corrupted = (Corruption, Vec<Home>, Arena, Vec<bool>);
 
 /// Every corruption that applies to this plan.
 fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
     let graph = exe.graph();
     let plan = exe.plan();
     let homes = plan.homes().to_vec();
-    let slot_bytes = plan.slot_bytes(graph, shapes, DType::size_bytes);
+    let arena = plan.arena(graph, shapes, DType::size_bytes);
+    let slot_bytes = arena.bytes.clone();
+    let with_sizes = |sizes: Vec<usize>| Arena {
+        bytes: sizes,
+        ..arena.clone()
+    };
     let donated = plan.donated().to_vec();
     let n = graph.nodes.len();
     let bytes =
@@ -223,7 +259,7 @@ fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
         out.push((
             Corruption::SlotTooSmall,
             homes.clone(),
-            sizes,
+            with_sizes(sizes),
             donated.clone(),
         ));
     }
@@ -240,7 +276,7 @@ fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
                     out.push((
                         Corruption::OverwriteLiveValue,
                         moved,
-                        sizes,
+                        with_sizes(sizes),
                         donated.clone(),
                     ));
                     break 'live;
@@ -265,7 +301,7 @@ fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
                     out.push((
                         Corruption::ReadAfterOverwrite,
                         moved,
-                        sizes,
+                        with_sizes(sizes),
                         donated.clone(),
                     ));
                     break 'read;
@@ -281,7 +317,7 @@ fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
             out.push((
                 Corruption::UndonatedInputWritten,
                 moved,
-                slot_bytes.clone(),
+                arena.clone(),
                 donated.clone(),
             ));
         }
@@ -304,13 +340,33 @@ fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
                     out.push((
                         Corruption::NonElementwiseInPlace,
                         moved,
-                        sizes,
+                        with_sizes(sizes),
                         donated.clone(),
                     ));
                     break 'ew;
                 }
             }
         }
+    }
+    // Two slots busy at a common step moved onto the same arena bytes.
+    let coexist = |s: usize, t: usize| {
+        plan.slot_busy(s)
+            .iter()
+            .any(|a| plan.slot_busy(t).iter().any(|b| a.overlaps(b)))
+    };
+    let slots = arena.offsets.len();
+    if let Some((s, t)) = (0..slots)
+        .flat_map(|s| (0..slots).map(move |t| (s, t)))
+        .find(|&(s, t)| s != t && arena.bytes[s] > 0 && arena.bytes[t] > 0 && coexist(s, t))
+    {
+        let mut moved = arena.clone();
+        moved.offsets[s] = moved.offsets[t];
+        out.push((
+            Corruption::SharedArenaBytes,
+            homes.clone(),
+            moved,
+            donated.clone(),
+        ));
     }
     out
 }
@@ -346,6 +402,9 @@ fn verifier_rejects_every_kind_of_corrupted_plan() {
                 ) | (
                     Corruption::NonElementwiseInPlace,
                     Err(PlanViolation::InvalidInPlace { .. })
+                ) | (
+                    Corruption::SharedArenaBytes,
+                    Err(PlanViolation::SharedBytes { .. })
                 )
             );
             assert!(
@@ -361,6 +420,7 @@ fn verifier_rejects_every_kind_of_corrupted_plan() {
         Corruption::ReadAfterOverwrite,
         Corruption::UndonatedInputWritten,
         Corruption::NonElementwiseInPlace,
+        Corruption::SharedArenaBytes,
     ] {
         assert!(
             applied.get(&kind).copied().unwrap_or(0) > 0,

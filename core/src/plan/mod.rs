@@ -10,7 +10,7 @@ mod slots;
 mod verify;
 
 pub use reinplace::{reinplace, OperandVerdict, Refusal, ReinplaceDecision};
-pub use slots::{aligned, lifetimes, Home, Lifetime, SlotId, SLOT_ALIGN};
+pub use slots::{aligned, lifetimes, place_slots, Arena, Home, Lifetime, SlotId, SLOT_ALIGN};
 pub use verify::{verify_plan, PlanViolation};
 
 use crate::graph::{Graph, ValueId, ValueKind};
@@ -27,13 +27,17 @@ pub struct Plan {
     lifetimes: Vec<Lifetime>,
     /// Per slot, the values it holds, in schedule order.
     slots: Vec<Vec<ValueId>>,
+    /// Per slot, the steps it holds a value: sorted, disjoint lifetimes.
+    busy: Vec<Vec<Lifetime>>,
+    /// The slots placed for the traced call's sizes.
+    traced_arena: Arena,
     donated: Vec<bool>,
 }
 
 /// Memory figures of a plan for one set of shapes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlanMemory {
-    /// Bytes of all slots together: what a backend allocates.
+    /// The arena holding every slot: what a backend allocates.
     pub peak_bytes: usize,
     /// The most bytes of computed values live at any one step of this
     /// schedule: no plan for it can allocate less.
@@ -43,11 +47,11 @@ pub struct PlanMemory {
 }
 
 impl Plan {
-    /// Plans `graph`. `donated[i]` says whether argument leaf `i` may be
-    /// written; `shapes` are representative concrete shapes of every value
-    /// (the trace's), which order the packing. Slot sizes themselves are
-    /// resolved per call, so the plan holds for every shape a shapeless
-    /// executable accepts.
+    /// Plans `graph` for values of `shapes` (the traced call's).
+    /// `donated[i]` says whether argument leaf `i` may be written. The
+    /// slots hold for every shape a shapeless executable accepts: their
+    /// sizes, and where the arena places them, are resolved per set of
+    /// shapes ([`Plan::arena`]).
     pub fn build(graph: &Graph, donated: &[bool], shapes: &[Vec<usize>]) -> Plan {
         let decisions = reinplace(graph, donated);
         let mut in_place = vec![None; graph.nodes.len()];
@@ -55,14 +59,36 @@ impl Plan {
             in_place[decision.node] = decision.target();
         }
         let lifetimes = lifetimes(graph);
-        let bytes = value_bytes(graph, shapes);
-        let (homes, slots) = slots::assign_slots(graph, &in_place, &lifetimes, &bytes);
+        let bytes: Vec<usize> = graph
+            .nodes
+            .iter()
+            .zip(shapes)
+            .map(|(node, shape)| shape.iter().product::<usize>() * node.aval.dtype.size_bytes())
+            .collect();
+        let (homes, slots, traced_arena) =
+            slots::assign_slots(graph, &in_place, &lifetimes, &bytes);
+        let busy = slots
+            .iter()
+            .map(|values| {
+                let mut merged: Vec<Lifetime> = Vec::new();
+                for &v in values {
+                    let life = lifetimes[v];
+                    match merged.last_mut() {
+                        Some(last) if life.def <= last.last => last.last = last.last.max(life.last),
+                        _ => merged.push(life),
+                    }
+                }
+                merged
+            })
+            .collect();
         Plan {
             decisions,
             in_place,
             homes,
             lifetimes,
             slots,
+            busy,
+            traced_arena,
             donated: donated.to_vec(),
         }
     }
@@ -131,33 +157,40 @@ impl Plan {
             .collect()
     }
 
-    /// Slot `s`'s size as an expression of the symbols (`4*s0*s1`, or
-    /// `max(…)` when its values' sizes are not provably equal), before
-    /// rounding.
+    /// Slot `s`'s size as an expression of the symbols, like `4*s0*s1`
+    /// (before rounding to [`SLOT_ALIGN`]).
     pub fn slot_bytes_expr(&self, graph: &Graph, s: SlotId) -> String {
-        let mut sizes: Vec<SymExpr> = Vec::new();
-        for &v in &self.slots[s] {
-            let aval = &graph.nodes[v].aval;
-            let bytes = match aval.shape.numel() {
-                Dim::Known(n) => SymExpr::constant((n * aval.dtype.size_bytes()) as i64),
-                Dim::Sym(e) => e.scale(aval.dtype.size_bytes() as i64),
-            };
-            if !sizes.contains(&bytes) {
-                sizes.push(bytes);
-            }
+        self.slots[s].first().map_or_else(
+            || "0".to_string(),
+            |&v| byte_expr(&graph.nodes[v].aval).to_string(),
+        )
+    }
+
+    /// The steps during which slot `s` holds a value.
+    pub fn slot_busy(&self, s: SlotId) -> &[Lifetime] {
+        &self.busy[s]
+    }
+
+    /// The slots placed in one arena buffer for values of `shapes`, with
+    /// `element_bytes` giving a backend's storage size per dtype: the
+    /// traced placement when the sizes are the traced ones, else the slots
+    /// placed again for these sizes.
+    pub fn arena(
+        &self,
+        graph: &Graph,
+        shapes: &[Vec<usize>],
+        element_bytes: impl Fn(DType) -> usize,
+    ) -> Arena {
+        let bytes = self.slot_bytes(graph, shapes, element_bytes);
+        if bytes == self.traced_arena.bytes {
+            return self.traced_arena.clone();
         }
-        match sizes.as_slice() {
-            [one] => one.to_string(),
-            many => {
-                let parts: Vec<String> = many.iter().map(|e| e.to_string()).collect();
-                format!("max({})", parts.join(", "))
-            }
-        }
+        place_slots(&self.busy, &bytes)
     }
 
     /// Peak, lower bound and no-reuse bytes for values of `shapes`.
     pub fn memory(&self, graph: &Graph, shapes: &[Vec<usize>]) -> PlanMemory {
-        let slot_bytes = self.slot_bytes(graph, shapes, DType::size_bytes);
+        let arena = self.arena(graph, shapes, DType::size_bytes);
         let n = graph.nodes.len();
         // Bytes live at each step: a chain of in-place values counts once,
         // from its first definition to its last read.
@@ -193,25 +226,24 @@ impl Plan {
             lower_bound_bytes = lower_bound_bytes.max(live);
         }
         PlanMemory {
-            peak_bytes: slot_bytes.iter().sum(),
+            peak_bytes: arena.size,
             lower_bound_bytes: lower_bound_bytes as usize,
             no_reuse_bytes,
         }
     }
 
-    /// Runs [`verify_plan`] on this plan for values of `shapes`.
+    /// Runs [`verify_plan`] on this plan and its arena for values of `shapes`.
     pub fn verify(&self, graph: &Graph, shapes: &[Vec<usize>]) -> Result<(), PlanViolation> {
-        let slot_bytes = self.slot_bytes(graph, shapes, DType::size_bytes);
-        verify_plan(graph, &self.homes, &slot_bytes, &self.donated, shapes)
+        let arena = self.arena(graph, shapes, DType::size_bytes);
+        verify_plan(graph, &self.homes, &arena, &self.donated, shapes)
     }
 }
 
-/// Each value's bytes at `shapes`.
-fn value_bytes(graph: &Graph, shapes: &[Vec<usize>]) -> Vec<usize> {
-    graph
-        .nodes
-        .iter()
-        .zip(shapes)
-        .map(|(node, shape)| shape.iter().product::<usize>() * node.aval.dtype.size_bytes())
-        .collect()
+/// A value's size in bytes as an expression of the symbols.
+fn byte_expr(aval: &crate::shape::Aval) -> SymExpr {
+    let element = aval.dtype.size_bytes() as i64;
+    match aval.shape.numel() {
+        Dim::Known(n) => SymExpr::constant(n as i64 * element),
+        Dim::Sym(e) => e.scale(element),
+    }
 }

@@ -1,16 +1,21 @@
-//! Slot planning: every computed value gets a slot (a buffer) and a
-//! lifetime over the schedule; values whose lifetimes do not overlap share
-//! slots, packed greedily by size with best fit.
+//! Slot planning: every computed value gets a slot and a lifetime over the
+//! schedule; slots live in one arena, where values never live at a common
+//! step share bytes. Placement is greedy by size with best fit, for the
+//! traced call's sizes; a shapeless executable called with other sizes
+//! places its (fixed) slots again for those sizes.
 
 use crate::graph::{Graph, ValueId, ValueKind};
+use crate::hash::FastMap;
 use serde::{Deserialize, Serialize};
+use std::cmp::Reverse;
 
 /// Index of a slot of a [`Plan`](super::Plan).
 pub type SlotId = usize;
 
-/// Slot sizes are rounded up to this many bytes (a 16-byte vector is the
-/// widest element any backend loads at once).
-pub const SLOT_ALIGN: usize = 16;
+/// Slot sizes and arena offsets are multiples of this many bytes: the
+/// storage-buffer offset alignment WebGPU guarantees, so a GPU backend can
+/// bind any slot of an arena buffer directly.
+pub const SLOT_ALIGN: usize = 256;
 
 /// `bytes` rounded up to [`SLOT_ALIGN`].
 pub fn aligned(bytes: usize) -> usize {
@@ -62,23 +67,21 @@ pub fn lifetimes(graph: &Graph) -> Vec<Lifetime> {
     lifetimes
 }
 
-/// Values that share one buffer: a value and the outputs written in place
-/// of it, transitively.
-struct Chain {
-    lifetime: Lifetime,
-    /// Bytes at the representative shapes (orders the packing).
-    bytes: usize,
-}
-
-/// Assigns every value a home. `in_place[v]` is the operand whose buffer
-/// `v` takes; `bytes[v]` is each value's size at representative shapes.
-/// Returns the homes and, per slot, its values in schedule order.
+/// Assigns every value a home and places the slots in an arena, for the
+/// value sizes `bytes` (the traced call's). `in_place[v]` is the operand
+/// whose buffer `v` takes. A value and the outputs written in place of it
+/// form a chain, live from its first definition to its last read. Chains
+/// are placed greedily by size with best fit: largest first, each in the
+/// smallest gap between the chains live at a common step (or above them).
+/// Chains placed at the same offset with the same size form one slot, a
+/// buffer reused over time. Returns the homes, each slot's values in
+/// schedule order, and the arena.
 pub fn assign_slots(
     graph: &Graph,
     in_place: &[Option<ValueId>],
     lifetimes: &[Lifetime],
     bytes: &[usize],
-) -> (Vec<Home>, Vec<Vec<ValueId>>) {
+) -> (Vec<Home>, Vec<Vec<ValueId>>, Arena) {
     let n = graph.nodes.len();
     // Each value's chain root: an in-place output continues its operand's.
     let mut root: Vec<ValueId> = (0..n).collect();
@@ -87,79 +90,177 @@ pub fn assign_slots(
             root[v] = root[u];
         }
     }
-    let mut chain_of: Vec<Option<usize>> = vec![None; n];
-    let mut chains: Vec<Chain> = Vec::new();
+    let mut chain_end: Vec<usize> = lifetimes.iter().map(|l| l.last).collect();
     for v in 0..n {
         let r = root[v];
-        if !matches!(graph.nodes[r].kind, ValueKind::Op(_)) {
-            continue;
-        }
-        let c = *chain_of[r].get_or_insert_with(|| {
-            chains.push(Chain {
-                lifetime: lifetimes[r],
-                bytes: 0,
-            });
-            chains.len() - 1
+        chain_end[r] = chain_end[r].max(lifetimes[v].last);
+    }
+    let roots: Vec<ValueId> = (0..n)
+        .filter(|&v| root[v] == v && matches!(graph.nodes[v].kind, ValueKind::Op(_)))
+        .collect();
+    let life = |r: ValueId| Lifetime {
+        def: r,
+        last: chain_end[r],
+    };
+    let mut order: Vec<ValueId> = roots.clone();
+    order.sort_by_key(|&r| (Reverse(aligned(bytes[r])), r));
+    let mut offset = vec![0usize; n];
+    let mut index = TimeIndex::new(n);
+    let mut taken: Vec<(usize, usize)> = Vec::new();
+    for &r in &order {
+        let size = aligned(bytes[r]);
+        taken.clear();
+        index.overlapping(life(r), |c| {
+            taken.push((offset[c], offset[c] + aligned(bytes[c])))
         });
-        chain_of[v] = Some(c);
-        let chain = &mut chains[c];
-        chain.lifetime.last = chain.lifetime.last.max(lifetimes[v].last);
-        chain.bytes = chain.bytes.max(aligned(bytes[v]));
+        offset[r] = best_fit(&mut taken, size);
+        index.insert(r, life(r));
     }
-    // Greedy by size: the largest chains choose first, each taking the
-    // slot that fits it with the least waste (or grows the least).
-    let mut order: Vec<usize> = (0..chains.len()).collect();
-    order.sort_by_key(|&c| (std::cmp::Reverse(chains[c].bytes), chains[c].lifetime.def));
-    let mut slot_size: Vec<usize> = Vec::new();
-    // Per slot, the lifetimes it holds, sorted by start and disjoint.
-    let mut slot_busy: Vec<Vec<Lifetime>> = Vec::new();
-    let mut slot_of_chain = vec![0; chains.len()];
-    for &c in &order {
-        let chain = &chains[c];
-        let mut best: Option<(SlotId, (bool, usize))> = None;
-        for (s, busy) in slot_busy.iter().enumerate() {
-            let at = busy.partition_point(|l| l.def < chain.lifetime.def);
-            let clear_before = at == 0 || busy[at - 1].last < chain.lifetime.def;
-            let clear_after = at == busy.len() || chain.lifetime.last < busy[at].def;
-            if !(clear_before && clear_after) {
-                continue;
+    let mut slot_at: FastMap<(usize, usize), SlotId> = FastMap::default();
+    let mut slot_of_root: Vec<SlotId> = vec![0; n];
+    let mut arena = Arena::default();
+    for &r in &roots {
+        let size = aligned(bytes[r]);
+        slot_of_root[r] = *slot_at.entry((offset[r], size)).or_insert_with(|| {
+            arena.offsets.push(offset[r]);
+            arena.bytes.push(size);
+            arena.size = arena.size.max(offset[r] + size);
+            arena.offsets.len() - 1
+        });
+    }
+    let mut members: Vec<Vec<ValueId>> = vec![Vec::new(); arena.offsets.len()];
+    let homes = (0..n)
+        .map(|v| match &graph.nodes[root[v]].kind {
+            ValueKind::Input(i) => Home::Input(*i),
+            ValueKind::Constant(_) => Home::Constant,
+            ValueKind::Op(_) => {
+                let slot = slot_of_root[root[v]];
+                members[slot].push(v);
+                Home::Slot(slot)
             }
-            let size = slot_size[s];
-            let cost = if size >= chain.bytes {
-                (false, size - chain.bytes)
-            } else {
-                (true, chain.bytes - size)
-            };
-            if best.is_none_or(|(_, b)| cost < b) {
-                best = Some((s, cost));
+        })
+        .collect();
+    (homes, members, arena)
+}
+
+/// The offset of the smallest gap of at least `size` bytes between the
+/// `taken` ranges, or the end of the highest one.
+fn best_fit(taken: &mut [(usize, usize)], size: usize) -> usize {
+    taken.sort_unstable();
+    let mut best: Option<(usize, usize)> = None;
+    let mut cursor = 0;
+    for &(start, end) in taken.iter() {
+        if start >= cursor + size {
+            let gap = start - cursor;
+            if best.is_none_or(|(_, g)| gap < g) {
+                best = Some((cursor, gap));
             }
         }
-        let s = match best {
-            Some((s, _)) => s,
-            None => {
-                slot_size.push(0);
-                slot_busy.push(Vec::new());
-                slot_size.len() - 1
-            }
-        };
-        let at = slot_busy[s].partition_point(|l| l.def < chain.lifetime.def);
-        slot_busy[s].insert(at, chain.lifetime);
-        slot_size[s] = slot_size[s].max(chain.bytes);
-        slot_of_chain[c] = s;
+        cursor = cursor.max(end);
     }
-    let mut homes = Vec::with_capacity(n);
-    let mut members: Vec<Vec<ValueId>> = vec![Vec::new(); slot_size.len()];
-    for v in 0..n {
-        let home = match (chain_of[v], &graph.nodes[root[v]].kind) {
-            (Some(c), _) => {
-                let s = slot_of_chain[c];
-                members[s].push(v);
-                Home::Slot(s)
-            }
-            (None, ValueKind::Input(i)) => Home::Input(*i),
-            (None, _) => Home::Constant,
-        };
-        homes.push(home);
+    best.map_or(cursor, |(offset, _)| offset)
+}
+
+/// Chains indexed by the blocks of steps they are live in, so finding the
+/// chains live at a common step with a new one looks at nearby chains only.
+struct TimeIndex {
+    blocks: Vec<Vec<ValueId>>,
+    /// Per chain root, the query in which it was last reported (so each is
+    /// reported once per query).
+    seen: Vec<usize>,
+    query: usize,
+    lives: Vec<Lifetime>,
+}
+
+/// Steps per block of a [`TimeIndex`].
+const BLOCK: usize = 32;
+
+impl TimeIndex {
+    /// An index for the chains of a graph of `values` values (live up to
+    /// step `values`, the end).
+    fn new(values: usize) -> TimeIndex {
+        TimeIndex {
+            blocks: vec![Vec::new(); values / BLOCK + 1],
+            seen: vec![0; values],
+            query: 0,
+            lives: vec![Lifetime { def: 0, last: 0 }; values],
+        }
     }
-    (homes, members)
+
+    fn insert(&mut self, chain: ValueId, life: Lifetime) {
+        for block in &mut self.blocks[life.def / BLOCK..=life.last / BLOCK] {
+            block.push(chain);
+        }
+        self.lives[chain] = life;
+    }
+
+    /// Calls `f` once for every indexed chain live at a step of `life`.
+    fn overlapping(&mut self, life: Lifetime, mut f: impl FnMut(ValueId)) {
+        self.query += 1;
+        for block in &self.blocks[life.def / BLOCK..=life.last / BLOCK] {
+            for &chain in block {
+                if self.seen[chain] != self.query && self.lives[chain].overlaps(&life) {
+                    self.seen[chain] = self.query;
+                    f(chain);
+                }
+            }
+        }
+    }
+}
+
+/// Where each slot lies in one arena buffer, for one set of sizes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Arena {
+    /// Each slot's byte offset (a multiple of [`SLOT_ALIGN`]).
+    pub offsets: Vec<usize>,
+    /// Each slot's size in bytes (a multiple of [`SLOT_ALIGN`]).
+    pub bytes: Vec<usize>,
+    /// The arena's size: the end of the highest slot.
+    pub size: usize,
+}
+
+/// Places slots of `bytes` in one arena, given the steps each is `busy`:
+/// slots busy at a common step get disjoint ranges; others may share
+/// bytes. Greedy by size with best fit, like the chain placement.
+pub fn place_slots(busy: &[Vec<Lifetime>], bytes: &[usize]) -> Arena {
+    let mut order: Vec<SlotId> = (0..bytes.len()).collect();
+    order.sort_by_key(|&s| (Reverse(bytes[s]), busy[s].first().map_or(0, |l| l.def)));
+    let mut offsets = vec![0; bytes.len()];
+    let mut placed: Vec<SlotId> = Vec::with_capacity(bytes.len());
+    let mut size = 0;
+    let mut taken: Vec<(usize, usize)> = Vec::new();
+    for &s in &order {
+        taken.clear();
+        taken.extend(
+            placed
+                .iter()
+                .filter(|&&p| coexist(&busy[s], &busy[p]))
+                .map(|&p| (offsets[p], offsets[p] + bytes[p])),
+        );
+        let offset = best_fit(&mut taken, bytes[s]);
+        offsets[s] = offset;
+        size = size.max(offset + bytes[s]);
+        placed.push(s);
+    }
+    Arena {
+        offsets,
+        bytes: bytes.to_vec(),
+        size,
+    }
+}
+
+/// True when two sorted lists of disjoint lifetimes share a step.
+fn coexist(a: &[Lifetime], b: &[Lifetime]) -> bool {
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        if a[i].overlaps(&b[j]) {
+            return true;
+        }
+        if a[i].last < b[j].last {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    false
 }

@@ -3,7 +3,7 @@
 //! the schedule buffer by buffer, so a planner bug cannot hide behind the
 //! planner's own bookkeeping.
 
-use super::Home;
+use super::{Arena, Home};
 use crate::graph::{Graph, ValueId, ValueKind};
 use crate::shape::Dim;
 use std::collections::HashMap;
@@ -65,6 +65,13 @@ pub enum PlanViolation {
         /// The slot's bytes.
         has: usize,
     },
+    /// Two values live at a common step occupy overlapping arena bytes.
+    SharedBytes {
+        /// The value being defined.
+        value: ValueId,
+        /// The live value whose bytes it overlaps.
+        live: ValueId,
+    },
     /// A value lives in a slot the plan does not size.
     UnknownSlot {
         /// The value.
@@ -103,6 +110,9 @@ impl fmt::Display for PlanViolation {
                 needs,
                 has,
             } => write!(f, "%{value} needs {needs} bytes, slot {slot} has {has}"),
+            PlanViolation::SharedBytes { value, live } => {
+                write!(f, "%{value} overlaps the arena bytes of %{live}, which is still live")
+            }
             PlanViolation::UnknownSlot { value, slot } => {
                 write!(f, "%{value} lives in slot {slot}, which the plan does not size")
             }
@@ -117,16 +127,17 @@ enum Buffer {
     Slot(usize),
 }
 
-/// Checks `homes` (one per value) and `slot_bytes` (one per slot) against
-/// `graph` run on values of `shapes`, replaying the schedule: every read
-/// (and every output at the end) finds its value still in its buffer, so
-/// no two live values ever share one; a step writes over an operand it
+/// Checks `homes` (one per value) and the `arena` placing the slots
+/// against `graph` run on values of `shapes`, replaying the schedule: every
+/// read (and every output at the end) finds its value still in its buffer,
+/// so no two live values ever share one; a step writes over an operand it
 /// reads only as a valid elementwise in-place continuation; only `donated`
-/// arguments are written; and every value fits its slot.
+/// arguments are written; every value fits its slot; and values live at a
+/// common step in different slots never share arena bytes.
 pub fn verify_plan(
     graph: &Graph,
     homes: &[Home],
-    slot_bytes: &[usize],
+    arena: &Arena,
     donated: &[bool],
     shapes: &[Vec<usize>],
 ) -> Result<(), PlanViolation> {
@@ -211,8 +222,10 @@ pub fn verify_plan(
     }
     for (v, home) in homes.iter().enumerate() {
         if let Home::Slot(slot) = *home {
-            let has = *slot_bytes
+            let has = *arena
+                .bytes
                 .get(slot)
+                .filter(|_| slot < arena.offsets.len())
                 .ok_or(PlanViolation::UnknownSlot { value: v, slot })?;
             let aval = &graph.nodes[v].aval;
             let needs = shapes[v].iter().product::<usize>() * aval.dtype.size_bytes();
@@ -225,6 +238,21 @@ pub fn verify_plan(
                 });
             }
         }
+    }
+    // Sweep the schedule with the slot values still live.
+    let region = |slot: usize| (arena.offsets[slot], arena.offsets[slot] + arena.bytes[slot]);
+    let mut live: Vec<(ValueId, usize)> = Vec::new();
+    for (v, home) in homes.iter().enumerate() {
+        let Home::Slot(slot) = *home else { continue };
+        live.retain(|&(u, _)| needed_until[u] >= v);
+        let (start, end) = region(slot);
+        if let Some(&(u, _)) = live.iter().find(|&&(_, other)| {
+            let (s, e) = region(other);
+            other != slot && start < e && s < end
+        }) {
+            return Err(PlanViolation::SharedBytes { value: v, live: u });
+        }
+        live.push((v, slot));
     }
     Ok(())
 }

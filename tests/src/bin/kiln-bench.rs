@@ -1,7 +1,7 @@
 //! Kiln's benchmarks: prints one JSON document (see DESIGN.md, Benchmarks).
 //! `cargo xtask bench [NAME...]` runs it in release mode.
 
-use kiln::{compile, Array, Backend, DType, Tree};
+use kiln::{compile, nn, Array, Backend, DType, Executable, Plan, PlanMemory, Tree};
 use kiln_tests::bench::{median_micros, selected, time_once_ms, BenchReport};
 use kiln_wgpu::{MatmulVariant, WgpuBackend, WgpuBuffer};
 use std::collections::BTreeMap;
@@ -124,6 +124,154 @@ fn retrace_chain_100() -> f64 {
     times[times.len() / 2]
 }
 
+/// The plan's memory figures for the executable serving `args`.
+fn plan_memory(exe: &Executable, args: &[Array]) -> PlanMemory {
+    let leaf_shapes: Vec<Vec<usize>> = args
+        .iter()
+        .map(|a| a.shape().as_known().expect("known"))
+        .collect();
+    let refs: Vec<&[usize]> = leaf_shapes.iter().map(Vec::as_slice).collect();
+    let shapes = exe.resolve_shapes(&refs).expect("shapes");
+    exe.plan().memory(exe.graph(), &shapes)
+}
+
+fn zeros(shape: &[usize]) -> Array {
+    Array::zeros(shape, DType::F32)
+}
+
+/// (i) A 100-op elementwise chain on a (1024,1024) f32 input.
+fn plan_chain100() -> PlanMemory {
+    let f = compile(|x: Vec<Array>| chain(x[0].clone(), 100));
+    let args = vec![zeros(&[1024, 1024])];
+    plan_memory(&f.executable(&args).expect("compiles"), &args)
+}
+
+/// (ii) A 4-layer MLP forward: x (256,1024), four (1024,1024) weights,
+/// gelu between the layers, no bias.
+fn plan_mlp4() -> PlanMemory {
+    let f = compile(|args: Vec<Array>| {
+        let mut h = args[0].clone();
+        for (i, w) in args[1..].iter().enumerate() {
+            h = h.matmul(w);
+            if i < 3 {
+                h = nn::gelu(&h);
+            }
+        }
+        h
+    });
+    let mut args = vec![zeros(&[256, 1024])];
+    args.extend((0..4).map(|_| zeros(&[1024, 1024])));
+    plan_memory(&f.executable(&args).expect("compiles"), &args)
+}
+
+/// (iii) A transformer block forward: sequence 128, model width 512, 8
+/// heads, MLP width 2048; pre-norm attention and MLP with residuals.
+fn plan_block() -> PlanMemory {
+    const SEQ: i64 = 128;
+    const HEADS: i64 = 8;
+    const HEAD: i64 = 64;
+    let f = compile(|args: Vec<Array>| {
+        let [x, wq, wk, wv, wo, w1, w2] = <[Array; 7]>::try_from(args).expect("seven arguments");
+        let heads = |t: Array| t.reshape(&[SEQ, HEADS, HEAD]).permute(&[1, 0, 2]);
+        let h = nn::layer_norm(&x, None, None, 1e-5);
+        let (q, k, v) = (
+            heads(h.matmul(&wq)),
+            heads(h.matmul(&wk)),
+            heads(h.matmul(&wv)),
+        );
+        let scores = q.matmul(&k.swap_axes(-1, -2)) * (1.0 / (HEAD as f32).sqrt());
+        let attention = nn::softmax(&scores, -1)
+            .matmul(&v)
+            .permute(&[1, 0, 2])
+            .reshape(&[SEQ, HEADS * HEAD]);
+        let x = x + attention.matmul(&wo);
+        let h = nn::layer_norm(&x, None, None, 1e-5);
+        &x + nn::gelu(&h.matmul(&w1)).matmul(&w2)
+    });
+    let args = vec![
+        zeros(&[128, 512]),
+        zeros(&[512, 512]),
+        zeros(&[512, 512]),
+        zeros(&[512, 512]),
+        zeros(&[512, 512]),
+        zeros(&[512, 2048]),
+        zeros(&[2048, 512]),
+    ];
+    plan_memory(&f.executable(&args).expect("compiles"), &args)
+}
+
+/// Milliseconds to plan (reinplace, slots and arena) a graph of at least
+/// 10,000 values: a deep network of elementwise ops, reductions and small
+/// matmuls with skip connections up to 16 values back, so lifetimes and
+/// sizes vary.
+fn plan_10000_nodes() -> f64 {
+    let f = compile(|args: Vec<Array>| {
+        let (x, w) = (args[0].clone(), args[1].clone());
+        let mut pool = vec![x];
+        for i in 1..5100 {
+            let last = pool[i - 1].clone();
+            let skip = pool[i.saturating_sub(1 + i % 16)].clone();
+            let value = match i % 5 {
+                0 => last.matmul(&w),
+                1 => (last.tanh() * skip).sum(&[1], true) + &pool[i - 1],
+                2 => last.exp().minimum(4.0),
+                3 => &last + &last,
+                _ => last.sigmoid() - skip,
+            };
+            pool.push(value);
+        }
+        pool.pop().expect("a value")
+    })
+    .fusion(false);
+    let args = vec![zeros(&[64, 64]), zeros(&[64, 64])];
+    let exe = f.executable(&args).expect("compiles");
+    let graph = exe.graph();
+    assert!(
+        graph.nodes.len() >= 10_000,
+        "only {} nodes",
+        graph.nodes.len()
+    );
+    let shapes: Vec<Vec<usize>> = graph
+        .nodes
+        .iter()
+        .map(|n| n.aval.shape.as_known().expect("known"))
+        .collect();
+    let donated = [false, false];
+    let mut times: Vec<f64> = (0..7)
+        .map(|_| {
+            time_once_ms(|| {
+                let plan = Plan::build(graph, &donated, &shapes);
+                std::hint::black_box(plan.memory(graph, &shapes));
+            })
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn record_plan(report: &mut BenchReport, names: &[String], graph: &str, plan: fn() -> PlanMemory) {
+    let prefix = format!("plan_{graph}");
+    if !selected(&prefix, names) && !names.iter().any(|n| n.starts_with(&prefix)) {
+        return;
+    }
+    let memory = plan();
+    report.record(
+        format!("{prefix}_peak_bytes"),
+        memory.peak_bytes as f64,
+        "bytes",
+    );
+    report.record(
+        format!("{prefix}_lower_bound_bytes"),
+        memory.lower_bound_bytes as f64,
+        "bytes",
+    );
+    report.record(
+        format!("{prefix}_noreuse_bytes"),
+        memory.no_reuse_bytes as f64,
+        "bytes",
+    );
+}
+
 fn main() {
     let names: Vec<String> = std::env::args().skip(1).collect();
     let mut report = BenchReport::new();
@@ -141,6 +289,12 @@ fn main() {
     }
     if selected("retrace_chain_100", &names) {
         report.record("retrace_chain_100", retrace_chain_100(), "ms");
+    }
+    record_plan(&mut report, &names, "chain100", plan_chain100);
+    record_plan(&mut report, &names, "mlp4", plan_mlp4);
+    record_plan(&mut report, &names, "block", plan_block);
+    if selected("plan_10000_nodes", &names) {
+        report.record("plan_10000_nodes", plan_10000_nodes(), "ms");
     }
     wgpu_benchmarks(&names, &mut report);
     println!("{}", report.to_json());
