@@ -121,12 +121,19 @@ pub fn assign_slots(
     let mut arena = Arena::default();
     for &r in &roots {
         let size = aligned(bytes[r]);
-        slot_of_root[r] = *slot_at.entry((offset[r], size)).or_insert_with(|| {
+        let mut new_slot = || {
             arena.offsets.push(offset[r]);
             arena.bytes.push(size);
             arena.size = arena.size.max(offset[r] + size);
             arena.offsets.len() - 1
-        });
+        };
+        // Empty chains take no bytes, so placement puts them all at one
+        // offset even when live together; each gets a slot of its own.
+        slot_of_root[r] = if size == 0 {
+            new_slot()
+        } else {
+            *slot_at.entry((offset[r], size)).or_insert_with(new_slot)
+        };
     }
     let mut members: Vec<Vec<ValueId>> = vec![Vec::new(); arena.offsets.len()];
     let homes = (0..n)
