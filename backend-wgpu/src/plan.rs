@@ -92,8 +92,6 @@ struct Builder<'a> {
     commands: Vec<Command>,
     temps: Vec<wgpu::Buffer>,
     checks: Vec<Check>,
-    /// The message of the next status check recorded.
-    check_detail: Option<String>,
 }
 
 impl Builder<'_> {
@@ -129,7 +127,15 @@ impl Builder<'_> {
         self.locs[v].ok_or_else(|| backend_err(format!("value {v} is read before it is computed")))
     }
 
-    fn dispatch(&mut self, op: &str, spec: KernelSpec, mut bindings: Vec<Loc>) -> Result<()> {
+    /// Records one dispatch; `bad_input` is the message for a kernel that
+    /// reports bad input through a status word.
+    fn dispatch(
+        &mut self,
+        op: &str,
+        spec: KernelSpec,
+        mut bindings: Vec<Loc>,
+        bad_input: Option<String>,
+    ) -> Result<()> {
         if spec.workgroups == 0 {
             return Ok(());
         }
@@ -142,7 +148,7 @@ impl Builder<'_> {
                 self.checks.push(Check {
                     temp: t,
                     op: op.to_string(),
-                    detail: self.check_detail.take().unwrap_or_default(),
+                    detail: bad_input.unwrap_or_else(|| format!("`{op}` reported bad input")),
                 });
             }
             bindings.push(word);
@@ -178,8 +184,15 @@ impl Builder<'_> {
 
     /// Records a kernel writing value `v` (at `out`) from `operands`; for
     /// kernels that write f32 words for f16/bf16 results, through a scratch
-    /// buffer and a packing cast.
-    fn kernel(&mut self, v: usize, out: Loc, spec: KernelSpec, operands: Vec<Loc>) -> Result<()> {
+    /// buffer and a packing cast. `bad_input` as for [`Self::dispatch`].
+    fn kernel(
+        &mut self,
+        v: usize,
+        out: Loc,
+        spec: KernelSpec,
+        operands: Vec<Loc>,
+        bad_input: Option<String>,
+    ) -> Result<()> {
         let op = self.op_name(v);
         let dtype = self.dtype(v);
         let packs = kiln_kernels::stores_f32(dtype)
@@ -194,7 +207,7 @@ impl Builder<'_> {
             })?);
         }
         let storage_limit = self.shared.gpu.limits.max_storage_buffers_per_shader_stage as usize;
-        if bound.len() + 2 > storage_limit {
+        if bound.len() + 2 + usize::from(spec.status) > storage_limit {
             return Err(backend_err(format!(
                 "`{op}` reads {} buffers, more than the {} storage buffers the adapter allows \
                  per kernel (with parameters and output)",
@@ -205,13 +218,13 @@ impl Builder<'_> {
         if !packs {
             let mut bindings = vec![out];
             bindings.extend(bound);
-            return self.dispatch(&op, spec, bindings);
+            return self.dispatch(&op, spec, bindings, bad_input);
         }
         let n = self.numel(v);
         let scratch = self.temp(&op, byte_size(DType::F32, n))?;
         let mut bindings = vec![scratch];
         bindings.extend(bound);
-        self.dispatch(&op, spec, bindings)?;
+        self.dispatch(&op, spec, bindings, bad_input)?;
         let shape = [n];
         let pack = kiln_kernels::elementwise(
             &Op::Cast(dtype),
@@ -221,7 +234,7 @@ impl Builder<'_> {
             self.shared.target,
         )
         .map_err(|e| backend_err(e.to_string()))?;
-        self.dispatch(&op, pack, vec![out, scratch])
+        self.dispatch(&op, pack, vec![out, scratch], None)
     }
 
     /// The storage word of value `v` when it is a one-element constant.
@@ -396,7 +409,6 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
         commands: Vec::new(),
         temps: Vec::new(),
         checks: Vec::new(),
-        check_detail: None,
     };
     let slot_bytes = slot_plan.slot_bytes(graph, shapes, slot_element_bytes);
     let mut slot_locs: Vec<Option<Loc>> = vec![None; slot_bytes.len()];
@@ -481,13 +493,16 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
                     operands.push(loc);
                 }
                 let spec = b.spec(v, op, &aliased)?;
-                if let Op::Take { axis } = op {
-                    let n = shapes[node.inputs[0]].get(*axis).copied().unwrap_or(0);
-                    b.check_detail = Some(format!(
-                        "an index is out of range for axis {axis} of size {n}"
-                    ));
-                }
-                b.kernel(v, out, spec, operands)?;
+                let bad_input = match op {
+                    Op::Take { axis } => {
+                        let n = shapes[node.inputs[0]].get(*axis).copied().unwrap_or(0);
+                        Some(format!(
+                            "an index is out of range for axis {axis} of size {n}"
+                        ))
+                    }
+                    _ => None,
+                };
+                b.kernel(v, out, spec, operands, bad_input)?;
             }
         }
         b.locs[v] = Some(out);
