@@ -78,6 +78,10 @@ const MAX_PLANNED_EXECUTABLES: usize = 64;
 /// the oldest plan is released.
 const MAX_SHAPE_SETS: usize = 16;
 
+/// Bind groups over call buffers kept per plan before they are all
+/// released (each holds its buffers).
+const MAX_CACHED_BIND_GROUPS: usize = 256;
+
 pub(crate) struct Shared {
     name: String,
     gpu: Gpu,
@@ -520,9 +524,15 @@ impl WgpuBackend {
             };
             found.ok_or_else(|| backend_err(format!("the plan reads {loc:?}, which was not given")))
         };
-        // Bind groups naming this call's arguments and outputs.
+        // Bind groups naming this call's arguments and outputs: the pool
+        // tends to hand out the same buffers call after call, so the groups
+        // are kept by command and buffers.
         let mut per_call: Vec<Option<wgpu::BindGroup>> = Vec::with_capacity(plan.commands.len());
-        for command in &plan.commands {
+        let mut cached = lock(&plan.bind_groups);
+        if cached.len() > MAX_CACHED_BIND_GROUPS {
+            cached.clear();
+        }
+        for (c, command) in plan.commands.iter().enumerate() {
             per_call.push(match command {
                 Command::Dispatch {
                     layout,
@@ -533,13 +543,23 @@ impl WgpuBackend {
                 } => {
                     let buffers = bindings
                         .iter()
-                        .map(|&l| resolve(l))
+                        .map(|&l| resolve(l).cloned())
                         .collect::<Result<Vec<_>>>()?;
-                    Some(s.bind_group(layout, params, &buffers))
+                    let group = match cached.get(&(c, buffers.clone())) {
+                        Some(group) => group.clone(),
+                        None => {
+                            let refs: Vec<&wgpu::Buffer> = buffers.iter().collect();
+                            let group = s.bind_group(layout, params, &refs);
+                            cached.insert((c, buffers), group.clone());
+                            group
+                        }
+                    };
+                    Some(group)
                 }
                 _ => None,
             });
         }
+        drop(cached);
         for check in &plan.checks {
             if let Some(word) = plan.temps.get(check.temp) {
                 s.gpu.queue.write_buffer(word, 0, &u32::MAX.to_le_bytes());

@@ -8,7 +8,8 @@ use crate::Shared;
 use kiln::plan::Home;
 use kiln::{DType, Error, Executable, HostData, Op, Result, ValueKind};
 use kiln_kernels::{KernelSpec, MatmulVariant, View};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 /// Where a value's elements live during a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +61,9 @@ pub(crate) struct Plan {
     pub written_inputs: Vec<usize>,
     /// Status words read back after each call.
     pub checks: Vec<Check>,
+    /// Bind groups of dispatches naming argument or output buffers, by
+    /// command index and the buffers bound.
+    pub bind_groups: Mutex<HashMap<(usize, Vec<wgpu::Buffer>), wgpu::BindGroup>>,
 }
 
 fn backend_err(detail: String) -> Error {
@@ -546,5 +550,6 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
         outputs,
         written_inputs,
         checks: b.checks,
+        bind_groups: Mutex::default(),
     })
 }
