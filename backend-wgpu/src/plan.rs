@@ -5,6 +5,7 @@
 
 use crate::buffer::{byte_size, to_words};
 use crate::Shared;
+use kiln::ops::{FusedArg, FusedKernel};
 use kiln::plan::Home;
 use kiln::{DType, Error, Executable, HostData, Op, Result, ValueKind};
 use kiln_kernels::{KernelSpec, MatmulVariant, View};
@@ -241,6 +242,82 @@ impl Builder<'_> {
         self.dispatch(&op, pack, vec![out, scratch], None)
     }
 
+    /// Runs fused group `v` one member op per kernel, through buffers of
+    /// its own for the intermediate values: for a group reading more
+    /// buffers than the adapter lets one kernel bind. `operands` and
+    /// `aliased` are the group's, as for [`Self::spec`].
+    fn fused_in_steps(
+        &mut self,
+        v: usize,
+        out: Loc,
+        group: &FusedKernel,
+        operands: &[Loc],
+        aliased: &[bool],
+    ) -> Result<()> {
+        let inputs = self.exe.graph().nodes[v].inputs.clone();
+        let target = self.shared.target;
+        let steps = group.steps();
+        let mut done: Vec<(Loc, Vec<usize>, DType)> = Vec::with_capacity(steps.len());
+        for (j, step) in steps.iter().enumerate() {
+            let last = j + 1 == steps.len();
+            let mut args: Vec<(Loc, Vec<usize>, DType, Option<usize>)> = Vec::new();
+            for arg in &step.args {
+                args.push(match *arg {
+                    FusedArg::Input(k) => {
+                        let value = *inputs.get(k).ok_or_else(|| {
+                            backend_err(format!("fused group {v} reads operand {k}"))
+                        })?;
+                        let loc = *operands.get(k).ok_or_else(|| {
+                            backend_err(format!("fused group {v} reads operand {k}"))
+                        })?;
+                        (loc, self.shapes[value].clone(), self.dtype(value), Some(k))
+                    }
+                    FusedArg::Step(i) => {
+                        let (loc, shape, dtype) = done.get(i).cloned().ok_or_else(|| {
+                            backend_err(format!("fused group {v} reads step {i} before it"))
+                        })?;
+                        (loc, shape, dtype, None)
+                    }
+                });
+            }
+            let shapes: Vec<&[usize]> = args.iter().map(|a| &a.1[..]).collect();
+            let shape = broadcast_shape(&shapes);
+            let dtype = match &step.op {
+                Op::Binary(b) if b.is_comparison() => DType::Bool,
+                Op::Cast(d) => *d,
+                Op::Select => args.get(1).map_or(DType::F32, |a| a.2),
+                _ => args.first().map_or(DType::F32, |a| a.2),
+            };
+            let views: Vec<View> = args
+                .iter()
+                .map(|(_, arg_shape, arg_dtype, input)| {
+                    let constant = input.and_then(|k| self.scalar_constant(inputs[k]));
+                    match constant {
+                        Some(word) => View::inline(*arg_dtype, word),
+                        None => View {
+                            // Only the last step writes the group's buffer.
+                            aliases_output: last
+                                && input.is_some_and(|k| aliased.get(k) == Some(&true)),
+                            ..View::broadcast(*arg_dtype, arg_shape, &shape)
+                        },
+                    }
+                })
+                .collect();
+            let spec = kiln_kernels::elementwise(&step.op, &views, &shape, dtype, target)
+                .map_err(|e| backend_err(e.to_string()))?;
+            let step_out = if last {
+                out
+            } else {
+                let numel = shape.iter().product();
+                self.temp(step.op.name(), byte_size(dtype, numel))?
+            };
+            let locs: Vec<Loc> = args.iter().map(|a| a.0).collect();
+            self.kernel(v, step_out, spec, locs, None)?;
+            done.push((step_out, shape, dtype));
+        }
+        Ok(())
+    }
+
     /// The storage word of value `v` when it is a one-element constant.
     fn scalar_constant(&self, v: usize) -> Option<u32> {
         match &self.exe.graph().nodes[v].kind {
@@ -382,6 +459,20 @@ impl Builder<'_> {
     }
 }
 
+/// The NumPy broadcast of `shapes`.
+fn broadcast_shape(shapes: &[&[usize]]) -> Vec<usize> {
+    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
+    (0..rank)
+        .map(|d| {
+            shapes
+                .iter()
+                .filter_map(|s| s.len().checked_sub(rank - d).map(|i| s[i]))
+                .find(|&n| n != 1)
+                .unwrap_or(1)
+        })
+        .collect()
+}
+
 /// Host data of a `dim_size` value.
 fn dim_size(axes: &[usize], dtype: DType, in_shape: &[usize]) -> HostData {
     let count: usize = axes.iter().map(|&a| in_shape[a]).product();
@@ -497,6 +588,14 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
                     operands.push(loc);
                 }
                 let spec = b.spec(v, op, &aliased)?;
+                if let Op::Fused(group) = op {
+                    let limit = shared.gpu.limits.max_storage_buffers_per_shader_stage as usize;
+                    if spec.bound.len() + 2 > limit {
+                        b.fused_in_steps(v, out, group, &operands, &aliased)?;
+                        b.locs[v] = Some(out);
+                        continue;
+                    }
+                }
                 let bad_input = match op {
                     Op::Take { axis } => {
                         let n = shapes[node.inputs[0]].get(*axis).copied().unwrap_or(0);

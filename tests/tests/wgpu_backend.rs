@@ -295,3 +295,43 @@ fn an_index_out_of_range_in_take_is_a_runtime_error_as_on_the_cpu() {
     let y = f.call(&(x, good)).expect("in range");
     assert_eq!(y.to_vec::<f32>().expect("f32"), vec![3.0, 1.0]);
 }
+
+#[test]
+fn a_fused_group_reading_more_buffers_than_a_kernel_can_bind_runs_op_by_op() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let limit = gpu.limits().max_storage_buffers_per_shader_stage as usize;
+    let sum_of_leaves = |xs: Vec<Array>| {
+        let mut acc = xs[0].clone();
+        for x in &xs[1..] {
+            acc = acc + (x.exp() * 2.0 + 1.0);
+        }
+        vec![acc.tanh()]
+    };
+    let xs: Vec<Array> = (0..limit + 8)
+        .map(|i| {
+            let shape: &[usize] = if i % 3 == 0 { &[4, 1] } else { &[4, 5] };
+            let n: usize = shape.iter().product();
+            Array::from_vec((0..n).map(|j| (i + j) as f32 * 0.01).collect(), shape)
+                .expect("sized data")
+        })
+        .collect();
+    let want = compile(sum_of_leaves).call(&xs).expect("cpu");
+    let gpu = gpu.with_packed_f16();
+    let f = compile(sum_of_leaves).with_backend(gpu.clone());
+    f.call(&xs).expect("first call");
+    let before = gpu.counters().dispatches;
+    let got = f.call(&xs).expect("wgpu runs the group op by op");
+    assert!(
+        gpu.counters().dispatches - before > limit as u64,
+        "one dispatch per member op"
+    );
+    compare_within(
+        &got[0].data().expect("data"),
+        &want[0].data().expect("data"),
+        1e-5,
+        1e-5,
+    )
+    .expect("wgpu == cpu");
+}
