@@ -3,7 +3,7 @@
 //!
 //! Every op value of an executable becomes one dispatch of a kernel from
 //! `kiln-kernels` (a fused elementwise group is one kernel). The first call
-//! with a set of shapes builds a [plan](plan::Plan): pipelines (cached by
+//! with a set of shapes builds a plan: pipelines (cached by
 //! source across executables), parameter buffers and the buffers of every
 //! intermediate value. Later calls with those shapes record the same
 //! commands into one command encoder; buffers for arguments and outputs
