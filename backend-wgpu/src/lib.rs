@@ -697,9 +697,13 @@ impl Backend for WgpuBackend {
     fn download(&self, buffer: WgpuBuffer) -> Result<Arc<HostData>> {
         block_on(self.download_async(buffer)).unwrap_or_else(|| {
             Err(backend_err(
-                "blocking readback is not available in the browser; use `download_async`",
+                "blocking readback is not available in the browser; use `Compiled::call_async`",
             ))
         })
+    }
+
+    fn download_async(&self, buffer: WgpuBuffer) -> kiln::exec::DownloadFuture<'_> {
+        Box::pin(WgpuBackend::download_async(self, buffer))
     }
 
     fn run(

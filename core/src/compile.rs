@@ -12,6 +12,7 @@ use crate::tree::{tree_unflatten, DifferenceKind, KeyPath, Tree, TreeDef};
 use crate::DType;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
+use std::borrow::Cow;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
@@ -560,50 +561,91 @@ where
     /// Calls the function. The arguments are only read: the result is built
     /// from new values even where it mirrors the input's structure.
     pub fn call(&self, args: &In) -> Result<Out> {
-        let mut leaves = Vec::with_capacity(self.leaf_count_hint.load(Ordering::Relaxed));
-        let tree = args.flatten(&mut leaves)?;
-        self.leaf_count_hint.store(leaves.len(), Ordering::Relaxed);
-        if leaves.iter().any(|l| !l.is_materialized()) {
-            if leaves.iter().any(|l| l.is_tracer() || l.error().is_some()) {
-                // Called inside another trace (or on a failed array): inline `f`.
-                return Ok((self.f)(tree_unflatten(&tree, leaves)?));
-            }
-            crate::eval::eval(&leaves)?;
+        let (tree, leaves) = self.flatten(args)?;
+        let mut shapes = LeafShapes::default();
+        match self.begin(tree, leaves, &mut shapes)? {
+            Begun::Inline(out) => Ok(out),
+            Begun::Run(entry, leaves) => self.finish(&entry, leaves, &shapes),
         }
-        let shapes = self.leaf_shapes(&leaves);
-        let shape_refs = shapes.refs();
-        let view = self.key_view(&tree, &leaves);
-        let entry = match self.lookup(&view, &shape_refs) {
-            Some(entry) => entry,
-            None => self.trace_and_insert(view.to_key(), &leaves, &shape_refs)?,
-        };
-        self.run(&entry, leaves, &shape_refs)
+    }
+
+    /// Calls the function like [`Compiled::call`], reading the results
+    /// back through [`Backend::download_async`]: the way to call in a
+    /// browser, where a GPU readback completes only after the page yields.
+    pub async fn call_async(&self, args: &In) -> Result<Out> {
+        let (tree, leaves) = self.flatten(args)?;
+        let mut shapes = LeafShapes::default();
+        match self.begin(tree, leaves, &mut shapes)? {
+            Begun::Inline(out) => Ok(out),
+            Begun::Run(entry, leaves) => {
+                let (buffers, resolved) = self.launch(&entry, leaves, &shapes.refs())?;
+                let mut arrays = Vec::with_capacity(buffers.len());
+                for (buffer, &o) in buffers.into_iter().zip(&entry.exe.graph().outputs) {
+                    let data = self.backend.download_async(buffer).await?;
+                    arrays.push(Array::from_host(data, Shape::known(&resolved[o])));
+                }
+                tree_unflatten(&entry.output_tree, arrays)
+            }
+        }
     }
 
     /// Calls the function on arguments it takes over: a donated leaf that
     /// nothing else holds (no clone of the array is kept) has its buffer
     /// reused for results written in place. Otherwise like [`Compiled::call`].
     pub fn call_owned(&self, args: In) -> Result<Out> {
-        if self.donate.is_empty() {
-            return self.call(&args);
+        let (tree, leaves) = self.flatten(&args)?;
+        drop(args);
+        let mut shapes = LeafShapes::default();
+        match self.begin(tree, leaves, &mut shapes)? {
+            Begun::Inline(out) => Ok(out),
+            Begun::Run(entry, leaves) => self.finish(&entry, leaves, &shapes),
         }
+    }
+
+    fn flatten(&self, args: &In) -> Result<(TreeDef, Vec<Array>)> {
         let mut leaves = Vec::with_capacity(self.leaf_count_hint.load(Ordering::Relaxed));
         let tree = args.flatten(&mut leaves)?;
-        drop(args);
+        self.leaf_count_hint.store(leaves.len(), Ordering::Relaxed);
+        Ok((tree, leaves))
+    }
+
+    /// Finds (or compiles) the entry serving the flattened arguments,
+    /// filling in `shapes` (the leaves' shapes, which only a shapeless
+    /// entry reads); called inside another trace, runs `f` inline instead.
+    fn begin(
+        &self,
+        tree: TreeDef,
+        leaves: Vec<Array>,
+        shapes: &mut LeafShapes,
+    ) -> Result<Begun<Out>> {
         if leaves.iter().any(|l| !l.is_materialized()) {
             if leaves.iter().any(|l| l.is_tracer() || l.error().is_some()) {
-                return Ok((self.f)(tree_unflatten(&tree, leaves)?));
+                // Called inside another trace (or on a failed array): inline `f`.
+                return Ok(Begun::Inline((self.f)(tree_unflatten(&tree, leaves)?)));
             }
             crate::eval::eval(&leaves)?;
         }
-        let shapes = self.leaf_shapes(&leaves);
-        let shape_refs = shapes.refs();
+        *shapes = self.leaf_shapes(&leaves);
         let view = self.key_view(&tree, &leaves);
-        let entry = match self.lookup(&view, &shape_refs) {
+        let entry = match self.lookup(&view, &shapes.refs()) {
             Some(entry) => entry,
-            None => self.trace_and_insert(view.to_key(), &leaves, &shape_refs)?,
+            None => self.trace_and_insert(view.to_key(), &leaves, &shapes.refs())?,
         };
-        self.run(&entry, leaves, &shape_refs)
+        Ok(Begun::Run(entry, leaves))
+    }
+
+    /// Runs the entry and reads the results back, blocking.
+    fn finish(&self, entry: &Entry, leaves: Vec<Array>, shapes: &LeafShapes) -> Result<Out> {
+        let (buffers, resolved) = self.launch(entry, leaves, &shapes.refs())?;
+        let arrays = buffers
+            .into_iter()
+            .zip(&entry.exe.graph().outputs)
+            .map(|(buffer, &o)| {
+                let data = self.backend.download(buffer)?;
+                Ok(Array::from_host(data, Shape::known(&resolved[o])))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        tree_unflatten(&entry.output_tree, arrays)
     }
 
     /// The cached entry serving this call, if any; records the hit, or the
@@ -797,8 +839,13 @@ where
 
     /// Runs `entry` on the leaves, which it consumes: once uploaded, the
     /// leaves are dropped, so a donated buffer nothing else holds can be
-    /// written in place.
-    fn run(&self, entry: &Entry, leaves: Vec<Array>, shapes: &[&[usize]]) -> Result<Out> {
+    /// written in place. Returns the output buffers and their shapes.
+    fn launch<'e>(
+        &self,
+        entry: &'e Entry,
+        leaves: Vec<Array>,
+        shapes: &[&[usize]],
+    ) -> Result<Launched<'e, B::Buffer>> {
         let mut inputs: Vec<B::Buffer> = Vec::with_capacity(leaves.len());
         for leaf in &leaves {
             let data = leaf.value().ok_or_else(|| Error::ReadTracer {
@@ -809,17 +856,18 @@ where
         drop(leaves);
         let resolved = entry.exe.resolve_shapes(shapes)?;
         let outputs = self.backend.run(&entry.exe, inputs, &resolved)?;
-        let graph = entry.exe.graph();
-        let arrays = outputs
-            .into_iter()
-            .zip(&graph.outputs)
-            .map(|(buffer, &o)| {
-                let data = self.backend.download(buffer)?;
-                Ok(Array::from_host(data, Shape::known(&resolved[o])))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        tree_unflatten(&entry.output_tree, arrays)
+        Ok((outputs, resolved))
     }
+}
+
+/// The output buffers of a run, and the shape of every value of its graph.
+type Launched<'e, Buffer> = (Vec<Buffer>, Cow<'e, [Vec<usize>]>);
+
+/// How a call goes on: `f` already ran inline (inside another trace), or
+/// an entry runs on the flattened leaves.
+enum Begun<Out> {
+    Inline(Out),
+    Run(Arc<Entry>, Vec<Array>),
 }
 
 /// A leaf's aval with each axis of size other than 1 replaced by a fresh

@@ -9,6 +9,8 @@ use crate::plan::{Home, Plan};
 use crate::shape::{Shape, Symbol};
 use smallvec::SmallVec;
 use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 /// Where a symbol's size comes from: axis `axis` of argument leaf `leaf`.
@@ -233,6 +235,9 @@ fn node_name(kind: &ValueKind) -> String {
     }
 }
 
+/// The readback of [`Backend::download_async`].
+pub type DownloadFuture<'a> = Pin<Box<dyn Future<Output = Result<Arc<HostData>>> + 'a>>;
+
 /// A device that runs executables.
 ///
 /// Buffers are the backend's own; `upload` and `download` move host data in
@@ -247,6 +252,12 @@ pub trait Backend: Send + Sync + 'static {
     fn upload(&self, data: &Arc<HostData>) -> Result<Self::Buffer>;
     /// Copies a buffer back to the host.
     fn download(&self, buffer: Self::Buffer) -> Result<Arc<HostData>>;
+    /// Copies a buffer back to the host without blocking, for a browser,
+    /// where a GPU readback completes only after the page yields. By
+    /// default it completes at once through [`Backend::download`].
+    fn download_async(&self, buffer: Self::Buffer) -> DownloadFuture<'_> {
+        Box::pin(std::future::ready(self.download(buffer)))
+    }
     /// Runs `exe` on argument buffers through its [`Plan`]; `shapes` is
     /// the concrete shape of every value of its graph, as
     /// [`Executable::resolve_shapes`] gives them for this call. The

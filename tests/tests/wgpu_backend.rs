@@ -335,3 +335,23 @@ fn a_fused_group_reading_more_buffers_than_a_kernel_can_bind_runs_op_by_op() {
     )
     .expect("wgpu == cpu");
 }
+
+#[test]
+fn call_async_reads_results_back_through_the_async_readback() {
+    let x = Array::from_vec(vec![0.5f32, -1.0, 2.0, 0.0], &[4]).expect("x");
+    let cpu = compile(|x: Array| (x.exp() * 2.0 + 1.0).tanh());
+    let want = pollster::block_on(cpu.call_async(&x)).expect("cpu call");
+    assert_eq!(
+        want.to_vec::<f32>().unwrap(),
+        cpu.call(&x).unwrap().to_vec::<f32>().unwrap()
+    );
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let f = compile(|x: Array| (x.exp() * 2.0 + 1.0).tanh()).with_backend(gpu);
+    let got = pollster::block_on(f.call_async(&x)).expect("wgpu call");
+    let (got, want) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() <= 1e-5, "{got:?} vs {want:?}");
+    }
+}
