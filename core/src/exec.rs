@@ -23,19 +23,15 @@ pub struct SymbolSource {
 }
 
 /// A compiled graph ready to run: the optimized graph in schedule order,
-/// when each value is last read, how to find concrete shapes, and the
-/// buffer plan every backend runs through.
+/// how to find concrete shapes, and the buffer plan every backend runs
+/// through (which holds each value's lifetime).
 #[derive(Debug)]
 pub struct Executable {
     graph: Graph,
-    last_use: Vec<usize>,
     known_shapes: Option<Vec<Vec<usize>>>,
     symbols: Vec<(Symbol, SymbolSource)>,
     plan: Plan,
 }
-
-/// Marks values read by nobody later (graph outputs live to the end).
-const LIVE_TO_END: usize = usize::MAX;
 
 impl Executable {
     /// Builds an executable from an optimized graph and plans its buffers.
@@ -50,15 +46,6 @@ impl Executable {
         donated: &[bool],
         input_shapes: &[&[usize]],
     ) -> Result<Executable> {
-        let mut last_use = vec![0; graph.nodes.len()];
-        for (i, node) in graph.nodes.iter().enumerate() {
-            for &j in &node.inputs {
-                last_use[j] = i;
-            }
-        }
-        for &o in &graph.outputs {
-            last_use[o] = LIVE_TO_END;
-        }
         let known_shapes = graph
             .nodes
             .iter()
@@ -66,7 +53,6 @@ impl Executable {
             .collect();
         let mut exe = Executable {
             graph,
-            last_use,
             known_shapes,
             symbols,
             plan: Plan::default(),
@@ -90,13 +76,7 @@ impl Executable {
         if let Some(known) = &self.known_shapes {
             return known.clone();
         }
-        let bind = |s: Symbol| {
-            self.symbols
-                .iter()
-                .find(|(sym, _)| *sym == s)
-                .and_then(|(_, src)| input_shapes.get(src.leaf)?.get(src.axis))
-                .map(|&n| n as i64)
-        };
+        let bind = |s: Symbol| self.symbol_value(s, input_shapes);
         self.graph
             .nodes
             .iter()
@@ -111,6 +91,15 @@ impl Executable {
             .collect()
     }
 
+    /// Symbol `s`'s size in a call with arguments of `input_shapes`.
+    fn symbol_value(&self, s: Symbol, input_shapes: &[&[usize]]) -> Option<i64> {
+        self.symbols
+            .iter()
+            .find(|(sym, _)| *sym == s)
+            .and_then(|(_, src)| input_shapes.get(src.leaf)?.get(src.axis))
+            .map(|&n| n as i64)
+    }
+
     /// The buffer plan: reinplace decisions, slots and lifetimes.
     pub fn plan(&self) -> &Plan {
         &self.plan
@@ -119,11 +108,6 @@ impl Executable {
     /// The graph it runs.
     pub fn graph(&self) -> &Graph {
         &self.graph
-    }
-
-    /// The step after which value `v` is no longer read (`usize::MAX` for outputs).
-    pub fn last_use(&self, v: usize) -> usize {
-        self.last_use[v]
     }
 
     /// True when some shape depends on the call.
@@ -175,13 +159,7 @@ impl Executable {
             }
             return Ok(Cow::Borrowed(known));
         }
-        let bind = |s: Symbol| {
-            self.symbols
-                .iter()
-                .find(|(sym, _)| *sym == s)
-                .and_then(|(_, src)| input_shapes.get(src.leaf)?.get(src.axis))
-                .map(|&n| n as i64)
-        };
+        let bind = |s: Symbol| self.symbol_value(s, input_shapes);
         for guard in &self.graph.guards {
             let holds = match &guard.condition {
                 Condition::Equal(a, b) => {

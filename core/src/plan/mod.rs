@@ -53,17 +53,14 @@ impl Plan {
     /// sizes, and where the arena places them, are resolved per set of
     /// shapes ([`Plan::arena`]).
     pub fn build(graph: &Graph, donated: &[bool], shapes: &[Vec<usize>]) -> Plan {
-        let decisions = reinplace(graph, donated);
+        let lifetimes = lifetimes(graph);
+        let decisions = reinplace(graph, donated, &lifetimes);
         let mut in_place = vec![None; graph.nodes.len()];
         for decision in &decisions {
             in_place[decision.node] = decision.target();
         }
-        let lifetimes = lifetimes(graph);
-        let bytes: Vec<usize> = graph
-            .nodes
-            .iter()
-            .zip(shapes)
-            .map(|(node, shape)| shape.iter().product::<usize>() * node.aval.dtype.size_bytes())
+        let bytes: Vec<usize> = (0..graph.nodes.len())
+            .map(|v| value_bytes(graph, shapes, v, DType::size_bytes))
             .collect();
         let (homes, slots, traced_arena) =
             slots::assign_slots(graph, &in_place, &lifetimes, &bytes);
@@ -147,10 +144,7 @@ impl Plan {
             .map(|values| {
                 values
                     .iter()
-                    .map(|&v| {
-                        let numel: usize = shapes[v].iter().product();
-                        aligned(numel * element_bytes(graph.nodes[v].aval.dtype))
-                    })
+                    .map(|&v| aligned(value_bytes(graph, shapes, v, &element_bytes)))
                     .max()
                     .unwrap_or(0)
             })
@@ -200,8 +194,7 @@ impl Plan {
             if !matches!(node.kind, ValueKind::Op(_)) {
                 continue;
             }
-            let numel: usize = shapes[v].iter().product();
-            let bytes = aligned(numel * node.aval.dtype.size_bytes());
+            let bytes = aligned(value_bytes(graph, shapes, v, DType::size_bytes));
             no_reuse_bytes += bytes;
             if !matches!(self.homes[v], Home::Slot(_)) {
                 continue;
@@ -237,6 +230,16 @@ impl Plan {
         let arena = self.arena(graph, shapes, DType::size_bytes);
         verify_plan(graph, &self.homes, &arena, &self.donated, shapes)
     }
+}
+
+/// Value `v`'s size in bytes for `shapes`, with `element_bytes` per dtype.
+fn value_bytes(
+    graph: &Graph,
+    shapes: &[Vec<usize>],
+    v: ValueId,
+    element_bytes: impl Fn(DType) -> usize,
+) -> usize {
+    shapes[v].iter().product::<usize>() * element_bytes(graph.nodes[v].aval.dtype)
 }
 
 /// A value's size in bytes as an expression of the symbols.

@@ -2,6 +2,7 @@
 //! written into the buffer of one of its operands, with the reason for every
 //! operand it could not take.
 
+use super::Lifetime;
 use crate::graph::{Graph, ValueId, ValueKind};
 use crate::shape::{Dim, Shape};
 use crate::DType;
@@ -132,15 +133,14 @@ impl ReinplaceDecision {
 }
 
 /// Decides every elementwise node of `graph`, in schedule order. `donated`
-/// marks the argument leaves whose buffers the caller gave up.
-pub fn reinplace(graph: &Graph, donated: &[bool]) -> Vec<ReinplaceDecision> {
+/// marks the argument leaves whose buffers the caller gave up; `lifetimes`
+/// are the values' lifetimes ([`lifetimes`](super::lifetimes)).
+pub fn reinplace(
+    graph: &Graph,
+    donated: &[bool],
+    lifetimes: &[Lifetime],
+) -> Vec<ReinplaceDecision> {
     let n = graph.nodes.len();
-    let mut last_reader = vec![None; n];
-    for (i, node) in graph.nodes.iter().enumerate() {
-        for &j in &node.inputs {
-            last_reader[j] = Some(i);
-        }
-    }
     let mut output_index = vec![None; n];
     for (index, &o) in graph.outputs.iter().enumerate() {
         output_index[o].get_or_insert(index);
@@ -176,9 +176,9 @@ pub fn reinplace(graph: &Graph, donated: &[bool]) -> Vec<ReinplaceDecision> {
             })
             .or_else(|| shape_refusal(&operand.aval.shape, &node.aval.shape))
             .or_else(|| {
-                last_reader[j]
-                    .filter(|&r| r > i)
-                    .map(|reader| Refusal::ReadLater { reader })
+                // Outputs were refused above, so a later end is a reader.
+                let last = lifetimes[j].last;
+                (last > i).then_some(Refusal::ReadLater { reader: last })
             });
             operands.push(OperandVerdict {
                 operand: j,
