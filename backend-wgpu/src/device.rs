@@ -29,7 +29,9 @@ pub enum DeviceError {
     },
 }
 
-/// Device, queue and what the device reports outside an error scope.
+/// Device, queue and what the device reports outside an error scope;
+/// clones share the device and its reports.
+#[derive(Clone)]
 pub(crate) struct Gpu {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,

@@ -112,6 +112,30 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// A backend's state on `gpu` with empty caches, pool and counters.
+    fn new(
+        name: String,
+        gpu: Gpu,
+        matmul_variant: Option<MatmulVariant>,
+        target: Target,
+    ) -> Shared {
+        Shared {
+            name,
+            gpu,
+            pool: Arc::new(Pool::default()),
+            pipelines: Mutex::default(),
+            layouts: Mutex::default(),
+            plans: Mutex::default(),
+            pipelines_created: AtomicU64::new(0),
+            other_buffers: AtomicU64::new(0),
+            plans_built: AtomicU64::new(0),
+            plan_clock: AtomicU64::new(0),
+            dispatches: AtomicU64::new(0),
+            matmul_variant,
+            target,
+        }
+    }
+
     /// `Err` naming the size and the limit when a buffer of `bytes` cannot
     /// be bound.
     fn check_size(&self, op: &str, bytes: u64) -> Result<()> {
@@ -325,22 +349,9 @@ impl WgpuBackend {
         let target = Target {
             native_f16: gpu.device.features().contains(wgpu::Features::SHADER_F16),
         };
+        let name = format!("wgpu:{}", gpu.info.name);
         Ok(WgpuBackend {
-            shared: Arc::new(Shared {
-                name: format!("wgpu:{}", gpu.info.name),
-                gpu,
-                pool: Arc::new(Pool::default()),
-                pipelines: Mutex::default(),
-                layouts: Mutex::default(),
-                plans: Mutex::default(),
-                pipelines_created: AtomicU64::new(0),
-                other_buffers: AtomicU64::new(0),
-                plans_built: AtomicU64::new(0),
-                plan_clock: AtomicU64::new(0),
-                dispatches: AtomicU64::new(0),
-                matmul_variant: None,
-                target,
-            }),
+            shared: Arc::new(Shared::new(name, gpu, None, target)),
         })
     }
 
@@ -372,29 +383,9 @@ impl WgpuBackend {
         target: Target,
     ) -> WgpuBackend {
         let s = &self.shared;
+        let name = format!("{}{suffix}", s.name);
         WgpuBackend {
-            shared: Arc::new(Shared {
-                name: format!("{}{suffix}", s.name),
-                gpu: Gpu {
-                    device: s.gpu.device.clone(),
-                    queue: s.gpu.queue.clone(),
-                    limits: s.gpu.limits.clone(),
-                    info: s.gpu.info.clone(),
-                    lost: s.gpu.lost.clone(),
-                    uncaptured: s.gpu.uncaptured.clone(),
-                },
-                pool: Arc::new(Pool::default()),
-                pipelines: Mutex::default(),
-                layouts: Mutex::default(),
-                plans: Mutex::default(),
-                pipelines_created: AtomicU64::new(0),
-                other_buffers: AtomicU64::new(0),
-                plans_built: AtomicU64::new(0),
-                plan_clock: AtomicU64::new(0),
-                dispatches: AtomicU64::new(0),
-                matmul_variant,
-                target,
-            }),
+            shared: Arc::new(Shared::new(name, s.gpu.clone(), matmul_variant, target)),
         }
     }
 
