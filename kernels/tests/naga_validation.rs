@@ -18,50 +18,19 @@ fn assert_valid(what: &str, spec: &KernelSpec) {
     }
 }
 
-const UNARY: [UnaryOp; 12] = [
-    UnaryOp::Neg,
-    UnaryOp::Abs,
-    UnaryOp::Exp,
-    UnaryOp::Log,
-    UnaryOp::Sin,
-    UnaryOp::Cos,
-    UnaryOp::Tanh,
-    UnaryOp::Sqrt,
-    UnaryOp::Rsqrt,
-    UnaryOp::Sigmoid,
-    UnaryOp::Relu,
-    UnaryOp::Erf,
-];
-
-const BINARY: [BinaryOp; 13] = [
-    BinaryOp::Add,
-    BinaryOp::Sub,
-    BinaryOp::Mul,
-    BinaryOp::Div,
-    BinaryOp::Pow,
-    BinaryOp::Maximum,
-    BinaryOp::Minimum,
-    BinaryOp::Eq,
-    BinaryOp::Ne,
-    BinaryOp::Lt,
-    BinaryOp::Le,
-    BinaryOp::Gt,
-    BinaryOp::Ge,
-];
-
 #[test]
 fn every_unary_and_binary_kernel_validates_for_every_dtype_it_supports() {
     for target in TARGETS {
         let mut built = 0;
         for dtype in DType::ALL {
-            for op in UNARY {
+            for op in UnaryOp::ALL {
                 let x = View::contiguous(dtype, &[3, 5]);
                 if let Ok(spec) = elementwise(&Op::Unary(op), &[x], &[3, 5], dtype, target) {
                     assert_valid(op.name(), &spec);
                     built += 1;
                 }
             }
-            for op in BINARY {
+            for op in BinaryOp::ALL {
                 let a = View::broadcast(dtype, &[5], &[3, 5]);
                 let b = View::broadcast(dtype, &[3, 1], &[3, 5]);
                 let out = if op.is_comparison() {

@@ -9,37 +9,6 @@ use kiln_tests::programs::cases;
 use proptest::prelude::*;
 use std::sync::Arc;
 
-const BINARY: [BinaryOp; 13] = [
-    BinaryOp::Add,
-    BinaryOp::Sub,
-    BinaryOp::Mul,
-    BinaryOp::Div,
-    BinaryOp::Pow,
-    BinaryOp::Maximum,
-    BinaryOp::Minimum,
-    BinaryOp::Eq,
-    BinaryOp::Ne,
-    BinaryOp::Lt,
-    BinaryOp::Le,
-    BinaryOp::Gt,
-    BinaryOp::Ge,
-];
-
-const UNARY: [UnaryOp; 12] = [
-    UnaryOp::Neg,
-    UnaryOp::Abs,
-    UnaryOp::Exp,
-    UnaryOp::Log,
-    UnaryOp::Sin,
-    UnaryOp::Cos,
-    UnaryOp::Tanh,
-    UnaryOp::Sqrt,
-    UnaryOp::Rsqrt,
-    UnaryOp::Sigmoid,
-    UnaryOp::Relu,
-    UnaryOp::Erf,
-];
-
 fn data(dtype: DType, values: &[f64]) -> HostData {
     HostData::from_f64s(dtype, values.iter().copied())
 }
@@ -114,7 +83,7 @@ proptest! {
                 let nb: usize = sb.iter().product();
                 let x = data(dtype, &a[..na]);
                 let y = data(dtype, &b[..nb]);
-                for op in BINARY {
+                for op in BinaryOp::ALL {
                     check_in_place(&Op::Binary(op), &[x.clone(), y.clone()], &[sa, sb], out);
                     check_in_place(&Op::Binary(op), &[x.clone(), x.clone()], &[sa, sa], sa);
                 }
@@ -126,7 +95,7 @@ proptest! {
     fn unary_ops_and_where_in_place_equal_functional(a in values(), b in values(), c in prop::collection::vec(any::<bool>(), 12)) {
         for dtype in DType::ALL {
             let x = data(dtype, &a);
-            for op in UNARY {
+            for op in UnaryOp::ALL {
                 check_in_place(&Op::Unary(op), std::slice::from_ref(&x), &[&[12]], &[12]);
             }
             let y = data(dtype, &b);

@@ -44,6 +44,23 @@ pub enum BinaryOp {
 }
 
 impl BinaryOp {
+    /// Every binary op, in declaration order.
+    pub const ALL: [BinaryOp; 13] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Pow,
+        BinaryOp::Maximum,
+        BinaryOp::Minimum,
+        BinaryOp::Eq,
+        BinaryOp::Ne,
+        BinaryOp::Lt,
+        BinaryOp::Le,
+        BinaryOp::Gt,
+        BinaryOp::Ge,
+    ];
+
     /// The op's name as users write it: `add`, `equal`, `less_equal`, ...
     pub fn name(self) -> &'static str {
         match self {

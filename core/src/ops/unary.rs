@@ -37,6 +37,22 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
+    /// Every unary op, in declaration order.
+    pub const ALL: [UnaryOp; 12] = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Tanh,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::Erf,
+    ];
+
     /// The op's name as users write it: `neg`, `abs`, `exp`, ...
     pub fn name(self) -> &'static str {
         match self {
@@ -261,21 +277,6 @@ mod tests {
     use crate::error::Error;
     use half::{bf16, f16};
 
-    const ALL: [UnaryOp; 12] = [
-        UnaryOp::Neg,
-        UnaryOp::Abs,
-        UnaryOp::Exp,
-        UnaryOp::Log,
-        UnaryOp::Sin,
-        UnaryOp::Cos,
-        UnaryOp::Tanh,
-        UnaryOp::Sqrt,
-        UnaryOp::Rsqrt,
-        UnaryOp::Sigmoid,
-        UnaryOp::Relu,
-        UnaryOp::Erf,
-    ];
-
     fn f32s(op: UnaryOp, v: &[f32]) -> Vec<f32> {
         match eval(op, &HostData::F32(v.to_vec())) {
             Ok(HostData::F32(out)) => out,
@@ -373,7 +374,7 @@ mod tests {
         // Half inputs are exact in f32, so the half result must be the f32
         // result on the widened inputs, rounded once.
         let xs = [0.3f32, 1.7, 2.5, 0.01, 1.0, 0.5];
-        for op in ALL {
+        for op in UnaryOp::ALL {
             let h: Vec<f16> = xs.iter().map(|&x| f16::from_f32(x)).collect();
             let b: Vec<bf16> = xs.iter().map(|&x| bf16::from_f32(x)).collect();
             let want_h = HostData::F16(narrow(&f32s(op, &widen(&h))));
