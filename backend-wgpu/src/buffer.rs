@@ -81,6 +81,53 @@ impl Drop for Held {
     }
 }
 
+/// One call's status words (see [`kiln_kernels::KernelSpec::status`]),
+/// copied out of the plan as the call ran, with what each one reports. The
+/// call's outputs carry them and downloading an output reads them with its
+/// data, so a call never waits for the device to learn whether its input
+/// was bad: the browser, which cannot wait, reports it too.
+pub(crate) struct StatusWords {
+    held: Held,
+    /// Per word: the op, and what its bad input means.
+    checks: Vec<(String, String)>,
+}
+
+impl StatusWords {
+    /// Wraps pooled storage of one word per entry of `checks`.
+    pub(crate) fn new(
+        buffer: wgpu::Buffer,
+        pool: Arc<Pool>,
+        checks: Vec<(String, String)>,
+    ) -> StatusWords {
+        StatusWords {
+            held: Held { buffer, pool },
+            checks,
+        }
+    }
+
+    pub(crate) fn raw(&self) -> &wgpu::Buffer {
+        &self.held.buffer
+    }
+
+    /// Bytes of the words.
+    pub(crate) fn bytes(&self) -> u64 {
+        4 * self.checks.len() as u64
+    }
+
+    /// The first bad input the read-back `words` report: a word starts at
+    /// `u32::MAX` and a kernel lowers it to the first offending position.
+    pub(crate) fn error(&self, words: &[u32]) -> Option<kiln::Error> {
+        self.checks
+            .iter()
+            .zip(words)
+            .find(|(_, &position)| position != u32::MAX)
+            .map(|((op, detail), position)| kiln::Error::Runtime {
+                op: op.clone(),
+                detail: format!("{detail} (at position {position} of the indices)"),
+            })
+    }
+}
+
 /// A device-resident array. Clones share the storage; when the last one
 /// drops, the storage returns to the backend's pool for later calls.
 #[derive(Clone)]
@@ -88,6 +135,9 @@ pub struct WgpuBuffer {
     held: Arc<Held>,
     pub(crate) dtype: DType,
     pub(crate) len: usize,
+    /// The status words of the call that wrote it, if any of its kernels
+    /// reports bad input.
+    pub(crate) status: Option<Arc<StatusWords>>,
 }
 
 impl WgpuBuffer {
@@ -102,6 +152,7 @@ impl WgpuBuffer {
             held: Arc::new(Held { buffer, pool }),
             dtype,
             len,
+            status: None,
         }
     }
 

@@ -26,7 +26,7 @@ pub use buffer::WgpuBuffer;
 pub use device::{DeviceError, BACKEND_ENV};
 pub use kiln_kernels::{MatmulVariant, Target};
 
-use buffer::{byte_size, from_words, to_words, Pool};
+use buffer::{byte_size, from_words, to_words, Pool, StatusWords};
 use device::{block_on, Gpu};
 use kiln::{Backend, Error, Executable, Graph, HostData, Result};
 use plan::{Command, Loc, Plan};
@@ -444,23 +444,35 @@ impl WgpuBackend {
 
     /// Copies a buffer back to the host without blocking (the browser's
     /// way; natively it also drives the device until the copy is done).
+    ///
+    /// Bad input that a kernel of the call writing `buffer` found (an index
+    /// of `take` out of range) is reported here, as `Error::Runtime`: the
+    /// status words travel back with the data.
     pub async fn download_async(&self, buffer: WgpuBuffer) -> Result<Arc<HostData>> {
         let s = &self.shared;
         s.check_alive()?;
-        let source = buffer.raw();
         let bytes = byte_size(buffer.dtype, buffer.len);
-        let staging = s.pool.take(&s.gpu.device, bytes, true);
+        let status_bytes = buffer.status.as_ref().map_or(0, |status| status.bytes());
+        let staging = s.pool.take(&s.gpu.device, bytes + status_bytes, true);
         let mut encoder = s
             .gpu
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("kiln readback"),
             });
-        encoder.copy_buffer_to_buffer(source, 0, &staging, 0, bytes);
+        encoder.copy_buffer_to_buffer(buffer.raw(), 0, &staging, 0, bytes);
+        if let Some(status) = &buffer.status {
+            encoder.copy_buffer_to_buffer(status.raw(), 0, &staging, bytes, status_bytes);
+        }
         s.gpu.queue.submit([encoder.finish()]);
         let words = self.read_staging(&staging).await;
         s.pool.give(staging, true);
-        let data = from_words(buffer.dtype, buffer.len, &words?);
+        let words = words?;
+        let (data, status_words) = words.split_at((bytes / 4) as usize);
+        if let Some(error) = buffer.status.as_ref().and_then(|s| s.error(status_words)) {
+            return Err(error);
+        }
+        let data = from_words(buffer.dtype, buffer.len, data);
         s.check_alive()?;
         s.take_uncaptured()?;
         Ok(Arc::new(data))
@@ -591,47 +603,28 @@ impl WgpuBackend {
             }
         }
         drop(pass);
-        s.gpu.queue.submit([encoder.finish()]);
-        self.verify_checks(plan)?;
-        Ok(outputs)
-    }
-
-    /// Reads the plan's status words back (waiting for the call) and turns
-    /// the first that reports bad input into an error. In the browser,
-    /// which cannot wait, the words are not read.
-    fn verify_checks(&self, plan: &Plan) -> Result<()> {
-        if plan.checks.is_empty() {
-            return Ok(());
-        }
-        let s = &self.shared;
-        let bytes = 4 * plan.checks.len() as u64;
-        let staging = s.pool.take(&s.gpu.device, bytes, true);
-        let mut encoder = s
-            .gpu
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("kiln status words"),
-            });
-        for (k, check) in plan.checks.iter().enumerate() {
-            if let Some(word) = plan.temps.get(check.temp) {
-                encoder.copy_buffer_to_buffer(word, 0, &staging, 4 * k as u64, 4);
+        let status = (!plan.checks.is_empty()).then(|| {
+            let words = s.pool.take(device, 4 * plan.checks.len() as u64, false);
+            for (k, check) in plan.checks.iter().enumerate() {
+                if let Some(word) = plan.temps.get(check.temp) {
+                    encoder.copy_buffer_to_buffer(word, 0, &words, 4 * k as u64, 4);
+                }
             }
-        }
+            let checks = plan
+                .checks
+                .iter()
+                .map(|check| (check.op.clone(), check.detail.clone()))
+                .collect();
+            Arc::new(StatusWords::new(words, s.pool.clone(), checks))
+        });
         s.gpu.queue.submit([encoder.finish()]);
-        let words = block_on(self.read_staging(&staging));
-        s.pool.give(staging, true);
-        let Some(words) = words.transpose()? else {
-            return Ok(());
-        };
-        for (check, &position) in plan.checks.iter().zip(&words) {
-            if position != u32::MAX {
-                return Err(Error::Runtime {
-                    op: check.op.clone(),
-                    detail: format!("{} (at position {position} of the indices)", check.detail),
-                });
-            }
-        }
-        Ok(())
+        Ok(outputs
+            .into_iter()
+            .map(|mut output| {
+                output.status = status.clone();
+                output
+            })
+            .collect())
     }
 
     /// The words of a staging buffer once the device has filled it.

@@ -5,7 +5,7 @@
 //! they write f32 words instead (see [`stores_f32`]), which a backend packs
 //! with an elementwise cast, so no two invocations share an output word.
 
-use crate::element::{load_fn, value_type};
+use crate::element::{buffer_type, load_fn, value_type};
 use crate::source::{bindings, param, prelude};
 use crate::{row_major_strides, KernelError, KernelSpec, Target, View};
 use kiln::{DType, ReduceOp};
@@ -49,7 +49,7 @@ fn load_accumulated(name: &str, k: usize, dtype: DType, target: Target) -> Strin
     if dtype == DType::Bool {
         format!("fn {name}(i: u32) -> u32 {{\n    return in_{k}[i];\n}}\n")
     } else {
-        load_fn(name, &format!("in_{k}"), dtype, target)
+        load_fn(name, &format!("in_{k}"), dtype, target, 1)
     }
 }
 
@@ -57,8 +57,10 @@ fn load_accumulated(name: &str, k: usize, dtype: DType, target: Target) -> Strin
 /// words (f32 for f16 and bf16 results, see [`stores_f32`]).
 fn header(operands: usize, dtype: DType, target: Target) -> String {
     let mut source = prelude(target);
-    let bound: Vec<(usize, DType)> = (0..operands).map(|k| (k, dtype)).collect();
-    source.push_str(&bindings(&bound, DType::U32, target));
+    let bound: Vec<(usize, &str)> = (0..operands)
+        .map(|k| (k, buffer_type(dtype, target)))
+        .collect();
+    source.push_str(&bindings(&bound, "u32"));
     let _ = writeln!(source, "alias T = {};", accumulator(dtype));
     source
 }
@@ -101,8 +103,8 @@ pub fn reduce(
             })
         }
         (d, ReduceOp::Sum) if d.is_float() => ("0.0", "a + b"),
-        (d, ReduceOp::Max) if d.is_float() => ("-pos_inf()", "nan_max(a, b)"),
-        (d, ReduceOp::Min) if d.is_float() => ("pos_inf()", "nan_min(a, b)"),
+        (d, ReduceOp::Max) if d.is_float() => ("-pos_inf()", "maximum_f32(a, b)"),
+        (d, ReduceOp::Min) if d.is_float() => ("pos_inf()", "minimum_f32(a, b)"),
         (DType::I32, ReduceOp::Sum) => ("0", "a + b"),
         (DType::I32, ReduceOp::Max) => ("-2147483647 - 1", "max(a, b)"),
         (DType::I32, ReduceOp::Min) => ("2147483647", "min(a, b)"),
@@ -148,7 +150,7 @@ pub fn argmax(
     target: Target,
 ) -> Result<KernelSpec, KernelError> {
     let (lowest, nan_of) = match dtype {
-        d if d.is_float() => ("-pos_inf()", "is_nan(v)"),
+        d if d.is_float() => ("-pos_inf()", "is_nan_f32(v)"),
         DType::I32 => ("-2147483647 - 1", "false"),
         _ => ("0u", "false"),
     };

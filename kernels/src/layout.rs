@@ -25,6 +25,7 @@ pub fn copy(view: &View, out_shape: &[usize], target: Target) -> Result<KernelSp
         params: Vec::new(),
         target,
         status: false,
+        lanes: 1,
     }
     .assemble()
 }
@@ -80,6 +81,7 @@ pub fn concat(
         params,
         target,
         status: false,
+        lanes: 1,
     }
     .assemble()
 }
@@ -128,6 +130,7 @@ pub fn take(
         ],
         target,
         status: true,
+        lanes: 1,
     }
     .assemble()
 }

@@ -1,7 +1,7 @@
 //! Assembly of index-to-element kernels (each output element a function of
 //! its index) and the elementwise/fused-group generator built on it.
 
-use crate::element::{self, buffer_type, is_packed, value_type};
+use crate::element::{self, buffer_type, is_packed, lane_type};
 use crate::{KernelError, KernelSpec, Target, View};
 use kiln::ops::{FusedArg, FusedStep};
 use kiln::{DType, Op};
@@ -10,20 +10,35 @@ use std::fmt::Write;
 /// Helpers every kernel includes.
 const PRELUDE: &str = include_str!("wgsl/prelude.wgsl");
 
-/// The start of every module for `target`: the f16 extension where used,
-/// then the helpers.
+/// The start of every module for `target` computing one element per
+/// invocation; see [`prelude_lanes`].
 pub(crate) fn prelude(target: Target) -> String {
-    if target.native_f16 {
-        format!("enable f16;\n{PRELUDE}")
+    prelude_lanes(target, 1)
+}
+
+/// The start of a module for `target` whose invocations compute `lanes`
+/// elements each: the f16 extension where used, the helpers, and the op
+/// library over `lanes`-wide values.
+pub(crate) fn prelude_lanes(target: Target, lanes: usize) -> String {
+    let f16 = if target.native_f16 {
+        "enable f16;\n"
     } else {
-        PRELUDE.to_string()
-    }
+        ""
+    };
+    format!(
+        "{f16}{PRELUDE}{}{}",
+        element::lane_aliases(lanes),
+        element::OPS
+    )
 }
 const MAIN: &str = include_str!("wgsl/elementwise.wgsl");
 const MAIN_PACKED: &str = include_str!("wgsl/elementwise_packed.wgsl");
 
 /// Invocations per workgroup of the index-to-element mains.
 const WORKGROUP: u64 = 256;
+
+/// Elements per invocation of a vectorized elementwise kernel.
+const VECTOR: usize = 4;
 
 /// 32-bit words a buffer of `len` elements of `dtype` occupies: f16 and
 /// bf16 pack two per word, every other dtype takes one word per element.
@@ -40,21 +55,20 @@ pub fn words(dtype: DType, len: usize) -> usize {
     }
 }
 
-/// The binding declarations of parameters, an output buffer holding
-/// `out` and the operands in `bound` as (operand, dtype) (operand `k` is
-/// named `in_k`; bindings are numbered 2.. in the order of `bound`).
-pub(crate) fn bindings(bound: &[(usize, DType)], out: DType, target: Target) -> String {
+/// The binding declarations of parameters, an output array of `out`
+/// elements and the operands in `bound` as (operand, element type)
+/// (operand `k` is named `in_k`; bindings are numbered 2.. in the order of
+/// `bound`).
+pub(crate) fn bindings(bound: &[(usize, &str)], out: &str) -> String {
     let mut s = format!(
         "@group(0) @binding(0) var<storage, read> params: array<u32>;\n\
-         @group(0) @binding(1) var<storage, read_write> out: array<{}>;\n",
-        buffer_type(out, target)
+         @group(0) @binding(1) var<storage, read_write> out: array<{out}>;\n"
     );
-    for (b, (k, dtype)) in bound.iter().enumerate() {
+    for (b, (k, element)) in bound.iter().enumerate() {
         let _ = writeln!(
             s,
-            "@group(0) @binding({}) var<storage, read> in_{k}: array<{}>;",
-            b + 2,
-            buffer_type(*dtype, target)
+            "@group(0) @binding({}) var<storage, read> in_{k}: array<{element}>;",
+            b + 2
         );
     }
     s
@@ -87,20 +101,47 @@ pub(crate) struct ElementKernel<'a> {
     pub target: Target,
     /// Binds a status word after the operands (see [`KernelSpec::status`]).
     pub status: bool,
+    /// Elements each invocation computes: 1, or [`VECTOR`] for an
+    /// elementwise kernel whose element count it divides, with the output
+    /// and every contiguous operand read as vec4 words (one-word dtypes
+    /// only); `element(i)` then returns the four elements of group `i`.
+    pub lanes: usize,
 }
 
 impl ElementKernel<'_> {
     /// The complete module, its parameters and workgroup count.
     pub(crate) fn assemble(self) -> Result<KernelSpec, KernelError> {
+        let lanes = self.lanes;
         let numel: usize = self.out_shape.iter().product();
-        let mut params = vec![param(self.op, numel)?];
+        let packed_out = is_packed(self.out_dtype, self.target);
+        // The mains' bound: elements, or groups of `lanes` elements.
+        let mut params = vec![param(self.op, numel / lanes)?];
         params.extend(&self.params);
         let bound: Vec<usize> = (0..self.views.len())
             .filter(|&k| !self.views[k].aliases_output && self.views[k].inline.is_none())
             .collect();
-        let typed: Vec<(usize, DType)> = bound.iter().map(|&k| (k, self.views[k].dtype)).collect();
-        let mut source = prelude(self.target);
-        source.push_str(&bindings(&typed, self.out_dtype, self.target));
+        // Contiguous operands of a vectorized kernel are read a vec4 at a time.
+        let vector_read = |view: &View| lanes > 1 && view.contiguous;
+        let words = lane_type(DType::U32, lanes);
+        let elements: Vec<(usize, &str)> = bound
+            .iter()
+            .map(|&k| {
+                let view = &self.views[k];
+                let element = if vector_read(view) {
+                    words.as_str()
+                } else {
+                    buffer_type(view.dtype, self.target)
+                };
+                (k, element)
+            })
+            .collect();
+        let out_element = if lanes > 1 {
+            words.as_str()
+        } else {
+            buffer_type(self.out_dtype, self.target)
+        };
+        let mut source = prelude_lanes(self.target, lanes);
+        source.push_str(&bindings(&elements, out_element));
         if self.status {
             let _ = writeln!(
                 source,
@@ -108,7 +149,7 @@ impl ElementKernel<'_> {
                 bound.len() + 2
             );
         }
-        let _ = writeln!(source, "alias T = {};", value_type(self.out_dtype));
+        let _ = writeln!(source, "alias T = {};", lane_type(self.out_dtype, lanes));
         let shape_at = params.len();
         let strided = self
             .views
@@ -134,12 +175,15 @@ impl ElementKernel<'_> {
             } else {
                 (format!("in_{k}"), self.target)
             };
+            let load_lanes = if vector_read(view) { lanes } else { 1 };
             source.push_str(&element::load_fn(
                 &format!("load_{k}"),
                 &buffer,
                 view.dtype,
                 target,
+                load_lanes,
             ));
+            let lane = lane_type(view.dtype, lanes);
             if let Some(literal) = view
                 .inline
                 .and_then(|word| element::literal(view.dtype, word))
@@ -147,8 +191,7 @@ impl ElementKernel<'_> {
                 // Baked into the source, so the compiler folds it into the arithmetic.
                 let _ = writeln!(
                     source,
-                    "fn at_{k}(i: u32) -> {} {{\n    return {literal};\n}}",
-                    value_type(view.dtype)
+                    "fn at_{k}(i: u32) -> {lane} {{\n    return {lane}({literal});\n}}"
                 );
                 continue;
             }
@@ -186,23 +229,41 @@ impl ElementKernel<'_> {
                         );
                     }
                     source.push_str("    return idx;\n}\n");
+                    if lanes > 1 {
+                        // Each lane of group `i` reads its own element.
+                        let reads: Vec<String> = (0..lanes)
+                            .map(|j| format!("load_{k}(index_{k}({lanes}u * i + {j}u))"))
+                            .collect();
+                        let _ = writeln!(
+                            source,
+                            "fn at_{k}(i: u32) -> {lane} {{\n    return {lane}({});\n}}",
+                            reads.join(", ")
+                        );
+                        continue;
+                    }
                     format!("index_{k}(i)")
                 }
             };
+            let read = format!("load_{k}({index})");
+            // A single element read for every lane is splatted.
+            let value = if lanes > 1 && load_lanes == 1 {
+                format!("{lane}({read})")
+            } else {
+                read
+            };
             let _ = writeln!(
                 source,
-                "fn at_{k}(i: u32) -> {} {{\n    return load_{k}({index});\n}}",
-                value_type(view.dtype)
+                "fn at_{k}(i: u32) -> {lane} {{\n    return {value};\n}}"
             );
         }
         source.push_str(&self.element);
-        source.push_str(&element::store_fn(self.out_dtype, self.target));
-        let invocations = if is_packed(self.out_dtype, self.target) {
+        source.push_str(&element::store_fn(self.out_dtype, self.target, lanes));
+        let invocations = if packed_out {
             source.push_str(MAIN_PACKED);
             numel.div_ceil(2)
         } else {
             source.push_str(MAIN);
-            numel
+            numel / lanes
         };
         Ok(KernelSpec {
             source,
@@ -269,7 +330,21 @@ pub fn elementwise(
         }
     };
     let dtypes = step_dtypes(op.name(), steps, operands)?;
-    let mut body = format!("fn element(i: u32) -> {} {{\n", value_type(out_dtype));
+    let numel: usize = out_shape.iter().product();
+    // Four elements per invocation where every value is one word per
+    // element: vec4 reads and arithmetic, a quarter of the invocations.
+    let one_word = |d: &DType| !matches!(d, DType::F16 | DType::BF16);
+    let lanes = if numel > 0
+        && numel.is_multiple_of(VECTOR)
+        && one_word(&out_dtype)
+        && dtypes.iter().all(one_word)
+        && operands.iter().all(|v| one_word(&v.dtype))
+    {
+        VECTOR
+    } else {
+        1
+    };
+    let mut body = "fn element(i: u32) -> T {\n".to_string();
     let mut loaded = vec![false; operands.len()];
     let mut lines = String::new();
     for (j, step) in steps.iter().enumerate() {
@@ -294,8 +369,8 @@ pub fn elementwise(
         let expr = match &step.op {
             Op::Unary(u) => element::unary(*u, arg_dtypes[0], &args[0])?,
             Op::Binary(b) => element::binary(*b, arg_dtypes[0], &args[0], &args[1])?,
-            Op::Select => format!("select({}, {}, {})", args[2], args[1], args[0]),
-            Op::Cast(d) => element::cast(arg_dtypes[0], *d, &args[0]),
+            Op::Select => element::select(arg_dtypes[1], &args[0], &args[1], &args[2]),
+            Op::Cast(d) => element::cast(arg_dtypes[0], *d, &args[0])?,
             other => {
                 return Err(KernelError::Unsupported {
                     op: other.name().to_string(),
@@ -316,6 +391,7 @@ pub fn elementwise(
         params: Vec::new(),
         target,
         status: false,
+        lanes,
     }
     .assemble()
 }

@@ -21,51 +21,63 @@ fn assert_valid(what: &str, spec: &KernelSpec) {
 #[test]
 fn every_unary_and_binary_kernel_validates_for_every_dtype_it_supports() {
     for target in TARGETS {
-        let mut built = 0;
-        for dtype in DType::ALL {
-            for op in UnaryOp::ALL {
-                let x = View::contiguous(dtype, &[3, 5]);
-                if let Ok(spec) = elementwise(&Op::Unary(op), &[x], &[3, 5], dtype, target) {
-                    assert_valid(op.name(), &spec);
-                    built += 1;
+        // 15 elements compute one per invocation, 20 four (vec4 lanes).
+        for shape in [[3, 5], [4, 5]] {
+            let mut built = 0;
+            for dtype in DType::ALL {
+                for op in UnaryOp::ALL {
+                    let x = View::contiguous(dtype, &shape);
+                    if let Ok(spec) = elementwise(&Op::Unary(op), &[x], &shape, dtype, target) {
+                        assert_valid(op.name(), &spec);
+                        built += 1;
+                    }
+                }
+                for op in BinaryOp::ALL {
+                    let a = View::broadcast(dtype, &shape[1..], &shape);
+                    let b = View::broadcast(dtype, &[shape[0], 1], &shape);
+                    let c = View::contiguous(dtype, &shape);
+                    let out = if op.is_comparison() {
+                        DType::Bool
+                    } else {
+                        dtype
+                    };
+                    for operands in [[a.clone(), b], [c, a]] {
+                        if let Ok(spec) =
+                            elementwise(&Op::Binary(op), &operands, &shape, out, target)
+                        {
+                            assert_valid(op.name(), &spec);
+                            built += 1;
+                        }
+                    }
                 }
             }
-            for op in BinaryOp::ALL {
-                let a = View::broadcast(dtype, &[5], &[3, 5]);
-                let b = View::broadcast(dtype, &[3, 1], &[3, 5]);
-                let out = if op.is_comparison() {
-                    DType::Bool
-                } else {
-                    dtype
-                };
-                if let Ok(spec) = elementwise(&Op::Binary(op), &[a, b], &[3, 5], out, target) {
-                    assert_valid(op.name(), &spec);
-                    built += 1;
-                }
-            }
+            // Unary: 12 ops on 3 float dtypes, neg/abs/relu on i32, abs/relu on
+            // u32 and u8. Binary (two operand layouts each): 13 ops on 3 float
+            // dtypes, 6 arithmetic ops and 6 comparisons on 3 integer dtypes,
+            // maximum/minimum and 6 comparisons on bool.
+            assert_eq!(built, (12 * 3 + 3 + 2 * 2) + 2 * (13 * 3 + 12 * 3 + 8));
         }
-        // Unary: 12 ops on 3 float dtypes, neg/abs/relu on i32, abs/relu on u32
-        // and u8. Binary: 13 ops on 3 float dtypes, 6 arithmetic ops and 6
-        // comparisons on 3 integer dtypes, maximum/minimum and 6 comparisons on bool.
-        assert_eq!(built, (12 * 3 + 3 + 2 * 2) + (13 * 3 + 12 * 3 + 8));
     }
 }
 
 #[test]
 fn select_and_every_cast_validate() {
     for target in TARGETS {
-        for from in DType::ALL {
-            for to in DType::ALL {
-                let x = View::contiguous(from, &[7]);
-                assert_valid(
-                    "cast",
-                    &elementwise(&Op::Cast(to), &[x], &[7], to, target).unwrap(),
-                );
+        for n in [7, 8] {
+            for from in DType::ALL {
+                for to in DType::ALL {
+                    let x = View::contiguous(from, &[n]);
+                    assert_valid(
+                        "cast",
+                        &elementwise(&Op::Cast(to), &[x], &[n], to, target).unwrap(),
+                    );
+                }
+                let c = View::contiguous(DType::Bool, &[n]);
+                let a = View::contiguous(from, &[n]);
+                let b = View::broadcast(from, &[1], &[n]);
+                let spec = elementwise(&Op::Select, &[c, a, b], &[n], from, target).unwrap();
+                assert_valid("where", &spec);
             }
-            let c = View::contiguous(DType::Bool, &[7]);
-            let a = View::contiguous(from, &[7]);
-            let spec = elementwise(&Op::Select, &[c, a.clone(), a], &[7], from, target).unwrap();
-            assert_valid("where", &spec);
         }
     }
 }
@@ -148,16 +160,19 @@ fn reductions_argmax_and_matmuls_validate_for_every_dtype_they_support() {
 #[test]
 fn an_operand_sharing_the_output_buffer_is_read_through_the_output_binding() {
     for target in TARGETS {
-        for dtype in [DType::F32, DType::F16, DType::BF16, DType::U8] {
+        for (dtype, n) in [DType::F32, DType::F16, DType::BF16, DType::U8]
+            .into_iter()
+            .flat_map(|d| [(d, 5), (d, 8)])
+        {
             let shared = View {
                 aliases_output: true,
-                ..View::contiguous(dtype, &[5])
+                ..View::contiguous(dtype, &[n])
             };
-            let other = View::contiguous(dtype, &[5]);
+            let other = View::contiguous(dtype, &[n]);
             let spec = elementwise(
                 &Op::Binary(BinaryOp::Maximum),
                 &[shared, other],
-                &[5],
+                &[n],
                 dtype,
                 target,
             )
@@ -188,13 +203,13 @@ fn scalar_constants_are_baked_into_the_source_or_carried_in_the_parameters() {
     for target in TARGETS {
         for dtype in [DType::F32, DType::F16, DType::BF16, DType::I32, DType::Bool] {
             // 0xffff_ffff is NaN for the floats, which WGSL constants cannot hold.
-            for word in [1, 0xffff_ffff] {
-                let x = View::contiguous(dtype, &[6]);
+            for (word, n) in [(1, 6), (0xffff_ffff, 6), (1, 8), (0xffff_ffff, 8)] {
+                let x = View::contiguous(dtype, &[n]);
                 let constant = View::inline(dtype, word);
                 let spec = elementwise(
                     &Op::Binary(BinaryOp::Maximum),
                     &[x, constant],
-                    &[6],
+                    &[n],
                     dtype,
                     target,
                 )
@@ -239,4 +254,40 @@ fn native_f16_kernels_enable_f16_and_bind_f16_arrays_and_packed_ones_bind_words(
     .unwrap();
     assert!(!packed.source.contains("enable f16"));
     assert!(packed.source.contains("unpack2x16float") && packed.source.contains("store_pair"));
+}
+
+#[test]
+fn elementwise_kernels_compute_four_one_word_elements_per_invocation_when_four_divides_the_count() {
+    let target = Target::default();
+    let exp = Op::Unary(UnaryOp::Exp);
+    let add = Op::Binary(BinaryOp::Add);
+    // 4096 f32 elements: 1024 invocations of vec4 lanes in 4 workgroups.
+    let x = View::contiguous(DType::F32, &[64, 64]);
+    let spec = elementwise(
+        &exp,
+        std::slice::from_ref(&x),
+        &[64, 64],
+        DType::F32,
+        target,
+    )
+    .unwrap();
+    assert_eq!(spec.params[0], 1024);
+    assert_eq!(spec.workgroups, 4);
+    assert!(spec.source.contains("out: array<vec4<u32>>"));
+    assert!(spec.source.contains("in_0: array<vec4<u32>>"));
+    // A broadcast operand is read element by element into the lanes.
+    let row = View::broadcast(DType::F32, &[64], &[64, 64]);
+    let spec = elementwise(&add, &[x, row], &[64, 64], DType::F32, target).unwrap();
+    assert_valid("vectorized add", &spec);
+    assert!(spec.source.contains("in_1: array<u32>"));
+    assert_eq!(spec.params[0], 1024);
+    // An odd count, or a 16-bit float, keeps one element per invocation.
+    let odd = View::contiguous(DType::F32, &[63]);
+    let spec = elementwise(&exp, &[odd], &[63], DType::F32, target).unwrap();
+    assert_eq!(spec.params[0], 63);
+    assert!(spec.source.contains("out: array<u32>"));
+    let half = View::contiguous(DType::F16, &[64]);
+    let spec = elementwise(&exp, &[half], &[64], DType::F16, TARGETS[1]).unwrap();
+    assert_eq!(spec.params[0], 64);
+    assert!(spec.source.contains("out: array<f16>"));
 }

@@ -76,21 +76,26 @@ fn unary_cases(cases: &mut Vec<Case>) {
         ("relu", |a| vec![a[0].relu()]),
         ("erf", |a| vec![a[0].erf()]),
     ];
+    // 15 elements run one per invocation, 20 four per invocation (vec4).
     for dtype in FLOATS {
         for (name, program) in float_ops {
-            cases.push(case(
-                format!("{name} {dtype} [3,5]"),
-                program,
-                vec![values(dtype, &[3, 5], 1)],
-            ));
+            for shape in [[3, 5], [4, 5]] {
+                cases.push(case(
+                    format!("{name} {dtype} {shape:?}"),
+                    program,
+                    vec![values(dtype, &shape, 1)],
+                ));
+            }
         }
     }
     for dtype in [DType::I32, DType::U32, DType::U8] {
-        cases.push(case(
-            format!("abs, relu {dtype}"),
-            |a| vec![a[0].abs(), a[0].relu()],
-            vec![values(dtype, &[17], 2)],
-        ));
+        for n in [17, 16] {
+            cases.push(case(
+                format!("abs, relu {dtype} [{n}]"),
+                |a| vec![a[0].abs(), a[0].relu()],
+                vec![values(dtype, &[n], 2)],
+            ));
+        }
     }
     cases.push(case(
         "neg i32 wraps",
@@ -118,11 +123,13 @@ fn binary_cases(cases: &mut Vec<Case>) {
         }
     }
     for dtype in FLOATS {
-        cases.push(case(
-            format!("pow {dtype}"),
-            |a| vec![a[0].abs().pow(&a[1]), a[0].pow(2.0), a[0].pow(&a[1])],
-            vec![values(dtype, &[6, 7], 5), values(dtype, &[6, 7], 6)],
-        ));
+        for shape in [[6, 7], [6, 8]] {
+            cases.push(case(
+                format!("pow {dtype} {shape:?}"),
+                |a| vec![a[0].abs().pow(&a[1]), a[0].pow(2.0), a[0].pow(&a[1])],
+                vec![values(dtype, &shape, 5), values(dtype, &shape, 6)],
+            ));
+        }
     }
     let comparisons: Program = |a| {
         vec![
@@ -135,28 +142,33 @@ fn binary_cases(cases: &mut Vec<Case>) {
         ]
     };
     for dtype in kiln::DType::ALL {
+        for n in [9, 8] {
+            cases.push(case(
+                format!("comparisons {dtype} broadcast [2,1] with [{n}]"),
+                comparisons,
+                vec![values(dtype, &[2, 1], 7), values(dtype, &[n], 8)],
+            ));
+        }
+    }
+    for n in [13, 12] {
         cases.push(case(
-            format!("comparisons {dtype} broadcast [2,1] with [9]"),
-            comparisons,
-            vec![values(dtype, &[2, 1], 7), values(dtype, &[9], 8)],
+            format!("bool maximum is or, minimum is and [{n}]"),
+            |a| vec![a[0].maximum(&a[1]), a[0].minimum(&a[1])],
+            vec![values(DType::Bool, &[n], 9), values(DType::Bool, &[n], 10)],
         ));
     }
-    cases.push(case(
-        "bool maximum is or, minimum is and",
-        |a| vec![a[0].maximum(&a[1]), a[0].minimum(&a[1])],
-        vec![
-            values(DType::Bool, &[13], 9),
-            values(DType::Bool, &[13], 10),
-        ],
-    ));
-    cases.push(case(
-        "integer division by zero is zero and wrapping",
-        |a| vec![&a[0] / &a[1], &a[0] * &a[0], &a[0] + &a[0]],
-        vec![
-            Array::from_vec(vec![7, -7, i32::MIN, i32::MAX, 5], &[5]).expect("5 values"),
-            Array::from_vec(vec![0, 2, -1, 0, -2], &[5]).expect("5 values"),
-        ],
-    ));
+    let numerators = [7, -7, i32::MIN, i32::MAX, 5, 9, -9, 0];
+    let denominators = [0, 2, -1, 0, -2, 0, 4, 0];
+    for n in [5, 8] {
+        cases.push(case(
+            format!("integer division by zero is zero and wrapping [{n}]"),
+            |a| vec![&a[0] / &a[1], &a[0] * &a[0], &a[0] + &a[0]],
+            vec![
+                Array::from_vec(numerators[..n].to_vec(), &[n]).expect("numerators"),
+                Array::from_vec(denominators[..n].to_vec(), &[n]).expect("denominators"),
+            ],
+        ));
+    }
     cases.push(case(
         "maximum and minimum propagate NaN",
         |a| vec![a[0].maximum(&a[1]), a[0].minimum(&a[1])],
@@ -187,28 +199,24 @@ fn select_and_cast_cases(cases: &mut Vec<Case>) {
             ],
         ));
     }
-    let special = Array::from_vec(
-        vec![
-            0.0f32,
-            -0.0,
-            1.5,
-            -1.5,
-            2.7,
-            -2.7,
-            255.9,
-            300.0,
-            -300.0,
-            1e10,
-            -1e10,
-            f32::NAN,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            65504.0,
-            1e-3,
-        ],
-        &[16],
-    )
-    .expect("16 values");
+    let special = [
+        0.0f32,
+        -0.0,
+        1.5,
+        -1.5,
+        2.7,
+        -2.7,
+        255.9,
+        300.0,
+        -300.0,
+        1e10,
+        -1e10,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        65504.0,
+        1e-3,
+    ];
     let casts: [(DType, Program); 7] = [
         (DType::F32, |a| vec![a[0].cast(DType::F32)]),
         (DType::F16, |a| vec![a[0].cast(DType::F16)]),
@@ -218,18 +226,21 @@ fn select_and_cast_cases(cases: &mut Vec<Case>) {
         (DType::Bool, |a| vec![a[0].cast(DType::Bool)]),
         (DType::U8, |a| vec![a[0].cast(DType::U8)]),
     ];
+    // All 16 values run four per invocation; the first 15 one per invocation.
     for from in kiln::DType::ALL {
-        let input = if from == DType::F32 {
-            special.clone()
+        let inputs = if from == DType::F32 {
+            [16, 15].map(|n| Array::from_vec(special[..n].to_vec(), &[n]).expect("specials"))
         } else {
-            values(from, &[16], 16)
+            [values(from, &[16], 16), values(from, &[15], 16)]
         };
-        for (to, program) in casts {
-            cases.push(case(
-                format!("cast {from} to {to}"),
-                program,
-                vec![input.clone()],
-            ));
+        for input in inputs {
+            for (to, program) in casts {
+                cases.push(case(
+                    format!("cast {from} to {to} {:?}", input.shape()),
+                    program,
+                    vec![input.clone()],
+                ));
+            }
         }
     }
     cases.push(case(

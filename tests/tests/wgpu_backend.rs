@@ -4,7 +4,7 @@
 //! Case count of the property test: `KILN_CASES` (default 48: every case
 //! compiles kernels on a software rasterizer).
 
-use kiln::{compile, Array, CpuBackend, DType};
+use kiln::{compile, Array, Backend, CpuBackend, DType};
 use kiln_tests::conformance::compare_within;
 use kiln_tests::programs::{cases, instr, make_inputs, run, Instr};
 use proptest::prelude::*;
@@ -294,6 +294,43 @@ fn an_index_out_of_range_in_take_is_a_runtime_error_as_on_the_cpu() {
     let good = Array::from_vec(vec![-1, 0], &[2]).expect("2 indices");
     let y = f.call(&(x, good)).expect("in range");
     assert_eq!(y.to_vec::<f32>().expect("f32"), vec![3.0, 1.0]);
+}
+
+#[test]
+fn a_bad_take_index_is_reported_by_the_download_so_the_browser_sees_it_too() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let take = |(x, i): (Array, Array)| {
+        let picked = x.take(&i, 0);
+        (picked.clone() * 2.0, picked)
+    };
+    let f = compile(take).with_backend(gpu.clone());
+    let x = Array::from_vec(vec![1.0f32, 2.0, 3.0], &[3]).expect("3 values");
+    let bad = Array::from_vec(vec![1, 7, 0], &[3]).expect("3 indices");
+    // The async path (the browser's) reports it.
+    let err = pollster::block_on(f.call_async(&(x.clone(), bad.clone()))).expect_err("index 7");
+    assert!(err.to_string().contains("position 1"), "{err}");
+    // The call itself never waits for the device: running succeeds, and
+    // downloading either output reports the bad index.
+    let exe = f.executable(&(x.clone(), bad.clone())).expect("compiles");
+    let shapes = exe
+        .resolve_shapes(&[&[3], &[3]])
+        .expect("shapes")
+        .into_owned();
+    let upload = |a: &Array| gpu.upload(&a.data().expect("data")).expect("upload");
+    let outputs = gpu
+        .run(&exe, vec![upload(&x), upload(&bad)], &shapes)
+        .expect("runs");
+    assert_eq!(outputs.len(), 2);
+    for output in outputs {
+        let err = gpu.download(output).expect_err("bad index");
+        assert!(err.to_string().contains("out of range"), "{err}");
+    }
+    let good = Array::from_vec(vec![2, -3], &[2]).expect("2 indices");
+    let (doubled, picked) = pollster::block_on(f.call_async(&(x, good))).expect("in range");
+    assert_eq!(doubled.to_vec::<f32>().unwrap(), vec![6.0, 2.0]);
+    assert_eq!(picked.to_vec::<f32>().unwrap(), vec![3.0, 1.0]);
 }
 
 #[test]

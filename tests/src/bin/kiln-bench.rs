@@ -303,9 +303,10 @@ fn main() {
 /// The wgpu figures, on the default adapter; omitted (with a note on
 /// stderr) where there is none.
 fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
-    const NAMES: [&str; 5] = [
+    const NAMES: [&str; 6] = [
         "wgpu_fused_chain_100_4m",
         "wgpu_copy_4m",
+        "wgpu_elementwise_1op_4m",
         "wgpu_matmul_1024",
         "wgpu_matmul_1024_naive",
         "wgpu_host_overhead_10op",
@@ -332,6 +333,13 @@ fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
         let f = compile(|x: Array| x.reshape(&[2048, 2048])).with_backend(gpu.clone());
         let ms = device_ms(&gpu, &f, ramp(&four_m), 20);
         report.record("wgpu_copy_4m", ms, "ms");
+    }
+    if selected("wgpu_elementwise_1op_4m", names) {
+        // The cheapest kernel that reads and writes every element: the
+        // floor of any elementwise kernel on this adapter.
+        let f = compile(|x: Array| x * 1.0001).with_backend(gpu.clone());
+        let ms = device_ms(&gpu, &f, ramp(&four_m), 20);
+        report.record("wgpu_elementwise_1op_4m", ms, "ms");
     }
     for (name, variant) in [
         ("wgpu_matmul_1024", MatmulVariant::Tiled),
