@@ -2,9 +2,12 @@
 //!
 //! Every op family of the core has a kernel here: the static sources in
 //! `src/wgsl/*.wgsl` hold the algorithms (tree reductions, tiled matmul,
-//! gather, the index-to-element mains), and this crate generates the small
-//! dtype-specific part each one needs (how to load, combine and store an
-//! element) plus one whole kernel per fused elementwise group.
+//! gather, the index-to-element mains) and, in `ops.wgsl`, the meaning of
+//! every unary, binary, where and cast op per operand kind. This crate
+//! generates the small dtype-specific part each kernel needs (how to load
+//! and store an element, which op functions to call) plus one whole kernel
+//! per fused elementwise group. Elementwise kernels over an element count
+//! divisible by four compute four elements per invocation as vec4 lanes.
 //!
 //! A [`KernelSpec`] is everything a backend needs for one dispatch: the WGSL
 //! source, the parameter words and the number of workgroups. Buffers are
