@@ -1,7 +1,9 @@
 // Main of every kernel computing each output element from its index alone
 // (elementwise ops, fused groups, layout copies, concat, gather), for
 // dtypes stored one element per word. The generated part above defines
-// `element(i)` and `store_value(v)`; params[0] is the element count.
+// `element(i)` and `store_value(v)`, of one element, or of four as vec4
+// lanes where the output is an array of vec4 words; params[0] is the
+// number of elements (or of groups of four).
 
 @compute @workgroup_size(256)
 fn main(
