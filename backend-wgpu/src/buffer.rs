@@ -2,6 +2,7 @@
 //! pool that hands freed buffers to later calls so steady-state calls
 //! allocate nothing.
 
+use crate::plan::Check;
 use half::{bf16, f16};
 use kiln::{DType, HostData};
 use std::collections::HashMap;
@@ -88,17 +89,13 @@ impl Drop for Held {
 /// was bad: the browser, which cannot wait, reports it too.
 pub(crate) struct StatusWords {
     held: Held,
-    /// Per word: the op, and what its bad input means.
-    checks: Vec<(String, String)>,
+    /// Per word, the plan's check: the op, and what its bad input means.
+    checks: Arc<[Check]>,
 }
 
 impl StatusWords {
     /// Wraps pooled storage of one word per entry of `checks`.
-    pub(crate) fn new(
-        buffer: wgpu::Buffer,
-        pool: Arc<Pool>,
-        checks: Vec<(String, String)>,
-    ) -> StatusWords {
+    pub(crate) fn new(buffer: wgpu::Buffer, pool: Arc<Pool>, checks: Arc<[Check]>) -> StatusWords {
         StatusWords {
             held: Held { buffer, pool },
             checks,
@@ -121,9 +118,9 @@ impl StatusWords {
             .iter()
             .zip(words)
             .find(|(_, &position)| position != u32::MAX)
-            .map(|((op, detail), position)| kiln::Error::Runtime {
-                op: op.clone(),
-                detail: format!("{detail} (at position {position} of the indices)"),
+            .map(|(check, position)| kiln::Error::Runtime {
+                op: check.op.clone(),
+                detail: format!("{} (at position {position} of the indices)", check.detail),
             })
     }
 }

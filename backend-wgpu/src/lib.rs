@@ -563,7 +563,7 @@ impl WgpuBackend {
             });
         }
         drop(cached);
-        for check in &plan.checks {
+        for check in plan.checks.iter() {
             if let Some(word) = plan.temps.get(check.temp) {
                 s.gpu.queue.write_buffer(word, 0, &u32::MAX.to_le_bytes());
             }
@@ -610,12 +610,7 @@ impl WgpuBackend {
                     encoder.copy_buffer_to_buffer(word, 0, &words, 4 * k as u64, 4);
                 }
             }
-            let checks = plan
-                .checks
-                .iter()
-                .map(|check| (check.op.clone(), check.detail.clone()))
-                .collect();
-            Arc::new(StatusWords::new(words, s.pool.clone(), checks))
+            Arc::new(StatusWords::new(words, s.pool.clone(), plan.checks.clone()))
         });
         s.gpu.queue.submit([encoder.finish()]);
         Ok(outputs

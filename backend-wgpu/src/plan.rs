@@ -60,8 +60,9 @@ pub(crate) struct Plan {
     pub outputs: Vec<(DType, usize)>,
     /// Arguments some kernel writes in place (donated ones).
     pub written_inputs: Vec<usize>,
-    /// Status words read back after each call.
-    pub checks: Vec<Check>,
+    /// Status words, copied out by every call and read back with its
+    /// outputs (shared with each call's [`crate::buffer::StatusWords`]).
+    pub checks: Arc<[Check]>,
     /// Bind groups of dispatches naming argument or output buffers, by
     /// command index and the buffers bound.
     pub bind_groups: Mutex<HashMap<(usize, Vec<wgpu::Buffer>), wgpu::BindGroup>>,
@@ -648,7 +649,7 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
         temps: b.temps,
         outputs,
         written_inputs,
-        checks: b.checks,
+        checks: b.checks.into(),
         bind_groups: Mutex::default(),
     })
 }
