@@ -11,6 +11,7 @@ use crate::{row_major_strides, KernelError, KernelSpec, Target, View};
 use kiln::{DType, ReduceOp};
 use std::fmt::Write;
 
+const REDUCE_AXES: &str = include_str!("wgsl/reduce_axes.wgsl");
 const REDUCE: &str = include_str!("wgsl/reduce.wgsl");
 const ARGMAX: &str = include_str!("wgsl/argmax.wgsl");
 const MATMUL_COMMON: &str = include_str!("wgsl/matmul_common.wgsl");
@@ -124,6 +125,7 @@ pub fn reduce(
     );
     source.push_str(&load_accumulated("load_in", 0, dtype, target));
     source.push_str(store_accumulator(dtype));
+    source.push_str(REDUCE_AXES);
     source.push_str(REDUCE);
     let outputs: usize = (0..shape.len())
         .filter(|d| !axes.contains(d))
@@ -161,6 +163,7 @@ pub fn argmax(
          fn nan_of(v: T) -> bool {{\n    return {nan_of};\n}}\n"
     );
     source.push_str(&load_accumulated("load_in", 0, dtype, target));
+    source.push_str(REDUCE_AXES);
     source.push_str(ARGMAX);
     let outputs: usize = (0..shape.len())
         .filter(|&d| d != axis)

@@ -12,18 +12,6 @@ const NO_INDEX: u32 = 0xffffffffu;
 var<workgroup> best_value: array<T, WG>;
 var<workgroup> best_index: array<u32, WG>;
 
-fn base_index(o: u32) -> u32 {
-    let kept = params[2];
-    var idx = 0u;
-    var rem = o;
-    for (var d = kept; d > 0u; d--) {
-        let size = params[3u + d];
-        idx += (rem % size) * params[3u + kept + d];
-        rem /= size;
-    }
-    return idx;
-}
-
 // True when candidate (va, ia) beats (vb, ib).
 fn beats(va: T, ia: u32, vb: T, ib: u32) -> bool {
     if (ia == NO_INDEX) {
@@ -54,7 +42,7 @@ fn main(
     var value = lowest();
     var index = NO_INDEX;
     if (o < outputs) {
-        let base = base_index(o);
+        let base = kept_offset(o);
         for (var r = lid; r < group; r += WG) {
             let v = load_in(base + r * stride);
             if (beats(v, r, value, index)) {

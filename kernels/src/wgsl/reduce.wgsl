@@ -11,19 +11,14 @@ const WG: u32 = 64u;
 
 var<workgroup> partial: array<T, WG>;
 
-// Index into the input of reduced element `r` of output element `o`.
-fn input_index(o: u32, r: u32) -> u32 {
+// Offset of reduced element `r` from its output element's first (see
+// `kept_offset`): `r` unraveled over the reduced axes.
+fn reduced_offset(r: u32) -> u32 {
     let kept = params[2];
     let reduced = params[3];
-    var idx = 0u;
-    var rem = o;
-    for (var d = kept; d > 0u; d--) {
-        let size = params[3u + d];
-        idx += (rem % size) * params[3u + kept + d];
-        rem /= size;
-    }
     let base = 4u + 2u * kept;
-    rem = r;
+    var idx = 0u;
+    var rem = r;
     for (var d = reduced; d > 0u; d--) {
         let size = params[base + d - 1u];
         idx += (rem % size) * params[base + reduced + d - 1u];
@@ -43,8 +38,9 @@ fn main(
     let group = params[1];
     var acc = identity();
     if (o < outputs) {
+        let first = kept_offset(o);
         for (var r = lid; r < group; r += WG) {
-            acc = combine(acc, load_in(input_index(o, r)));
+            acc = combine(acc, load_in(first + reduced_offset(r)));
         }
     }
     partial[lid] = acc;
