@@ -236,15 +236,8 @@ fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
     let n = graph.nodes.len();
     let bytes =
         |v: usize| shapes[v].iter().product::<usize>() * graph.nodes[v].aval.dtype.size_bytes();
-    let mut readers_after = vec![0usize; n];
-    for (i, node) in graph.nodes.iter().enumerate() {
-        for &j in &node.inputs {
-            readers_after[j] = readers_after[j].max(i);
-        }
-    }
-    for &o in &graph.outputs {
-        readers_after[o] = n;
-    }
+    // The step of each value's last read (n for outputs).
+    let last_read = |v: usize| plan.lifetime(v).last;
     let mut out = Vec::new();
     // A slot one byte smaller than its largest value.
     if let Some((v, s)) = (0..n)
@@ -268,7 +261,7 @@ fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
         let Home::Slot(s) = homes[v] else { continue };
         for u in 0..v {
             if let Home::Slot(t) = homes[u] {
-                if t != s && readers_after[u] > v {
+                if t != s && last_read(u) > v {
                     let mut moved = homes.clone();
                     moved[v] = Home::Slot(t);
                     let mut sizes = slot_bytes.clone();
@@ -290,7 +283,7 @@ fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
     let holder_at = |t: usize, step: usize| (0..step).rev().find(|&w| homes[w] == Home::Slot(t));
     'read: for v in 0..n {
         let Home::Slot(s) = homes[v] else { continue };
-        for u in v + 1..readers_after[v].min(n) {
+        for u in v + 1..last_read(v).min(n) {
             if let Home::Slot(t) = homes[u] {
                 let quiet = holder_at(t, v).is_none_or(|w| !graph.nodes[v].inputs.contains(&w));
                 if t != s && quiet && !graph.nodes[u].inputs.contains(&v) {
@@ -332,7 +325,7 @@ fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
         }
         for &u in &node.inputs {
             if let Home::Slot(s) = homes[u] {
-                if readers_after[u] == v {
+                if last_read(u) == v {
                     let mut moved = homes.clone();
                     moved[v] = Home::Slot(s);
                     let mut sizes = slot_bytes.clone();
