@@ -256,22 +256,21 @@ fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
             donated.clone(),
         ));
     }
+    // Value `v` moved from slot `s` into slot `t`, grown to hold it.
+    let moved_to_slot = |corruption: Corruption, v: usize, s: usize, t: usize| {
+        let mut moved = homes.clone();
+        moved[v] = Home::Slot(t);
+        let mut sizes = slot_bytes.clone();
+        sizes[t] = sizes[t].max(sizes[s]);
+        (corruption, moved, with_sizes(sizes), donated.clone())
+    };
     // A value written into a slot while the slot's value is still needed.
     'live: for v in 0..n {
         let Home::Slot(s) = homes[v] else { continue };
-        for u in 0..v {
-            if let Home::Slot(t) = homes[u] {
+        for (u, home) in homes.iter().enumerate().take(v) {
+            if let Home::Slot(t) = *home {
                 if t != s && last_read(u) > v {
-                    let mut moved = homes.clone();
-                    moved[v] = Home::Slot(t);
-                    let mut sizes = slot_bytes.clone();
-                    sizes[t] = sizes[t].max(sizes[s]);
-                    out.push((
-                        Corruption::OverwriteLiveValue,
-                        moved,
-                        with_sizes(sizes),
-                        donated.clone(),
-                    ));
+                    out.push(moved_to_slot(Corruption::OverwriteLiveValue, v, s, t));
                     break 'live;
                 }
             }
@@ -283,20 +282,11 @@ fn corruptions(exe: &Executable, shapes: &[Vec<usize>]) -> Vec<Corrupted> {
     let holder_at = |t: usize, step: usize| (0..step).rev().find(|&w| homes[w] == Home::Slot(t));
     'read: for v in 0..n {
         let Home::Slot(s) = homes[v] else { continue };
-        for u in v + 1..last_read(v).min(n) {
-            if let Home::Slot(t) = homes[u] {
+        for (u, home) in homes.iter().enumerate().take(last_read(v)).skip(v + 1) {
+            if let Home::Slot(t) = *home {
                 let quiet = holder_at(t, v).is_none_or(|w| !graph.nodes[v].inputs.contains(&w));
                 if t != s && quiet && !graph.nodes[u].inputs.contains(&v) {
-                    let mut moved = homes.clone();
-                    moved[v] = Home::Slot(t);
-                    let mut sizes = slot_bytes.clone();
-                    sizes[t] = sizes[t].max(sizes[s]);
-                    out.push((
-                        Corruption::ReadAfterOverwrite,
-                        moved,
-                        with_sizes(sizes),
-                        donated.clone(),
-                    ));
+                    out.push(moved_to_slot(Corruption::ReadAfterOverwrite, v, s, t));
                     break 'read;
                 }
             }
