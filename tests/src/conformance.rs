@@ -4,6 +4,18 @@
 use kiln::{compile, Array, Backend, CpuBackend, DType, HostData};
 use std::sync::Arc;
 
+/// The values of `data` for bit-exact comparison: its dtype and each
+/// element's f64 bits, every NaN alike (their payloads may differ).
+pub fn bits(data: &HostData) -> (DType, Vec<u64>) {
+    (
+        data.dtype(),
+        data.to_f64_vec()
+            .into_iter()
+            .map(|v| if v.is_nan() { u64::MAX } else { v.to_bits() })
+            .collect(),
+    )
+}
+
 /// A function of arrays to arrays, as the suites write their cases.
 pub type Program = fn(&[Array]) -> Vec<Array>;
 

@@ -5,22 +5,13 @@
 
 use kiln::ops::{FusedArg, FusedKernel, FusedStep};
 use kiln::{BinaryOp, DType, HostData, Op, UnaryOp};
+use kiln_tests::conformance::bits;
 use kiln_tests::programs::cases;
 use proptest::prelude::*;
 use std::sync::Arc;
 
 fn data(dtype: DType, values: &[f64]) -> HostData {
     HostData::from_f64s(dtype, values.iter().copied())
-}
-
-fn bits(d: &HostData) -> (DType, Vec<u64>) {
-    (
-        d.dtype(),
-        d.to_f64_vec()
-            .iter()
-            .map(|v| if v.is_nan() { u64::MAX } else { v.to_bits() })
-            .collect(),
-    )
 }
 
 /// `op` in place on every operand position that can hold the output,

@@ -7,6 +7,7 @@
 
 use kiln::plan::{verify_plan, Arena, Home, PlanViolation};
 use kiln::{compile, Array, Backend, CpuBackend, DType, Executable, HostData, ValueKind};
+use kiln_tests::conformance::bits;
 use kiln_tests::programs::{cases, instr, make_inputs, run, Instr};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -33,16 +34,6 @@ fn functional(exe: &Executable, inputs: &[Arc<HostData>], shapes: &[Vec<usize>])
         values.push(value);
     }
     graph.outputs.iter().map(|&o| values[o].clone()).collect()
-}
-
-fn bits(data: &HostData) -> (DType, Vec<u64>) {
-    (
-        data.dtype(),
-        data.to_f64_vec()
-            .into_iter()
-            .map(|v| if v.is_nan() { u64::MAX } else { v.to_bits() })
-            .collect(),
-    )
 }
 
 /// One configuration of a case.
