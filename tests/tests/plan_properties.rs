@@ -95,12 +95,7 @@ fn prepare(
     let f = compiled(program, setup);
     let inputs = make_inputs(setup.n, seed, setup.dtype);
     let exe = f.executable(&inputs).expect("compiles");
-    let leaf_shapes: Vec<Vec<usize>> = inputs
-        .iter()
-        .map(|a| a.shape().as_known().expect("known"))
-        .collect();
-    let refs: Vec<&[usize]> = leaf_shapes.iter().map(Vec::as_slice).collect();
-    let shapes = exe.resolve_shapes(&refs).expect("resolves").into_owned();
+    let shapes = kiln_tests::value_shapes(&exe, &inputs);
     let data = inputs
         .iter()
         .map(|a| Arc::new((*a.data().expect("input data")).clone()))

@@ -3,6 +3,7 @@
 
 use kiln::{compile, nn, Array, Backend, DType, Executable, Plan, PlanMemory, Tree};
 use kiln_tests::bench::{median_micros, selected, time_once_ms, BenchReport};
+use kiln_tests::value_shapes;
 use kiln_wgpu::{MatmulVariant, WgpuBackend, WgpuBuffer};
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -126,12 +127,7 @@ fn retrace_chain_100() -> f64 {
 
 /// The plan's memory figures for the executable serving `args`.
 fn plan_memory(exe: &Executable, args: &[Array]) -> PlanMemory {
-    let leaf_shapes: Vec<Vec<usize>> = args
-        .iter()
-        .map(|a| a.shape().as_known().expect("known"))
-        .collect();
-    let refs: Vec<&[usize]> = leaf_shapes.iter().map(Vec::as_slice).collect();
-    let shapes = exe.resolve_shapes(&refs).expect("shapes");
+    let shapes = value_shapes(exe, args);
     exe.plan().memory(exe.graph(), &shapes)
 }
 
@@ -374,12 +370,7 @@ fn device_ms<In: Tree + Clone, F: Fn(In) -> Out, Out: Tree>(
     let exe = f.executable(&args).expect("compiles");
     let mut leaves = Vec::new();
     args.flatten(&mut leaves).expect("flattens");
-    let shapes: Vec<Vec<usize>> = leaves
-        .iter()
-        .map(|a| a.shape().as_known().expect("known shape"))
-        .collect();
-    let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
-    let shapes = exe.resolve_shapes(&refs).expect("shapes").into_owned();
+    let shapes = value_shapes(&exe, &leaves);
     let buffers: Vec<WgpuBuffer> = leaves
         .iter()
         .map(|a| gpu.upload(&a.data().expect("data")).expect("upload"))
