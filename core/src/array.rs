@@ -8,6 +8,7 @@
 
 use crate::data::{HostData, HostElement};
 use crate::error::{arg_err, Error, Result};
+use crate::limits::{check_aval, check_shape};
 use crate::ops::{BinaryOp, Guard, Op, ReduceOp, ShapeCx, SliceAxis, UnaryOp};
 use crate::shape::{Aval, Dim, Shape};
 use crate::DType;
@@ -111,7 +112,10 @@ impl Array {
         }
         let avals: Vec<&Aval> = inputs.iter().map(|a| a.aval()).collect();
         let mut cx = ShapeCx::new();
-        match op.shape_rule(&avals, &mut cx) {
+        let checked = op
+            .shape_rule(&avals, &mut cx)
+            .and_then(|aval| check_aval(op.name(), &aval).map(|()| aval));
+        match checked {
             Ok(aval) => Array::make(
                 aval,
                 NodeKind::Op {
@@ -129,7 +133,7 @@ impl Array {
 
     /// An array of `shape` from row-major `values`.
     pub fn from_vec<T: HostElement>(values: Vec<T>, shape: &[usize]) -> Result<Array> {
-        if values.len() != shape.iter().product::<usize>() {
+        if values.len() != check_shape("from_vec", shape, T::DTYPE)? {
             return Err(Error::DataLength {
                 shape: shape.to_vec(),
                 len: values.len(),
@@ -148,7 +152,7 @@ impl Array {
 
     /// An array from host data and a shape whose element count matches.
     pub fn from_data(data: HostData, shape: &[usize]) -> Result<Array> {
-        if data.len() != shape.iter().product::<usize>() {
+        if data.len() != check_shape("from_data", shape, data.dtype())? {
             return Err(Error::DataLength {
                 shape: shape.to_vec(),
                 len: data.len(),
@@ -159,26 +163,34 @@ impl Array {
 
     /// A rank-0 array holding `value` converted to `dtype`.
     pub fn scalar(value: f64, dtype: DType) -> Array {
-        Array::full(&[], value, dtype)
+        Array::filled("scalar", &[], value, dtype)
     }
 
-    /// An array of `shape` filled with `value` converted to `dtype`.
+    /// An array of `shape` filled with `value` converted to `dtype`; a
+    /// shape too large for [`crate::Limits`] or for memory makes a failed
+    /// array.
     pub fn full(shape: &[usize], value: f64, dtype: DType) -> Array {
-        let len = shape.iter().product();
-        Array::from_host(
-            Arc::new(HostData::filled(dtype, len, value)),
-            Shape::known(shape),
-        )
+        Array::filled("full", shape, value, dtype)
     }
 
     /// Zeros of `shape` and `dtype`.
     pub fn zeros(shape: &[usize], dtype: DType) -> Array {
-        Array::full(shape, 0.0, dtype)
+        Array::filled("zeros", shape, 0.0, dtype)
     }
 
     /// Ones of `shape` and `dtype`.
     pub fn ones(shape: &[usize], dtype: DType) -> Array {
-        Array::full(shape, 1.0, dtype)
+        Array::filled("ones", shape, 1.0, dtype)
+    }
+
+    /// `full` under the name `op` (the constructor the user called).
+    fn filled(op: &str, shape: &[usize], value: f64, dtype: DType) -> Array {
+        let data = check_shape(op, shape, dtype)
+            .and_then(|len| HostData::try_filled(op, dtype, len, value));
+        match data {
+            Ok(data) => Array::from_host(Arc::new(data), Shape::known(shape)),
+            Err(e) => Array::failed(e),
+        }
     }
 
     /// `start, start + step, ...` below `stop` (above, for a negative step).
@@ -189,15 +201,23 @@ impl Array {
                 format!("needs finite bounds and a non-zero step, got start={start} stop={stop} step={step}"),
             ));
         }
-        let len = ((stop - start) / step).ceil().max(0.0) as usize;
-        let data = HostData::from_f64s(dtype, (0..len).map(|i| start + step * i as f64));
+        let count = ((stop - start) / step).ceil().max(0.0);
+        // `as` saturates, and every size check rejects usize::MAX.
+        let len = if count.is_finite() {
+            count as usize
+        } else {
+            usize::MAX
+        };
+        check_shape("arange", &[len], dtype)?;
+        let values = (0..len).map(|i| start + step * i as f64);
+        let data = HostData::try_from_f64s("arange", dtype, len, values)?;
         Ok(Array::from_host(Arc::new(data), Shape::known(&[len])))
     }
 
     /// Samples of a normal distribution from `key`; element `i` depends only
     /// on the key and `i`, on every platform.
     pub fn random_normal(key: crate::random::Key, shape: &[usize], dtype: DType) -> Result<Array> {
-        let len = shape.iter().product();
+        let len = check_shape("random_normal", shape, dtype)?;
         let data = crate::random::normal(key.seed(), len, 0.0, 1.0, dtype)?;
         Ok(Array::from_host(Arc::new(data), Shape::known(shape)))
     }
@@ -210,7 +230,7 @@ impl Array {
         high: f64,
         dtype: DType,
     ) -> Result<Array> {
-        let len = shape.iter().product();
+        let len = check_shape("random_uniform", shape, dtype)?;
         let data = crate::random::uniform(key.seed(), len, low, high, dtype)?;
         Ok(Array::from_host(Arc::new(data), Shape::known(shape)))
     }
@@ -444,7 +464,24 @@ impl Array {
 
     // ----- reductions ---------------------------------------------------
 
+    /// `Err` with this array's own error when an op that built it failed:
+    /// a failed array has no real rank, so an op that reads axes or shapes
+    /// must pass the first error on before it looks at them.
+    fn first_error(&self) -> Result<()> {
+        match self.error() {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// `axis` for this array, counted from the end when negative.
+    fn normalize_axis(&self, op: &str, axis: isize) -> Result<usize> {
+        self.first_error()?;
+        normalize_axis(op, axis, self.ndim())
+    }
+
     fn normalize_axes(&self, op: &str, axes: &[isize]) -> Result<Vec<usize>> {
+        self.first_error()?;
         let rank = self.ndim();
         let mut out = Vec::with_capacity(axes.len());
         for &a in axes {
@@ -508,7 +545,7 @@ impl Array {
     }
     /// Index (u32) of the maximum along `axis`, first on ties.
     pub fn argmax(&self, axis: isize, keepdims: bool) -> Array {
-        match normalize_axis("argmax", axis, self.ndim()) {
+        match self.normalize_axis("argmax", axis) {
             Ok(axis) => Array::apply(Op::ArgMax { axis, keepdims }, vec![self.clone()]),
             Err(e) => Array::failed(e),
         }
@@ -552,6 +589,7 @@ impl Array {
     }
 
     fn infer_reshape(&self, shape: &[i64]) -> Result<Shape> {
+        self.first_error()?;
         let infer: Vec<usize> = (0..shape.len()).filter(|&i| shape[i] == -1).collect();
         if infer.len() > 1 || shape.iter().any(|&d| d < -1) {
             return Err(arg_err(
@@ -559,11 +597,11 @@ impl Array {
                 format!("target {shape:?} may hold one -1 and otherwise sizes ≥ 0"),
             ));
         }
-        let known: usize = shape
+        // Saturating: the result's size check rejects an absurd target.
+        let known = shape
             .iter()
             .filter(|&&d| d >= 0)
-            .map(|&d| d as usize)
-            .product();
+            .fold(1usize, |acc, &d| acc.saturating_mul(d as usize));
         let mut dims: Vec<Dim> = shape
             .iter()
             .map(|&d| Dim::Known(d.max(0) as usize))
@@ -609,8 +647,8 @@ impl Array {
     pub fn swap_axes(&self, a: isize, b: isize) -> Array {
         let rank = self.ndim();
         match (
-            normalize_axis("swap_axes", a, rank),
-            normalize_axis("swap_axes", b, rank),
+            self.normalize_axis("swap_axes", a),
+            self.normalize_axis("swap_axes", b),
         ) {
             (Ok(a), Ok(b)) => {
                 let mut perm: Vec<usize> = (0..rank).collect();
@@ -637,7 +675,7 @@ impl Array {
 
     /// Slice of one axis: `start..stop` by `step`, other axes whole.
     pub fn slice_axis(&self, axis: isize, start: i64, stop: Option<i64>, step: i64) -> Array {
-        match normalize_axis("slice", axis, self.ndim()) {
+        match self.normalize_axis("slice", axis) {
             Ok(axis) => {
                 let mut axes = vec![SliceAxis::full(); self.ndim()];
                 axes[axis] = SliceAxis { start, stop, step };
@@ -649,7 +687,10 @@ impl Array {
 
     /// Inserts a size-1 axis at `axis` (negative counts from the end of the result).
     pub fn expand_dims(&self, axis: isize) -> Array {
-        match normalize_axis("expand_dims", axis, self.ndim() + 1) {
+        let axis = self
+            .first_error()
+            .and_then(|()| normalize_axis("expand_dims", axis, self.ndim() + 1));
+        match axis {
             Ok(axis) => {
                 let mut dims = self.shape().0.clone();
                 dims.insert(axis, Dim::Known(1));
@@ -661,6 +702,9 @@ impl Array {
 
     /// Removes the given size-1 axes (all size-1 axes when empty).
     pub fn squeeze(&self, axes: &[isize]) -> Array {
+        if self.error().is_some() {
+            return self.clone();
+        }
         let dims = &self.shape().0;
         let axes = if axes.is_empty() {
             (0..dims.len())
@@ -688,7 +732,10 @@ impl Array {
 
     /// NumPy `take`: entries along `axis` picked by integer `indices`.
     pub fn take(&self, indices: &Array, axis: isize) -> Array {
-        match normalize_axis("take", axis, self.ndim()) {
+        if indices.error().is_some() && self.error().is_none() {
+            return indices.clone();
+        }
+        match self.normalize_axis("take", axis) {
             Ok(axis) => Array::apply(Op::Take { axis }, vec![self.clone(), indices.clone()]),
             Err(e) => Array::failed(e),
         }
@@ -697,6 +744,9 @@ impl Array {
 
 /// Concatenates arrays along `axis`.
 pub fn concat(arrays: &[Array], axis: isize) -> Array {
+    if let Some(failed) = arrays.iter().find(|a| a.error().is_some()) {
+        return failed.clone();
+    }
     let rank = arrays.first().map_or(0, Array::ndim);
     match normalize_axis("concat", axis, rank) {
         Ok(axis) => Array::apply(Op::Concat { axis }, arrays.to_vec()),

@@ -1,6 +1,8 @@
 //! Host (CPU) storage of array elements.
 
 use crate::dtype::{DType, Element};
+use crate::error::Result;
+use crate::limits::try_vec;
 use half::{bf16, f16};
 
 /// Contiguous row-major elements of one dtype.
@@ -35,6 +37,43 @@ macro_rules! with_host_data {
             $crate::HostData::U32($v) => $body,
             $crate::HostData::Bool($v) => $body,
             $crate::HostData::U8($v) => $body,
+        }
+    };
+}
+
+/// Evaluates `$body` with `$t` naming the Rust element type of `$dtype`
+/// and wraps the `Vec<$t>` it returns in the matching [`HostData`] variant.
+macro_rules! with_element_type {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            DType::F32 => HostData::F32({
+                type $t = f32;
+                $body
+            }),
+            DType::F16 => HostData::F16({
+                type $t = f16;
+                $body
+            }),
+            DType::BF16 => HostData::BF16({
+                type $t = bf16;
+                $body
+            }),
+            DType::I32 => HostData::I32({
+                type $t = i32;
+                $body
+            }),
+            DType::U32 => HostData::U32({
+                type $t = u32;
+                $body
+            }),
+            DType::Bool => HostData::Bool({
+                type $t = bool;
+                $body
+            }),
+            DType::U8 => HostData::U8({
+                type $t = u8;
+                $body
+            }),
         }
     };
 }
@@ -129,28 +168,38 @@ impl HostData {
 
     /// `len` copies of `value` converted to `dtype`.
     pub fn filled(dtype: DType, len: usize, value: f64) -> HostData {
-        match dtype {
-            DType::F32 => HostData::F32(vec![f32::from_f64(value); len]),
-            DType::F16 => HostData::F16(vec![f16::from_f64(value); len]),
-            DType::BF16 => HostData::BF16(vec![bf16::from_f64(value); len]),
-            DType::I32 => HostData::I32(vec![i32::from_f64(value); len]),
-            DType::U32 => HostData::U32(vec![u32::from_f64(value); len]),
-            DType::Bool => HostData::Bool(vec![bool::from_f64(value); len]),
-            DType::U8 => HostData::U8(vec![u8::from_f64(value); len]),
-        }
+        with_element_type!(dtype, T => vec![T::from_f64(value); len])
     }
 
     /// Builds data of `dtype` from f64 values (cast semantics of [`Element::from_f64`]).
     pub fn from_f64s(dtype: DType, values: impl Iterator<Item = f64>) -> HostData {
-        match dtype {
-            DType::F32 => HostData::F32(values.map(f32::from_f64).collect()),
-            DType::F16 => HostData::F16(values.map(f16::from_f64).collect()),
-            DType::BF16 => HostData::BF16(values.map(bf16::from_f64).collect()),
-            DType::I32 => HostData::I32(values.map(i32::from_f64).collect()),
-            DType::U32 => HostData::U32(values.map(u32::from_f64).collect()),
-            DType::Bool => HostData::Bool(values.map(bool::from_f64).collect()),
-            DType::U8 => HostData::U8(values.map(u8::from_f64).collect()),
-        }
+        with_element_type!(dtype, T => values.map(T::from_f64).collect())
+    }
+
+    /// `len` copies of `value` converted to `dtype`, in a buffer allocated
+    /// fallibly: one the system cannot give is an [`Error::Allocation`]
+    /// naming `op`.
+    pub fn try_filled(op: &str, dtype: DType, len: usize, value: f64) -> Result<HostData> {
+        Ok(with_element_type!(dtype, T => {
+            let mut values = try_vec::<T>(op, len)?;
+            values.resize(len, T::from_f64(value));
+            values
+        }))
+    }
+
+    /// The first `len` of `values` converted to `dtype` (cast semantics of
+    /// [`Element::from_f64`]), in a buffer allocated fallibly.
+    pub fn try_from_f64s(
+        op: &str,
+        dtype: DType,
+        len: usize,
+        values: impl Iterator<Item = f64>,
+    ) -> Result<HostData> {
+        Ok(with_element_type!(dtype, T => {
+            let mut out = try_vec::<T>(op, len)?;
+            out.extend(values.take(len).map(T::from_f64));
+            out
+        }))
     }
 
     /// Element `i` as f64.

@@ -93,6 +93,43 @@ pub enum Error {
         /// What the verifier or executor found.
         detail: String,
     },
+    /// A size does not fit the address space: the element count of a
+    /// shape (with zero dims counted as 1) times its element size
+    /// overflows.
+    #[error("`{op}`: {aval} is too large: its size overflows the address space")]
+    SizeOverflow {
+        /// The op or constructor that made the shape.
+        op: String,
+        /// The aval, like `f32[18446744073709551615,2]`.
+        aval: String,
+    },
+    /// An array or a call needs more bytes than [`crate::Limits`] allow.
+    #[error(
+        "`{op}`: {what} needs {bytes} bytes, above the limit of {limit} bytes per {scope}; \
+         raise `Limits::{field}` with `kiln::Limits::set`"
+    )]
+    LimitExceeded {
+        /// The op, constructor or `call`.
+        op: String,
+        /// What was too large, like `f32[65536,65536]`.
+        what: String,
+        /// The bytes it needs.
+        bytes: usize,
+        /// The limit in force.
+        limit: usize,
+        /// `array` or `call`.
+        scope: &'static str,
+        /// The [`crate::Limits`] field to raise.
+        field: &'static str,
+    },
+    /// The system could not allocate a host buffer.
+    #[error("`{op}`: cannot allocate {bytes} bytes")]
+    Allocation {
+        /// The op or constructor that asked.
+        op: String,
+        /// The bytes asked for.
+        bytes: usize,
+    },
     /// A backend failed.
     #[error("backend `{backend}`: {detail}")]
     Backend {

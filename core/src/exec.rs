@@ -4,6 +4,7 @@
 use crate::data::HostData;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, ValueKind};
+use crate::limits::{check_call_bytes, check_shape};
 use crate::ops::Condition;
 use crate::plan::{Home, Plan};
 use crate::shape::{Shape, Symbol};
@@ -59,6 +60,9 @@ impl Executable {
         };
         let shapes = exe.representative_shapes(input_shapes);
         exe.plan = Plan::build(&exe.graph, donated, &shapes);
+        if exe.known_shapes.is_some() {
+            exe.check_call_bytes(&shapes)?;
+        }
         if cfg!(debug_assertions) {
             exe.plan
                 .verify(&exe.graph, &shapes)
@@ -89,6 +93,18 @@ impl Executable {
                     .collect()
             })
             .collect()
+    }
+
+    /// `Err` when one call with values of `shapes` needs more buffer bytes
+    /// (every slot as large as its largest value) than [`crate::Limits`]
+    /// allow.
+    fn check_call_bytes(&self, shapes: &[Vec<usize>]) -> Result<()> {
+        let bytes = self
+            .plan
+            .slot_bytes(&self.graph, shapes, crate::DType::size_bytes)
+            .into_iter()
+            .try_fold(0usize, usize::checked_add);
+        check_call_bytes(bytes)
     }
 
     /// Symbol `s`'s size in a call with arguments of `input_shapes`.
@@ -186,9 +202,11 @@ impl Executable {
                     op: node_name(&node.kind),
                     detail: self.describe_binding(&bind),
                 })?;
+            check_shape(&node_name(&node.kind), &shape, node.aval.dtype)?;
             shapes.push(shape);
         }
         self.check_inputs(input_shapes, |shape| shape.eval(&bind))?;
+        self.check_call_bytes(&shapes)?;
         Ok(Cow::Owned(shapes))
     }
 

@@ -14,6 +14,7 @@ pub mod eval;
 pub mod exec;
 pub mod graph;
 pub mod hash;
+pub mod limits;
 pub mod nn;
 pub mod ops;
 pub mod plan;
@@ -33,6 +34,7 @@ pub use eval::{eval, eval_cache_stats, EvalCacheStats};
 pub use exec::{Backend, CpuBackend, Executable};
 pub use graph::{Graph, GraphNode, PassRecord, Passes, ValueKind};
 pub use kiln_derive::Tree;
+pub use limits::Limits;
 pub use ops::{
     BinaryOp, Condition, CustomKernel, CustomOp, Guard, Op, ReduceOp, ShapeCx, SliceAxis, UnaryOp,
 };

@@ -90,7 +90,7 @@ fn require_float(op: &str, dtype: DType) -> Result<()> {
 pub fn uniform(seed: u64, len: usize, low: f64, high: f64, dtype: DType) -> Result<HostData> {
     require_float("uniform", dtype)?;
     let values = (0..len as u64).map(|i| low + (high - low) * unit(seed, i));
-    Ok(HostData::from_f64s(dtype, values))
+    HostData::try_from_f64s("random_uniform", dtype, len, values)
 }
 
 /// `len` values normally distributed with `mean` and `std`.
@@ -103,7 +103,7 @@ pub fn normal(seed: u64, len: usize, mean: f64, std: f64, dtype: DType) -> Resul
         let radius = libm::sqrt(-2.0 * libm::log(u1));
         mean + std * radius * libm::cos(2.0 * std::f64::consts::PI * u2)
     });
-    Ok(HostData::from_f64s(dtype, values))
+    HostData::try_from_f64s("random_normal", dtype, len, values)
 }
 
 #[cfg(test)]

@@ -64,12 +64,14 @@ impl SymExpr {
         }
     }
 
-    /// `self + other`.
+    /// `self + other`. Coefficients saturate instead of overflowing; the
+    /// size checks of [`crate::limits`] reject any aval holding such a
+    /// coefficient, so a saturated expression is never taken as a size.
     pub fn add(&self, other: &SymExpr) -> SymExpr {
         let mut terms = self.terms.clone();
         for (m, c) in &other.terms {
             let entry = terms.entry(m.clone()).or_insert(0);
-            *entry += c;
+            *entry = entry.saturating_add(*c);
             if *entry == 0 {
                 terms.remove(m);
             }
@@ -83,7 +85,11 @@ impl SymExpr {
             return SymExpr::default();
         }
         SymExpr {
-            terms: self.terms.iter().map(|(m, c)| (m.clone(), c * k)).collect(),
+            terms: self
+                .terms
+                .iter()
+                .map(|(m, c)| (m.clone(), c.saturating_mul(k)))
+                .collect(),
         }
     }
 
@@ -95,7 +101,7 @@ impl SymExpr {
                 let mut m: Monomial = ma.iter().chain(mb.iter()).cloned().collect();
                 m.sort();
                 let mut single = BTreeMap::new();
-                single.insert(m, ca * cb);
+                single.insert(m, ca.saturating_mul(*cb));
                 out = out.add(&SymExpr { terms: single });
             }
         }
@@ -104,7 +110,9 @@ impl SymExpr {
 
     /// `floor(self / divisor)`; exact when every coefficient is divisible.
     pub fn floor_div(&self, divisor: u64) -> SymExpr {
-        let d = divisor as i64;
+        // No size reaches i64::MAX, so a larger divisor floors every size to 0
+        // exactly as i64::MAX does.
+        let d = i64::try_from(divisor).unwrap_or(i64::MAX).max(1);
         if d == 1 {
             return self.clone();
         }
@@ -121,6 +129,17 @@ impl SymExpr {
         SymExpr { terms }
     }
 
+    /// The largest coefficient magnitude (constant term included). Size
+    /// checks bound it, so an expression whose arithmetic saturated (see
+    /// [`SymExpr::add`]) never reaches an aval.
+    pub fn max_coefficient(&self) -> u64 {
+        self.terms
+            .values()
+            .map(|c| c.unsigned_abs())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Evaluates under `bind`, which gives each symbol's size.
     pub fn eval(&self, bind: &dyn Fn(Symbol) -> Option<i64>) -> Option<i64> {
         let mut total = 0i64;
@@ -129,7 +148,9 @@ impl SymExpr {
             for atom in m {
                 let v = match atom {
                     Atom::Sym(s) => bind(*s)?,
-                    Atom::FloorDiv(e, d) => e.eval(bind)?.div_euclid(*d as i64),
+                    Atom::FloorDiv(e, d) => e
+                        .eval(bind)?
+                        .div_euclid(i64::try_from(*d).unwrap_or(i64::MAX).max(1)),
                 };
                 prod = prod.checked_mul(v)?;
             }
@@ -215,7 +236,7 @@ impl Dim {
     /// The dim as an expression (constants included).
     pub fn to_expr(&self) -> SymExpr {
         match self {
-            Dim::Known(n) => SymExpr::constant(*n as i64),
+            Dim::Known(n) => SymExpr::constant(i64::try_from(*n).unwrap_or(i64::MAX)),
             Dim::Sym(e) => (**e).clone(),
         }
     }
@@ -228,18 +249,20 @@ impl Dim {
         }
     }
 
-    /// `self + other`.
+    /// `self + other`; a known sum saturates at `usize::MAX`, which every
+    /// size check rejects.
     pub fn add(&self, other: &Dim) -> Dim {
         match (self, other) {
-            (Dim::Known(a), Dim::Known(b)) => Dim::Known(a + b),
+            (Dim::Known(a), Dim::Known(b)) => Dim::Known(a.saturating_add(*b)),
             _ => Dim::from_expr(self.to_expr().add(&other.to_expr())),
         }
     }
 
-    /// `self * other`.
+    /// `self * other`; a known product saturates at `usize::MAX`, which
+    /// every size check rejects.
     pub fn mul(&self, other: &Dim) -> Dim {
         match (self, other) {
-            (Dim::Known(a), Dim::Known(b)) => Dim::Known(a * b),
+            (Dim::Known(a), Dim::Known(b)) => Dim::Known(a.saturating_mul(*b)),
             _ => Dim::from_expr(self.to_expr().mul(&other.to_expr())),
         }
     }
@@ -315,9 +338,12 @@ impl Shape {
         self.0.iter().fold(Dim::Known(1), |acc, d| acc.mul(d))
     }
 
-    /// The element count when known.
+    /// The element count when known (saturating at `usize::MAX`, which
+    /// every size check rejects).
     pub fn numel_known(&self) -> Option<usize> {
-        self.0.iter().map(Dim::known).product()
+        self.0
+            .iter()
+            .try_fold(1usize, |acc, d| Some(acc.saturating_mul(d.known()?)))
     }
 
     /// Evaluates every dim under a symbol binding.

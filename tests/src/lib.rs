@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod conformance;
 pub mod gpu;
+pub mod isolate;
 pub mod programs;
 
 use kiln::{Array, Executable};

@@ -246,6 +246,11 @@ impl Op {
                 ),
             ));
         }
+        // Four bytes per element bound every dtype's storage.
+        let out_bytes = out_shape
+            .iter()
+            .fold(4usize, |acc, &d| acc.saturating_mul(d));
+        crate::limits::ensure_allocatable(self.name(), out_bytes)?;
         match self {
             Op::Unary(u) => unary::eval(*u, inputs[0]),
             Op::Binary(b) => binary::eval(
