@@ -38,6 +38,11 @@ pub struct Limits {
     pub max_call_bytes: usize,
 }
 
+/// The deepest nesting of floor divisions a symbolic dim may hold.
+/// Nested divisions by constants flatten into one, so only programs that
+/// alternate divisions with products of symbols get near it.
+const MAX_SYMBOLIC_DEPTH: usize = 16;
+
 /// No size may exceed this: Rust allocations are at most `isize::MAX` bytes.
 const ADDRESS_SPACE: usize = isize::MAX as usize;
 
@@ -123,6 +128,16 @@ pub(crate) fn check_shape(op: &str, dims: &[usize], dtype: DType) -> Result<usiz
 pub(crate) fn check_aval(op: &str, aval: &Aval) -> Result<()> {
     if let Some(dims) = aval.shape.as_known() {
         return check_shape(op, &dims, aval.dtype).map(|_| ());
+    }
+    let nested = |d: &Dim| matches!(d, Dim::Sym(e) if e.depth() > MAX_SYMBOLIC_DEPTH);
+    if let Some(d) = aval.shape.dims().iter().find(|d| nested(d)) {
+        return Err(Error::InvalidArgument {
+            op: op.to_string(),
+            detail: format!(
+                "symbolic dim {d} nests more than {MAX_SYMBOLIC_DEPTH} floor divisions; \
+                 compile without `shapeless` for this program"
+            ),
+        });
     }
     let fits = aval
         .shape

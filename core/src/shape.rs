@@ -124,9 +124,50 @@ impl SymExpr {
                 terms: self.terms.iter().map(|(m, c)| (m.clone(), c / d)).collect(),
             };
         }
+        // floor((floor(e/a) + c)/d) = floor((e + c·a)/(a·d)) for integers
+        // and positive a, d: chains of strided slices stay one level deep.
+        if let Some((inner, a, c)) = self.offset_floor_div() {
+            if let Some(ad) = a.checked_mul(d.unsigned_abs()) {
+                let offset = SymExpr::constant(c.saturating_mul(a as i64));
+                return inner.add(&offset).floor_div(ad);
+            }
+        }
         let mut terms = BTreeMap::new();
-        terms.insert(vec![Atom::FloorDiv(Box::new(self.clone()), divisor)], 1);
+        terms.insert(
+            vec![Atom::FloorDiv(Box::new(self.clone()), d.unsigned_abs())],
+            1,
+        );
         SymExpr { terms }
+    }
+
+    /// `(e, a, c)` when the expression is `floor(e/a) + c`.
+    fn offset_floor_div(&self) -> Option<(&SymExpr, u64, i64)> {
+        let mut floor_div = None;
+        let mut constant = 0;
+        for (monomial, &coefficient) in &self.terms {
+            match monomial.as_slice() {
+                [] => constant = coefficient,
+                [Atom::FloorDiv(e, a)] if coefficient == 1 && floor_div.is_none() => {
+                    floor_div = Some((&**e, *a));
+                }
+                _ => return None,
+            }
+        }
+        floor_div.map(|(e, a)| (e, a, constant))
+    }
+
+    /// How deeply floor divisions nest in the expression (0 for none). Size
+    /// checks bound it, so walking an expression never recurses deeply.
+    pub fn depth(&self) -> usize {
+        self.terms
+            .keys()
+            .flatten()
+            .map(|atom| match atom {
+                Atom::Sym(_) => 0,
+                Atom::FloorDiv(e, _) => 1 + e.depth(),
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// The largest coefficient magnitude (constant term included). Size
@@ -438,6 +479,19 @@ mod tests {
         let odd = s(0).add(&SymExpr::constant(1)).floor_div(2);
         assert_eq!(odd.eval(&|_| Some(6)), Some(3));
         assert_eq!(odd.to_string(), "(s0+1)/2");
+    }
+
+    #[test]
+    fn nested_floor_divisions_flatten_into_one() {
+        // floor((floor((s0+1)/2) - 1)/3) = floor((s0 - 1)/6)
+        let once = s(0).add(&SymExpr::constant(1)).floor_div(2);
+        let twice = once.add(&SymExpr::constant(-1)).floor_div(3);
+        assert_eq!(twice, s(0).add(&SymExpr::constant(-1)).floor_div(6));
+        assert_eq!(twice.depth(), 1);
+        for n in 0..40 {
+            let direct = ((n + 1) / 2 - 1i64).div_euclid(3);
+            assert_eq!(twice.eval(&|_| Some(n)), Some(direct), "s0 = {n}");
+        }
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub fn in_child_process(test_name: &str, case: impl FnOnce()) {
         output.status,
         String::from_utf8_lossy(&output.stderr),
     );
+    print!("{stdout}");
     assert!(
         stdout.contains("1 passed"),
         "the child process ran no test named `{test_name}`:\n{stdout}"
