@@ -9,6 +9,7 @@
 //! count is fixed rather than a knob.
 
 use kiln::{compile, Array, Backend, CpuBackend};
+use kiln_wgpu::{MAX_IDLE_BUFFERS, MAX_IDLE_BYTES};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Held by every test of this binary for its whole run, opening the
@@ -177,6 +178,35 @@ fn shapeless_wgpu_cycling_through_sizes_does_not_grow_rss() {
     if let Some(gpu) = kiln_tests::gpu::backend() {
         shapeless_cycles_stay_flat(gpu);
     }
+}
+
+#[test]
+fn shapeless_wgpu_calls_over_ever_new_sizes_keep_at_most_the_pool_limit_idle() {
+    let _serial = serial();
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let f = compile(|x: Array| (x.exp() * 2.0 + 1.0).sum(&[0], false))
+        .shapeless()
+        .with_backend(gpu.clone());
+    // Every call returns an argument buffer of a size never seen before:
+    // without a limit the pool would keep one per size.
+    let sizes = 2..MAX_IDLE_BUFFERS + 202;
+    for n in sizes.clone() {
+        let y = f.call(&ramp(n)).and_then(|y| y.item::<f32>());
+        assert_close(y.expect("the shapeless function runs"), n);
+        let pool = gpu.pool();
+        assert!(
+            pool.idle_buffers <= MAX_IDLE_BUFFERS && pool.idle_bytes <= MAX_IDLE_BYTES,
+            "after size {n} the pool keeps {pool:?}"
+        );
+    }
+    assert_eq!(
+        gpu.pool().idle_buffers,
+        MAX_IDLE_BUFFERS,
+        "{} sizes fill the pool to its limit and no further",
+        sizes.len()
+    );
 }
 
 #[test]
