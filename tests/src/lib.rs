@@ -5,6 +5,7 @@ pub mod bench;
 pub mod conformance;
 pub mod gpu;
 pub mod programs;
+pub mod rss;
 
 use kiln::{Array, Executable};
 
