@@ -8,7 +8,8 @@
 //! intermediate value. Later calls with those shapes record the same
 //! commands into one command encoder; buffers for arguments and outputs
 //! come from a pool that freed buffers return to, so a steady-state call
-//! creates neither pipelines nor buffers (see [`WgpuBackend::counters`]).
+//! creates neither pipelines nor buffers (see [`WgpuBackend::counters`]);
+//! the pool keeps at most [`MAX_IDLE_BUFFERS`] and [`MAX_IDLE_BYTES`] idle.
 //!
 //! ```no_run
 //! use kiln::{Array, Backend};
@@ -22,7 +23,7 @@ mod device;
 mod plan;
 mod wait;
 
-pub use buffer::WgpuBuffer;
+pub use buffer::{PoolStats, WgpuBuffer, MAX_IDLE_BUFFERS, MAX_IDLE_BYTES};
 pub use device::{DeviceError, BACKEND_ENV};
 pub use kiln_kernels::{MatmulVariant, Target};
 
@@ -430,6 +431,13 @@ impl WgpuBackend {
         }
     }
 
+    /// What the buffer pool holds idle for later calls: bounded by
+    /// [`MAX_IDLE_BUFFERS`] and [`MAX_IDLE_BYTES`], whatever sizes the
+    /// calls used.
+    pub fn pool(&self) -> PoolStats {
+        self.shared.pool.stats()
+    }
+
     /// Blocks until the device has finished all submitted work (for
     /// timing).
     #[cfg(not(target_arch = "wasm32"))]
@@ -532,8 +540,13 @@ impl WgpuBackend {
         // are kept by command and buffers.
         let mut per_call: Vec<Option<wgpu::BindGroup>> = Vec::with_capacity(plan.commands.len());
         let mut cached = lock(&plan.bind_groups);
-        if cached.len() > MAX_CACHED_BIND_GROUPS {
-            cached.clear();
+        // A group holds its buffers: once the pool has released any, drop
+        // the groups so none keeps a released buffer's memory (a program
+        // whose working set overflows the pool remakes its groups per call).
+        let evictions = s.pool.evicted();
+        if cached.groups.len() > MAX_CACHED_BIND_GROUPS || cached.pool_evictions != evictions {
+            cached.groups.clear();
+            cached.pool_evictions = evictions;
         }
         for (c, command) in plan.commands.iter().enumerate() {
             per_call.push(match command {
@@ -548,12 +561,12 @@ impl WgpuBackend {
                         .iter()
                         .map(|&l| resolve(l).cloned())
                         .collect::<Result<Vec<_>>>()?;
-                    let group = match cached.get(&(c, buffers.clone())) {
+                    let group = match cached.groups.get(&(c, buffers.clone())) {
                         Some(group) => group.clone(),
                         None => {
                             let refs: Vec<&wgpu::Buffer> = buffers.iter().collect();
                             let group = s.bind_group(layout, params, &refs);
-                            cached.insert((c, buffers), group.clone());
+                            cached.groups.insert((c, buffers), group.clone());
                             group
                         }
                     };

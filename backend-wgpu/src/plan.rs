@@ -63,9 +63,19 @@ pub(crate) struct Plan {
     /// Status words, copied out by every call and read back with its
     /// outputs (shared with each call's [`crate::buffer::StatusWords`]).
     pub checks: Arc<[Check]>,
-    /// Bind groups of dispatches naming argument or output buffers, by
-    /// command index and the buffers bound.
-    pub bind_groups: Mutex<HashMap<(usize, Vec<wgpu::Buffer>), wgpu::BindGroup>>,
+    /// Bind groups of dispatches naming argument or output buffers.
+    pub bind_groups: Mutex<CallBindGroups>,
+}
+
+/// A plan's bind groups over call buffers, by command index and the
+/// buffers bound. Each group holds its buffers, so the groups are dropped
+/// whenever the pool has released buffers since they were made
+/// (`pool_evictions` is the pool's count then): a released buffer's memory
+/// is freed only once no group names it.
+#[derive(Default)]
+pub(crate) struct CallBindGroups {
+    pub groups: HashMap<(usize, Vec<wgpu::Buffer>), wgpu::BindGroup>,
+    pub pool_evictions: u64,
 }
 
 fn backend_err(detail: String) -> Error {

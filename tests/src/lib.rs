@@ -6,6 +6,7 @@ pub mod conformance;
 pub mod gpu;
 pub mod isolate;
 pub mod programs;
+pub mod rss;
 
 use kiln::{Array, Executable};
 

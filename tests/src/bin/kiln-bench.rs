@@ -3,6 +3,7 @@
 
 use kiln::{compile, nn, Array, Backend, DType, Executable, Plan, PlanMemory, Tree};
 use kiln_tests::bench::{median_micros, selected, time_once_ms, BenchReport};
+use kiln_tests::rss::resident_bytes;
 use kiln_tests::value_shapes;
 use kiln_wgpu::{MatmulVariant, WgpuBackend, WgpuBuffer};
 use std::collections::BTreeMap;
@@ -299,13 +300,14 @@ fn main() {
 /// The wgpu figures, on the default adapter; omitted (with a note on
 /// stderr) where there is none.
 fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
-    const NAMES: [&str; 6] = [
+    const NAMES: [&str; 7] = [
         "wgpu_fused_chain_100_4m",
         "wgpu_copy_4m",
         "wgpu_elementwise_1op_4m",
         "wgpu_matmul_1024",
         "wgpu_matmul_1024_naive",
         "wgpu_host_overhead_10op",
+        "wgpu_rss_growth_10k_calls",
     ];
     if !NAMES.iter().any(|name| selected(name, names)) {
         return;
@@ -351,6 +353,30 @@ fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
     if selected("wgpu_host_overhead_10op", names) {
         report.record("wgpu_host_overhead_10op", host_overhead_10op(&gpu), "us");
     }
+    if selected("wgpu_rss_growth_10k_calls", names) {
+        match rss_growth_10k_calls(&gpu) {
+            Ok(bytes) => report.record("wgpu_rss_growth_10k_calls", bytes, "bytes"),
+            Err(reason) => eprintln!("kiln-bench: wgpu_rss_growth_10k_calls left out: {reason}"),
+        }
+    }
+}
+
+/// Bytes the process's RSS grows over 10,000 calls of a small compiled
+/// function, each reading its result back, after 200 warm-up calls (the
+/// memory tests bound it by 2 MiB); `Err` where RSS cannot be read.
+fn rss_growth_10k_calls(gpu: &WgpuBackend) -> Result<f64, String> {
+    let f = compile(|x: Array| (x.exp() * 2.0 + 1.0).sum(&[0], false)).with_backend(gpu.clone());
+    let x = ramp(&[64]);
+    let call = || {
+        f.call(&x)
+            .and_then(|y| y.item::<f32>())
+            .expect("the small function runs");
+    };
+    (0..200).for_each(|_| call());
+    let before = resident_bytes()?;
+    (0..10_000).for_each(|_| call());
+    let after = resident_bytes()?;
+    Ok(after.saturating_sub(before) as f64)
 }
 
 /// f32 values 0, 1e-6, 2e-6, ... of `shape`.
