@@ -29,7 +29,7 @@ pub use kiln_kernels::{MatmulVariant, Target};
 
 use buffer::{byte_size, from_words, to_words, Pool, StatusWords};
 use device::{block_on, Gpu};
-use kiln::{Backend, Error, Executable, Graph, HostData, Result};
+use kiln::{Backend, Error, Executable, HostData, Result};
 use plan::{Command, Loc, Plan};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,10 +62,8 @@ type Pipeline = (Arc<wgpu::ComputePipeline>, Arc<wgpu::BindGroupLayout>);
 /// number of bound operands.
 type Layouts = (Arc<wgpu::BindGroupLayout>, Arc<wgpu::PipelineLayout>);
 
-/// The plans built for one executable, with the graph they were built
-/// from (the executable is known by address, so the graph confirms it).
+/// The plans built for one executable (known by [`Executable::id`]).
 struct ExePlans {
-    graph: Graph,
     plans: Vec<Arc<Plan>>,
     /// When a call last used one of them (a tick of `plan_clock`).
     last_used: u64,
@@ -89,7 +87,7 @@ pub(crate) struct Shared {
     pool: Arc<Pool>,
     pipelines: Mutex<HashMap<String, Pipeline>>,
     layouts: Mutex<HashMap<(usize, bool), Layouts>>,
-    plans: Mutex<HashMap<usize, ExePlans>>,
+    plans: Mutex<HashMap<u64, ExePlans>>,
     pipelines_created: AtomicU64,
     other_buffers: AtomicU64,
     plans_built: AtomicU64,
@@ -293,11 +291,11 @@ impl Shared {
 
     /// The plan of `exe` for `shapes`, built on first use.
     fn plan(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Result<Arc<Plan>> {
-        let key = exe as *const Executable as usize;
+        let key = exe.id();
         let tick = self.plan_clock.fetch_add(1, Ordering::Relaxed);
         {
             let mut plans = lock(&self.plans);
-            if let Some(entry) = plans.get_mut(&key).filter(|e| e.graph == *exe.graph()) {
+            if let Some(entry) = plans.get_mut(&key) {
                 if let Some(plan) = entry.plans.iter().find(|p| p.shapes == shapes) {
                     entry.last_used = tick;
                     return Ok(plan.clone());
@@ -308,8 +306,8 @@ impl Shared {
         self.plans_built.fetch_add(1, Ordering::Relaxed);
         let mut plans = lock(&self.plans);
         if !plans.contains_key(&key) && plans.len() >= MAX_PLANNED_EXECUTABLES {
-            // Executables are known by address only, so one that was
-            // dropped is never seen again: forget the least recently used.
+            // An executable that was dropped is never seen again: forget
+            // the least recently used.
             if let Some(oldest) = plans
                 .iter()
                 .min_by_key(|(_, e)| e.last_used)
@@ -319,14 +317,9 @@ impl Shared {
             }
         }
         let entry = plans.entry(key).or_insert_with(|| ExePlans {
-            graph: exe.graph().clone(),
             plans: Vec::new(),
             last_used: tick,
         });
-        if entry.graph != *exe.graph() {
-            entry.graph = exe.graph().clone();
-            entry.plans.clear();
-        }
         if entry.plans.len() >= MAX_SHAPE_SETS {
             entry.plans.remove(0);
         }
@@ -726,7 +719,7 @@ impl Backend for WgpuBackend {
         let out_of_memory = block_on(memory.pop()).flatten();
         if let Some(error) = out_of_memory.or(invalid) {
             // A failed plan may hold broken objects: forget this executable's plans.
-            lock(&s.plans).remove(&(exe as *const Executable as usize));
+            lock(&s.plans).remove(&exe.id());
             return Err(backend_err(format!("device error: {error}")));
         }
         s.check_alive()?;

@@ -12,6 +12,7 @@ use smallvec::SmallVec;
 use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Where a symbol's size comes from: axis `axis` of argument leaf `leaf`.
@@ -28,6 +29,7 @@ pub struct SymbolSource {
 /// through (which holds each value's lifetime).
 #[derive(Debug)]
 pub struct Executable {
+    id: u64,
     graph: Graph,
     known_shapes: Option<Vec<Vec<usize>>>,
     symbols: Vec<(Symbol, SymbolSource)>,
@@ -52,7 +54,9 @@ impl Executable {
             .iter()
             .map(|n| n.aval.shape.as_known())
             .collect();
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let mut exe = Executable {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             graph,
             known_shapes,
             symbols,
@@ -114,6 +118,13 @@ impl Executable {
             .find(|(sym, _)| *sym == s)
             .and_then(|(_, src)| input_shapes.get(src.leaf)?.get(src.axis))
             .map(|&n| n as i64)
+    }
+
+    /// A number no other executable of this process has: backends key what
+    /// they keep per executable by it (an address may be reused once an
+    /// executable is dropped).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The buffer plan: reinplace decisions, slots and lifetimes.
@@ -512,5 +523,18 @@ impl Backend for CpuBackend {
                 Ok(shared)
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn executables_of_equal_graphs_have_distinct_ids() {
+        let build = || Executable::new(Graph::default(), Vec::new(), &[], &[]);
+        let (a, b) = (build().unwrap(), build().unwrap());
+        assert_eq!(a.graph(), b.graph());
+        assert_ne!(a.id(), b.id());
     }
 }
