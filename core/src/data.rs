@@ -166,7 +166,9 @@ impl HostData {
         HostData::filled(dtype, len, 0.0)
     }
 
-    /// `len` copies of `value` converted to `dtype`.
+    /// `len` copies of `value` converted to `dtype`, allocated infallibly:
+    /// for sizes Kiln already checked; [`HostData::try_filled`] takes
+    /// sizes a user gives.
     pub fn filled(dtype: DType, len: usize, value: f64) -> HostData {
         with_element_type!(dtype, T => vec![T::from_f64(value); len])
     }

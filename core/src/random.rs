@@ -61,9 +61,19 @@ impl Key {
         Key(bits(self.0 ^ GOLDEN, data))
     }
 
-    /// `n` independent keys derived from this one.
-    pub fn split(self, n: usize) -> Vec<Key> {
-        (0..n as u64).map(|i| self.fold_in(i)).collect()
+    /// `n` independent keys derived from this one; `Err` when `n` keys do
+    /// not fit in memory.
+    ///
+    /// ```
+    /// let keys = kiln::random::Key::new(1).split(3)?;
+    /// assert_eq!(keys.len(), 3);
+    /// assert!(kiln::random::Key::new(1).split(usize::MAX).is_err());
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn split(self, n: usize) -> Result<Vec<Key>> {
+        let mut keys = crate::limits::try_vec("split", n)?;
+        keys.extend((0..n as u64).map(|i| self.fold_in(i)));
+        Ok(keys)
     }
 }
 
