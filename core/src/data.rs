@@ -129,10 +129,11 @@ impl HostData {
 
     /// `len` copies of `value` converted to `dtype`.
     pub fn filled(dtype: DType, len: usize, value: f64) -> HostData {
+        // `<f16 as Element>`, not half's inherent `from_f64`, which rounds twice.
         match dtype {
             DType::F32 => HostData::F32(vec![f32::from_f64(value); len]),
-            DType::F16 => HostData::F16(vec![f16::from_f64(value); len]),
-            DType::BF16 => HostData::BF16(vec![bf16::from_f64(value); len]),
+            DType::F16 => HostData::F16(vec![<f16 as Element>::from_f64(value); len]),
+            DType::BF16 => HostData::BF16(vec![<bf16 as Element>::from_f64(value); len]),
             DType::I32 => HostData::I32(vec![i32::from_f64(value); len]),
             DType::U32 => HostData::U32(vec![u32::from_f64(value); len]),
             DType::Bool => HostData::Bool(vec![bool::from_f64(value); len]),
@@ -144,8 +145,8 @@ impl HostData {
     pub fn from_f64s(dtype: DType, values: impl Iterator<Item = f64>) -> HostData {
         match dtype {
             DType::F32 => HostData::F32(values.map(f32::from_f64).collect()),
-            DType::F16 => HostData::F16(values.map(f16::from_f64).collect()),
-            DType::BF16 => HostData::BF16(values.map(bf16::from_f64).collect()),
+            DType::F16 => HostData::F16(values.map(<f16 as Element>::from_f64).collect()),
+            DType::BF16 => HostData::BF16(values.map(<bf16 as Element>::from_f64).collect()),
             DType::I32 => HostData::I32(values.map(i32::from_f64).collect()),
             DType::U32 => HostData::U32(values.map(u32::from_f64).collect()),
             DType::Bool => HostData::Bool(values.map(bool::from_f64).collect()),
