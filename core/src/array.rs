@@ -760,7 +760,23 @@ macro_rules! number_operand {
         }
     )*};
 }
-number_operand!(f32, f64, i32, i64, u32, usize);
+number_operand!(f32, f64);
+
+macro_rules! integer_operand {
+    ($($t:ty),*) => {$(
+        impl Operand for $t {
+            fn dtype(&self) -> Option<DType> {
+                None
+            }
+            fn into_array(self, dtype: DType) -> Array {
+                // Rounded once from the exact integer: `self as f64` would
+                // round an i64 or usize above 2^53 twice.
+                Array::scalar(dtype.round_integer(self as i128), dtype)
+            }
+        }
+    )*};
+}
+integer_operand!(i32, i64, u32, usize);
 
 macro_rules! operator {
     ($trait:ident, $method:ident, $op:expr) => {

@@ -219,9 +219,14 @@ pub(crate) fn select(dtype: DType, c: &str, t: &str, f: &str) -> String {
 }
 
 /// The expression converting `x` from `from` to `to` with the reference's
-/// cast semantics.
+/// cast semantics: saturating to u8, and rounding integers to f16/bf16 once
+/// (the op library's `cast_i32_to_bf16`, ...), not through f32.
 pub(crate) fn cast(from: DType, to: DType, x: &str) -> Result<String, KernelError> {
-    let target = if to == DType::U8 { "u8" } else { kind(to) };
+    let target = match to {
+        DType::U8 => "u8",
+        DType::F16 | DType::BF16 if from.is_integer() => to.name(),
+        _ => kind(to),
+    };
     if from == to || kind(from) == target {
         // Same computed type: at most a rounding to the narrower float.
         return Ok(round_to(to, x.to_string()));

@@ -11,7 +11,9 @@
 // elements. So bodies use only component-wise operations (select, not if;
 // `|` and `&`, not `||` and `&&`), and constants are splatted (`vf32(0.0)`).
 // f16 and bf16 compute with the f32 functions and u8 with the u32 ones; the
-// generator rounds them after every op.
+// generator rounds them after every op. The one exception is integer to
+// f16/bf16 (`cast_i32_to_bf16`, ...), which must round once from the exact
+// integer rather than through f32.
 
 fn is_nan_f32(x: vf32) -> vbool {
     // A bit test, immune to compilers that assume NaN never occurs.
@@ -168,5 +170,33 @@ fn cast_u32_to_u8(x: vu32) -> vu32 { return min(x, vu32(255u)); }
 fn cast_bool_to_u8(x: vbool) -> vu32 { return bool_to_u32(x); }
 
 fn cast_f32_to_bool(x: vf32) -> vbool { return !(x == vf32(0.0)); }
+
+// Integer → f16/bf16, rounded once from the exact integer: through f32, an
+// integer above 2^24 would round twice (2^24 + 2^16 + 1 rounds to 2^24 in
+// f32, a tie that bf16 rounds down, though the integer is above the bf16
+// midpoint and rounds up to 2^24 + 2^17). `magnitude` is rounded to nearest
+// even at `digits` significant bits, which f32 then holds exactly; the
+// generator's rounding to the 16-bit type after the call only overflows
+// f16 to infinity.
+fn round_to_digits(magnitude: vu32, digits: u32) -> vf32 {
+    let width = vu32(32u) - countLeadingZeros(magnitude);
+    let shift = max(width, vu32(digits)) - vu32(digits);
+    let kept = magnitude >> shift;
+    let rest = magnitude - (kept << shift);
+    let half = (vu32(1u) << shift) >> vu32(1u);
+    let up = (shift > vu32(0u)) & ((rest > half) | ((rest == half) & ((kept & vu32(1u)) == vu32(1u))));
+    return ldexp(vf32(kept + bool_to_u32(up)), vi32(shift));
+}
+
+// abs(i32 min) is i32 min, whose bits are its magnitude 2^31 as a u32.
+fn signed_to_digits(x: vi32, digits: u32) -> vf32 {
+    let magnitude = round_to_digits(bitcast<vu32>(abs(x)), digits);
+    return select(magnitude, -magnitude, x < vi32(0));
+}
+
+fn cast_i32_to_f16(x: vi32) -> vf32 { return signed_to_digits(x, 11u); }
+fn cast_i32_to_bf16(x: vi32) -> vf32 { return signed_to_digits(x, 8u); }
+fn cast_u32_to_f16(x: vu32) -> vf32 { return round_to_digits(x, 11u); }
+fn cast_u32_to_bf16(x: vu32) -> vf32 { return round_to_digits(x, 8u); }
 fn cast_i32_to_bool(x: vi32) -> vbool { return x != vi32(0); }
 fn cast_u32_to_bool(x: vu32) -> vbool { return x != vu32(0u); }
