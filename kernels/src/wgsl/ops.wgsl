@@ -20,6 +20,10 @@ fn is_nan_f32(x: vf32) -> vbool {
     return (bitcast<vu32>(x) & vu32(0x7fffffffu)) > vu32(0x7f800000u);
 }
 
+fn is_inf_f32(x: vf32) -> vbool {
+    return (bitcast<vu32>(x) & vu32(0x7fffffffu)) == vu32(0x7f800000u);
+}
+
 fn nan_f32() -> vf32 {
     return vf32(quiet_nan());
 }
@@ -73,14 +77,37 @@ fn div_f32(a: vf32, b: vf32) -> vf32 { return a / b; }
 fn maximum_f32(a: vf32, b: vf32) -> vf32 { return select(b, a, (a >= b) | is_nan_f32(a)); }
 fn minimum_f32(a: vf32, b: vf32) -> vf32 { return select(b, a, (a <= b) | is_nan_f32(a)); }
 
-// x^y for any sign of x: integral exponents of negative bases keep the sign
-// of the result, other negative bases give NaN; x^0 is 1 even for NaN x.
+// x^y with the special cases of C99 / IEEE 754 `pow` (F.9.4.4), which the
+// reference's `powf` follows: exp2(y·log2|x|) alone gets them wrong (0^-1
+// is 0 and 1^NaN is NaN on lavapipe), and WGSL leaves exp2 and log2 of
+// zeros and infinities loose. Later selects take precedence:
+//   x < 0, y finite:    ±|x|^y by the parity of an integral y, else NaN
+//   x = ±0 or ±inf:     0 or inf by the signs of y and of log|x|, the sign
+//                       of x kept for odd integral y
+//   y = ±inf:           1 for |x| = 1, else 0 or inf by the signs
+//   NaN x or y:         NaN, except 1^y = 1 and x^0 = 1
 fn pow_f32(x: vf32, y: vf32) -> vf32 {
-    let magnitude = exp2(y * log2(abs(x)));
-    let odd = fract(y * 0.5) != vf32(0.0);
-    let negative_base = select(select(magnitude, -magnitude, odd), nan_f32(), fract(y) != vf32(0.0));
-    let any_base = select(negative_base, magnitude, x >= vf32(0.0));
-    return select(select(any_base, nan_f32(), is_nan_f32(x) | is_nan_f32(y)), vf32(1.0), y == vf32(0.0));
+    let ax = abs(x);
+    let magnitude = exp2(y * log2(ax));
+    let y_infinite = is_inf_f32(y);
+    // Every f32 from 2^24 on is an even integer, and fract(y · 0.5) says so.
+    let integral = (fract(y) == vf32(0.0)) & !y_infinite;
+    let odd = integral & (fract(y * 0.5) != vf32(0.0));
+    let negative_base = select(nan_f32(), select(magnitude, -magnitude, odd), integral);
+    let finite_base = select(magnitude, negative_base, x < vf32(0.0));
+    // 0^y is inf for y < 0 and inf^y is inf for y > 0.
+    let zero = ax == vf32(0.0);
+    let unsigned_edge = select(vf32(0.0), vf32(pos_inf()), zero == (y < vf32(0.0)));
+    let sign = bitcast<vu32>(x) & select(vu32(0u), vu32(0x80000000u), odd);
+    let edge = bitcast<vf32>(bitcast<vu32>(unsigned_edge) | sign);
+    let any_base = select(finite_base, edge, zero | is_inf_f32(x));
+    let infinite_exponent = select(
+        select(vf32(0.0), vf32(pos_inf()), (ax < vf32(1.0)) == (y < vf32(0.0))),
+        vf32(1.0),
+        ax == vf32(1.0));
+    let any_exponent = select(any_base, infinite_exponent, y_infinite);
+    let defined = select(any_exponent, nan_f32(), is_nan_f32(x) | is_nan_f32(y));
+    return select(defined, vf32(1.0), (x == vf32(1.0)) | (y == vf32(0.0)));
 }
 
 fn add_i32(a: vi32, b: vi32) -> vi32 { return a + b; }
