@@ -1,4 +1,9 @@
 //! Element types and the Rust scalar types that carry them.
+//!
+//! Conversions to a float dtype round once, to nearest even, from the exact
+//! value (see [`Element::from_f64`] and the integer cases of
+//! [`crate::Array::cast`]); the reference keeps subnormals, which GPU
+//! backends may flush to zero (WGSL allows it).
 
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
@@ -118,8 +123,8 @@ pub trait Element: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
     /// The value as f64 (exact for every supported type).
     fn to_f64(self) -> f64;
     /// Converts from f64 with the cast semantics of [`crate::Array::cast`]:
-    /// floats round to nearest, integers truncate toward zero and saturate,
-    /// bool is `x != 0`.
+    /// floats round once to nearest (ties to even) from the exact value,
+    /// integers truncate toward zero and saturate, bool is `x != 0`.
     fn from_f64(value: f64) -> Self;
 }
 

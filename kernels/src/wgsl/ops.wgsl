@@ -14,6 +14,15 @@
 // generator rounds them after every op. The one exception is integer to
 // f16/bf16 (`cast_i32_to_bf16`, ...), which must round once from the exact
 // integer rather than through f32.
+//
+// Special values use bit tests (is_nan_f32, is_inf_f32) and explicit
+// selects rather than trusting exp2, log2 or division on them, which WGSL
+// leaves loose. Subnormals are the exception Kiln does not mend: WGSL lets
+// an implementation flush subnormal f32 and f16 inputs, intermediates and
+// results to zero, so a backend may give zero where the reference (which
+// keeps subnormals) gives a value below 2^-126 (2^-14 for f16 data).
+// lavapipe keeps them; the conformance suite's subnormal rule
+// (`kiln_tests::conformance::may_flush`) allows the flush and no more.
 
 fn is_nan_f32(x: vf32) -> vbool {
     // A bit test, immune to compilers that assume NaN never occurs.
