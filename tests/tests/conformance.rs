@@ -589,6 +589,49 @@ fn integers_near_half_midpoints(bits: u32) -> Vec<u32> {
         .collect()
 }
 
+/// f32 beyond the f16 range rounds as IEEE 754 does, though WGSL's
+/// pack2x16float leaves such values undefined.
+fn f16_overflow_cases(cases: &mut Vec<Case>) {
+    const INF: f64 = f64::INFINITY;
+    let big = [
+        65_504.0, 65_510.0, 65_519.99, 65_520.0, -70_000.0, -65_519.0, 1e10, -1e38,
+    ];
+    cases.push(
+        case(
+            "f32 to f16 rounds to 65504 below 65520 and to infinity from it",
+            |a| vec![a[0].cast(DType::F16), (&a[0] * 1.0).cast(DType::F16) * 1.0],
+            vec![array(DType::F32, &big)],
+        )
+        .exact()
+        .expecting(vec![
+            data(
+                DType::F16,
+                &[
+                    65_504.0, 65_504.0, 65_504.0, INF, -INF, -65_504.0, INF, -INF,
+                ],
+            ),
+            data(
+                DType::F16,
+                &[
+                    65_504.0, 65_504.0, 65_504.0, INF, -INF, -65_504.0, INF, -INF,
+                ],
+            ),
+        ]),
+    );
+    cases.push(
+        case(
+            "f16 arithmetic overflows to infinity",
+            |a| vec![&a[0] * &a[0], &a[0] + &a[0]],
+            vec![array(DType::F16, &[300.0, -300.0, 40_000.0, 255.0])],
+        )
+        .exact()
+        .expecting(vec![
+            data(DType::F16, &[INF, INF, INF, 65_024.0]),
+            data(DType::F16, &[600.0, -600.0, INF, 510.0]),
+        ]),
+    );
+}
+
 /// Scalars baked into kernels (or carried in their parameters) hold the
 /// value of the dtype nearest the exact scalar, rounded once.
 fn scalar_constant_cases(cases: &mut Vec<Case>) {
@@ -872,6 +915,7 @@ fn all_cases() -> Vec<Case> {
     layout_cases(&mut cases);
     shape_edge_cases(&mut cases);
     integer_to_half_cases(&mut cases);
+    f16_overflow_cases(&mut cases);
     scalar_constant_cases(&mut cases);
     mean_cases(&mut cases);
     pow_cases(&mut cases);
