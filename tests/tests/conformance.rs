@@ -61,11 +61,7 @@ impl Case {
 
 /// A rank-1 array of `values` converted to `dtype`.
 fn array(dtype: DType, values: &[f64]) -> Array {
-    Array::from_data(
-        HostData::from_f64s(dtype, values.iter().copied()),
-        &[values.len()],
-    )
-    .expect("rank 1 fits its values")
+    Array::from_data(data(dtype, values), &[values.len()]).expect("rank 1 fits its values")
 }
 
 /// `values` converted to `dtype`, as expected output data.
@@ -733,7 +729,7 @@ fn mean_cases(cases: &mut Vec<Case>) {
         )
         .expecting(vec![
             data(DType::F16, &[2.0]),
-            HostData::F16(vec![f16::from_f32(2.0)]),
+            data(DType::F16, &[2.0]),
             data(DType::BF16, &[3.0]),
         ]),
     );
