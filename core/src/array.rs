@@ -523,18 +523,37 @@ impl Array {
         self.reduce(ReduceOp::Min, axes, keepdims)
     }
     /// Mean over `axes`: the sum divided by the element count (known per
-    /// call in a shapeless compile).
+    /// call in a shapeless compile); NaN over an empty axis.
+    ///
+    /// As in JAX, integer and bool arrays average to f32, and f16/bf16 sum
+    /// and divide in f32 and round once at the end, so neither a sum above
+    /// the 16-bit range (65,504 for f16) nor a count above it (or above 255
+    /// for u8) spoils the result.
+    ///
+    /// ```
+    /// use kiln::{Array, DType};
+    /// let bytes = Array::full(&[300], 200.0, DType::U8);
+    /// assert_eq!(bytes.mean_all().to_vec::<f32>().unwrap(), [200.0]);
+    /// ```
     pub fn mean(&self, axes: &[isize], keepdims: bool) -> Array {
         match self.normalize_axes("mean", axes) {
             Ok(norm) => {
                 let count = Array::apply(
                     Op::DimSize {
                         axes: norm,
-                        dtype: self.dtype(),
+                        dtype: DType::F32,
                     },
                     vec![self.clone()],
                 );
-                self.sum(axes, keepdims) / count
+                let wide = match self.dtype() {
+                    DType::F32 => self.clone(),
+                    _ => self.cast(DType::F32),
+                };
+                let mean = wide.sum(axes, keepdims) / count;
+                match self.dtype() {
+                    DType::F16 | DType::BF16 => mean.cast(self.dtype()),
+                    _ => mean,
+                }
             }
             Err(e) => Array::failed(e),
         }
@@ -810,7 +829,23 @@ macro_rules! number_operand {
         }
     )*};
 }
-number_operand!(f32, f64, i32, i64, u32, usize);
+number_operand!(f32, f64);
+
+macro_rules! integer_operand {
+    ($($t:ty),*) => {$(
+        impl Operand for $t {
+            fn dtype(&self) -> Option<DType> {
+                None
+            }
+            fn into_array(self, dtype: DType) -> Array {
+                // Rounded once from the exact integer: `self as f64` would
+                // round an i64 or usize above 2^53 twice.
+                Array::scalar(dtype.round_integer(self as i128), dtype)
+            }
+        }
+    )*};
+}
+integer_operand!(i32, i64, u32, usize);
 
 macro_rules! operator {
     ($trait:ident, $method:ident, $op:expr) => {

@@ -43,6 +43,8 @@ macro_rules! with_host_data {
 
 /// Evaluates `$body` with `$t` naming the Rust element type of `$dtype`
 /// and wraps the `Vec<$t>` it returns in the matching [`HostData`] variant.
+/// Conversions in `$body` must say `<$t as Element>::from_f64`: half's
+/// inherent `from_f64` would win over the trait's and rounds twice.
 macro_rules! with_element_type {
     ($dtype:expr, $t:ident => $body:expr) => {
         match $dtype {
@@ -170,12 +172,12 @@ impl HostData {
     /// for sizes Kiln already checked; [`HostData::try_filled`] takes
     /// sizes a user gives.
     pub fn filled(dtype: DType, len: usize, value: f64) -> HostData {
-        with_element_type!(dtype, T => vec![T::from_f64(value); len])
+        with_element_type!(dtype, T => vec![<T as Element>::from_f64(value); len])
     }
 
     /// Builds data of `dtype` from f64 values (cast semantics of [`Element::from_f64`]).
     pub fn from_f64s(dtype: DType, values: impl Iterator<Item = f64>) -> HostData {
-        with_element_type!(dtype, T => values.map(T::from_f64).collect())
+        with_element_type!(dtype, T => values.map(<T as Element>::from_f64).collect())
     }
 
     /// `len` copies of `value` converted to `dtype`, in a buffer allocated
@@ -184,7 +186,7 @@ impl HostData {
     pub fn try_filled(op: &str, dtype: DType, len: usize, value: f64) -> Result<HostData> {
         Ok(with_element_type!(dtype, T => {
             let mut values = try_vec::<T>(op, len)?;
-            values.resize(len, T::from_f64(value));
+            values.resize(len, <T as Element>::from_f64(value));
             values
         }))
     }
@@ -199,7 +201,7 @@ impl HostData {
     ) -> Result<HostData> {
         Ok(with_element_type!(dtype, T => {
             let mut out = try_vec::<T>(op, len)?;
-            out.extend(values.take(len).map(T::from_f64));
+            out.extend(values.take(len).map(<T as Element>::from_f64));
             out
         }))
     }
@@ -219,7 +221,7 @@ impl HostData {
         if let Some(s) = T::slice(self) {
             return s.to_vec();
         }
-        with_host_data!(self, v => v.iter().map(|x| T::from_f64(x.to_f64())).collect())
+        with_host_data!(self, v => v.iter().map(|x| <T as Element>::from_f64(x.to_f64())).collect())
     }
 
     /// Bytes the elements occupy.

@@ -105,7 +105,11 @@ pub(crate) fn load_fn(
 
 /// A WGSL expression of the element whose storage word is `word` (the
 /// low half for f16 and bf16); `None` for non-finite floats, which WGSL
-/// constant expressions cannot hold.
+/// constant expressions cannot hold, and for float zeros: WGSL leaves a
+/// float division by zero indeterminate, and with the zero a constant a
+/// compiler may fold `x / 0.0` to anything (lavapipe gave 0 and garbage
+/// for `0.0 / 0.0`, so the mean over an empty axis was not NaN), while a
+/// zero read at run time divides as IEEE 754 does.
 pub(crate) fn literal(dtype: DType, word: u32) -> Option<String> {
     let f32_bits = match dtype {
         DType::F32 => word,
@@ -115,9 +119,8 @@ pub(crate) fn literal(dtype: DType, word: u32) -> Option<String> {
         DType::U32 | DType::U8 => return Some(format!("{word:#x}u")),
         DType::Bool => return Some((word != 0).to_string()),
     };
-    f32::from_bits(f32_bits)
-        .is_finite()
-        .then(|| format!("bitcast<f32>({f32_bits:#x}u)"))
+    let value = f32::from_bits(f32_bits);
+    (value.is_finite() && value != 0.0).then(|| format!("bitcast<f32>({f32_bits:#x}u)"))
 }
 
 /// WGSL functions storing a computed value: `store_value(v)` for the
@@ -219,9 +222,14 @@ pub(crate) fn select(dtype: DType, c: &str, t: &str, f: &str) -> String {
 }
 
 /// The expression converting `x` from `from` to `to` with the reference's
-/// cast semantics.
+/// cast semantics: saturating to u8, and rounding integers to f16/bf16 once
+/// (the op library's `cast_i32_to_bf16`, ...), not through f32.
 pub(crate) fn cast(from: DType, to: DType, x: &str) -> Result<String, KernelError> {
-    let target = if to == DType::U8 { "u8" } else { kind(to) };
+    let target = match to {
+        DType::U8 => "u8",
+        DType::F16 | DType::BF16 if from.is_integer() => to.name(),
+        _ => kind(to),
+    };
     if from == to || kind(from) == target {
         // Same computed type: at most a rounding to the narrower float.
         return Ok(round_to(to, x.to_string()));

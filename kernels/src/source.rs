@@ -196,7 +196,7 @@ impl ElementKernel<'_> {
                 continue;
             }
             let index = if let Some(word) = view.inline {
-                // A non-finite float cannot be a WGSL constant: it is read
+                // A non-finite float or a float zero (see `literal`) is read
                 // from the low half (or whole) of one parameter word.
                 let at = params.len();
                 params.push(word);

@@ -202,8 +202,18 @@ fn an_operand_sharing_the_output_buffer_is_read_through_the_output_binding() {
 fn scalar_constants_are_baked_into_the_source_or_carried_in_the_parameters() {
     for target in TARGETS {
         for dtype in [DType::F32, DType::F16, DType::BF16, DType::I32, DType::Bool] {
-            // 0xffff_ffff is NaN for the floats, which WGSL constants cannot hold.
-            for (word, n) in [(1, 6), (0xffff_ffff, 6), (1, 8), (0xffff_ffff, 8)] {
+            // 0xffff_ffff is NaN for the floats, which WGSL constants cannot
+            // hold; a float 0 is read at run time so that no compiler folds
+            // a division by it.
+            let words = [
+                (1, 6),
+                (0xffff_ffff, 6),
+                (0, 6),
+                (1, 8),
+                (0xffff_ffff, 8),
+                (0, 8),
+            ];
+            for (word, n) in words {
                 let x = View::contiguous(dtype, &[n]);
                 let constant = View::inline(dtype, word);
                 let spec = elementwise(

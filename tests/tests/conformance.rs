@@ -10,15 +10,24 @@
 //! (lavapipe in CI, where `KILN_REQUIRE_GPU` makes a missing adapter fail)
 //! twice: with native f16 where the adapter has SHADER_F16 (lavapipe has),
 //! and with f16 packed in words as on adapters without it.
+//!
+//! The numerics cases compare bit for bit ([`Rule::Exact`]) where every
+//! backend must round as the reference does (casts, scalar constants,
+//! special values), and give the values they expect; subnormals may flush
+//! to zero on wgpu as [`kiln_tests::conformance::may_flush`] says.
 
+use half::{bf16, f16};
 use kiln::{concat, Array, Backend, CpuBackend, DType, HostData};
-use kiln_tests::conformance::{check_against_cpu, Program};
+use kiln_tests::conformance::{check_case, Program, Rule};
 
-/// One case: a name, a program and its inputs.
+/// One case: a name, a program, its inputs, how the backend's outputs
+/// must match the CPU executor's, and the outputs it must give, if known.
 struct Case {
     name: String,
     program: Program,
     inputs: Vec<Array>,
+    rule: Rule,
+    expected: Option<Vec<HostData>>,
 }
 
 fn case(name: impl Into<String>, program: Program, inputs: Vec<Array>) -> Case {
@@ -26,7 +35,38 @@ fn case(name: impl Into<String>, program: Program, inputs: Vec<Array>) -> Case {
         name: name.into(),
         program,
         inputs,
+        rule: Rule::Tolerance,
+        expected: None,
     }
+}
+
+impl Case {
+    /// The backend must give the CPU executor's bits.
+    fn exact(self) -> Case {
+        Case {
+            rule: Rule::Exact,
+            ..self
+        }
+    }
+
+    /// The CPU executor (and so every backend) must give `outputs`, under
+    /// the case's rule.
+    fn expecting(self, outputs: Vec<HostData>) -> Case {
+        Case {
+            expected: Some(outputs),
+            ..self
+        }
+    }
+}
+
+/// A rank-1 array of `values` converted to `dtype`.
+fn array(dtype: DType, values: &[f64]) -> Array {
+    Array::from_data(data(dtype, values), &[values.len()]).expect("rank 1 fits its values")
+}
+
+/// `values` converted to `dtype`, as expected output data.
+fn data(dtype: DType, values: &[f64]) -> HostData {
+    HostData::from_f64s(dtype, values.iter().copied())
 }
 
 /// Deterministic values of `dtype`: floats in [-2, 2) with a few exact
@@ -420,6 +460,447 @@ fn shape_edge_cases(cases: &mut Vec<Case>) {
     ));
 }
 
+/// Integers casting to f16/bf16, rounded once from the exact integer
+/// (through f32, 2^24 + 2^16 + 1 would be a tie that bf16 rounds down).
+fn integer_to_half_cases(cases: &mut Vec<Case>) {
+    const INF: f64 = f64::INFINITY;
+    let signed = [
+        16_842_753.0,
+        -16_842_753.0,
+        16_842_752.0,
+        16_908_289.0,
+        2_147_483_647.0,
+        -2_147_483_648.0,
+        65_519.0,
+        65_520.0,
+        2_049.0,
+        2_051.0,
+    ];
+    let to_halves: Program = |a| vec![a[0].cast(DType::BF16), a[0].cast(DType::F16)];
+    cases.push(
+        case(
+            "i32 to bf16 and f16 rounds once from the exact integer",
+            to_halves,
+            vec![array(DType::I32, &signed)],
+        )
+        .exact()
+        .expecting(vec![
+            data(
+                DType::BF16,
+                &[
+                    16_908_288.0,
+                    -16_908_288.0,
+                    16_777_216.0,
+                    16_908_288.0,
+                    2_147_483_648.0,
+                    -2_147_483_648.0,
+                    65_536.0,
+                    65_536.0,
+                    2_048.0,
+                    2_048.0,
+                ],
+            ),
+            data(
+                DType::F16,
+                &[
+                    INF, -INF, INF, INF, INF, -INF, 65_504.0, INF, 2_048.0, 2_052.0,
+                ],
+            ),
+        ]),
+    );
+    cases.push(
+        case(
+            "u32 and u8 to bf16 and f16 round once from the exact integer",
+            |a| {
+                vec![
+                    a[0].cast(DType::BF16),
+                    a[0].cast(DType::F16),
+                    a[1].cast(DType::BF16),
+                ]
+            },
+            vec![
+                array(
+                    DType::U32,
+                    &[16_842_753.0, 4_294_967_295.0, 2_155_872_257.0, 2_049.0],
+                ),
+                array(DType::U8, &[255.0, 0.0, 1.0, 129.0]),
+            ],
+        )
+        .exact()
+        .expecting(vec![
+            data(
+                DType::BF16,
+                &[16_908_288.0, 4_294_967_296.0, 2_164_260_864.0, 2_048.0],
+            ),
+            data(DType::F16, &[INF, INF, INF, 2_048.0]),
+            data(DType::BF16, &[255.0, 0.0, 1.0, 129.0]),
+        ]),
+    );
+    let sweep = integers_near_half_midpoints(31);
+    let signed: Vec<i32> = sweep
+        .iter()
+        .enumerate()
+        .map(|(k, &m)| if k % 3 == 0 { -(m as i32) } else { m as i32 })
+        .collect();
+    let unsigned = integers_near_half_midpoints(32);
+    cases.push(
+        case(
+            "integers near 16-bit midpoints cast to bf16 and f16 as on the CPU, fused too",
+            |a| {
+                vec![
+                    a[0].cast(DType::BF16),
+                    a[0].cast(DType::F16),
+                    a[1].cast(DType::BF16),
+                    a[1].cast(DType::F16),
+                    (a[0].cast(DType::BF16) - a[1].cast(DType::BF16)).cast(DType::F32),
+                ]
+            },
+            vec![
+                Array::from_vec(signed, &[4_096]).expect("4096 values"),
+                Array::from_vec(unsigned, &[4_096]).expect("4096 values"),
+            ],
+        )
+        .exact(),
+    );
+}
+
+/// 4,096 integers below 2^`bits` within a few units of a midpoint of two
+/// neighbouring bf16 (8 significant bits) or f16 (11) values, at every
+/// magnitude: where rounding through f32 first would go wrong.
+fn integers_near_half_midpoints(bits: u32) -> Vec<u32> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    (0..4_096u32)
+        .map(|k| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let digits = if k % 2 == 0 { 8 } else { 11 };
+            // The leading `digits` bits, then the midpoint bit at `shift - 1`.
+            let shift = 1 + (k / 2) % (bits - digits);
+            let leading = (1 << (digits - 1)) | ((state >> 40) as u32 & ((1 << (digits - 1)) - 1));
+            let offset = (state >> 20) as i64 % 5 - 2;
+            let midpoint = (i64::from(leading) << shift) + (1 << (shift - 1));
+            (midpoint + offset).clamp(0, (1 << bits) - 1) as u32
+        })
+        .collect()
+}
+
+/// f32 beyond the f16 range rounds as IEEE 754 does, though WGSL's
+/// pack2x16float leaves such values undefined.
+fn f16_overflow_cases(cases: &mut Vec<Case>) {
+    const INF: f64 = f64::INFINITY;
+    let big = [
+        65_504.0, 65_510.0, 65_519.99, 65_520.0, -70_000.0, -65_519.0, 1e10, -1e38,
+    ];
+    cases.push(
+        case(
+            "f32 to f16 rounds to 65504 below 65520 and to infinity from it",
+            |a| vec![a[0].cast(DType::F16), (&a[0] * 1.0).cast(DType::F16) * 1.0],
+            vec![array(DType::F32, &big)],
+        )
+        .exact()
+        .expecting(vec![
+            data(
+                DType::F16,
+                &[
+                    65_504.0, 65_504.0, 65_504.0, INF, -INF, -65_504.0, INF, -INF,
+                ],
+            ),
+            data(
+                DType::F16,
+                &[
+                    65_504.0, 65_504.0, 65_504.0, INF, -INF, -65_504.0, INF, -INF,
+                ],
+            ),
+        ]),
+    );
+    cases.push(
+        case(
+            "f16 arithmetic overflows to infinity",
+            |a| vec![&a[0] * &a[0], &a[0] + &a[0]],
+            vec![array(DType::F16, &[300.0, -300.0, 40_000.0, 255.0])],
+        )
+        .exact()
+        .expecting(vec![
+            data(DType::F16, &[INF, INF, INF, 65_024.0]),
+            data(DType::F16, &[600.0, -600.0, INF, 510.0]),
+        ]),
+    );
+}
+
+/// Scalars baked into kernels (or carried in their parameters) hold the
+/// value of the dtype nearest the exact scalar, rounded once.
+fn scalar_constant_cases(cases: &mut Vec<Case>) {
+    // 2^60 + 2^36 + 1: through f64 a tie that f32 rounds down to 2^60.
+    const BIG: i64 = (1 << 60) + (1 << 36) + 1;
+    cases.push(
+        case(
+            "scalar constants and operands round once to the dtype",
+            |a| {
+                vec![
+                    &a[0] * 16_842_753.0f64,
+                    &a[0] * 16_842_753i64,
+                    Array::full(&[2], 16_842_753.0, DType::BF16),
+                    &a[1] * BIG,
+                    &a[2] * (1.0 + 2f64.powi(-11) + 2f64.powi(-40)),
+                ]
+            },
+            vec![
+                array(DType::BF16, &[1.0, -1.0]),
+                array(DType::F32, &[1.0, -1.0]),
+                array(DType::F16, &[1.0, -1.0]),
+            ],
+        )
+        .exact()
+        .expecting(vec![
+            data(DType::BF16, &[16_908_288.0, -16_908_288.0]),
+            data(DType::BF16, &[16_908_288.0, -16_908_288.0]),
+            data(DType::BF16, &[16_908_288.0, 16_908_288.0]),
+            data(
+                DType::F32,
+                &[
+                    2f64.powi(60) + 2f64.powi(37),
+                    -(2f64.powi(60) + 2f64.powi(37)),
+                ],
+            ),
+            data(DType::F16, &[1.0 + 2f64.powi(-10), -(1.0 + 2f64.powi(-10))]),
+        ]),
+    );
+    for n in [4, 3] {
+        cases.push(
+            case(
+                format!("float zero constants divide and multiply as IEEE 754 [{n}]"),
+                |a| vec![&a[0] / 0.0, &a[0] * 0.0, &a[0] / -0.0],
+                vec![array(DType::F32, &[1.0, -2.0, 0.0, f64::INFINITY][..n])],
+            )
+            .exact(),
+        );
+    }
+}
+
+fn mean_cases(cases: &mut Vec<Case>) {
+    let means: [(&str, Program); 3] = [
+        ("mean axis 1", |a| vec![a[0].mean(&[1], false)]),
+        ("mean axes 0,2 keepdims", |a| vec![a[0].mean(&[0, 2], true)]),
+        ("mean all", |a| vec![a[0].mean_all()]),
+    ];
+    for dtype in NUMERIC {
+        for (name, program) in means {
+            cases.push(case(
+                format!("{name} {dtype} [3,70,5]"),
+                program,
+                vec![values(dtype, &[3, 70, 5], 40)],
+            ));
+        }
+    }
+    cases.push(
+        case(
+            "mean of integers and bool is f32",
+            |a| {
+                vec![
+                    a[0].mean(&[1], false),
+                    a[1].mean_all(),
+                    a[2].mean_all(),
+                    a[3].mean_all(),
+                ]
+            },
+            vec![
+                Array::from_vec(vec![1i32, 2, 3, 5, -7, 0], &[3, 2]).expect("6 values"),
+                Array::full(&[300], 200.0, DType::U8),
+                Array::from_vec(vec![true, false, true, true], &[4]).expect("4 values"),
+                Array::full(&[70_000], 7.0, DType::U32),
+            ],
+        )
+        .expecting(vec![
+            data(DType::F32, &[1.5, 4.0, -3.5]),
+            data(DType::F32, &[200.0]),
+            data(DType::F32, &[0.75]),
+            data(DType::F32, &[7.0]),
+        ]),
+    );
+    cases.push(
+        case(
+            "mean of f16 and bf16 sums and divides in f32 past the 16-bit range",
+            |a| vec![a[0].mean_all(), a[0].mean(&[0], true), a[1].mean_all()],
+            vec![
+                Array::full(&[70_000, 1], 2.0, DType::F16),
+                Array::full(&[70_000], 3.0, DType::BF16),
+            ],
+        )
+        .expecting(vec![
+            data(DType::F16, &[2.0]),
+            data(DType::F16, &[2.0]),
+            data(DType::BF16, &[3.0]),
+        ]),
+    );
+    let nan = f64::NAN;
+    cases.push(
+        case(
+            "mean over an empty axis is NaN",
+            |a| {
+                vec![
+                    a[0].mean(&[1], false),
+                    a[1].mean(&[1], true),
+                    a[2].mean(&[0], false),
+                    a[3].mean(&[1], false),
+                ]
+            },
+            vec![
+                values(DType::F32, &[3, 0], 41),
+                values(DType::F16, &[2, 0], 42),
+                values(DType::BF16, &[0, 2], 43),
+                values(DType::U8, &[2, 0], 44),
+            ],
+        )
+        .exact()
+        .expecting(vec![
+            data(DType::F32, &[nan; 3]),
+            data(DType::F16, &[nan; 2]),
+            data(DType::BF16, &[nan; 2]),
+            data(DType::F32, &[nan; 2]),
+        ]),
+    );
+}
+
+/// pow's special cases as C99 / IEEE 754 `pow` has them, on the values
+/// where they are exact: zeros, infinities, NaN and one.
+fn pow_cases(cases: &mut Vec<Case>) {
+    const INF: f64 = f64::INFINITY;
+    const NAN: f64 = f64::NAN;
+    // (x, y, x^y)
+    let table: [(f64, f64, f64); 28] = [
+        (0.0, -1.0, INF),
+        (-0.0, -1.0, -INF),
+        (-0.0, -2.0, INF),
+        (0.0, -0.5, INF),
+        (-0.0, 3.0, -0.0),
+        (-0.0, 2.0, 0.0),
+        (0.0, -INF, INF),
+        (-0.0, INF, 0.0),
+        (1.0, NAN, 1.0),
+        (1.0, INF, 1.0),
+        (1.0, -INF, 1.0),
+        (NAN, 0.0, 1.0),
+        (NAN, -0.0, 1.0),
+        (INF, 0.0, 1.0),
+        (-1.0, INF, 1.0),
+        (-1.0, -INF, 1.0),
+        (0.5, INF, 0.0),
+        (0.5, -INF, INF),
+        (-3.0, INF, INF),
+        (-3.0, -INF, 0.0),
+        (-2.0, 0.5, NAN),
+        (-8.0, 1.0 / 3.0, NAN),
+        (NAN, 1.0, NAN),
+        (-1.0, NAN, NAN),
+        (-INF, 3.0, -INF),
+        (-INF, -3.0, -0.0),
+        (-INF, 0.5, INF),
+        (INF, -2.0, 0.0),
+    ];
+    let xs: Vec<f64> = table.iter().map(|t| t.0).collect();
+    let ys: Vec<f64> = table.iter().map(|t| t.1).collect();
+    let want: Vec<f64> = table.iter().map(|t| t.2).collect();
+    for dtype in FLOATS {
+        // 28 elements run four per invocation for f32; 27 one per invocation.
+        for n in [28, 27] {
+            cases.push(
+                case(
+                    format!("pow follows the C99 special cases {dtype} [{n}]"),
+                    |a| vec![a[0].pow(&a[1])],
+                    vec![array(dtype, &xs[..n]), array(dtype, &ys[..n])],
+                )
+                .exact()
+                .expecting(vec![data(dtype, &want[..n])]),
+            );
+        }
+        cases.push(
+            case(
+                format!("pow of a negative base takes the sign of an integral exponent {dtype}"),
+                |a| vec![a[0].pow(&a[1]), a[0].pow(3.0)],
+                vec![
+                    array(dtype, &[-2.0, -2.0, -2.0, -2.0, -0.5, -3.0]),
+                    array(dtype, &[3.0, 2.0, -3.0, -2.0, 5.0, 1.5]),
+                ],
+            )
+            .expecting(vec![
+                data(dtype, &[-8.0, 4.0, -0.125, 0.25, -0.03125, NAN]),
+                data(dtype, &[-8.0, -8.0, -8.0, -8.0, -0.125, -27.0]),
+            ]),
+        );
+    }
+}
+
+/// Subnormal inputs and results, compared bit for bit under the subnormal
+/// rule: a backend may give zero where the reference has a subnormal. Each
+/// program is one where flushing any subnormal along the way flushes the
+/// output, so the rule is all the slack there is.
+fn subnormal_cases(cases: &mut Vec<Case>) {
+    let tiny = f64::from(f32::MIN_POSITIVE);
+    let f32_subnormals = [1e-40, -1e-40, 1e-45, -3e-39, 1.0, 0.0, tiny, -tiny / 4.0];
+    for n in [8, 7] {
+        cases.push(
+            case(
+                format!("f32 subnormal inputs pass through neg, abs, add and maximum [{n}]"),
+                |a| {
+                    vec![
+                        a[0].neg(),
+                        a[0].abs(),
+                        &a[0] + &a[0],
+                        a[0].maximum(0.0),
+                        &a[0] * 0.5,
+                    ]
+                },
+                vec![array(DType::F32, &f32_subnormals[..n])],
+            )
+            .exact(),
+        );
+    }
+    cases.push(
+        case(
+            "f32 products underflow to subnormals",
+            |a| vec![&a[0] * &a[1]],
+            vec![
+                array(DType::F32, &[1e-20, -1e-20, 3e-21, 1e-30, 1.0]),
+                array(DType::F32, &[1e-20, 1e-20, 1e-20, 1e-15, 1e-39]),
+            ],
+        )
+        .exact(),
+    );
+    let bf16_subnormals = HostData::BF16(
+        [0x0001, 0x007f, 0x8001, 0x0040, 0x3f80]
+            .map(bf16::from_bits)
+            .to_vec(),
+    );
+    cases.push(
+        case(
+            "bf16 subnormals add, widen to f32 and come back from f32",
+            |a| vec![&a[0] + &a[0], a[0].cast(DType::F32), a[1].cast(DType::BF16)],
+            vec![
+                Array::from_data(bf16_subnormals, &[5]).expect("5 values"),
+                array(DType::F32, &[1e-40, -1.1e-38, 3e-39, 1.0, -1e-45]),
+            ],
+        )
+        .exact(),
+    );
+    let f16_subnormals = HostData::F16(
+        [0x0001, 0x03ff, 0x8001, 0x0200, 0x3c00]
+            .map(f16::from_bits)
+            .to_vec(),
+    );
+    cases.push(
+        case(
+            "f16 subnormals add, halve and come from f32",
+            |a| vec![&a[0] + &a[0], &a[0] * 0.5, a[1].cast(DType::F16)],
+            vec![
+                Array::from_data(f16_subnormals, &[5]).expect("5 values"),
+                array(DType::F32, &[1e-6, -3e-5, 6e-8, 1.0, -1e-7]),
+            ],
+        )
+        .exact(),
+    );
+}
+
 fn all_cases() -> Vec<Case> {
     let mut cases = Vec::new();
     unary_cases(&mut cases);
@@ -429,6 +910,12 @@ fn all_cases() -> Vec<Case> {
     matmul_cases(&mut cases);
     layout_cases(&mut cases);
     shape_edge_cases(&mut cases);
+    integer_to_half_cases(&mut cases);
+    f16_overflow_cases(&mut cases);
+    scalar_constant_cases(&mut cases);
+    mean_cases(&mut cases);
+    pow_cases(&mut cases);
+    subnormal_cases(&mut cases);
     cases
 }
 
@@ -440,7 +927,15 @@ fn run_suite<B: Backend + Clone>(backend: &B) -> Result<usize, String> {
     for case in all_cases() {
         for fusion in [true, false] {
             ran += 1;
-            if let Err(e) = check_against_cpu(backend.clone(), case.program, &case.inputs, fusion) {
+            let expected = case.expected.as_deref();
+            if let Err(e) = check_case(
+                backend.clone(),
+                case.program,
+                &case.inputs,
+                fusion,
+                case.rule,
+                expected,
+            ) {
                 failures.push(format!("{} (fusion {fusion}): {e}", case.name));
             }
         }

@@ -176,3 +176,32 @@ fn symbolic_equality_guard_is_checked_per_call() {
     );
     assert_eq!(f.cache().entries, 1);
 }
+
+/// The mean over axis 1 of `x`, NaN where the axis is empty.
+fn mean_of_rows(x: Array) -> Array {
+    x.mean(&[1], false)
+}
+
+/// Calls `call` on f16 ones of [2, 3] and then of [2, 0].
+fn check_row_means(call: impl Fn(&Array) -> kiln::Result<Array>) {
+    let ones = call(&Array::ones(&[2, 3], DType::F16)).unwrap();
+    assert_eq!(ones.data().unwrap().to_f64_vec(), [1.0, 1.0]);
+    let empty = call(&Array::ones(&[2, 0], DType::F16)).unwrap();
+    assert_eq!(empty.dtype(), DType::F16);
+    let means = empty.data().unwrap().to_f64_vec();
+    assert!(
+        means.len() == 2 && means.iter().all(|m| m.is_nan()),
+        "{means:?}"
+    );
+}
+
+#[test]
+fn mean_over_an_axis_empty_only_at_run_time_is_nan_on_every_backend() {
+    // Traced for a nonempty axis, so the count is read per call, not folded.
+    let cpu = compile(mean_of_rows).shapeless();
+    check_row_means(|x| cpu.call(x));
+    if let Some(gpu) = kiln_tests::gpu::backend() {
+        let gpu = compile(mean_of_rows).shapeless().with_backend(gpu);
+        check_row_means(|x| gpu.call(x));
+    }
+}

@@ -1,11 +1,12 @@
 //! The wgpu backend on the default adapter (lavapipe in CI): random graphs
 //! equal the CPU executor, cached calls create nothing, a fused chain is
 //! one dispatch, and errors are `Err`s after which the backend still works.
-//! Case count of the property test: `KILN_CASES` (default 48: every case
-//! compiles kernels on a software rasterizer).
+//! Integer casts to f16/bf16 give the CPU executor's bits. Case count of
+//! the property tests: `KILN_CASES` (default 48: every case compiles
+//! kernels on a software rasterizer).
 
 use kiln::{compile, Array, Backend, CpuBackend, DType};
-use kiln_tests::conformance::compare_within;
+use kiln_tests::conformance::{compare_by, compare_within, run_on, Rule};
 use kiln_tests::programs::{cases, instr, make_inputs, run, Instr};
 use proptest::prelude::*;
 use std::sync::Arc;
@@ -68,6 +69,59 @@ proptest! {
             (Err(w), Err(g)) => prop_assert_eq!(w.to_string(), g.to_string()),
             (want, got) => {
                 return Err(TestCaseError::fail(format!("cpu gave {want:?}, wgpu gave {got:?}")))
+            }
+        }
+    }
+}
+
+/// Integers a few units from a midpoint of two neighbouring bf16 (8
+/// significant bits) or f16 (11) values, at magnitudes up to 2^32, where
+/// rounding through f32 first goes wrong; and any u32.
+fn integer_near_a_half_midpoint() -> impl Strategy<Value = u32> {
+    let near = (
+        prop::sample::select(vec![8u32, 11]),
+        any::<u32>(),
+        1u32..25,
+        -2i64..=2,
+    )
+        .prop_map(|(digits, bits, shift, offset)| {
+            let leading = (1 << (digits - 1)) | (bits & ((1 << (digits - 1)) - 1));
+            let midpoint = (i64::from(leading) << shift) + (1 << (shift - 1));
+            (midpoint + offset).clamp(0, i64::from(u32::MAX)) as u32
+        });
+    prop_oneof![near, any::<u32>()]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases(48)))]
+
+    #[test]
+    fn integer_casts_to_f16_and_bf16_on_wgpu_give_the_cpu_executors_bits(
+        words in prop::collection::vec(integer_near_a_half_midpoint(), 64),
+    ) {
+        let Some(gpu) = kiln_tests::gpu::backend() else {
+            return Ok(());
+        };
+        let signed: Vec<i32> = words.iter().map(|&w| w as i32).collect();
+        let inputs = [
+            Array::from_vec(signed, &[64]).expect("64 values"),
+            Array::from_vec(words, &[64]).expect("64 values"),
+        ];
+        let casts: kiln_tests::conformance::Program = |a| {
+            vec![
+                a[0].cast(DType::BF16),
+                a[0].cast(DType::F16),
+                a[1].cast(DType::BF16),
+                a[1].cast(DType::F16),
+            ]
+        };
+        let want = run_on(CpuBackend, casts, &inputs, true).expect("the CPU casts");
+        for backend in [gpu.clone(), gpu.with_packed_f16()] {
+            let got = run_on(backend, casts, &inputs, true).expect("wgpu casts");
+            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                if let Err(e) = compare_by(g, w, Rule::Exact) {
+                    return Err(TestCaseError::fail(format!("output {k}: {e}")));
+                }
             }
         }
     }

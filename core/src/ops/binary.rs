@@ -513,6 +513,32 @@ mod tests {
     }
 
     #[test]
+    fn pow_follows_the_c99_special_cases() {
+        // (x, y, x^y) from C99 F.9.4.4, which every backend's pow follows.
+        let (inf, nan) = (f32::INFINITY, f32::NAN);
+        let table = [
+            (0.0, -1.0, inf),
+            (-0.0, -3.0, -inf),
+            (1.0, nan, 1.0),
+            (nan, 0.0, 1.0),
+            (-1.0, -inf, 1.0),
+            (-2.0, 3.0, -8.0),
+            (-2.0, 0.5, nan),
+            (-inf, -3.0, -0.0),
+            (0.5, -inf, inf),
+        ];
+        let (x, y): (Vec<f32>, Vec<f32>) = table.iter().map(|&(x, y, _)| (x, y)).unzip();
+        let s = [table.len()];
+        let HostData::F32(got) = f32_eval(BinaryOp::Pow, &x, &s, &y, &s, &s) else {
+            panic!("pow of f32 is f32")
+        };
+        for (&(x, y, want), got) in table.iter().zip(got) {
+            let same = (want.is_nan() && got.is_nan()) || want.to_bits() == got.to_bits();
+            assert!(same, "pow({x}, {y}) = {got}, want {want}");
+        }
+    }
+
+    #[test]
     fn maximum_and_minimum_propagate_nan() {
         for op in [BinaryOp::Maximum, BinaryOp::Minimum] {
             let out = f32_eval(op, &[f32::NAN, 1.0], &[2], &[1.0, f32::NAN], &[2], &[2]);

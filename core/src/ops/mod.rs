@@ -26,6 +26,8 @@ pub use binary::BinaryOp;
 pub use fused::{FusedArg, FusedKernel, FusedStep};
 pub use layout::SliceAxis;
 pub use reduce::ReduceOp;
+#[cfg(test)]
+pub(crate) use strided::proptest_config;
 pub use unary::UnaryOp;
 
 /// An operation of the graph: a closed set of families plus one open

@@ -91,7 +91,13 @@ pub fn eval(op: ReduceOp, axes: &[usize], data: &HostData, shape: &[usize]) -> R
         });
     }
     let floats = |v: &[f32]| match op {
-        ReduceOp::Sum => plan.run(v, 0.0, |a, b| a + b),
+        // An f64 accumulator rounds once per output: a running f32 sum of a
+        // million 0.1s is 1% off (NumPy sums pairwise for the same reason).
+        ReduceOp::Sum => plan
+            .run(v, 0.0f64, |a, b| a + f64::from(b))
+            .into_iter()
+            .map(|s| s as f32)
+            .collect(),
         ReduceOp::Max => plan.run(v, f32::NEG_INFINITY, nan_max),
         ReduceOp::Min => plan.run(v, f32::INFINITY, nan_min),
     };
@@ -148,7 +154,7 @@ impl Plan {
     }
 
     /// Folds each group with `f` starting from `init`.
-    fn run<T: Copy>(&self, data: &[T], init: T, f: impl Fn(T, T) -> T) -> Vec<T> {
+    fn run<T: Copy, A: Copy>(&self, data: &[T], init: A, f: impl Fn(A, T) -> A) -> Vec<A> {
         if self.trailing {
             if self.group == 0 {
                 return vec![init; self.outputs];
@@ -277,6 +283,16 @@ mod tests {
             eval(ReduceOp::Sum, &[1], &d, &[2, 3]),
             Ok(f32s(&[6.0, 15.0]))
         );
+    }
+
+    #[test]
+    fn a_long_f32_sum_rounds_once_like_numpy_not_per_element() {
+        // A running f32 sum of a million 0.1s drifts to about 100958.
+        let d = f32s(&vec![0.1; 1_000_000]);
+        let HostData::F32(sum) = eval(ReduceOp::Sum, &[0], &d, &[1_000_000]).unwrap() else {
+            panic!("an f32 sum");
+        };
+        assert_eq!(sum, vec![(1_000_000.0 * f64::from(0.1f32)) as f32]);
     }
 
     #[test]

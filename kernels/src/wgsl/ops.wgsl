@@ -11,11 +11,26 @@
 // elements. So bodies use only component-wise operations (select, not if;
 // `|` and `&`, not `||` and `&&`), and constants are splatted (`vf32(0.0)`).
 // f16 and bf16 compute with the f32 functions and u8 with the u32 ones; the
-// generator rounds them after every op.
+// generator rounds them after every op. The one exception is integer to
+// f16/bf16 (`cast_i32_to_bf16`, ...), which must round once from the exact
+// integer rather than through f32.
+//
+// Special values use bit tests (is_nan_f32, is_inf_f32) and explicit
+// selects rather than trusting exp2, log2 or division on them, which WGSL
+// leaves loose. Subnormals are the exception Kiln does not mend: WGSL lets
+// an implementation flush subnormal f32 and f16 inputs, intermediates and
+// results to zero, so a backend may give zero where the reference (which
+// keeps subnormals) gives a value below 2^-126 (2^-14 for f16 data).
+// lavapipe keeps them; the conformance suite's subnormal rule
+// (`kiln_tests::conformance::may_flush`) allows the flush and no more.
 
 fn is_nan_f32(x: vf32) -> vbool {
     // A bit test, immune to compilers that assume NaN never occurs.
     return (bitcast<vu32>(x) & vu32(0x7fffffffu)) > vu32(0x7f800000u);
+}
+
+fn is_inf_f32(x: vf32) -> vbool {
+    return (bitcast<vu32>(x) & vu32(0x7fffffffu)) == vu32(0x7f800000u);
 }
 
 fn nan_f32() -> vf32 {
@@ -71,14 +86,37 @@ fn div_f32(a: vf32, b: vf32) -> vf32 { return a / b; }
 fn maximum_f32(a: vf32, b: vf32) -> vf32 { return select(b, a, (a >= b) | is_nan_f32(a)); }
 fn minimum_f32(a: vf32, b: vf32) -> vf32 { return select(b, a, (a <= b) | is_nan_f32(a)); }
 
-// x^y for any sign of x: integral exponents of negative bases keep the sign
-// of the result, other negative bases give NaN; x^0 is 1 even for NaN x.
+// x^y with the special cases of C99 / IEEE 754 `pow` (F.9.4.4), which the
+// reference's `powf` follows: exp2(y·log2|x|) alone gets them wrong (0^-1
+// is 0 and 1^NaN is NaN on lavapipe), and WGSL leaves exp2 and log2 of
+// zeros and infinities loose. Later selects take precedence:
+//   x < 0, y finite:    ±|x|^y by the parity of an integral y, else NaN
+//   x = ±0 or ±inf:     0 or inf by the signs of y and of log|x|, the sign
+//                       of x kept for odd integral y
+//   y = ±inf:           1 for |x| = 1, else 0 or inf by the signs
+//   NaN x or y:         NaN, except 1^y = 1 and x^0 = 1
 fn pow_f32(x: vf32, y: vf32) -> vf32 {
-    let magnitude = exp2(y * log2(abs(x)));
-    let odd = fract(y * 0.5) != vf32(0.0);
-    let negative_base = select(select(magnitude, -magnitude, odd), nan_f32(), fract(y) != vf32(0.0));
-    let any_base = select(negative_base, magnitude, x >= vf32(0.0));
-    return select(select(any_base, nan_f32(), is_nan_f32(x) | is_nan_f32(y)), vf32(1.0), y == vf32(0.0));
+    let ax = abs(x);
+    let magnitude = exp2(y * log2(ax));
+    let y_infinite = is_inf_f32(y);
+    // Every f32 from 2^24 on is an even integer, and fract(y · 0.5) says so.
+    let integral = (fract(y) == vf32(0.0)) & !y_infinite;
+    let odd = integral & (fract(y * 0.5) != vf32(0.0));
+    let negative_base = select(nan_f32(), select(magnitude, -magnitude, odd), integral);
+    let finite_base = select(magnitude, negative_base, x < vf32(0.0));
+    // 0^y is inf for y < 0 and inf^y is inf for y > 0.
+    let zero = ax == vf32(0.0);
+    let unsigned_edge = select(vf32(0.0), vf32(pos_inf()), zero == (y < vf32(0.0)));
+    let sign = bitcast<vu32>(x) & select(vu32(0u), vu32(0x80000000u), odd);
+    let edge = bitcast<vf32>(bitcast<vu32>(unsigned_edge) | sign);
+    let any_base = select(finite_base, edge, zero | is_inf_f32(x));
+    let infinite_exponent = select(
+        select(vf32(0.0), vf32(pos_inf()), (ax < vf32(1.0)) == (y < vf32(0.0))),
+        vf32(1.0),
+        ax == vf32(1.0));
+    let any_exponent = select(any_base, infinite_exponent, y_infinite);
+    let defined = select(any_exponent, nan_f32(), is_nan_f32(x) | is_nan_f32(y));
+    return select(defined, vf32(1.0), (x == vf32(1.0)) | (y == vf32(0.0)));
 }
 
 fn add_i32(a: vi32, b: vi32) -> vi32 { return a + b; }
@@ -168,5 +206,33 @@ fn cast_u32_to_u8(x: vu32) -> vu32 { return min(x, vu32(255u)); }
 fn cast_bool_to_u8(x: vbool) -> vu32 { return bool_to_u32(x); }
 
 fn cast_f32_to_bool(x: vf32) -> vbool { return !(x == vf32(0.0)); }
+
+// Integer → f16/bf16, rounded once from the exact integer: through f32, an
+// integer above 2^24 would round twice (2^24 + 2^16 + 1 rounds to 2^24 in
+// f32, a tie that bf16 rounds down, though the integer is above the bf16
+// midpoint and rounds up to 2^24 + 2^17). `magnitude` is rounded to nearest
+// even at `digits` significant bits, which f32 then holds exactly; the
+// generator's rounding to the 16-bit type after the call only overflows
+// f16 to infinity.
+fn round_to_digits(magnitude: vu32, digits: u32) -> vf32 {
+    let width = vu32(32u) - countLeadingZeros(magnitude);
+    let shift = max(width, vu32(digits)) - vu32(digits);
+    let kept = magnitude >> shift;
+    let rest = magnitude - (kept << shift);
+    let half = (vu32(1u) << shift) >> vu32(1u);
+    let up = (shift > vu32(0u)) & ((rest > half) | ((rest == half) & ((kept & vu32(1u)) == vu32(1u))));
+    return ldexp(vf32(kept + bool_to_u32(up)), vi32(shift));
+}
+
+// abs(i32 min) is i32 min, whose bits are its magnitude 2^31 as a u32.
+fn signed_to_digits(x: vi32, digits: u32) -> vf32 {
+    let magnitude = round_to_digits(bitcast<vu32>(abs(x)), digits);
+    return select(magnitude, -magnitude, x < vi32(0));
+}
+
+fn cast_i32_to_f16(x: vi32) -> vf32 { return signed_to_digits(x, 11u); }
+fn cast_i32_to_bf16(x: vi32) -> vf32 { return signed_to_digits(x, 8u); }
+fn cast_u32_to_f16(x: vu32) -> vf32 { return round_to_digits(x, 11u); }
+fn cast_u32_to_bf16(x: vu32) -> vf32 { return round_to_digits(x, 8u); }
 fn cast_i32_to_bool(x: vi32) -> vbool { return x != vi32(0); }
 fn cast_u32_to_bool(x: vu32) -> vbool { return x != vu32(0u); }

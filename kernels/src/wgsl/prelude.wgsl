@@ -32,8 +32,14 @@ fn round_bf16(x: f32) -> f32 {
     return bf16_to_f32(bf16_bits(x));
 }
 
+// x rounded to f16. pack2x16float leaves a value beyond the f16 range
+// undefined, so such values are rounded here as IEEE 754 does: to the
+// largest f16, 65504, below the midpoint 65520, to infinity from it on.
 fn round_f16(x: f32) -> f32 {
-    return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x;
+    let beyond = abs(x) > 65504.0;
+    let in_range = select(x, sign(x) * 65504.0, beyond);
+    let rounded = unpack2x16float(pack2x16float(vec2<f32>(in_range, 0.0))).x;
+    return select(rounded, sign(x) * pos_inf(), abs(x) >= 65520.0);
 }
 
 // Element `i` of a word array holding two 16-bit values per word.
