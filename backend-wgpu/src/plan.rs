@@ -395,14 +395,7 @@ impl Builder<'_> {
                 target,
             ),
             Op::Slice(axes) => {
-                let strides = kiln_kernels::row_major_strides(in_shape(0));
-                let mut offset = 0;
-                let mut stepped = Vec::with_capacity(axes.len());
-                for ((axis, &n), &stride) in axes.iter().zip(in_shape(0)).zip(&strides) {
-                    let (start, _) = axis.resolve(n);
-                    offset += start * stride;
-                    stepped.push(stride * axis.step.max(1) as usize);
-                }
+                let (offset, stepped) = kiln::ops::layout::slice_view(axes, in_shape(0));
                 kiln_kernels::copy(
                     &View::strided(dtype, offset, stepped, out_shape),
                     out_shape,

@@ -446,3 +446,25 @@ fn call_async_reads_results_back_through_the_async_readback() {
         assert!((g - w).abs() <= 1e-5, "{got:?} vs {want:?}");
     }
 }
+
+#[test]
+fn slices_whose_step_exceeds_the_axis_read_one_element_as_on_the_cpu() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    // A step of i64::MAX times the row stride overflowed the kernel's view.
+    let program = |x: Array| {
+        (
+            x.slice_axis(1, 1, None, i64::MAX),
+            x.slice_axis(0, 4, None, i64::MAX),
+        )
+    };
+    let x = Array::arange(0.0, 6.0, 1.0, DType::F32)
+        .unwrap()
+        .reshape(&[3, 2]);
+    let (one, empty) = compile(program).with_backend(gpu).call(&x).unwrap();
+    assert_eq!(one.to_vec::<f32>().unwrap(), vec![1.0, 3.0, 5.0]);
+    assert_eq!(empty.dims(), Some(vec![0, 2]));
+    let (cpu_one, _) = compile(program).call(&x).unwrap();
+    assert_eq!(cpu_one.to_vec::<f32>().unwrap(), vec![1.0, 3.0, 5.0]);
+}

@@ -239,22 +239,39 @@ pub fn slice_eval(
     in_shape: &[usize],
     out_shape: &[usize],
 ) -> HostData {
+    let (offset, out_strides) = slice_view(axes, in_shape);
+    crate::with_host_data!(data, v => HostElement::wrap(gather(v, offset, out_shape, &out_strides)))
+}
+
+/// A slice of a contiguous array of `in_shape` as a strided view: the
+/// offset of its first element and, per axis, the input stride between
+/// taken elements. Every backend reads slices through it.
+///
+/// An axis taking fewer than two elements never steps, so its stride is 0:
+/// `step` may be as large as `i64::MAX`, and only a step below the axis
+/// size (so a stride within the array) is ever multiplied out. An empty
+/// slice reads nothing and has offset 0.
+///
+/// ```
+/// use kiln::ops::layout::slice_view;
+/// use kiln::SliceAxis;
+/// let every_other = SliceAxis { start: 1, stop: None, step: 2 };
+/// assert_eq!(slice_view(&[SliceAxis::full(), every_other], &[2, 5]), (1, vec![5, 2]));
+/// let huge_step = SliceAxis { start: 0, stop: None, step: i64::MAX };
+/// assert_eq!(slice_view(&[huge_step], &[3]), (0, vec![0]));
+/// ```
+pub fn slice_view(axes: &[SliceAxis], in_shape: &[usize]) -> (usize, Vec<usize>) {
     let strides = row_major_strides(in_shape);
     let mut offset = 0;
-    let mut shape = Vec::with_capacity(in_shape.len());
+    let mut empty = false;
     let mut out_strides = Vec::with_capacity(in_shape.len());
     for ((ax, &n), &s) in axes.iter().zip(in_shape).zip(&strides) {
         let (start, len) = ax.resolve(n);
         offset += start * s;
-        shape.push(len);
-        // Only dims with two or more taken indices ever step.
+        empty |= len == 0;
         out_strides.push(if len > 1 { s * ax.step as usize } else { 0 });
     }
-    debug_assert_eq!(shape, out_shape, "slice output shape");
-    if shape.contains(&0) {
-        offset = 0;
-    }
-    crate::with_host_data!(data, v => HostElement::wrap(gather(v, offset, &shape, &out_strides)))
+    (if empty { 0 } else { offset }, out_strides)
 }
 
 /// The aval of concatenating along `axis`: same rank and dtype, equal
