@@ -79,7 +79,9 @@ impl Executable {
 
     /// Every value's shape with symbols bound to `input_shapes`, without
     /// checking guards (a shapeless trace may be rejected for the very call
-    /// that traced it); a dim that does not evaluate counts as 0.
+    /// that traced it); a dim that does not evaluate counts as 0, and a
+    /// shape too large for [`crate::Limits`] as all zeros (a call with such
+    /// sizes is rejected when it resolves its shapes).
     pub(crate) fn representative_shapes(&self, input_shapes: &[&[usize]]) -> Vec<Vec<usize>> {
         if let Some(known) = &self.known_shapes {
             return known.clone();
@@ -89,12 +91,12 @@ impl Executable {
             .nodes
             .iter()
             .map(|node| {
-                node.aval
-                    .shape
-                    .dims()
-                    .iter()
-                    .map(|d| d.eval(&bind).unwrap_or(0))
-                    .collect()
+                let dims = node.aval.shape.dims();
+                let shape: Vec<usize> = dims.iter().map(|d| d.eval(&bind).unwrap_or(0)).collect();
+                match check_shape("plan", &shape, node.aval.dtype) {
+                    Ok(_) => shape,
+                    Err(_) => vec![0; dims.len()],
+                }
             })
             .collect()
     }

@@ -122,9 +122,11 @@ pub(crate) fn check_shape(op: &str, dims: &[usize], dtype: DType) -> Result<usiz
 }
 
 /// Checks an aval a shape rule made for `op`. Known shapes go through
-/// [`check_shape`]; in a symbolic shape the known dims and the largest
-/// coefficient of each symbolic dim must fit the address space (the sizes
-/// themselves are checked per call, once the symbols are bound).
+/// [`check_shape`]; a symbolic shape goes through it with each symbolic dim
+/// counted as its largest coefficient (so its known part must fit the
+/// address space and the array limit), and its dims may not nest deeper
+/// than [`MAX_SYMBOLIC_DEPTH`]. The sizes themselves are checked per call,
+/// once the symbols are bound.
 pub(crate) fn check_aval(op: &str, aval: &Aval) -> Result<()> {
     if let Some(dims) = aval.shape.as_known() {
         return check_shape(op, &dims, aval.dtype).map(|_| ());
@@ -139,26 +141,39 @@ pub(crate) fn check_aval(op: &str, aval: &Aval) -> Result<()> {
             ),
         });
     }
-    let fits = aval
+    let known_part: Vec<usize> = aval
         .shape
         .dims()
         .iter()
-        .try_fold(aval.dtype.size_bytes(), |acc, d| {
-            let factor = match d {
-                Dim::Known(n) => (*n).max(1),
-                Dim::Sym(e) => usize::try_from(e.max_coefficient()).ok()?.max(1),
-            };
-            acc.checked_mul(factor)
+        .map(|d| match d {
+            Dim::Known(n) => *n,
+            Dim::Sym(e) => usize::try_from(e.max_coefficient()).unwrap_or(usize::MAX),
         })
-        .is_some_and(|bytes| bytes <= ADDRESS_SPACE);
-    if fits {
-        Ok(())
-    } else {
-        Err(Error::SizeOverflow {
-            op: op.to_string(),
-            aval: aval.to_string(),
+        .collect();
+    check_shape(op, &known_part, aval.dtype)
+        .map(|_| ())
+        .map_err(|e| match e {
+            Error::SizeOverflow { op, .. } => Error::SizeOverflow {
+                op,
+                aval: aval.to_string(),
+            },
+            Error::LimitExceeded {
+                op,
+                bytes,
+                limit,
+                scope,
+                field,
+                ..
+            } => Error::LimitExceeded {
+                op,
+                what: format!("{aval} (at least, with every symbol 1)"),
+                bytes,
+                limit,
+                scope,
+                field,
+            },
+            other => other,
         })
-    }
 }
 
 /// Checks the bytes one call's buffers take against the call limit.

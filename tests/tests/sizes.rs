@@ -203,3 +203,37 @@ fn a_failed_array_returned_from_compile_reports_the_first_error() {
     assert!(matches!(err, Error::Shape { .. }), "{err}");
     assert_eq!(f.cache().entries, 0);
 }
+
+#[test]
+fn a_shapeless_slice_with_an_absurd_negative_start_is_an_error_not_a_panic() {
+    // `-k:` on a symbolic dim has the known size ceil(k / step): here about
+    // 1.8e18 elements, beyond the array limit before any call.
+    let f = compile(|x: Array| x.slice_axis(0, -i64::MAX, None, 5)).shapeless();
+    assert_err_mentions(
+        f.call(&Array::ones(&[2, 3], DType::F32)),
+        &["slice", "with every symbol 1", "max_array_bytes"],
+    );
+    assert_eq!(f.cache().entries, 0);
+}
+
+#[test]
+fn a_shapeless_outer_product_whose_traced_size_overflows_is_an_error_not_a_panic() {
+    // Planning sizes the slots for the traced call: 2^66 elements.
+    let f = compile(|(a, b, c): (Array, Array, Array)| (&a * &b * &c).sum_all()).shapeless();
+    let n = 1 << 22;
+    let args = (
+        Array::zeros(&[n, 1, 1], DType::F32),
+        Array::zeros(&[1, n, 1], DType::F32),
+        Array::zeros(&[1, 1, n], DType::F32),
+    );
+    assert_err_mentions(
+        f.call(&args),
+        &["mul", "f32[4194304,4194304,1]", "max_array_bytes"],
+    );
+    let small = (
+        Array::ones(&[2, 1, 1], DType::F32),
+        Array::ones(&[1, 3, 1], DType::F32),
+        Array::ones(&[1, 1, 4], DType::F32),
+    );
+    assert_eq!(f.call(&small).unwrap().item::<f32>().unwrap(), 24.0);
+}

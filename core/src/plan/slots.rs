@@ -124,7 +124,7 @@ pub fn assign_slots(
         let mut new_slot = || {
             arena.offsets.push(offset[r]);
             arena.bytes.push(size);
-            arena.size = arena.size.max(offset[r] + size);
+            arena.size = arena.size.max(offset[r].saturating_add(size));
             arena.offsets.len() - 1
         };
         // Empty chains take no bytes, so placement puts them all at one
@@ -232,9 +232,9 @@ pub struct Arena {
 pub fn place_slots(busy: &[Vec<Lifetime>], bytes: &[usize]) -> Arena {
     let mut order: Vec<SlotId> = (0..bytes.len()).collect();
     order.sort_by_key(|&s| (Reverse(bytes[s]), busy[s].first().map_or(0, |l| l.def)));
-    let mut offsets = vec![0; bytes.len()];
+    let mut offsets = vec![0usize; bytes.len()];
     let mut placed: Vec<SlotId> = Vec::with_capacity(bytes.len());
-    let mut size = 0;
+    let mut size = 0usize;
     let mut taken: Vec<(usize, usize)> = Vec::new();
     for &s in &order {
         taken.clear();
@@ -242,11 +242,11 @@ pub fn place_slots(busy: &[Vec<Lifetime>], bytes: &[usize]) -> Arena {
             placed
                 .iter()
                 .filter(|&&p| coexist(&busy[s], &busy[p]))
-                .map(|&p| (offsets[p], offsets[p] + bytes[p])),
+                .map(|&p| (offsets[p], offsets[p].saturating_add(bytes[p]))),
         );
         let offset = best_fit(&mut taken, bytes[s]);
         offsets[s] = offset;
-        size = size.max(offset + bytes[s]);
+        size = size.max(offset.saturating_add(bytes[s]));
         placed.push(s);
     }
     Arena {
