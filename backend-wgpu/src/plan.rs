@@ -575,6 +575,9 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
                     bytes,
                 });
             }
+            // An empty value needs no kernel; its dims may still be far
+            // beyond what a kernel's 32-bit indexing could describe.
+            _ if b.numel(v) == 0 => {}
             _ => {
                 let mut operands = Vec::with_capacity(node.inputs.len());
                 let mut aliased = Vec::with_capacity(node.inputs.len());

@@ -468,3 +468,22 @@ fn slices_whose_step_exceeds_the_axis_read_one_element_as_on_the_cpu() {
     let (cpu_one, _) = compile(program).call(&x).unwrap();
     assert_eq!(cpu_one.to_vec::<f32>().unwrap(), vec![1.0, 3.0, 5.0]);
 }
+
+#[test]
+fn empty_arrays_with_dims_beyond_32_bits_need_no_kernel() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let program = |x: Array| {
+        let empty = x.reshape(&[2, 1, 1]).broadcast_to([2, 0, 1 << 40]);
+        (
+            kiln::concat(&[empty.clone(), empty.clone()], 2),
+            (&empty * 2.0).sum(&[2], false),
+        )
+    };
+    let x = Array::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
+    let (joined, sums) = compile(program).with_backend(gpu).call(&x).unwrap();
+    assert_eq!(joined.dims(), Some(vec![2, 0, 1 << 41]));
+    assert_eq!(joined.to_vec::<f32>().unwrap(), Vec::<f32>::new());
+    assert_eq!(sums.dims(), Some(vec![2, 0]));
+}
