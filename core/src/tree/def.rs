@@ -2,9 +2,12 @@
 
 use super::path::{KeyPath, PathEntry};
 use super::static_value::StaticValue;
+use crate::hash::FastHasher;
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
+use std::hash::BuildHasherDefault;
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
 /// The structure of a flattened tree: everything but the array leaves.
 ///
@@ -88,37 +91,46 @@ impl From<&str> for MapKey {
 const INTERNED_KEYS_LIMIT: usize = 1 << 16;
 const INTERNED_BYTES_LIMIT: usize = 1 << 20;
 
+/// The process-wide set of interned keys.
+#[derive(Default)]
+struct Interner {
+    keys: HashSet<&'static str, BuildHasherDefault<FastHasher>>,
+    bytes: usize,
+}
+
 /// The map key for `key`: interned (the same `&'static str` for equal keys
-/// on this thread) while the interner has room, owned after that.
+/// on every thread) while the interner has room, owned after that.
+///
+/// The interner is one per process, not one per thread: a per-thread set
+/// leaked its own copy of every key on every thread, so a program flattening
+/// maps from many short-lived threads grew without bound.
 pub fn intern_key(key: &str) -> MapKey {
-    #[derive(Default)]
-    struct Interner {
-        keys: std::collections::HashSet<
-            &'static str,
-            std::hash::BuildHasherDefault<crate::hash::FastHasher>,
-        >,
-        bytes: usize,
+    static INTERNER: OnceLock<RwLock<Interner>> = OnceLock::new();
+    let interner = INTERNER.get_or_init(RwLock::default);
+    // The lock is never held while user code runs, so a poisoned lock still
+    // guards a consistent set.
+    if let Some(&shared) = interner
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .keys
+        .get(key)
+    {
+        return MapKey(Cow::Borrowed(shared));
     }
-    thread_local! {
-        static INTERNER: std::cell::RefCell<Interner> = std::cell::RefCell::default();
+    let mut interner = interner.write().unwrap_or_else(PoisonError::into_inner);
+    // Another thread may have interned it between the two locks.
+    if let Some(&shared) = interner.keys.get(key) {
+        return MapKey(Cow::Borrowed(shared));
     }
-    INTERNER.with(|interner| {
-        let Ok(mut interner) = interner.try_borrow_mut() else {
-            return MapKey(Cow::Owned(key.to_string()));
-        };
-        if let Some(&shared) = interner.keys.get(key) {
-            return MapKey(Cow::Borrowed(shared));
-        }
-        if interner.keys.len() >= INTERNED_KEYS_LIMIT
-            || interner.bytes + key.len() > INTERNED_BYTES_LIMIT
-        {
-            return MapKey(Cow::Owned(key.to_string()));
-        }
-        let shared: &'static str = Box::leak(key.into());
-        interner.bytes += key.len();
-        interner.keys.insert(shared);
-        MapKey(Cow::Borrowed(shared))
-    })
+    if interner.keys.len() >= INTERNED_KEYS_LIMIT
+        || interner.bytes + key.len() > INTERNED_BYTES_LIMIT
+    {
+        return MapKey(Cow::Owned(key.to_string()));
+    }
+    let shared: &'static str = Box::leak(key.into());
+    interner.bytes += key.len();
+    interner.keys.insert(shared);
+    MapKey(Cow::Borrowed(shared))
 }
 
 /// A struct (derived) or registered node type inside a [`TreeDef`].
