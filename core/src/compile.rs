@@ -360,7 +360,10 @@ pub struct CacheInfo {
     pub entries: usize,
     /// Calls served from the cache.
     pub hits: u64,
-    /// Calls that traced.
+    /// Calls that traced. Concurrent first calls of one signature may each
+    /// trace; all of them count as misses, but only the first to finish
+    /// adds an entry and the others are served by it, so `hits + misses`
+    /// is the number of calls and `entries` can be fewer than `misses`.
     pub misses: u64,
     /// Every miss with its explanation.
     pub miss_log: Vec<CacheMiss>,
@@ -733,6 +736,18 @@ where
             symbols,
         } = traced;
         let mut state = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        // Another thread may have traced and inserted this signature while we
+        // traced (both missed): serve its entry and drop our trace, so one
+        // signature has one entry. This call still counts as a miss: it traced.
+        let bucket = hash_key(&key);
+        if let Some(existing) = state.buckets.get(&bucket).and_then(|indexes| {
+            indexes
+                .iter()
+                .map(|&i| &state.entries[i])
+                .find(|e| e.key == key && (!self.shapeless || e.exe.accepts(shapes).is_ok()))
+        }) {
+            return Ok(existing.clone());
+        }
         let index = state.entries.len();
         let leaf_paths = key.tree.leaf_paths();
         let representative = exe.representative_shapes(shapes);
@@ -754,11 +769,7 @@ where
             output_tree,
             report,
         });
-        state
-            .buckets
-            .entry(hash_key(&entry.key))
-            .or_default()
-            .push(index);
+        state.buckets.entry(bucket).or_default().push(index);
         state.entries.push(entry.clone());
         Ok(entry)
     }
