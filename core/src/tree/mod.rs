@@ -143,7 +143,7 @@ mod tests {
             n: 0,
         };
         let (_, def) = tree_flatten(&value).unwrap();
-        let TreeDef::Node(node) = def else {
+        let TreeDef::Node(node) = &def else {
             panic!("expected a node")
         };
         assert!(matches!(node.type_name, std::borrow::Cow::Borrowed(_)));
