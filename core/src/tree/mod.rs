@@ -30,13 +30,16 @@
 //! ```
 
 mod def;
+mod depth;
 pub mod derive_support;
 mod impls;
 mod path;
 mod static_value;
 mod value;
+mod walk;
 
 pub use def::{intern_key, DifferenceKind, MapKey, NodeDef, TreeDef, TreeDifference};
+pub use depth::MAX_TREE_DEPTH;
 pub use path::{prefix_error, KeyPath, PathEntry};
 pub use static_value::{StaticBound, StaticValue};
 pub use value::{FlattenFn, NodeType, Registry, UnflattenFn, Value};
