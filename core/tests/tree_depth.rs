@@ -240,6 +240,7 @@ child_process_test! {
         let paths = def.leaf_paths();
         assert_eq!(paths.len(), 1);
         assert_eq!(paths[0].len(), SCRIPT_DEPTH);
+        assert_eq!(paths[0].to_string(), "[0]".repeat(SCRIPT_DEPTH));
         let (path, detail) =
             tree_error(tree_unflatten::<Value>(&def, vec![arr(&[1.0])]).unwrap_err());
         assert_eq!(path, "[0]".repeat(MAX_TREE_DEPTH));
