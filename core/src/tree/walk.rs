@@ -126,9 +126,11 @@ impl<'v> Open<'v> {
         }
     }
 
-    fn finish(self) -> TreeDef {
-        let Open { shape, defs, .. } = self;
-        match shape {
+    /// The def of the container, once its children are all flattened;
+    /// the emptied container is dropped next, leaving its level.
+    fn finish(&mut self) -> TreeDef {
+        let defs = std::mem::take(&mut self.defs);
+        match std::mem::replace(&mut self.shape, Shape::List) {
             Shape::List => TreeDef::List(defs),
             Shape::Tuple => TreeDef::Tuple(defs),
             Shape::Map(keys) => TreeDef::Map(keys.into_iter().zip(defs).collect()),
@@ -188,15 +190,15 @@ pub(super) fn flatten(
         // Hand each finished def to its container, closing every container
         // whose children are all done, until one has a child left.
         item = loop {
-            let Some(mut container) = open.pop() else {
+            let Some(container) = open.last_mut() else {
                 return Ok(done);
             };
             container.defs.push(done);
             if let Some(child) = container.next_child() {
-                open.push(container);
                 break child;
             }
             done = container.finish();
+            open.pop();
         };
     }
 }
@@ -437,11 +439,11 @@ impl Rebuilding<'_> {
         }
     }
 
-    fn finish(self) -> Result<Value> {
-        let Rebuilding {
-            build, mut values, ..
-        } = self;
-        Ok(match build {
+    /// The rebuilt value, once its children are all rebuilt; the emptied
+    /// def is dropped next, leaving its level.
+    fn finish(&mut self) -> Result<Value> {
+        let mut values = std::mem::take(&mut self.values);
+        Ok(match std::mem::replace(&mut self.build, Build::List) {
             Build::List => Value::List(values),
             Build::Tuple => Value::Tuple(values),
             Build::Some => values.pop().unwrap_or_default(),
@@ -502,15 +504,16 @@ pub(super) fn unflatten(
         // Hand each rebuilt value to its parent, finishing every parent
         // whose children are all rebuilt, until one has a child left.
         def = loop {
-            let Some(mut rebuilding) = open.pop() else {
+            let Some(rebuilding) = open.last_mut() else {
                 return Ok(done);
             };
             rebuilding.values.push(done);
             if let Some(child) = rebuilding.pending.next() {
-                open.push(rebuilding);
                 break child;
             }
-            done = rebuilding.finish().map_err(|e| path(&open, e))?;
+            let finished = rebuilding.finish();
+            open.pop();
+            done = finished.map_err(|e| path(&open, e))?;
         };
     }
 }
