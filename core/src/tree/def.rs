@@ -5,6 +5,7 @@ use super::static_value::StaticValue;
 use crate::hash::FastHasher;
 use smallvec::SmallVec;
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::fmt;
 use std::hash::BuildHasherDefault;
@@ -111,8 +112,33 @@ struct Interner {
 ///
 /// The interner is one per process, not one per thread: a per-thread set
 /// leaked its own copy of every key on every thread, so a program flattening
-/// maps from many short-lived threads grew without bound.
+/// maps from many short-lived threads grew without bound. Each thread keeps
+/// only a cache of the keys it has looked up (pointers to the shared copies,
+/// freed when the thread ends), so a hot loop takes no lock.
 pub fn intern_key(key: &str) -> MapKey {
+    type KeySet = HashSet<&'static str, BuildHasherDefault<FastHasher>>;
+    thread_local! {
+        static SEEN: RefCell<KeySet> = const { RefCell::new(HashSet::with_hasher(BuildHasherDefault::new())) };
+    }
+    let cached = |key: &str| {
+        SEEN.try_with(|seen| seen.try_borrow().ok()?.get(key).copied())
+            .ok()
+            .flatten()
+    };
+    if let Some(shared) = cached(key) {
+        return MapKey(Cow::Borrowed(shared));
+    }
+    let Some(shared) = intern_shared(key) else {
+        return MapKey(Cow::Owned(key.to_string()));
+    };
+    // A thread being torn down, or a re-entrant call, just skips the cache.
+    let _ = SEEN.try_with(|seen| seen.try_borrow_mut().map(|mut seen| seen.insert(shared)));
+    MapKey(Cow::Borrowed(shared))
+}
+
+/// The process-wide copy of `key`, made on first use; `None` once the
+/// interner is full.
+fn intern_shared(key: &str) -> Option<&'static str> {
     static INTERNER: OnceLock<RwLock<Interner>> = OnceLock::new();
     let interner = INTERNER.get_or_init(RwLock::default);
     // The lock is never held while user code runs, so a poisoned lock still
@@ -123,22 +149,22 @@ pub fn intern_key(key: &str) -> MapKey {
         .keys
         .get(key)
     {
-        return MapKey(Cow::Borrowed(shared));
+        return Some(shared);
     }
     let mut interner = interner.write().unwrap_or_else(PoisonError::into_inner);
     // Another thread may have interned it between the two locks.
     if let Some(&shared) = interner.keys.get(key) {
-        return MapKey(Cow::Borrowed(shared));
+        return Some(shared);
     }
     if interner.keys.len() >= INTERNED_KEYS_LIMIT
         || interner.bytes + key.len() > INTERNED_BYTES_LIMIT
     {
-        return MapKey(Cow::Owned(key.to_string()));
+        return None;
     }
     let shared: &'static str = Box::leak(key.into());
     interner.bytes += key.len();
     interner.keys.insert(shared);
-    MapKey(Cow::Borrowed(shared))
+    Some(shared)
 }
 
 /// A struct (derived) or registered node type inside a [`TreeDef`].
