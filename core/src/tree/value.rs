@@ -224,35 +224,70 @@ fn attach(parent: &mut Value, key: Option<&String>, child: Value) {
     }
 }
 
+/// Levels [`Value::clone`] copies by recursion, which is fastest (maps are
+/// built in bulk) and costs little stack this shallow; deeper levels are
+/// copied with an explicit stack.
+const CLONE_RECURSION_LEVELS: usize = 16;
+
 impl Clone for Value {
-    /// Clones with an explicit stack, never recursing (see [`Value`]).
+    /// Copies the value; never recurses more than a few levels, so a value
+    /// nested any depth clones (see [`Value`]).
     fn clone(&self) -> Value {
-        let mut copy = self.clone_node();
-        if !self.children_are_containers() {
-            for (key, child) in Children::of(self) {
-                attach(&mut copy, key, child.clone_node());
-            }
-            return copy;
-        }
-        // Depth-first: each value being copied, with its children still to
-        // copy and the key it will have in its parent.
-        let mut open = vec![(copy, Children::of(self), None)];
-        loop {
-            let Some((_, children, _)) = open.last_mut() else {
-                unreachable!("the root stays open until it is returned")
-            };
-            if let Some((key, child)) = children.next() {
-                open.push((child.clone_node(), Children::of(child), key));
+        clone_within(self, CLONE_RECURSION_LEVELS)
+    }
+}
+
+/// Copies `value` by recursion for `levels` levels, then with a stack.
+fn clone_within(value: &Value, levels: usize) -> Value {
+    let Some(below) = levels.checked_sub(1) else {
+        return clone_with_stack(value);
+    };
+    match value {
+        Value::List(items) => Value::List(items.iter().map(|v| clone_within(v, below)).collect()),
+        Value::Tuple(items) => Value::Tuple(items.iter().map(|v| clone_within(v, below)).collect()),
+        Value::Map(map) => Value::Map(
+            map.iter()
+                .map(|(k, v)| (k.clone(), clone_within(v, below)))
+                .collect(),
+        ),
+        Value::Object { class, inner } => Value::Object {
+            class: class.clone(),
+            inner: Box::new(clone_within(inner, below)),
+        },
+        other => other.clone_node(),
+    }
+}
+
+/// Copies `root` depth-first with an explicit stack of the copies being
+/// built, each with its source's children still to copy and its key in
+/// its parent.
+fn clone_with_stack(root: &Value) -> Value {
+    let mut open: Vec<(Value, Children<'_>, Option<&String>)> = Vec::new();
+    let (mut source, mut key) = (root, None);
+    loop {
+        // Go down to the first value without children.
+        let mut children = Children::of(source);
+        let mut done = match children.next() {
+            Some((child_key, child)) => {
+                open.push((source.clone_node(), children, key));
+                (source, key) = (child, child_key);
                 continue;
             }
-            let Some((done, _, key)) = open.pop() else {
-                unreachable!("checked above")
+            None => (source.clone_node(), key),
+        };
+        // Hand each copy to its parent, closing every parent whose children
+        // are all copied, until one has a child left.
+        (source, key) = loop {
+            let Some((parent, children, parent_key)) = open.last_mut() else {
+                return done.0;
             };
-            match open.last_mut() {
-                Some((parent, _, _)) => attach(parent, key, done),
-                None => return done,
+            attach(parent, done.1, done.0);
+            if let Some((child_key, child)) = children.next() {
+                break (child, child_key);
             }
-        }
+            done = (std::mem::take(parent), *parent_key);
+            open.pop();
+        };
     }
 }
 
