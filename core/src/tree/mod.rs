@@ -5,6 +5,13 @@
 //! by equality. Unflattening always builds a new value; it never mutates the
 //! caller's.
 //!
+//! Trees nest at most [`MAX_TREE_DEPTH`] containers: flattening or
+//! unflattening a deeper one is an `Err` naming the path where the limit was
+//! reached, never a stack overflow, and so is a registered node type whose
+//! flatten returns the node itself. [`Value`]s themselves (what scripts
+//! build) can nest any depth: they drop and clone without deep recursion,
+//! and `Debug` prints the first `MAX_TREE_DEPTH` levels.
+//!
 //! ```
 //! use kiln::{tree_flatten, tree_unflatten, Array, Tree};
 //!
