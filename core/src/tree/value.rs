@@ -16,8 +16,8 @@ use std::vec::IntoIter;
 /// A dynamically typed value, as scripts produce them.
 ///
 /// Scripts can nest values arbitrarily deep, so dropping and cloning one
-/// never recurse (a list nested ten thousand deep drops like a flat one),
-/// and `Debug` prints levels beyond [`MAX_TREE_DEPTH`] as `..`. Because
+/// recurse a few levels at most (a list nested ten thousand deep drops like
+/// a flat one), and `Debug` prints levels beyond [`MAX_TREE_DEPTH`] as `..`. Because
 /// `Value` implements `Drop`, take a payload out of a value by
 /// `std::mem::take` (the default value is [`Value::None`]) rather than by
 /// moving it out in a pattern. Flattening a value nested deeper than
