@@ -13,6 +13,7 @@ use crate::DType;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
@@ -946,10 +947,13 @@ impl LeafShapes {
 /// Compares `key` with every stored key and explains the difference from
 /// the closest: same tree structure first, then the fewest differing leaves.
 fn explain_miss(call: u64, key: &CacheKey, entries: &[Arc<Entry>]) -> CacheMiss {
+    // The new key's leaf paths, listed once for all the comparisons (each
+    // path is as long as the tree is deep).
+    let leaf_paths = OnceCell::new();
     let best = entries
         .iter()
         .enumerate()
-        .map(|(i, e)| (i, differences(&e.key, key)))
+        .map(|(i, e)| (i, differences(&e.key, key, &leaf_paths)))
         .min_by_key(|(_, reasons)| {
             let structural = reasons
                 .iter()
@@ -970,8 +974,13 @@ fn explain_miss(call: u64, key: &CacheKey, entries: &[Arc<Entry>]) -> CacheMiss 
     }
 }
 
-/// Every difference between a stored key and a new one.
-fn differences(before: &CacheKey, now: &CacheKey) -> Vec<MissReason> {
+/// Every difference between a stored key and a new one; `now_paths` caches
+/// the new key's leaf paths.
+fn differences(
+    before: &CacheKey,
+    now: &CacheKey,
+    now_paths: &OnceCell<Vec<KeyPath>>,
+) -> Vec<MissReason> {
     let mut reasons = Vec::new();
     if before.backend != now.backend {
         reasons.push(MissReason::Backend {
@@ -994,7 +1003,7 @@ fn differences(before: &CacheKey, now: &CacheKey) -> Vec<MissReason> {
             return reasons;
         }
     }
-    let paths = now.tree.leaf_paths();
+    let paths = now_paths.get_or_init(|| now.tree.leaf_paths());
     for (i, (b, n)) in before.leaves.iter().zip(&now.leaves).enumerate() {
         if b != n {
             reasons.push(MissReason::Aval {

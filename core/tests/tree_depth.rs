@@ -8,8 +8,8 @@
 //! covers it instead of killing the test binary.
 
 use kiln::{
-    compile, tree_flatten, tree_unflatten, Array, Error, KeyPath, MissReason, NodeType, PathEntry,
-    Registry, StaticValue, Tree, TreeDef, Value, MAX_TREE_DEPTH,
+    compile, tree_flatten, tree_map, tree_unflatten, Array, Error, KeyPath, MissReason, NodeType,
+    PathEntry, Registry, StaticValue, Tree, TreeDef, Value, MAX_TREE_DEPTH,
 };
 use proptest::prelude::*;
 use std::collections::hash_map::DefaultHasher;
@@ -293,6 +293,11 @@ child_process_test! {
         let (leaves, def) = tree_flatten(&value).unwrap();
         let back: Value = tree_unflatten(&def, leaves.clone()).unwrap();
         assert!(same_value(&back, &value));
+        let doubled = tree_map(&value, |a| Ok(a.clone() * 2.0)).unwrap();
+        assert_eq!(
+            tree_flatten(&doubled).unwrap().0[0].to_vec::<f32>().unwrap(),
+            [2.0, 4.0]
+        );
         let copy = def.clone();
         assert_eq!(copy, def);
         assert_eq!(hash_of(&copy), hash_of(&def));
