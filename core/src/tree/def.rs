@@ -99,6 +99,9 @@ impl From<&str> for MapKey {
 /// keys are simply owned.
 const INTERNED_KEYS_LIMIT: usize = 1 << 16;
 const INTERNED_BYTES_LIMIT: usize = 1 << 20;
+/// Keys each thread remembers it has interned (pointers only, freed with
+/// the thread); keys past them are found in the shared interner.
+const CACHED_KEYS_PER_THREAD: usize = 1 << 12;
 
 /// The process-wide set of interned keys.
 #[derive(Default)]
@@ -131,8 +134,16 @@ pub fn intern_key(key: &str) -> MapKey {
     let Some(shared) = intern_shared(key) else {
         return MapKey(Cow::Owned(key.to_string()));
     };
-    // A thread being torn down, or a re-entrant call, just skips the cache.
-    let _ = SEEN.try_with(|seen| seen.try_borrow_mut().map(|mut seen| seen.insert(shared)));
+    // A thread being torn down, or a re-entrant call, just skips the cache;
+    // so does a thread that has cached its share of keys (a model's
+    // parameter names fit many times over).
+    let _ = SEEN.try_with(|seen| {
+        seen.try_borrow_mut().map(|mut seen| {
+            if seen.len() < CACHED_KEYS_PER_THREAD {
+                seen.insert(shared);
+            }
+        })
+    });
     MapKey(Cow::Borrowed(shared))
 }
 
