@@ -207,6 +207,7 @@ child_process_test! {
         let (path, detail) = tree_error(wrapped.flatten_with(&registry, &mut Vec::new()).unwrap_err());
         assert_eq!(path, vec!["0"; MAX_TREE_DEPTH].join("."));
         assert!(detail.starts_with(&too_deep()), "{detail}");
+        assert!(detail.contains("inside node type `Wrapper`"), "{detail}");
     }
 }
 
@@ -382,7 +383,7 @@ child_process_test! {
 
 child_process_test! {
     /// A registered flatten whose children keep growing never repeats a
-    /// value; the depth limit stops it, naming the path.
+    /// value; the depth limit stops it, naming the type and the path.
     fn a_registered_flatten_that_keeps_growing_stops_at_the_depth_limit() {
         let registry = Registry::new();
         registry
@@ -399,6 +400,12 @@ child_process_test! {
         );
         assert_eq!(path, vec!["0"; MAX_TREE_DEPTH].join("."));
         assert!(detail.starts_with(&too_deep()), "{detail}");
+        assert!(
+            detail.ends_with(
+                "(inside node type `Grow`: does its flatten return new values containing the node?)"
+            ),
+            "{detail}"
+        );
     }
 }
 

@@ -114,6 +114,14 @@ impl<'v> Open<'v> {
         Some(child)
     }
 
+    /// The type of a registered node.
+    fn registered_name(&self) -> Option<&String> {
+        match &self.shape {
+            Shape::Registered(name, _) => Some(name),
+            _ => None,
+        }
+    }
+
     /// The path step to the child being flattened.
     fn step(&self) -> PathEntry {
         match &self.shape {
@@ -238,7 +246,7 @@ fn start<'v>(
         Value::Object { class, .. } => Shape::Object(class.to_string()),
     };
     Ok(Started::Open(Open {
-        _level: Level::enter()?,
+        _level: enter_level(open.iter().rev().find_map(Open::registered_name))?,
         shape,
         pending: Pending::of(item),
         defs: Vec::new(),
@@ -271,6 +279,22 @@ impl<'v> Pending<'v> {
     }
 }
 
+/// Enters one more level; past the limit inside a registered node, the
+/// error names the innermost node type: a registered flatten that returns
+/// ever new values containing its node nests until the limit stops it.
+fn enter_level(innermost_registered: Option<&String>) -> Result<Level> {
+    Level::enter().map_err(|e| match (e, innermost_registered) {
+        (Error::Tree { path, detail }, Some(name)) => Error::Tree {
+            path,
+            detail: format!(
+                "{detail} (inside node type `{name}`: does its flatten return new values \
+                 containing the node?)"
+            ),
+        },
+        (e, _) => e,
+    })
+}
+
 /// Opens a registered node: its registered flatten gives the children and
 /// the aux data. A node equal to an enclosing node of its type is a cycle.
 fn start_registered<'v>(
@@ -279,7 +303,7 @@ fn start_registered<'v>(
     open: &[Open<'v>],
 ) -> Result<Open<'v>> {
     let name = &node_type.name;
-    let _level = Level::enter()?;
+    let _level = enter_level(Some(name))?;
     let here = Enclosing {
         node: item,
         fingerprint: OnceCell::new(),
