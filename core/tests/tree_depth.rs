@@ -165,9 +165,11 @@ child_process_test! {
     /// Lists nested 10,000 deep stop at the limit with the path to it.
     fn a_list_nested_10000_deep_is_an_error_naming_the_path() {
         let deep = nest(SCRIPT_DEPTH, Value::Array(arr(&[1.0])), list);
+        let copy = deep.clone();
         let (path, detail) = tree_error(tree_flatten(&deep).unwrap_err());
         assert_eq!(path, "[0]".repeat(MAX_TREE_DEPTH));
         assert!(detail.starts_with(&too_deep()), "{detail}");
+        assert!(same_value(&deep, &copy), "the caller's value is untouched");
         // The failed flatten left every level it entered: a tree at the
         // limit still flattens on this thread.
         let at_limit = nest(MAX_TREE_DEPTH, Value::Array(arr(&[1.0])), list);
