@@ -13,6 +13,7 @@ use crate::DType;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
@@ -360,7 +361,10 @@ pub struct CacheInfo {
     pub entries: usize,
     /// Calls served from the cache.
     pub hits: u64,
-    /// Calls that traced.
+    /// Calls that traced. Concurrent first calls of one signature may each
+    /// trace; all of them count as misses, but only the first to finish
+    /// adds an entry and the others are served by it, so `hits + misses`
+    /// is the number of calls and `entries` can be fewer than `misses`.
     pub misses: u64,
     /// Every miss with its explanation.
     pub miss_log: Vec<CacheMiss>,
@@ -733,6 +737,18 @@ where
             symbols,
         } = traced;
         let mut state = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        // Another thread may have traced and inserted this signature while we
+        // traced (both missed): serve its entry and drop our trace, so one
+        // signature has one entry. This call still counts as a miss: it traced.
+        let bucket = hash_key(&key);
+        if let Some(existing) = state.buckets.get(&bucket).and_then(|indexes| {
+            indexes
+                .iter()
+                .map(|&i| &state.entries[i])
+                .find(|e| e.key == key && (!self.shapeless || e.exe.accepts(shapes).is_ok()))
+        }) {
+            return Ok(existing.clone());
+        }
         let index = state.entries.len();
         let leaf_paths = key.tree.leaf_paths();
         let representative = exe.representative_shapes(shapes);
@@ -754,11 +770,7 @@ where
             output_tree,
             report,
         });
-        state
-            .buckets
-            .entry(hash_key(&entry.key))
-            .or_default()
-            .push(index);
+        state.buckets.entry(bucket).or_default().push(index);
         state.entries.push(entry.clone());
         Ok(entry)
     }
@@ -935,10 +947,13 @@ impl LeafShapes {
 /// Compares `key` with every stored key and explains the difference from
 /// the closest: same tree structure first, then the fewest differing leaves.
 fn explain_miss(call: u64, key: &CacheKey, entries: &[Arc<Entry>]) -> CacheMiss {
+    // The new key's leaf paths, listed once for all the comparisons (each
+    // path is as long as the tree is deep).
+    let leaf_paths = OnceCell::new();
     let best = entries
         .iter()
         .enumerate()
-        .map(|(i, e)| (i, differences(&e.key, key)))
+        .map(|(i, e)| (i, differences(&e.key, key, &leaf_paths)))
         .min_by_key(|(_, reasons)| {
             let structural = reasons
                 .iter()
@@ -959,8 +974,13 @@ fn explain_miss(call: u64, key: &CacheKey, entries: &[Arc<Entry>]) -> CacheMiss 
     }
 }
 
-/// Every difference between a stored key and a new one.
-fn differences(before: &CacheKey, now: &CacheKey) -> Vec<MissReason> {
+/// Every difference between a stored key and a new one; `now_paths` caches
+/// the new key's leaf paths.
+fn differences(
+    before: &CacheKey,
+    now: &CacheKey,
+    now_paths: &OnceCell<Vec<KeyPath>>,
+) -> Vec<MissReason> {
     let mut reasons = Vec::new();
     if before.backend != now.backend {
         reasons.push(MissReason::Backend {
@@ -983,7 +1003,7 @@ fn differences(before: &CacheKey, now: &CacheKey) -> Vec<MissReason> {
             return reasons;
         }
     }
-    let paths = now.tree.leaf_paths();
+    let paths = now_paths.get_or_init(|| now.tree.leaf_paths());
     for (i, (b, n)) in before.leaves.iter().zip(&now.leaves).enumerate() {
         if b != n {
             reasons.push(MissReason::Aval {

@@ -43,5 +43,5 @@ pub use shape::{Atom, Aval, Dim, Shape, SymExpr, Symbol};
 pub use tree::{
     tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten, DifferenceKind,
     KeyPath, NodeDef, NodeType, PathEntry, Registry, StaticValue, Tree, TreeDef, TreeDifference,
-    Value,
+    Value, MAX_TREE_DEPTH,
 };

@@ -813,3 +813,59 @@ fn map_keys_are_shared_between_flattens() {
         tree_unflatten(&first, vec![Array::from_vec(vec![2.0f32], &[1]).unwrap()]).unwrap();
     assert_eq!(back["weight"].to_vec::<f32>().unwrap(), vec![2.0]);
 }
+
+#[test]
+fn map_keys_are_shared_across_threads() {
+    let map = BTreeMap::from([("bias".to_string(), arr(&[1.0]))]);
+    let key_of = |def: &TreeDef| match def {
+        TreeDef::Map(entries) => entries[0].0.as_str().as_ptr() as usize,
+        other => panic!("expected a map, got {other:?}"),
+    };
+    let here = key_of(&tree_flatten(&map).unwrap().1);
+    let there = std::thread::scope(|s| {
+        s.spawn(|| key_of(&tree_flatten(&map).unwrap().1))
+            .join()
+            .unwrap()
+    });
+    assert_eq!(here, there, "each thread interned its own copy of the key");
+}
+
+#[test]
+fn value_debug_reads_like_a_derived_debug() {
+    let value = Value::Object {
+        class: "Point".into(),
+        inner: Box::new(Value::List(vec![
+            Value::Int(1),
+            Value::Map(BTreeMap::from([("k".to_string(), Value::None)])),
+            Value::Tuple(vec![Value::Float(0.5), Value::Str("s".into())]),
+            Value::Opaque {
+                type_name: "Fn".into(),
+            },
+        ])),
+    };
+    assert_eq!(
+        format!("{value:?}"),
+        r#"Object { class: "Point", inner: List([Int(1), Map({"k": None}), Tuple([Float(0.5), Str("s")]), Opaque { type_name: "Fn" }]) }"#
+    );
+}
+
+#[test]
+fn value_clone_is_a_deep_copy() {
+    let original = Value::Map(BTreeMap::from([(
+        "layers".to_string(),
+        Value::List(vec![
+            Value::Tuple(vec![Value::Array(arr(&[1.0])), Value::Bool(true)]),
+            Value::Object {
+                class: "Cache".into(),
+                inner: Box::new(Value::List(vec![Value::Int(3)])),
+            },
+        ]),
+    )]));
+    let mut copy = original.clone();
+    assert!(same_value(&copy, &original));
+    if let Value::Map(map) = &mut copy {
+        map.insert("extra".into(), Value::None);
+    }
+    assert!(!same_value(&copy, &original));
+    assert_eq!(format!("{original:?}").matches("Cache").count(), 1);
+}

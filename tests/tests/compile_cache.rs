@@ -296,3 +296,50 @@ fn long_eager_chain_evaluates_and_drops_without_stack_overflow() {
     }
     assert_eq!(x.to_vec::<f32>().unwrap(), vec![20_000.0]);
 }
+
+#[test]
+fn concurrent_first_calls_of_one_signature_leave_one_entry() {
+    const THREADS: usize = 8;
+    // Tracing sleeps, so every thread misses before the first trace is
+    // inserted: each traces, and all but one trace must be dropped.
+    let f = compile(|x: Array| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        x * 2.0
+    });
+    let start = std::sync::Barrier::new(THREADS);
+    let results: Vec<Vec<f32>> = std::thread::scope(|scope| {
+        let calls: Vec<_> = (0..THREADS)
+            .map(|i| {
+                let (f, start) = (&f, &start);
+                scope.spawn(move || {
+                    start.wait();
+                    f.call(&arr(&[i as f32, 1.0], &[2]))
+                        .and_then(|y| y.to_vec::<f32>())
+                })
+            })
+            .collect();
+        calls
+            .into_iter()
+            .map(|call| call.join().expect("no panic").expect("the call runs"))
+            .collect()
+    });
+    for (i, y) in results.iter().enumerate() {
+        assert_eq!(y, &[2.0 * i as f32, 2.0]);
+    }
+    let cache = f.cache();
+    assert_eq!(cache.entries, 1, "{}", cache.summary());
+    assert_eq!(cache.reports.len(), 1);
+    assert_eq!(
+        cache.hits + cache.misses,
+        THREADS as u64,
+        "{}",
+        cache.summary()
+    );
+    assert_eq!(cache.miss_log.len() as u64, cache.misses);
+    f.call(&arr(&[1.0, 1.0], &[2])).unwrap();
+    assert_eq!(
+        (f.cache().entries, f.cache().hits),
+        (1, cache.hits + 1),
+        "a later call hits the one entry"
+    );
+}

@@ -86,10 +86,10 @@ fn tagged(class: &str, x: Array, tag: &str) -> Value {
 }
 
 fn double_x(v: Value) -> Value {
-    match v {
-        Value::Object { inner, .. } => match *inner {
+    match &v {
+        Value::Object { inner, .. } => match inner.as_ref() {
             Value::Map(m) => match m.get("x") {
-                Some(Value::Array(x)) => Value::Array(x * 2.0),
+                Some(Value::Array(x)) => Value::Array(x.clone() * 2.0),
                 _ => Value::None,
             },
             _ => Value::None,
@@ -185,10 +185,10 @@ fn seed3_registered_type_wrapping_a_list_is_flattened_by_its_registration() {
     assert_eq!(leaves[0].to_vec::<f32>().unwrap(), vec![1.0]);
     assert!(def.to_string().contains("seed3.Stack"), "{def}");
     let f = compile(|v: Value| v);
-    match f.call(&stack).unwrap() {
+    match &f.call(&stack).unwrap() {
         Value::Object { class, inner } => {
-            assert_eq!(&*class, "seed3.Stack");
-            assert!(matches!(*inner, Value::List(ref items) if items.len() == 1));
+            assert_eq!(&**class, "seed3.Stack");
+            assert!(matches!(inner.as_ref(), Value::List(items) if items.len() == 1));
         }
         other => panic!("expected the registered object back, got {other:?}"),
     }
@@ -197,20 +197,17 @@ fn seed3_registered_type_wrapping_a_list_is_flattened_by_its_registration() {
 #[test]
 fn seed4_returning_an_input_shaped_node_builds_a_fresh_value() {
     register_tagged("seed4.Tagged", |tag| StaticValue::new(tag.to_string()));
-    let f = compile(|v: Value| match v {
-        Value::Object { class, inner } => match *inner {
-            Value::Map(mut m) => {
-                if let Some(Value::Array(x)) = m.get("x").cloned() {
-                    m.insert("x".into(), Value::Array(x + 100.0));
-                }
-                Value::Object {
-                    class,
-                    inner: Box::new(Value::Map(m)),
+    // `Value` drops iteratively (it implements `Drop`), so a payload is
+    // changed in place rather than moved out of the value.
+    let f = compile(|mut v: Value| {
+        if let Value::Object { inner, .. } = &mut v {
+            if let Value::Map(m) = inner.as_mut() {
+                if let Some(Value::Array(x)) = m.get_mut("x") {
+                    *x = x.clone() + 100.0;
                 }
             }
-            other => other,
-        },
-        other => other,
+        }
+        v
     });
     let input = tagged("seed4.Tagged", arr(&[1.0, 2.0]), "keep");
     let out = f.call(&input).unwrap();

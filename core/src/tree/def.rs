@@ -2,14 +2,26 @@
 
 use super::path::{KeyPath, PathEntry};
 use super::static_value::StaticValue;
+use crate::hash::FastHasher;
+use smallvec::SmallVec;
 use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
+use std::hash::BuildHasherDefault;
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
 /// The structure of a flattened tree: everything but the array leaves.
 ///
 /// Two defs are equal when the structures, the type names and every static
 /// value (by equality) are equal; this is what the compile cache keys on.
+///
+/// Flatten never builds a def nesting deeper than
+/// [`MAX_TREE_DEPTH`](super::MAX_TREE_DEPTH), and unflatten refuses one.
+/// Equality, hashing, cloning, display and [`TreeDef::first_difference`]
+/// recurse once per level, which the limit keeps within any stack; a def
+/// built by hand should stay within it too. Dropping a def, counting its
+/// leaves and listing their paths never recurse, whatever its depth.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TreeDef {
     /// An array leaf.
@@ -87,38 +99,83 @@ impl From<&str> for MapKey {
 /// keys are simply owned.
 const INTERNED_KEYS_LIMIT: usize = 1 << 16;
 const INTERNED_BYTES_LIMIT: usize = 1 << 20;
+/// Keys each thread remembers it has interned (pointers only, freed with
+/// the thread); keys past them are found in the shared interner.
+const CACHED_KEYS_PER_THREAD: usize = 1 << 12;
+
+/// The process-wide set of interned keys.
+#[derive(Default)]
+struct Interner {
+    keys: HashSet<&'static str, BuildHasherDefault<FastHasher>>,
+    bytes: usize,
+}
 
 /// The map key for `key`: interned (the same `&'static str` for equal keys
-/// on this thread) while the interner has room, owned after that.
+/// on every thread) while the interner has room, owned after that.
+///
+/// The interner is one per process, not one per thread: a per-thread set
+/// leaked its own copy of every key on every thread, so a program flattening
+/// maps from many short-lived threads grew without bound. Each thread keeps
+/// only a cache of the keys it has looked up (pointers to the shared copies,
+/// freed when the thread ends), so a hot loop takes no lock.
 pub fn intern_key(key: &str) -> MapKey {
-    #[derive(Default)]
-    struct Interner {
-        keys: std::collections::HashSet<
-            &'static str,
-            std::hash::BuildHasherDefault<crate::hash::FastHasher>,
-        >,
-        bytes: usize,
-    }
+    type KeySet = HashSet<&'static str, BuildHasherDefault<FastHasher>>;
     thread_local! {
-        static INTERNER: std::cell::RefCell<Interner> = std::cell::RefCell::default();
+        static SEEN: RefCell<KeySet> = const { RefCell::new(HashSet::with_hasher(BuildHasherDefault::new())) };
     }
-    INTERNER.with(|interner| {
-        let Ok(mut interner) = interner.try_borrow_mut() else {
-            return MapKey(Cow::Owned(key.to_string()));
-        };
-        if let Some(&shared) = interner.keys.get(key) {
-            return MapKey(Cow::Borrowed(shared));
-        }
-        if interner.keys.len() >= INTERNED_KEYS_LIMIT
-            || interner.bytes + key.len() > INTERNED_BYTES_LIMIT
-        {
-            return MapKey(Cow::Owned(key.to_string()));
-        }
-        let shared: &'static str = Box::leak(key.into());
-        interner.bytes += key.len();
-        interner.keys.insert(shared);
-        MapKey(Cow::Borrowed(shared))
-    })
+    let cached = |key: &str| {
+        SEEN.try_with(|seen| seen.try_borrow().ok()?.get(key).copied())
+            .ok()
+            .flatten()
+    };
+    if let Some(shared) = cached(key) {
+        return MapKey(Cow::Borrowed(shared));
+    }
+    let Some(shared) = intern_shared(key) else {
+        return MapKey(Cow::Owned(key.to_string()));
+    };
+    // A thread being torn down, or a re-entrant call, just skips the cache;
+    // so does a thread that has cached its share of keys (a model's
+    // parameter names fit many times over).
+    let _ = SEEN.try_with(|seen| {
+        seen.try_borrow_mut().map(|mut seen| {
+            if seen.len() < CACHED_KEYS_PER_THREAD {
+                seen.insert(shared);
+            }
+        })
+    });
+    MapKey(Cow::Borrowed(shared))
+}
+
+/// The process-wide copy of `key`, made on first use; `None` once the
+/// interner is full.
+fn intern_shared(key: &str) -> Option<&'static str> {
+    static INTERNER: OnceLock<RwLock<Interner>> = OnceLock::new();
+    let interner = INTERNER.get_or_init(RwLock::default);
+    // The lock is never held while user code runs, so a poisoned lock still
+    // guards a consistent set.
+    if let Some(&shared) = interner
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .keys
+        .get(key)
+    {
+        return Some(shared);
+    }
+    let mut interner = interner.write().unwrap_or_else(PoisonError::into_inner);
+    // Another thread may have interned it between the two locks.
+    if let Some(&shared) = interner.keys.get(key) {
+        return Some(shared);
+    }
+    if interner.keys.len() >= INTERNED_KEYS_LIMIT
+        || interner.bytes + key.len() > INTERNED_BYTES_LIMIT
+    {
+        return None;
+    }
+    let shared: &'static str = Box::leak(key.into());
+    interner.bytes += key.len();
+    interner.keys.insert(shared);
+    Some(shared)
 }
 
 /// A struct (derived) or registered node type inside a [`TreeDef`].
@@ -196,37 +253,44 @@ impl fmt::Display for TreeDifference {
 impl TreeDef {
     /// The number of array leaves.
     pub fn num_leaves(&self) -> usize {
-        match self {
-            TreeDef::Leaf => 1,
-            TreeDef::Static(_) | TreeDef::Unit | TreeDef::Option(None) => 0,
-            TreeDef::Tuple(c) | TreeDef::List(c) => c.iter().map(TreeDef::num_leaves).sum(),
-            TreeDef::Option(Some(c)) => c.num_leaves(),
-            TreeDef::Map(c) => c.iter().map(|(_, d)| d.num_leaves()).sum(),
-            TreeDef::Node(n) => n.fields.iter().map(|(_, d)| d.num_leaves()).sum(),
+        let mut count = 0;
+        let mut pending: SmallVec<[&TreeDef; 16]> = SmallVec::new();
+        pending.push(self);
+        while let Some(def) = pending.pop() {
+            match def {
+                TreeDef::Leaf => count += 1,
+                TreeDef::Static(_) | TreeDef::Unit | TreeDef::Option(None) => {}
+                TreeDef::Option(Some(c)) => pending.push(c),
+                TreeDef::Tuple(c) | TreeDef::List(c) => pending.extend(c.iter()),
+                TreeDef::Map(c) => pending.extend(c.iter().map(|(_, d)| d)),
+                TreeDef::Node(n) => pending.extend(n.fields.iter().map(|(_, d)| d)),
+            }
         }
+        count
     }
 
     /// The path of every leaf, in leaf order.
     pub fn leaf_paths(&self) -> Vec<KeyPath> {
         let mut out = Vec::with_capacity(self.num_leaves());
         let mut path = KeyPath::default();
-        self.collect_leaf_paths(&mut path, &mut out);
-        out
-    }
-
-    fn collect_leaf_paths(&self, path: &mut KeyPath, out: &mut Vec<KeyPath>) {
-        match self {
-            TreeDef::Leaf => out.push(path.clone()),
-            TreeDef::Static(_) | TreeDef::Unit | TreeDef::Option(None) => {}
-            TreeDef::Option(Some(c)) => c.collect_leaf_paths(path, out),
-            _ => {
-                for (entry, child) in self.children() {
-                    path.push(entry);
-                    child.collect_leaf_paths(path, out);
-                    path.pop();
+        // Depth-first with an explicit stack: each pending def with the
+        // length of its parent's path and the step from the parent to it
+        // (none for an `Option`'s content, which adds no step).
+        let mut pending: Vec<(usize, Option<PathEntry>, &TreeDef)> = vec![(0, None, self)];
+        while let Some((parent_len, step, def)) = pending.pop() {
+            path.truncate(parent_len);
+            path.extend(step);
+            match def {
+                TreeDef::Leaf => out.push(path.clone()),
+                TreeDef::Option(Some(c)) => pending.push((path.len(), None, c)),
+                _ => {
+                    let len = path.len();
+                    let children = def.children().into_iter().rev();
+                    pending.extend(children.map(|(entry, child)| (len, Some(entry), child)));
                 }
             }
         }
+        out
     }
 
     /// The children of a tuple, list, map or node with the path step to each.
@@ -370,6 +434,64 @@ impl TreeDef {
         DifferenceKind::Structure {
             before: self.summary(&name),
             now: other.summary(&name),
+        }
+    }
+}
+
+impl Drop for TreeDef {
+    /// Drops nested children with an explicit stack: the derived drop
+    /// recursed once per level, and a def nested ten thousand deep (built by
+    /// hand; flatten builds none deeper than `MAX_TREE_DEPTH`) overflowed the
+    /// stack. A def whose children hold no children of their own, the
+    /// common case, is dropped by the fields' own drops without allocating.
+    fn drop(&mut self) {
+        if !self.children_have_children() {
+            return;
+        }
+        let mut pending = Vec::new();
+        self.move_children_into(&mut pending);
+        while let Some(mut def) = pending.pop() {
+            def.move_children_into(&mut pending);
+        }
+    }
+}
+
+impl TreeDef {
+    /// Whether this def holds children at all.
+    fn has_children(&self) -> bool {
+        match self {
+            TreeDef::Leaf | TreeDef::Static(_) | TreeDef::Unit | TreeDef::Option(None) => false,
+            TreeDef::Option(Some(_)) => true,
+            TreeDef::Tuple(c) | TreeDef::List(c) => !c.is_empty(),
+            TreeDef::Map(c) => !c.is_empty(),
+            TreeDef::Node(n) => !n.fields.is_empty(),
+        }
+    }
+
+    /// Whether dropping this def would recurse more than one level.
+    fn children_have_children(&self) -> bool {
+        match self {
+            TreeDef::Leaf | TreeDef::Static(_) | TreeDef::Unit | TreeDef::Option(None) => false,
+            TreeDef::Option(Some(c)) => c.has_children(),
+            TreeDef::Tuple(c) | TreeDef::List(c) => c.iter().any(TreeDef::has_children),
+            TreeDef::Map(c) => c.iter().any(|(_, d)| d.has_children()),
+            TreeDef::Node(n) => n.fields.iter().any(|(_, d)| d.has_children()),
+        }
+    }
+
+    /// Moves the children out (a shared node keeps its own: it is dropped
+    /// by its last owner, iteratively again) and onto `pending`.
+    fn move_children_into(&mut self, pending: &mut Vec<TreeDef>) {
+        match self {
+            TreeDef::Leaf | TreeDef::Static(_) | TreeDef::Unit | TreeDef::Option(None) => {}
+            TreeDef::Option(c) => pending.extend(c.take().map(|c| *c)),
+            TreeDef::Tuple(c) | TreeDef::List(c) => pending.append(c),
+            TreeDef::Map(c) => pending.extend(c.drain(..).map(|(_, d)| d)),
+            TreeDef::Node(n) => {
+                if let Some(node) = Arc::get_mut(n) {
+                    pending.extend(node.fields.drain(..).map(|(_, d)| d));
+                }
+            }
         }
     }
 }

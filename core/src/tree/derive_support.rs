@@ -1,6 +1,7 @@
 //! Helpers called by the code `#[derive(Tree)]` generates. Not meant to be
 //! called by hand; they are public only so generated code can reach them.
 
+use super::depth::Level;
 use super::impls::{mismatch, static_of};
 use super::path::{prefix_error, tree_err, PathEntry};
 use super::static_value::{StaticBound, StaticValue};
@@ -20,12 +21,14 @@ pub fn node(type_name: &'static str, fields: Vec<(Cow<'static, str>, TreeDef)>) 
     }))
 }
 
-/// Flattens a field, prefixing errors with its name.
+/// Flattens a field, prefixing errors with its name. The struct is one
+/// level of nesting ([`MAX_TREE_DEPTH`](super::MAX_TREE_DEPTH)).
 pub fn flatten_field<T: Tree>(
     value: &T,
     name: &'static str,
     leaves: &mut Vec<Array>,
 ) -> Result<(Cow<'static, str>, TreeDef)> {
+    let _level = Level::enter()?;
     match value.flatten(leaves) {
         Ok(def) => Ok((Cow::Borrowed(name), def)),
         Err(e) => Err(prefix_error(e, PathEntry::Field(Cow::Borrowed(name)))),
@@ -74,12 +77,14 @@ pub fn expect_node<'a>(
     Ok(&node.fields)
 }
 
-/// Unflattens a field, prefixing errors with its name.
+/// Unflattens a field, prefixing errors with its name. The struct is one
+/// level of nesting ([`MAX_TREE_DEPTH`](super::MAX_TREE_DEPTH)).
 pub fn unflatten_field<T: Tree>(
     def: &TreeDef,
     name: &'static str,
     leaves: &mut IntoIter<Array>,
 ) -> Result<T> {
+    let _level = Level::enter()?;
     T::unflatten(def, leaves).map_err(|e| prefix_error(e, PathEntry::Field(Cow::Borrowed(name))))
 }
 

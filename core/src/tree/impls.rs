@@ -1,5 +1,11 @@
 //! `Tree` for arrays, tuples, `Vec`, `Option`, maps, scalars, `Box` and `Arc`.
+//!
+//! Every container is one level of nesting: its flatten and unflatten hold
+//! a [`Level`] while they walk the children, so a tree deeper than
+//! [`MAX_TREE_DEPTH`](super::MAX_TREE_DEPTH) is an `Err`, not a stack
+//! overflow (a recursive Rust type can nest as deep as its data).
 
+use super::depth::Level;
 use super::path::{prefix_error, tree_err, PathEntry};
 use super::static_value::{F32Bits, F64Bits, StaticValue};
 use super::{intern_key, Tree, TreeDef};
@@ -76,12 +82,14 @@ macro_rules! tuple_tree {
     ($n:literal; $($t:ident $i:tt),+) => {
         impl<$($t: Tree),+> Tree for ($($t,)+) {
             fn flatten(&self, leaves: &mut Vec<Array>) -> Result<TreeDef> {
+                let _level = Level::enter()?;
                 Ok(TreeDef::Tuple(vec![$(
                     self.$i.flatten(leaves).map_err(|e| prefix_error(e, PathEntry::Index($i)))?
                 ),+]))
             }
 
             fn unflatten(def: &TreeDef, leaves: &mut IntoIter<Array>) -> Result<Self> {
+                let _level = Level::enter()?;
                 match def {
                     TreeDef::Tuple(c) if c.len() == $n => Ok(($(
                         $t::unflatten(&c[$i], leaves)
@@ -105,6 +113,7 @@ tuple_tree!(8; A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7);
 
 impl<T: Tree> Tree for Vec<T> {
     fn flatten(&self, leaves: &mut Vec<Array>) -> Result<TreeDef> {
+        let _level = Level::enter()?;
         // Sized up front: collecting into `Result<Vec<_>>` cannot see the
         // length and would regrow the vector on every call.
         let mut children = Vec::with_capacity(self.len());
@@ -118,6 +127,7 @@ impl<T: Tree> Tree for Vec<T> {
     }
 
     fn unflatten(def: &TreeDef, leaves: &mut IntoIter<Array>) -> Result<Self> {
+        let _level = Level::enter()?;
         match def {
             TreeDef::List(c) => unflatten_indexed(c, leaves),
             other => Err(mismatch("a list", other)),
@@ -126,17 +136,24 @@ impl<T: Tree> Tree for Vec<T> {
 }
 
 impl<T: Tree> Tree for Option<T> {
+    /// `Some` is a level of nesting; `None`, holding nothing, is not.
     fn flatten(&self, leaves: &mut Vec<Array>) -> Result<TreeDef> {
         Ok(TreeDef::Option(match self {
             None => None,
-            Some(x) => Some(Box::new(x.flatten(leaves)?)),
+            Some(x) => {
+                let _level = Level::enter()?;
+                Some(Box::new(x.flatten(leaves)?))
+            }
         }))
     }
 
     fn unflatten(def: &TreeDef, leaves: &mut IntoIter<Array>) -> Result<Self> {
         match def {
             TreeDef::Option(None) => Ok(None),
-            TreeDef::Option(Some(d)) => Ok(Some(T::unflatten(d, leaves)?)),
+            TreeDef::Option(Some(d)) => {
+                let _level = Level::enter()?;
+                Ok(Some(T::unflatten(d, leaves)?))
+            }
             other => Err(mismatch("an Option", other)),
         }
     }
@@ -144,6 +161,7 @@ impl<T: Tree> Tree for Option<T> {
 
 impl<T: Tree> Tree for BTreeMap<String, T> {
     fn flatten(&self, leaves: &mut Vec<Array>) -> Result<TreeDef> {
+        let _level = Level::enter()?;
         let mut children = Vec::with_capacity(self.len());
         for (k, x) in self {
             let def = x
@@ -155,6 +173,7 @@ impl<T: Tree> Tree for BTreeMap<String, T> {
     }
 
     fn unflatten(def: &TreeDef, leaves: &mut IntoIter<Array>) -> Result<Self> {
+        let _level = Level::enter()?;
         match def {
             TreeDef::Map(c) => c
                 .iter()

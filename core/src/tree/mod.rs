@@ -5,6 +5,13 @@
 //! by equality. Unflattening always builds a new value; it never mutates the
 //! caller's.
 //!
+//! Trees nest at most [`MAX_TREE_DEPTH`] containers: flattening or
+//! unflattening a deeper one is an `Err` naming the path where the limit was
+//! reached, never a stack overflow, and so is a registered node type whose
+//! flatten returns the node itself. [`Value`]s themselves (what scripts
+//! build) can nest any depth: they drop and clone without deep recursion,
+//! and `Debug` prints the first `MAX_TREE_DEPTH` levels.
+//!
 //! ```
 //! use kiln::{tree_flatten, tree_unflatten, Array, Tree};
 //!
@@ -30,13 +37,16 @@
 //! ```
 
 mod def;
+mod depth;
 pub mod derive_support;
 mod impls;
 mod path;
 mod static_value;
 mod value;
+mod walk;
 
 pub use def::{intern_key, DifferenceKind, MapKey, NodeDef, TreeDef, TreeDifference};
+pub use depth::MAX_TREE_DEPTH;
 pub use path::{prefix_error, KeyPath, PathEntry};
 pub use static_value::{StaticBound, StaticValue};
 pub use value::{FlattenFn, NodeType, Registry, UnflattenFn, Value};
@@ -143,7 +153,7 @@ mod tests {
             n: 0,
         };
         let (_, def) = tree_flatten(&value).unwrap();
-        let TreeDef::Node(node) = def else {
+        let TreeDef::Node(node) = &def else {
             panic!("expected a node")
         };
         assert!(matches!(node.type_name, std::borrow::Cow::Borrowed(_)));

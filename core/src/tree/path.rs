@@ -50,16 +50,25 @@ impl std::ops::DerefMut for KeyPath {
 pub(crate) const ROOT: &str = "<root>";
 
 impl fmt::Display for KeyPath {
+    /// Renders front to back, in time linear in the path's length (a path
+    /// into a def nested thousands deep has thousands of steps); the same
+    /// text [`prefix_error`] builds back to front.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut rendered = String::new();
-        for entry in self.0.iter().rev() {
-            rendered = prefix_rendered(entry, &rendered);
+        let mut empty = true;
+        for entry in &self.0 {
+            match entry {
+                PathEntry::Field(name) if name.is_empty() => continue,
+                PathEntry::Field(name) if empty => f.write_str(name)?,
+                PathEntry::Field(name) => write!(f, ".{name}")?,
+                PathEntry::Index(i) => write!(f, "[{i}]")?,
+                PathEntry::Key(k) => write!(f, "[{k:?}]")?,
+            }
+            empty = false;
         }
-        if rendered.is_empty() {
-            f.write_str(ROOT)
-        } else {
-            f.write_str(&rendered)
+        if empty {
+            f.write_str(ROOT)?;
         }
+        Ok(())
     }
 }
 
@@ -139,6 +148,28 @@ mod tests {
             KeyPath(vec![field("c"), field(""), PathEntry::Index(3)]).to_string(),
             "c[3]"
         );
+    }
+
+    #[test]
+    fn display_renders_what_prefixing_builds() {
+        let entries = [
+            field("p"),
+            field(""),
+            PathEntry::Index(2),
+            field("w"),
+            PathEntry::Key("b".into()),
+            field(""),
+            field("0"),
+        ];
+        let prefixed = entries
+            .iter()
+            .rev()
+            .fold(tree_err("x"), |e, entry| prefix_error(e, entry.clone()));
+        let Error::Tree { path, .. } = prefixed else {
+            panic!("a tree error stays one")
+        };
+        assert_eq!(path, r#"p[2].w["b"].0"#);
+        assert_eq!(KeyPath(entries.to_vec()).to_string(), path);
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! Dynamic values (the playground's script values) and the runtime registry
 //! of node types.
 
-use super::impls::{mismatch, next_leaf};
-use super::path::{prefix_error, tree_err, PathEntry};
+use super::depth::MAX_TREE_DEPTH;
+use super::path::tree_err;
 use super::static_value::StaticValue;
-use super::{intern_key, NodeDef, Tree, TreeDef};
+use super::{walk, Tree, TreeDef};
 use crate::array::Array;
 use crate::error::Result;
 use std::borrow::Cow;
@@ -14,9 +14,31 @@ use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::vec::IntoIter;
 
 /// A dynamically typed value, as scripts produce them.
-#[derive(Clone, Debug)]
+///
+/// Scripts can nest values arbitrarily deep, so dropping and cloning one
+/// recurse a few levels at most (a list nested ten thousand deep drops like
+/// a flat one), and `Debug` prints levels beyond [`MAX_TREE_DEPTH`] as `..`. Because
+/// `Value` implements `Drop`, take a payload out of a value by
+/// `std::mem::take` (the default value is [`Value::None`]) rather than by
+/// moving it out in a pattern. Flattening a value nested deeper than
+/// [`MAX_TREE_DEPTH`] is an `Err` naming the path.
+///
+/// ```
+/// use kiln::Value;
+/// let mut deep = Value::Int(1);
+/// for _ in 0..10_000 {
+///     deep = Value::List(vec![deep]);
+/// }
+/// let mut copy = deep.clone();
+/// drop(deep);
+/// let Value::List(items) = &mut copy else { unreachable!() };
+/// let inner = std::mem::take(&mut items[0]);
+/// assert_eq!((inner.type_name(), items[0].type_name()), ("list", "none"));
+/// ```
+#[derive(Default)]
 pub enum Value {
     /// No value.
+    #[default]
     None,
     /// A boolean.
     Bool(bool),
@@ -70,60 +92,12 @@ impl Value {
 
     /// Flattens with an explicit registry: registered types first (by
     /// [`Value::type_name`]), then the built-in containers.
+    ///
+    /// A registered node whose flatten returns (a value equal to) itself,
+    /// directly or through other nodes, is an `Err` naming its type and
+    /// path; so is nesting deeper than [`MAX_TREE_DEPTH`].
     pub fn flatten_with(&self, registry: &Registry, leaves: &mut Vec<Array>) -> Result<TreeDef> {
-        if let Some(node_type) = registry.lookup(self.type_name()) {
-            return flatten_registered(&node_type, registry, self, leaves);
-        }
-        let indexed = |items: &[Value], leaves: &mut Vec<Array>| {
-            items
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    v.flatten_with(registry, leaves)
-                        .map_err(|e| prefix_error(e, PathEntry::Index(i)))
-                })
-                .collect::<Result<Vec<_>>>()
-        };
-        Ok(match self {
-            Value::None => scalar(ScriptScalar::None),
-            Value::Bool(b) => scalar(ScriptScalar::Bool(*b)),
-            Value::Int(i) => scalar(ScriptScalar::Int(*i)),
-            Value::Float(x) => scalar(ScriptScalar::Float(x.to_bits())),
-            Value::Str(s) => scalar(ScriptScalar::Str(s.clone())),
-            Value::Array(a) => {
-                leaves.push(a.clone());
-                TreeDef::Leaf
-            }
-            Value::List(items) => TreeDef::List(indexed(items, leaves)?),
-            Value::Tuple(items) => TreeDef::Tuple(indexed(items, leaves)?),
-            Value::Map(map) => TreeDef::Map(
-                map.iter()
-                    .map(|(k, v)| {
-                        v.flatten_with(registry, leaves)
-                            .map(|d| (intern_key(k), d))
-                            .map_err(|e| prefix_error(e, PathEntry::Key(k.clone())))
-                    })
-                    .collect::<Result<_>>()?,
-            ),
-            Value::Object { class, inner } => {
-                // Unregistered: the payload's container, wrapped so the class
-                // survives a round trip.
-                let def = inner
-                    .flatten_with(registry, leaves)
-                    .map_err(|e| prefix_error(e, PathEntry::Field(Cow::Borrowed(""))))?;
-                TreeDef::Node(Arc::new(NodeDef {
-                    type_name: Cow::Owned(class.to_string()),
-                    aux: StaticValue::unit(),
-                    fields: vec![(Cow::Borrowed(""), def)],
-                }))
-            }
-            Value::Opaque { type_name } => {
-                return Err(tree_err(format!(
-                    "`{type_name}` is not a tree: register it as a node type or return arrays, \
-                     containers and scalars"
-                )))
-            }
-        })
+        walk::flatten(self, registry, leaves)
     }
 
     /// Builds a new value from `def` and leaves with an explicit registry.
@@ -133,48 +107,260 @@ impl Value {
         def: &TreeDef,
         leaves: &mut IntoIter<Array>,
     ) -> Result<Value> {
-        let indexed = |items: &[TreeDef], leaves: &mut IntoIter<Array>| {
-            items
-                .iter()
-                .enumerate()
-                .map(|(i, d)| {
-                    Value::unflatten_with(registry, d, leaves)
-                        .map_err(|e| prefix_error(e, PathEntry::Index(i)))
-                })
-                .collect::<Result<Vec<_>>>()
+        walk::unflatten(registry, def, leaves)
+    }
+}
+
+impl Value {
+    /// Whether this value holds other values (and is a level of nesting).
+    fn is_container(&self) -> bool {
+        matches!(
+            self,
+            Value::List(_) | Value::Tuple(_) | Value::Map(_) | Value::Object { .. }
+        )
+    }
+
+    /// Whether this value holds values that hold values: dropping or
+    /// cloning it by recursion would go more than one level down.
+    fn children_are_containers(&self) -> bool {
+        match self {
+            Value::List(items) | Value::Tuple(items) => items.iter().any(Value::is_container),
+            Value::Map(map) => map.values().any(Value::is_container),
+            Value::Object { inner, .. } => inner.is_container(),
+            _ => false,
+        }
+    }
+
+    /// Moves the children out, leaving empty containers, onto `pending`.
+    fn move_children_into(&mut self, pending: &mut Vec<Value>) {
+        match self {
+            Value::List(items) | Value::Tuple(items) => pending.append(items),
+            Value::Map(map) => pending.extend(std::mem::take(map).into_values()),
+            Value::Object { inner, .. } => pending.push(std::mem::take(&mut **inner)),
+            _ => {}
+        }
+    }
+
+    /// A copy of this value whose containers are empty: the node itself,
+    /// without its children (which [`attach`] puts back).
+    fn clone_node(&self) -> Value {
+        match self {
+            Value::None => Value::None,
+            Value::Bool(b) => Value::Bool(*b),
+            Value::Int(i) => Value::Int(*i),
+            Value::Float(x) => Value::Float(*x),
+            Value::Str(s) => Value::Str(s.clone()),
+            Value::Array(a) => Value::Array(a.clone()),
+            Value::List(items) => Value::List(Vec::with_capacity(items.len())),
+            Value::Tuple(items) => Value::Tuple(Vec::with_capacity(items.len())),
+            Value::Map(_) => Value::Map(BTreeMap::new()),
+            Value::Object { class, .. } => Value::Object {
+                class: class.clone(),
+                inner: Box::default(),
+            },
+            Value::Opaque { type_name } => Value::Opaque {
+                type_name: type_name.clone(),
+            },
+        }
+    }
+}
+
+impl Drop for Value {
+    /// Drops nested values with an explicit stack: the derived drop
+    /// recursed once per level, and a script's list nested ten thousand
+    /// deep overflowed the stack. A value whose children hold nothing, the
+    /// common case, is dropped by the fields' own drops without allocating.
+    fn drop(&mut self) {
+        if !self.children_are_containers() {
+            return;
+        }
+        let mut pending = Vec::new();
+        self.move_children_into(&mut pending);
+        while let Some(mut value) = pending.pop() {
+            value.move_children_into(&mut pending);
+        }
+    }
+}
+
+/// The children of a value, with their map keys.
+enum Children<'a> {
+    Items(std::slice::Iter<'a, Value>),
+    Entries(std::collections::btree_map::Iter<'a, String, Value>),
+    Inner(Option<&'a Value>),
+}
+
+impl<'a> Children<'a> {
+    fn of(value: &'a Value) -> Children<'a> {
+        match value {
+            Value::List(items) | Value::Tuple(items) => Children::Items(items.iter()),
+            Value::Map(map) => Children::Entries(map.iter()),
+            Value::Object { inner, .. } => Children::Inner(Some(inner)),
+            _ => Children::Inner(None),
+        }
+    }
+}
+
+impl<'a> Iterator for Children<'a> {
+    type Item = (Option<&'a String>, &'a Value);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Children::Items(items) => items.next().map(|v| (None, v)),
+            Children::Entries(entries) => entries.next().map(|(k, v)| (Some(k), v)),
+            Children::Inner(inner) => inner.take().map(|v| (None, v)),
+        }
+    }
+}
+
+/// Puts a copied child into its parent's copy (see [`Value::clone_node`]).
+fn attach(parent: &mut Value, key: Option<&String>, child: Value) {
+    match (parent, key) {
+        (Value::List(items) | Value::Tuple(items), _) => items.push(child),
+        (Value::Map(map), Some(key)) => {
+            map.insert(key.clone(), child);
+        }
+        (Value::Object { inner, .. }, _) => **inner = child,
+        _ => {}
+    }
+}
+
+/// Levels [`Value::clone`] copies by recursion, which is fastest (maps are
+/// built in bulk) and costs little stack this shallow; deeper levels are
+/// copied with an explicit stack.
+const CLONE_RECURSION_LEVELS: usize = 16;
+
+impl Clone for Value {
+    /// Copies the value; never recurses more than a few levels, so a value
+    /// nested any depth clones (see [`Value`]).
+    fn clone(&self) -> Value {
+        clone_within(self, CLONE_RECURSION_LEVELS)
+    }
+}
+
+/// Copies `value` by recursion for `levels` levels, then with a stack.
+fn clone_within(value: &Value, levels: usize) -> Value {
+    let Some(below) = levels.checked_sub(1) else {
+        return clone_with_stack(value);
+    };
+    match value {
+        Value::List(items) => Value::List(items.iter().map(|v| clone_within(v, below)).collect()),
+        Value::Tuple(items) => Value::Tuple(items.iter().map(|v| clone_within(v, below)).collect()),
+        Value::Map(map) => Value::Map(
+            map.iter()
+                .map(|(k, v)| (k.clone(), clone_within(v, below)))
+                .collect(),
+        ),
+        Value::Object { class, inner } => Value::Object {
+            class: class.clone(),
+            inner: Box::new(clone_within(inner, below)),
+        },
+        other => other.clone_node(),
+    }
+}
+
+/// Copies `root` depth-first with an explicit stack of the copies being
+/// built, each with its source's children still to copy and its key in
+/// its parent.
+fn clone_with_stack(root: &Value) -> Value {
+    let mut open: Vec<(Value, Children<'_>, Option<&String>)> = Vec::new();
+    let (mut source, mut key) = (root, None);
+    loop {
+        // Go down to the first value without children.
+        let mut children = Children::of(source);
+        let mut done = match children.next() {
+            Some((child_key, child)) => {
+                open.push((source.clone_node(), children, key));
+                (source, key) = (child, child_key);
+                continue;
+            }
+            None => (source.clone_node(), key),
         };
-        Ok(match def {
-            TreeDef::Leaf => Value::Array(next_leaf(leaves)?),
-            TreeDef::Static(v) => match v.downcast_ref::<ScriptScalar>() {
-                Some(s) => s.to_value(),
-                None => return Err(mismatch("a script scalar", def)),
-            },
-            TreeDef::Unit => Value::Tuple(Vec::new()),
-            TreeDef::Tuple(items) => Value::Tuple(indexed(items, leaves)?),
-            TreeDef::List(items) => Value::List(indexed(items, leaves)?),
-            TreeDef::Option(None) => Value::None,
-            TreeDef::Option(Some(d)) => Value::unflatten_with(registry, d, leaves)?,
-            TreeDef::Map(items) => Value::Map(
-                items
-                    .iter()
-                    .map(|(k, d)| {
-                        Value::unflatten_with(registry, d, leaves)
-                            .map(|v| (k.to_string(), v))
-                            .map_err(|e| prefix_error(e, PathEntry::Key(k.to_string())))
-                    })
-                    .collect::<Result<_>>()?,
-            ),
-            TreeDef::Node(node) => match node.fields.as_slice() {
-                [(name, inner)] if name.is_empty() && node.aux.is_unit() => Value::Object {
-                    class: Arc::from(node.type_name.as_ref()),
-                    inner: Box::new(
-                        Value::unflatten_with(registry, inner, leaves)
-                            .map_err(|e| prefix_error(e, PathEntry::Field(Cow::Borrowed(""))))?,
-                    ),
-                },
-                _ => unflatten_registered(registry, node, leaves)?,
-            },
-        })
+        // Hand each copy to its parent, closing every parent whose children
+        // are all copied, until one has a child left.
+        (source, key) = loop {
+            let Some((parent, children, parent_key)) = open.last_mut() else {
+                return done.0;
+            };
+            attach(parent, done.1, done.0);
+            if let Some((child_key, child)) = children.next() {
+                break (child, child_key);
+            }
+            done = (std::mem::take(parent), *parent_key);
+            open.pop();
+        };
+    }
+}
+
+impl fmt::Debug for Value {
+    /// Like a derived `Debug`; values nested deeper than
+    /// [`MAX_TREE_DEPTH`] print as `..` so that printing cannot overflow the
+    /// stack.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&DebugAt(self, 0), f)
+    }
+}
+
+/// A value at a depth, printed as `Value`'s `Debug` prints it there.
+struct DebugAt<'a>(&'a Value, usize);
+
+/// The items of a list or tuple at a depth.
+struct DebugItems<'a>(&'a [Value], usize);
+
+/// The entries of a map at a depth.
+struct DebugEntries<'a>(&'a BTreeMap<String, Value>, usize);
+
+impl fmt::Debug for DebugItems<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|v| DebugAt(v, self.1)))
+            .finish()
+    }
+}
+
+impl fmt::Debug for DebugEntries<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.0.iter().map(|(k, v)| (k, DebugAt(v, self.1))))
+            .finish()
+    }
+}
+
+impl fmt::Debug for DebugAt<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let DebugAt(value, depth) = *self;
+        if depth > MAX_TREE_DEPTH {
+            return f.write_str("..");
+        }
+        let below = depth + 1;
+        match value {
+            Value::None => f.write_str("None"),
+            Value::Bool(b) => f.debug_tuple("Bool").field(b).finish(),
+            Value::Int(i) => f.debug_tuple("Int").field(i).finish(),
+            Value::Float(x) => f.debug_tuple("Float").field(x).finish(),
+            Value::Str(s) => f.debug_tuple("Str").field(s).finish(),
+            Value::Array(a) => f.debug_tuple("Array").field(a).finish(),
+            Value::List(items) => f
+                .debug_tuple("List")
+                .field(&DebugItems(items, below))
+                .finish(),
+            Value::Tuple(items) => f
+                .debug_tuple("Tuple")
+                .field(&DebugItems(items, below))
+                .finish(),
+            Value::Map(map) => f
+                .debug_tuple("Map")
+                .field(&DebugEntries(map, below))
+                .finish(),
+            Value::Object { class, inner } => f
+                .debug_struct("Object")
+                .field("class", class)
+                .field("inner", &DebugAt(inner, below))
+                .finish(),
+            Value::Opaque { type_name } => f
+                .debug_struct("Opaque")
+                .field("type_name", type_name)
+                .finish(),
+        }
     }
 }
 
@@ -192,7 +378,7 @@ impl Tree for Value {
 
 /// A script scalar as a static value (floats by bits).
 #[derive(Clone, PartialEq, Eq, Hash)]
-enum ScriptScalar {
+pub(super) enum ScriptScalar {
     None,
     Bool(bool),
     Int(i64),
@@ -201,7 +387,7 @@ enum ScriptScalar {
 }
 
 impl ScriptScalar {
-    fn to_value(&self) -> Value {
+    pub(super) fn to_value(&self) -> Value {
         match self {
             ScriptScalar::None => Value::None,
             ScriptScalar::Bool(b) => Value::Bool(*b),
@@ -224,13 +410,13 @@ impl fmt::Debug for ScriptScalar {
     }
 }
 
-fn scalar(s: ScriptScalar) -> TreeDef {
+pub(super) fn scalar(s: ScriptScalar) -> TreeDef {
     TreeDef::Static(StaticValue::new(s))
 }
 
 /// Names of registered children `0`, `1`, ... without allocating for the
 /// common small counts.
-fn child_name(i: usize) -> Cow<'static, str> {
+pub(super) fn child_name(i: usize) -> Cow<'static, str> {
     const NAMES: [&str; 16] = [
         "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15",
     ];
@@ -238,70 +424,6 @@ fn child_name(i: usize) -> Cow<'static, str> {
         Some(name) => Cow::Borrowed(name),
         None => Cow::Owned(i.to_string()),
     }
-}
-
-fn flatten_registered(
-    node_type: &NodeType,
-    registry: &Registry,
-    value: &Value,
-    leaves: &mut Vec<Array>,
-) -> Result<TreeDef> {
-    let name = &node_type.name;
-    let (children, aux) = (node_type.flatten)(value)
-        .map_err(|e| tree_err(format!("the flatten of node type `{name}` failed: {e}")))?;
-    let fields = children
-        .iter()
-        .enumerate()
-        .map(|(i, child)| {
-            let field = child_name(i);
-            match child.flatten_with(registry, leaves) {
-                Ok(def) => Ok((field, def)),
-                Err(e) => Err(prefix_error(e, PathEntry::Field(field))),
-            }
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(TreeDef::Node(Arc::new(NodeDef {
-        type_name: Cow::Owned(name.clone()),
-        aux,
-        fields,
-    })))
-}
-
-fn unflatten_registered(
-    registry: &Registry,
-    node: &NodeDef,
-    leaves: &mut IntoIter<Array>,
-) -> Result<Value> {
-    let name = &node.type_name;
-    let node_type = registry
-        .lookup(name)
-        .ok_or_else(|| tree_err(format!("node type `{name}` is not registered")))?;
-    // A registered node's children are exactly `0`, `1`, ... as flatten made them.
-    if let Some((i, (field, _))) = node
-        .fields
-        .iter()
-        .enumerate()
-        .find(|(i, (field, _))| *field != child_name(*i))
-    {
-        return Err(tree_err(format!(
-            "node type `{name}` expects children named 0..{}, child {i} is named `{field}`",
-            node.fields.len()
-        )));
-    }
-    let children = node
-        .fields
-        .iter()
-        .map(|(field, d)| {
-            Value::unflatten_with(registry, d, leaves)
-                .map_err(|e| prefix_error(e, PathEntry::Field(field.clone())))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let count = children.len();
-    (node_type.unflatten)(&node.aux, children).map_err(|e| {
-        tree_err(format!(
-            "the unflatten of node type `{name}` failed with {count} children: {e}"
-        ))
-    })
 }
 
 /// A registered flatten: the children of a value and its aux data.
@@ -386,7 +508,7 @@ impl Registry {
         self.lookup(name).map(|t| (*t).clone())
     }
 
-    fn lookup(&self, name: &str) -> Option<Arc<NodeType>> {
+    pub(super) fn lookup(&self, name: &str) -> Option<Arc<NodeType>> {
         let types = self.types.read().unwrap_or_else(PoisonError::into_inner);
         types.get(name).cloned()
     }
