@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use std::borrow::Cow;
 use std::cell::OnceCell;
+use std::collections::VecDeque;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
@@ -366,7 +367,8 @@ pub struct CacheInfo {
     /// adds an entry and the others are served by it, so `hits + misses`
     /// is the number of calls and `entries` can be fewer than `misses`.
     pub misses: u64,
-    /// Every miss with its explanation.
+    /// The most recent misses (at most [`MISS_LOG_CAPACITY`]), oldest first,
+    /// each with its explanation; `misses` counts them all.
     pub miss_log: Vec<CacheMiss>,
     /// One report per entry.
     pub reports: Vec<Arc<Report>>,
@@ -411,8 +413,12 @@ struct CacheState {
     calls: u64,
     hits: u64,
     misses: u64,
-    miss_log: Vec<CacheMiss>,
+    miss_log: VecDeque<CacheMiss>,
 }
+
+/// Misses a cache keeps explained: a function called with ever-new shapes
+/// would otherwise grow its log by one explanation per call.
+pub const MISS_LOG_CAPACITY: usize = 256;
 
 /// Renders a leaf or node path rooted at the arguments: `args.layers[2].w`.
 pub(crate) fn arg_path(path: &KeyPath) -> String {
@@ -508,7 +514,7 @@ where
             entries: state.entries.len(),
             hits: state.hits,
             misses: state.misses,
-            miss_log: state.miss_log.clone(),
+            miss_log: state.miss_log.iter().cloned().collect(),
             reports: state.entries.iter().map(|e| e.report.clone()).collect(),
         }
     }
@@ -686,7 +692,10 @@ where
             None => explain_miss(state.calls, &key.to_key(), &state.entries),
         };
         state.misses += 1;
-        state.miss_log.push(miss);
+        if state.miss_log.len() == MISS_LOG_CAPACITY {
+            state.miss_log.pop_front();
+        }
+        state.miss_log.push_back(miss);
         None
     }
 

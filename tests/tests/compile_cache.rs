@@ -343,3 +343,17 @@ fn concurrent_first_calls_of_one_signature_leave_one_entry() {
         "a later call hits the one entry"
     );
 }
+
+#[test]
+fn the_miss_log_keeps_the_most_recent_misses_and_counts_them_all() {
+    let f = compile(|x: Array| x.sum_all());
+    let calls = kiln::compile::MISS_LOG_CAPACITY + 44;
+    for n in 1..=calls {
+        f.call(&Array::ones(&[n], DType::F32)).unwrap();
+    }
+    let cache = f.cache();
+    assert_eq!(cache.misses, calls as u64);
+    assert_eq!(cache.miss_log.len(), kiln::compile::MISS_LOG_CAPACITY);
+    assert_eq!(cache.miss_log.first().map(|m| m.call), Some(45));
+    assert_eq!(cache.last_miss().map(|m| m.call), Some(calls as u64));
+}

@@ -4,6 +4,7 @@
 //! the resident set size, which any test running beside it would move.
 
 use kiln::{tree_flatten, Array, Value};
+use kiln_tests::rss::resident_bytes;
 use std::collections::BTreeMap;
 
 /// Threads in the measured run.
@@ -12,13 +13,6 @@ const THREADS: usize = 1_500;
 /// like a model's parameter names). While every thread interned its own
 /// copy of each key, 1,500 threads grew the process by about 3 MB per 64 keys.
 const KEYS: usize = 128;
-
-/// The resident set size in KiB, from `/proc/self/status` (Linux only).
-fn resident_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
 
 /// Flattens a `BTreeMap<String, Array>` and a `Value` dict with the same
 /// keys, checking the structures it gets.
@@ -51,22 +45,22 @@ fn run_threads(count: usize, leaf: &Array) {
 
 #[test]
 fn short_lived_threads_flattening_maps_do_not_grow_memory() {
-    let Some(_) = resident_kib() else {
-        eprintln!("skipped: the resident set size is read from /proc/self/status (Linux only)");
+    if let Err(reason) = resident_bytes() {
+        eprintln!("skipped: {reason}");
         return;
-    };
+    }
     let leaf = Array::from_vec(vec![1.0_f32, 2.0], &[2]).expect("two values, shape [2]");
     // Warm up: the allocator's per-thread arenas and the first interned keys
     // are a one-time cost, not growth.
     run_threads(200, &leaf);
-    let before = resident_kib().unwrap_or_default();
+    let before = resident_bytes().unwrap_or_default();
     run_threads(THREADS, &leaf);
-    let after = resident_kib().unwrap_or_default();
-    let grown_kib = after.saturating_sub(before);
+    let after = resident_bytes().unwrap_or_default();
+    let grown = after.saturating_sub(before);
     // Generous for allocator noise, far below the ~6 MB that per-thread
     // interning cost for this many threads.
     assert!(
-        grown_kib < 1024,
-        "{THREADS} threads grew the resident set by {grown_kib} KiB ({before} → {after})"
+        grown < 1 << 20,
+        "{THREADS} threads grew the resident set by {grown} bytes ({before} → {after})"
     );
 }
