@@ -1,16 +1,20 @@
 //! A randomized API fuzzer: random sequences of constructors and ops with
 //! random, often invalid, arguments (huge and zero dims, out-of-range and
-//! negative axes, mismatched shapes and dtypes, absurd slices), run eagerly,
-//! compiled, compiled shapeless, and on wgpu. Every outcome must be a value
+//! negative axes, mismatched shapes and dtypes, absurd slices, arguments
+//! nested in script values up to 400 deep), run eagerly, compiled, compiled
+//! shapeless, and on wgpu. Every outcome must be a value
 //! or an `Err` — never a panic or an abort — compiled results must equal the
 //! eager ones, a failed call leaves no cache entry, and a valid call still
 //! gives the right answer afterwards.
 //!
 //! The whole run happens in a child process, so an abort fails the test
 //! with its output instead of killing the test binary. Case count:
-//! `KILN_CASES` (CI default 300); wgpu runs every fourth valid case.
+//! `KILN_CASES` (CI default 1000, about 20 s); wgpu runs every fourth valid case.
 
-use kiln::{compile, Array, BinaryOp, DType, Error, HostData, Limits, SliceAxis, UnaryOp};
+use kiln::{
+    compile, Array, BinaryOp, DType, Error, HostData, Limits, SliceAxis, UnaryOp, Value,
+    MAX_TREE_DEPTH,
+};
 use kiln_tests::conformance::compare;
 use kiln_tests::isolate::in_child_process;
 use kiln_tests::programs::cases;
@@ -287,9 +291,35 @@ fn error_kind(e: &Error) -> String {
 /// Above this many elements an output is not sent to wgpu (lavapipe is slow).
 const WGPU_MAX_ELEMENTS: usize = 4096;
 
+/// `x` nested `depth` levels deep in lists, maps and tuples, in turn.
+fn nest(x: &Array, depth: usize) -> Value {
+    (0..depth).fold(Value::Array(x.clone()), |inner, level| match level % 3 {
+        0 => Value::List(vec![inner]),
+        1 => Value::Map(BTreeMap::from([("k".to_string(), inner)])),
+        _ => Value::Tuple(vec![Value::None, inner]),
+    })
+}
+
+/// The array [`nest`] put at the bottom of `value` (NaN if there is none).
+fn unnest(mut value: &Value) -> Array {
+    loop {
+        let inner = match value {
+            Value::Array(a) => return a.clone(),
+            Value::List(items) | Value::Tuple(items) => items.last(),
+            Value::Map(map) => map.get("k"),
+            _ => None,
+        };
+        match inner {
+            Some(inner) => value = inner,
+            None => return Array::scalar(f64::NAN, DType::F32),
+        }
+    }
+}
+
 fn fuzz_case(
     steps: Vec<Step>,
     x: Array,
+    depth: usize,
     tally: &mut Tally,
     gpu: Option<&kiln_wgpu::WgpuBackend>,
 ) -> Result<(), TestCaseError> {
@@ -354,6 +384,36 @@ fn fuzz_case(
             .map_err(|e| TestCaseError::fail(format!("wgpu: {e}")))?;
         same_values("wgpu", &flush_subnormals(&got), &flush_subnormals(want))?;
     }
+    // The same program over the argument nested `depth` deep: the values
+    // within the depth limit, an error naming the path beyond it.
+    let nested = nest(&x, depth);
+    let (steps_in, keep_in) = (steps.clone(), keep.clone());
+    let deep = compile(move |v: Value| replay(&steps_in, unnest(&v), &keep_in));
+    match (deep.call(&nested), &eager) {
+        (Ok(out), Ok(want)) if depth <= MAX_TREE_DEPTH => {
+            let got = values(&out).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            same_values("nested", &got, want)?;
+        }
+        (Err(Error::Tree { path, detail }), _) if depth > MAX_TREE_DEPTH => {
+            *tally.errors.entry("Tree".to_string()).or_default() += 1;
+            prop_assert!(detail.contains("nesting deeper"), "{}", detail);
+            prop_assert!(
+                path.starts_with("[1][\"k\"][0]")
+                    || path.starts_with("[\"k\"][0][1]")
+                    || path.starts_with("[0][1][\"k\"]"),
+                "{}",
+                path
+            );
+            prop_assert_eq!(deep.cache().entries, 0);
+        }
+        (Err(_), Err(_)) => {}
+        (got, _) => {
+            return Err(TestCaseError::fail(format!(
+                "nested {depth} deep: {:?}",
+                got.map(|_| "a value")
+            )))
+        }
+    }
     // The failure left nothing behind: a valid call is still right.
     let probe = compile(|x: Array| x.exp().sum_all());
     let e3 = probe
@@ -400,7 +460,7 @@ fn random_api_sequences_give_values_or_errors_never_panics() {
             let tally = std::cell::RefCell::new(Tally::default());
             // A fixed seed: CI must be reproducible; `KILN_CASES` explores further.
             let config = Config {
-                cases: cases(300),
+                cases: cases(1000),
                 failure_persistence: None,
                 ..Config::default()
             };
@@ -415,9 +475,12 @@ fn random_api_sequences_give_values_or_errors_never_panics() {
                     })
                     .unwrap_or_else(|_| Array::zeros(&d, t))
             });
+            let depth = prop_oneof![6 => 0usize..6, 1 => 300usize..400];
             let result = runner.run(
-                &(prop::collection::vec(step(), 1..12), argument),
-                |(steps, x)| fuzz_case(steps, x, &mut tally.borrow_mut(), gpu.as_ref()),
+                &(prop::collection::vec(step(), 1..12), argument, depth),
+                |(steps, x, depth)| {
+                    fuzz_case(steps, x, depth, &mut tally.borrow_mut(), gpu.as_ref())
+                },
             );
             println!("fuzz: {:?}", tally.borrow());
             if let Err(e) = result {
