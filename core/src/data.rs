@@ -181,7 +181,7 @@ impl HostData {
     }
 
     /// `len` copies of `value` converted to `dtype`, in a buffer allocated
-    /// fallibly: one the system cannot give is an [`Error::Allocation`]
+    /// fallibly: one the system cannot give is an [`crate::Error::Allocation`]
     /// naming `op`.
     pub fn try_filled(op: &str, dtype: DType, len: usize, value: f64) -> Result<HostData> {
         Ok(with_element_type!(dtype, T => {

@@ -1,8 +1,8 @@
 //! How large an array or a call may be, and the checked size arithmetic
 //! that enforces it.
 //!
-//! Every aval Kiln creates passes [`check_aval`] (shape rules, through
-//! [`crate::Array::apply`]) or [`check_shape`] (constructors, and every
+//! Every aval Kiln creates passes `check_aval` (shape rules, through
+//! [`crate::Array::apply`]) or `check_shape` (constructors, and every
 //! value of a shapeless call once its dims are resolved). After that check
 //! a shape's *extent* — the product of its dims with zeros counted as 1 —
 //! times the element size fits `isize::MAX`, so element counts, strides and

@@ -41,6 +41,17 @@ const STEPS: &[Step] = &[
         },
     },
     Step {
+        name: "doc",
+        what: "RUSTDOCFLAGS=-D warnings cargo doc --no-deps --workspace",
+        run: || {
+            process::run(
+                cargo()
+                    .args(["doc", "--no-deps", "--workspace"])
+                    .env("RUSTDOCFLAGS", "-D warnings"),
+            )
+        },
+    },
+    Step {
         name: "lavapipe",
         what: "install Mesa's software Vulkan driver (mesa-vulkan-drivers libvulkan1) if missing",
         run: || apt::ensure_installed(LAVAPIPE_PACKAGES),

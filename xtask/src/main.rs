@@ -13,7 +13,7 @@ usage: cargo xtask <command> [args]
 
 commands:
   ci [STEP...]      fmt, clippy, test and the wasm32 build of `kiln`, stopping at the
-                    first failure; STEPs pick a subset (steps: fmt clippy test wasm32)
+                    first failure; STEPs pick a subset (steps: fmt clippy doc lavapipe test wasm32)
   bench [NAME...]   run the benchmarks in release mode, print their JSON and write it
                     to target/kiln-bench.json; NAMEs select benchmarks by name or prefix
   wasm [--debian]   build `kiln` for wasm32-unknown-unknown (rustup target if it can be

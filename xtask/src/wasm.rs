@@ -180,7 +180,7 @@ fn ensure_debian_packages() -> Result<(), String> {
 }
 
 /// The std sources build-std reads: `<sysroot>/lib/rustlib/src/rust/library`, which
-/// rust-web-src provides as a link to /usr/src/rustc-<version>.
+/// rust-web-src provides as a link to `/usr/src/rustc-<version>`.
 fn std_sources() -> Result<PathBuf, String> {
     let sysroot = process::stdout_of(Command::new(DEBIAN_RUSTC).args(["--print", "sysroot"]))
         .ok_or_else(|| format!("`{DEBIAN_RUSTC} --print sysroot` failed"))?;

@@ -2,7 +2,7 @@
 //!
 //! [`Plan::build`] decides, per elementwise node, whether its output takes
 //! an operand's buffer ([`reinplace`]), then gives every computed value a
-//! slot and a lifetime ([`slots`]). Backends run through the plan; the
+//! slot and a lifetime (`plan::slots`). Backends run through the plan; the
 //! independent [`verify_plan`] checks every plan in debug builds and tests.
 
 mod reinplace;
