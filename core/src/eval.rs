@@ -4,8 +4,10 @@
 use crate::array::Array;
 use crate::error::Result;
 use crate::exec::{Backend, CpuBackend, Executable};
-use crate::graph::{extract, optimize, Graph, Leaves, Passes};
+use crate::graph::Graph;
 use crate::hash::FastMap;
+use crate::passes::{optimize, Passes};
+use crate::trace::{extract, Leaves};
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex, OnceLock};
 

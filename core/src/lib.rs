@@ -7,6 +7,7 @@ extern crate self as kiln;
 
 pub mod array;
 pub mod compile;
+pub mod creation;
 pub mod data;
 pub mod dtype;
 pub mod error;
@@ -17,28 +18,35 @@ pub mod hash;
 pub mod limits;
 pub mod nn;
 pub mod ops;
+pub mod passes;
 pub mod plan;
 pub mod random;
+pub mod report;
 pub mod shape;
+pub mod trace;
 pub mod tree;
 
-pub use array::{concat, select, Array, Operand};
-pub use compile::{
-    compile, CacheInfo, CacheKey, CacheMiss, Compiled, LeafSignature, MissReason, PlanReport,
-    Report, ReportNode, SlotReport, SlotValue,
-};
+pub use array::Array;
+pub use compile::{compile, CacheKey, Compiled, LeafSignature};
 pub use data::{HostData, HostElement};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use eval::{eval, eval_cache_stats, EvalCacheStats};
 pub use exec::{Backend, CpuBackend, Executable};
-pub use graph::{Graph, GraphNode, PassRecord, Passes, ValueKind};
+pub use graph::{Graph, GraphNode, ValueKind};
 pub use kiln_derive::Tree;
 pub use limits::Limits;
+pub use ops::binary::Operand;
+pub use ops::layout::concat;
+pub use ops::select::select;
 pub use ops::{
     BinaryOp, Condition, CustomKernel, CustomOp, Guard, Op, ReduceOp, ShapeCx, SliceAxis, UnaryOp,
 };
+pub use passes::{PassRecord, Passes};
 pub use plan::{Home, Plan, PlanMemory, Refusal, ReinplaceDecision};
+pub use report::{
+    CacheInfo, CacheMiss, MissReason, PlanReport, Report, ReportNode, SlotReport, SlotValue,
+};
 pub use shape::{Atom, Aval, Dim, Shape, SymExpr, Symbol};
 pub use tree::{
     tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten, DifferenceKind,

@@ -6,11 +6,147 @@ use super::strided::{
     widen, HalfFloat, WrappingInt,
 };
 use super::ShapeCx;
+use crate::array::Array;
 use crate::data::{HostData, HostElement};
 use crate::error::{dtype_err, require_float, require_same_dtype, Result};
+use crate::ops::Op;
 use crate::shape::Aval;
 use crate::DType;
 use serde::{Deserialize, Serialize};
+
+impl Array {
+    fn binary(&self, op: BinaryOp, rhs: impl Operand) -> Array {
+        let rhs = rhs.into_array(self.dtype());
+        Array::apply(Op::Binary(op), vec![self.clone(), rhs])
+    }
+
+    /// `self ** rhs` (floats).
+    pub fn pow(&self, rhs: impl Operand) -> Array {
+        self.binary(BinaryOp::Pow, rhs)
+    }
+    /// Elementwise maximum.
+    pub fn maximum(&self, rhs: impl Operand) -> Array {
+        self.binary(BinaryOp::Maximum, rhs)
+    }
+    /// Elementwise minimum.
+    pub fn minimum(&self, rhs: impl Operand) -> Array {
+        self.binary(BinaryOp::Minimum, rhs)
+    }
+    /// `self == rhs` as bool.
+    pub fn equal(&self, rhs: impl Operand) -> Array {
+        self.binary(BinaryOp::Eq, rhs)
+    }
+    /// `self != rhs` as bool.
+    pub fn not_equal(&self, rhs: impl Operand) -> Array {
+        self.binary(BinaryOp::Ne, rhs)
+    }
+    /// `self < rhs` as bool.
+    pub fn less(&self, rhs: impl Operand) -> Array {
+        self.binary(BinaryOp::Lt, rhs)
+    }
+    /// `self <= rhs` as bool.
+    pub fn less_equal(&self, rhs: impl Operand) -> Array {
+        self.binary(BinaryOp::Le, rhs)
+    }
+    /// `self > rhs` as bool.
+    pub fn greater(&self, rhs: impl Operand) -> Array {
+        self.binary(BinaryOp::Gt, rhs)
+    }
+    /// `self >= rhs` as bool.
+    pub fn greater_equal(&self, rhs: impl Operand) -> Array {
+        self.binary(BinaryOp::Ge, rhs)
+    }
+}
+
+/// Something usable as an op operand: an array, or a Rust number that
+/// becomes a scalar of the other operand's dtype.
+pub trait Operand {
+    /// The dtype of an array operand; `None` for a number.
+    fn dtype(&self) -> Option<DType>;
+    /// The operand as an array; numbers take `dtype`.
+    fn into_array(self, dtype: DType) -> Array;
+}
+
+impl Operand for Array {
+    fn dtype(&self) -> Option<DType> {
+        Some(Array::dtype(self))
+    }
+    fn into_array(self, _: DType) -> Array {
+        self
+    }
+}
+
+impl Operand for &Array {
+    fn dtype(&self) -> Option<DType> {
+        Some(Array::dtype(self))
+    }
+    fn into_array(self, _: DType) -> Array {
+        self.clone()
+    }
+}
+
+macro_rules! number_operand {
+    ($($t:ty),*) => {$(
+        impl Operand for $t {
+            fn dtype(&self) -> Option<DType> {
+                None
+            }
+            fn into_array(self, dtype: DType) -> Array {
+                Array::scalar(self as f64, dtype)
+            }
+        }
+    )*};
+}
+number_operand!(f32, f64);
+
+macro_rules! integer_operand {
+    ($($t:ty),*) => {$(
+        impl Operand for $t {
+            fn dtype(&self) -> Option<DType> {
+                None
+            }
+            fn into_array(self, dtype: DType) -> Array {
+                // Rounded once from the exact integer: `self as f64` would
+                // round an i64 or usize above 2^53 twice.
+                Array::scalar(dtype.round_integer(self as i128), dtype)
+            }
+        }
+    )*};
+}
+integer_operand!(i32, i64, u32, usize);
+
+macro_rules! operator {
+    ($trait:ident, $method:ident, $op:expr) => {
+        impl<R: Operand> std::ops::$trait<R> for Array {
+            type Output = Array;
+            fn $method(self, rhs: R) -> Array {
+                self.binary($op, rhs)
+            }
+        }
+        impl<R: Operand> std::ops::$trait<R> for &Array {
+            type Output = Array;
+            fn $method(self, rhs: R) -> Array {
+                self.binary($op, rhs)
+            }
+        }
+        impl std::ops::$trait<Array> for f32 {
+            type Output = Array;
+            fn $method(self, rhs: Array) -> Array {
+                Array::scalar(self as f64, rhs.dtype()).binary($op, rhs)
+            }
+        }
+        impl std::ops::$trait<&Array> for f32 {
+            type Output = Array;
+            fn $method(self, rhs: &Array) -> Array {
+                Array::scalar(self as f64, rhs.dtype()).binary($op, rhs)
+            }
+        }
+    };
+}
+operator!(Add, add, BinaryOp::Add);
+operator!(Sub, sub, BinaryOp::Sub);
+operator!(Mul, mul, BinaryOp::Mul);
+operator!(Div, div, BinaryOp::Div);
 
 /// An elementwise two-operand op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -1,10 +1,19 @@
 //! Elementwise dtype conversion: shape rule and reference evaluation.
 
 use super::strided::widen;
+use crate::array::Array;
 use crate::data::HostData;
+use crate::ops::Op;
 use crate::shape::Aval;
 use crate::DType;
 use half::{bf16, f16};
+
+impl Array {
+    /// Elementwise conversion to `dtype`.
+    pub fn cast(&self, dtype: DType) -> Array {
+        Array::apply(Op::Cast(dtype), vec![self.clone()])
+    }
+}
 
 /// The output aval: the operand's shape with the new dtype.
 pub fn shape_rule(aval: &Aval, dtype: DType) -> Aval {

@@ -1,10 +1,25 @@
 //! NumPy `take` along one axis: shape rule and reference evaluation.
 
 use super::strided::numel;
+use crate::array::Array;
 use crate::data::{HostData, HostElement};
 use crate::error::{arg_err, dtype_err, Error, Result};
+use crate::ops::Op;
 use crate::shape::{Aval, Shape};
 use crate::DType;
+
+impl Array {
+    /// NumPy `take`: entries along `axis` picked by integer `indices`.
+    pub fn take(&self, indices: &Array, axis: isize) -> Array {
+        if indices.error().is_some() && self.error().is_none() {
+            return indices.clone();
+        }
+        match self.normalize_axis("take", axis) {
+            Ok(axis) => Array::apply(Op::Take { axis }, vec![self.clone(), indices.clone()]),
+            Err(e) => Array::failed(e),
+        }
+    }
+}
 
 const OP: &str = "take";
 

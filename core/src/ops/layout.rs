@@ -4,13 +4,179 @@
 
 use super::strided::{broadcast_strides, gather, numel, row_major_strides};
 use super::ShapeCx;
+use crate::array::{normalize_axis, Array};
 use crate::data::{HostData, HostElement};
 use crate::error::{arg_err, dtype_err, shape_err, Result};
+use crate::ops::Op;
 use crate::shape::{Aval, Dim, Shape, SymExpr};
 use crate::DType;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::fmt;
+
+impl Array {
+    /// Same elements in a new shape; one entry may be `-1` (inferred).
+    pub fn reshape(&self, shape: &[i64]) -> Array {
+        match self.infer_reshape(shape) {
+            Ok(target) => self.reshape_to(target),
+            Err(e) => Array::failed(e),
+        }
+    }
+
+    fn infer_reshape(&self, shape: &[i64]) -> Result<Shape> {
+        self.first_error()?;
+        let infer: Vec<usize> = (0..shape.len()).filter(|&i| shape[i] == -1).collect();
+        if infer.len() > 1 || shape.iter().any(|&d| d < -1) {
+            return Err(arg_err(
+                "reshape",
+                format!("target {shape:?} may hold one -1 and otherwise sizes ≥ 0"),
+            ));
+        }
+        // Saturating: the result's size check rejects an absurd target.
+        let known = shape
+            .iter()
+            .filter(|&&d| d >= 0)
+            .fold(1usize, |acc, &d| acc.saturating_mul(d as usize));
+        let mut dims: Vec<Dim> = shape
+            .iter()
+            .map(|&d| Dim::Known(d.max(0) as usize))
+            .collect();
+        if let Some(&i) = infer.first() {
+            let numel = self.shape().numel();
+            dims[i] = match numel {
+                Dim::Known(n) if known == 0 || n % known != 0 => {
+                    return Err(crate::error::shape_err(
+                        "reshape",
+                        &[self.aval()],
+                        format!("cannot infer -1 in {shape:?}: {n} elements are not a multiple of {known}"),
+                    ))
+                }
+                Dim::Known(n) => Dim::Known(n / known),
+                Dim::Sym(e) => Dim::from_expr(e.floor_div(known.max(1) as u64)),
+            };
+        }
+        Ok(Shape(dims))
+    }
+
+    /// Same elements in the given shape (dims may be symbolic).
+    pub fn reshape_to(&self, shape: impl Into<Shape>) -> Array {
+        let shape = shape.into();
+        if *self.shape() == shape {
+            return self.clone();
+        }
+        Array::apply(Op::Reshape(shape), vec![self.clone()])
+    }
+
+    /// Permutes the axes: output axis `i` is input axis `perm[i]`.
+    pub fn permute(&self, perm: &[usize]) -> Array {
+        Array::apply(Op::Permute(perm.to_vec()), vec![self.clone()])
+    }
+
+    /// Reverses the axes (matrix transpose for rank 2).
+    pub fn transpose(&self) -> Array {
+        let perm: Vec<usize> = (0..self.ndim()).rev().collect();
+        self.permute(&perm)
+    }
+
+    /// Swaps two axes.
+    pub fn swap_axes(&self, a: isize, b: isize) -> Array {
+        let rank = self.ndim();
+        match (
+            self.normalize_axis("swap_axes", a),
+            self.normalize_axis("swap_axes", b),
+        ) {
+            (Ok(a), Ok(b)) => {
+                let mut perm: Vec<usize> = (0..rank).collect();
+                perm.swap(a, b);
+                self.permute(&perm)
+            }
+            (Err(e), _) | (_, Err(e)) => Array::failed(e),
+        }
+    }
+
+    /// NumPy broadcast to `shape`.
+    pub fn broadcast_to(&self, shape: impl Into<Shape>) -> Array {
+        let shape = shape.into();
+        if *self.shape() == shape {
+            return self.clone();
+        }
+        Array::apply(Op::BroadcastTo(shape), vec![self.clone()])
+    }
+
+    /// Strided slice with one [`SliceAxis`] per dim.
+    pub fn slice(&self, axes: &[SliceAxis]) -> Array {
+        Array::apply(Op::Slice(axes.to_vec()), vec![self.clone()])
+    }
+
+    /// Slice of one axis: `start..stop` by `step`, other axes whole.
+    pub fn slice_axis(&self, axis: isize, start: i64, stop: Option<i64>, step: i64) -> Array {
+        match self.normalize_axis("slice", axis) {
+            Ok(axis) => {
+                let mut axes = vec![SliceAxis::full(); self.ndim()];
+                axes[axis] = SliceAxis { start, stop, step };
+                self.slice(&axes)
+            }
+            Err(e) => Array::failed(e),
+        }
+    }
+
+    /// Inserts a size-1 axis at `axis` (negative counts from the end of the result).
+    pub fn expand_dims(&self, axis: isize) -> Array {
+        let axis = self
+            .first_error()
+            .and_then(|()| normalize_axis("expand_dims", axis, self.ndim() + 1));
+        match axis {
+            Ok(axis) => {
+                let mut dims = self.shape().0.clone();
+                dims.insert(axis, Dim::Known(1));
+                Array::apply(Op::Reshape(Shape(dims)), vec![self.clone()])
+            }
+            Err(e) => Array::failed(e),
+        }
+    }
+
+    /// Removes the given size-1 axes (all size-1 axes when empty).
+    pub fn squeeze(&self, axes: &[isize]) -> Array {
+        if self.error().is_some() {
+            return self.clone();
+        }
+        let dims = &self.shape().0;
+        let axes = if axes.is_empty() {
+            (0..dims.len())
+                .filter(|&i| dims[i] == Dim::Known(1))
+                .collect()
+        } else {
+            match self.normalize_axes("squeeze", axes) {
+                Ok(a) => a,
+                Err(e) => return Array::failed(e),
+            }
+        };
+        if let Some(&bad) = axes.iter().find(|&&i| dims[i] != Dim::Known(1)) {
+            return Array::failed(crate::error::shape_err(
+                "squeeze",
+                &[self.aval()],
+                format!("axis {bad} has size {}, not 1", dims[bad]),
+            ));
+        }
+        let kept: Vec<Dim> = (0..dims.len())
+            .filter(|i| !axes.contains(i))
+            .map(|i| dims[i].clone())
+            .collect();
+        Array::apply(Op::Reshape(Shape(kept)), vec![self.clone()])
+    }
+}
+
+/// Concatenates arrays along `axis`.
+pub fn concat(arrays: &[Array], axis: isize) -> Array {
+    if let Some(failed) = arrays.iter().find(|a| a.error().is_some()) {
+        return failed.clone();
+    }
+    let rank = arrays.first().map_or(0, Array::ndim);
+    match normalize_axis("concat", axis, rank) {
+        Ok(axis) => Array::apply(Op::Concat { axis }, arrays.to_vec()),
+        Err(e) => Array::failed(e),
+    }
+}
 
 /// One axis of a strided slice, NumPy style `start:stop:step` with a
 /// positive step. Negative `start`/`stop` count from the end.

@@ -6,10 +6,39 @@ use super::strided::{
     WrappingInt,
 };
 use super::ShapeCx;
+use crate::array::Array;
 use crate::data::HostData;
 use crate::error::{dtype_err, require_same_dtype, shape_err, Error, Result};
+use crate::ops::Op;
 use crate::shape::{Aval, Shape};
 use crate::DType;
+
+impl Array {
+    /// Matrix product with NumPy semantics: rank-1 operands are promoted
+    /// (and the added axis removed), batch dims broadcast.
+    pub fn matmul(&self, rhs: &Array) -> Array {
+        let lhs_vec = self.ndim() == 1;
+        let rhs_vec = rhs.ndim() == 1;
+        let a = if lhs_vec {
+            self.expand_dims(0)
+        } else {
+            self.clone()
+        };
+        let b = if rhs_vec {
+            rhs.expand_dims(1)
+        } else {
+            rhs.clone()
+        };
+        let mut out = Array::apply(Op::Matmul, vec![a, b]);
+        if rhs_vec {
+            out = out.squeeze(&[-1]);
+        }
+        if lhs_vec {
+            out = out.squeeze(&[-2 + rhs_vec as isize]);
+        }
+        out
+    }
+}
 
 const OP: &str = "matmul";
 

@@ -5,11 +5,90 @@ use super::strided::{
     check_axes, eval_dtype_err, for_each_offset, nan_max, nan_min, narrow, numel,
     row_major_strides, widen, WrappingInt,
 };
+use crate::array::Array;
 use crate::data::HostData;
 use crate::error::{arg_err, dtype_err, shape_err, Error, Result};
+use crate::ops::Op;
 use crate::shape::{Aval, Dim, Shape};
 use crate::DType;
 use serde::{Deserialize, Serialize};
+
+impl Array {
+    fn reduce(&self, op: ReduceOp, axes: &[isize], keepdims: bool) -> Array {
+        match self.normalize_axes(op.name(), axes) {
+            Ok(axes) => Array::apply(Op::Reduce { op, axes, keepdims }, vec![self.clone()]),
+            Err(e) => Array::failed(e),
+        }
+    }
+
+    fn all_axes(&self) -> Vec<isize> {
+        (0..self.ndim() as isize).collect()
+    }
+
+    /// Sum over `axes` (negative counts from the end).
+    pub fn sum(&self, axes: &[isize], keepdims: bool) -> Array {
+        self.reduce(ReduceOp::Sum, axes, keepdims)
+    }
+    /// Sum of every element (a scalar).
+    pub fn sum_all(&self) -> Array {
+        self.sum(&self.all_axes(), false)
+    }
+    /// Maximum over `axes`.
+    pub fn max(&self, axes: &[isize], keepdims: bool) -> Array {
+        self.reduce(ReduceOp::Max, axes, keepdims)
+    }
+    /// Minimum over `axes`.
+    pub fn min(&self, axes: &[isize], keepdims: bool) -> Array {
+        self.reduce(ReduceOp::Min, axes, keepdims)
+    }
+    /// Mean over `axes`: the sum divided by the element count (known per
+    /// call in a shapeless compile); NaN over an empty axis.
+    ///
+    /// As in JAX, integer and bool arrays average to f32, and f16/bf16 sum
+    /// and divide in f32 and round once at the end, so neither a sum above
+    /// the 16-bit range (65,504 for f16) nor a count above it (or above 255
+    /// for u8) spoils the result.
+    ///
+    /// ```
+    /// use kiln::{Array, DType};
+    /// let bytes = Array::full(&[300], 200.0, DType::U8);
+    /// assert_eq!(bytes.mean_all().to_vec::<f32>().unwrap(), [200.0]);
+    /// ```
+    pub fn mean(&self, axes: &[isize], keepdims: bool) -> Array {
+        match self.normalize_axes("mean", axes) {
+            Ok(norm) => {
+                let count = Array::apply(
+                    Op::DimSize {
+                        axes: norm,
+                        dtype: DType::F32,
+                    },
+                    vec![self.clone()],
+                );
+                let wide = match self.dtype() {
+                    DType::F32 => self.clone(),
+                    _ => self.cast(DType::F32),
+                };
+                let mean = wide.sum(axes, keepdims) / count;
+                match self.dtype() {
+                    DType::F16 | DType::BF16 => mean.cast(self.dtype()),
+                    _ => mean,
+                }
+            }
+            Err(e) => Array::failed(e),
+        }
+    }
+    /// Mean of every element.
+    pub fn mean_all(&self) -> Array {
+        self.mean(&self.all_axes(), false)
+    }
+    /// Index (u32) of the maximum along `axis`, first on ties.
+    pub fn argmax(&self, axis: isize, keepdims: bool) -> Array {
+        match self.normalize_axis("argmax", axis) {
+            Ok(axis) => Array::apply(Op::ArgMax { axis, keepdims }, vec![self.clone()]),
+            Err(e) => Array::failed(e),
+        }
+    }
+}
 
 /// A reduction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -3,10 +3,34 @@
 
 use super::strided::{broadcast_shapes, broadcast_strides, eval_dtype_err, for_each_offset, numel};
 use super::ShapeCx;
+use crate::array::Array;
 use crate::data::{HostData, HostElement};
 use crate::error::{arg_err, dtype_err, require_same_dtype, Result};
+use crate::ops::binary::Operand;
+use crate::ops::Op;
 use crate::shape::Aval;
 use crate::DType;
+
+impl Array {
+    /// `where(self, on_true, on_false)` with `self` a bool condition.
+    pub fn select(&self, on_true: impl Operand, on_false: impl Operand) -> Array {
+        // Numbers take the dtype of the array branch (f32 if both are numbers).
+        let dtype = on_true.dtype().or(on_false.dtype()).unwrap_or(DType::F32);
+        Array::apply(
+            Op::Select,
+            vec![
+                self.clone(),
+                on_true.into_array(dtype),
+                on_false.into_array(dtype),
+            ],
+        )
+    }
+}
+
+/// `where(cond, on_true, on_false)`.
+pub fn select(cond: &Array, on_true: impl Operand, on_false: impl Operand) -> Array {
+    cond.select(on_true, on_false)
+}
 
 const OP: &str = "where";
 
@@ -45,13 +69,13 @@ pub fn eval(inputs: &[&HostData], in_shapes: &[&[usize]], out_shape: &[usize]) -
     };
     let mismatch = || eval_dtype_err(OP, &[a.dtype(), b.dtype()], "operand dtypes differ");
     Ok(match (a, b) {
-        (HostData::F32(x), HostData::F32(y)) => select(c, x, y, &shapes),
-        (HostData::F16(x), HostData::F16(y)) => select(c, x, y, &shapes),
-        (HostData::BF16(x), HostData::BF16(y)) => select(c, x, y, &shapes),
-        (HostData::I32(x), HostData::I32(y)) => select(c, x, y, &shapes),
-        (HostData::U32(x), HostData::U32(y)) => select(c, x, y, &shapes),
-        (HostData::U8(x), HostData::U8(y)) => select(c, x, y, &shapes),
-        (HostData::Bool(x), HostData::Bool(y)) => select(c, x, y, &shapes),
+        (HostData::F32(x), HostData::F32(y)) => select_typed(c, x, y, &shapes),
+        (HostData::F16(x), HostData::F16(y)) => select_typed(c, x, y, &shapes),
+        (HostData::BF16(x), HostData::BF16(y)) => select_typed(c, x, y, &shapes),
+        (HostData::I32(x), HostData::I32(y)) => select_typed(c, x, y, &shapes),
+        (HostData::U32(x), HostData::U32(y)) => select_typed(c, x, y, &shapes),
+        (HostData::U8(x), HostData::U8(y)) => select_typed(c, x, y, &shapes),
+        (HostData::Bool(x), HostData::Bool(y)) => select_typed(c, x, y, &shapes),
         _ => return Err(mismatch()),
     })
 }
@@ -63,7 +87,7 @@ struct Shapes<'s> {
     out: &'s [usize],
 }
 
-fn select<T: HostElement>(c: &[bool], a: &[T], b: &[T], shapes: &Shapes<'_>) -> HostData {
+fn select_typed<T: HostElement>(c: &[bool], a: &[T], b: &[T], shapes: &Shapes<'_>) -> HostData {
     let n = numel(shapes.out);
     if c.len() == n && a.len() == n && b.len() == n {
         return T::wrap(

@@ -1,11 +1,82 @@
 //! Elementwise one-operand math: shape rule and reference evaluation.
 
 use super::strided::{eval_dtype_err, narrow, widen, HalfFloat};
+use crate::array::Array;
 use crate::data::HostData;
 use crate::error::{dtype_err, require_float, Result};
+use crate::ops::Op;
 use crate::shape::Aval;
 use crate::DType;
 use serde::{Deserialize, Serialize};
+
+impl Array {
+    fn unary(&self, op: UnaryOp) -> Array {
+        Array::apply(Op::Unary(op), vec![self.clone()])
+    }
+
+    /// `-x`.
+    pub fn neg(&self) -> Array {
+        self.unary(UnaryOp::Neg)
+    }
+    /// `|x|`.
+    pub fn abs(&self) -> Array {
+        self.unary(UnaryOp::Abs)
+    }
+    /// `e^x`.
+    pub fn exp(&self) -> Array {
+        self.unary(UnaryOp::Exp)
+    }
+    /// Natural logarithm.
+    pub fn log(&self) -> Array {
+        self.unary(UnaryOp::Log)
+    }
+    /// Sine.
+    pub fn sin(&self) -> Array {
+        self.unary(UnaryOp::Sin)
+    }
+    /// Cosine.
+    pub fn cos(&self) -> Array {
+        self.unary(UnaryOp::Cos)
+    }
+    /// Hyperbolic tangent.
+    pub fn tanh(&self) -> Array {
+        self.unary(UnaryOp::Tanh)
+    }
+    /// Square root.
+    pub fn sqrt(&self) -> Array {
+        self.unary(UnaryOp::Sqrt)
+    }
+    /// `1 / sqrt(x)`.
+    pub fn rsqrt(&self) -> Array {
+        self.unary(UnaryOp::Rsqrt)
+    }
+    /// `1 / (1 + e^-x)`.
+    pub fn sigmoid(&self) -> Array {
+        self.unary(UnaryOp::Sigmoid)
+    }
+    /// `max(x, 0)`.
+    pub fn relu(&self) -> Array {
+        self.unary(UnaryOp::Relu)
+    }
+    /// The error function.
+    pub fn erf(&self) -> Array {
+        self.unary(UnaryOp::Erf)
+    }
+}
+
+impl std::ops::Neg for Array {
+    type Output = Array;
+    fn neg(self) -> Array {
+        Array::neg(&self)
+    }
+}
+
+impl std::ops::Neg for &Array {
+    type Output = Array;
+    fn neg(self) -> Array {
+        Array::neg(self)
+    }
+}
 
 /// An elementwise one-operand op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

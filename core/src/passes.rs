@@ -1,0 +1,351 @@
+//! The passes that rewrite a graph: simplify, constant folding, CSE and DCE
+//! in one forward sweep, then elementwise fusion.
+
+use crate::data::HostData;
+use crate::error::Result;
+use crate::graph::{Graph, GraphNode, Literal, Operands, ValueId, ValueKind};
+use crate::hash::{fast_map, FastHasher, FastMap};
+use crate::ops::{FusedArg, FusedKernel, FusedStep, Op};
+use crate::shape::Aval;
+use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+/// What one pass did, for the [`crate::Report`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassRecord {
+    /// The pass: `simplify`, `constant_folding`, `cse`, `dce`, `fuse`.
+    pub pass: String,
+    /// How many values it removed, folded or merged.
+    pub changed: usize,
+}
+
+/// Constant-folded results may grow at most to this many elements beyond
+/// their operands: folding `broadcast_to(0, [4096, 4096])` would bake a
+/// large buffer into the executable.
+const FOLD_GROWTH_LIMIT: usize = 1024;
+
+/// Which optional passes [`optimize`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Passes {
+    /// Fuse trees of elementwise ops into single ops.
+    pub fuse: bool,
+}
+
+impl Default for Passes {
+    fn default() -> Passes {
+        Passes { fuse: true }
+    }
+}
+
+/// Runs simplify, constant folding and CSE in one forward sweep, then DCE,
+/// then (if enabled) elementwise fusion.
+pub fn optimize(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<PassRecord>)> {
+    let mut out = Graph {
+        num_inputs: graph.num_inputs,
+        guards: graph.guards.clone(),
+        ..Graph::default()
+    };
+    let mut remap: Vec<ValueId> = Vec::with_capacity(graph.nodes.len());
+    // CSE table: node hash → the emitted values with that hash, compared
+    // in place against `out.nodes` so no node is copied into the table.
+    let mut seen: FastMap<u64, SmallVec<[ValueId; 1]>> = fast_map(graph.nodes.len());
+    let (mut simplified, mut folded, mut merged) = (0, 0, 0);
+    for node in &graph.nodes {
+        let inputs: Operands = node.inputs.iter().map(|&i| remap[i]).collect();
+        if let ValueKind::Op(op) = &node.kind {
+            if let Some(&alias) = inputs
+                .first()
+                .filter(|_| is_identity(op, &node.aval, &out, &inputs))
+            {
+                simplified += 1;
+                remap.push(alias);
+                continue;
+            }
+        }
+        let mut candidate = GraphNode {
+            kind: node.kind.clone(),
+            inputs,
+            aval: node.aval.clone(),
+        };
+        if let Some(literal) = fold(&candidate, &out)? {
+            folded += 1;
+            candidate = GraphNode {
+                kind: ValueKind::Constant(literal),
+                inputs: Operands::new(),
+                aval: node.aval.clone(),
+            };
+        }
+        let hash = {
+            let mut state = FastHasher::default();
+            candidate.hash(&mut state);
+            state.finish()
+        };
+        let same = seen.entry(hash).or_default();
+        match same.iter().copied().find(|&id| out.nodes[id] == candidate) {
+            Some(existing) => {
+                merged += 1;
+                remap.push(existing);
+            }
+            None => {
+                let id = out.nodes.len();
+                same.push(id);
+                out.nodes.push(candidate);
+                remap.push(id);
+            }
+        }
+    }
+    out.outputs = graph.outputs.iter().map(|&o| remap[o]).collect();
+    let (out, removed) = dce(out);
+    let mut records = vec![
+        PassRecord {
+            pass: "simplify".into(),
+            changed: simplified,
+        },
+        PassRecord {
+            pass: "constant_folding".into(),
+            changed: folded,
+        },
+        PassRecord {
+            pass: "cse".into(),
+            changed: merged,
+        },
+        PassRecord {
+            pass: "dce".into(),
+            changed: removed,
+        },
+    ];
+    if !passes.fuse {
+        return Ok((out, records));
+    }
+    let (out, fused) = fuse(out)?;
+    records.push(PassRecord {
+        pass: "fuse".into(),
+        changed: fused,
+    });
+    Ok((out, records))
+}
+
+/// Groups elementwise ops into [`Op::Fused`] ops; returns the graph and how
+/// many ops were absorbed into a group.
+///
+/// Walking the schedule backwards, an elementwise value joins the group of
+/// its consumers when all of them are in one elementwise group, it is not a
+/// graph output, and its shape provably equals the group's. Every member but
+/// the root is then read only inside its group, so groups are trees with one
+/// output (operands shared inside a group are fine) and never form a cycle
+/// with the rest of the graph.
+pub fn fuse(graph: Graph) -> Result<(Graph, usize)> {
+    let n = graph.nodes.len();
+    let fusible = |v: ValueId| matches!(&graph.nodes[v].kind, ValueKind::Op(op) if op.is_elementwise() && !matches!(op, Op::Fused(_)));
+    // Consumers of each value, deduplicated, in one flat table (CSR).
+    let mut first_consumer = vec![0usize; n + 1];
+    let distinct_inputs = |v: usize| {
+        let inputs = &graph.nodes[v].inputs;
+        (0..inputs.len())
+            .filter(move |&k| !inputs[..k].contains(&inputs[k]))
+            .map(move |k| inputs[k])
+    };
+    for v in 0..n {
+        for i in distinct_inputs(v) {
+            first_consumer[i + 1] += 1;
+        }
+    }
+    for v in 0..n {
+        first_consumer[v + 1] += first_consumer[v];
+    }
+    let mut consumer_table = vec![0usize; first_consumer[n]];
+    let mut filled = first_consumer.clone();
+    for v in 0..n {
+        for i in distinct_inputs(v) {
+            consumer_table[filled[i]] = v;
+            filled[i] += 1;
+        }
+    }
+    let consumers = |v: usize| &consumer_table[first_consumer[v]..first_consumer[v + 1]];
+    let mut is_output = vec![false; n];
+    for &o in &graph.outputs {
+        is_output[o] = true;
+    }
+    let mut root: Vec<ValueId> = (0..n).collect();
+    let mut group_size = vec![1usize; n];
+    for v in (0..n).rev() {
+        if !fusible(v) || is_output[v] {
+            continue;
+        }
+        let Some(&first) = consumers(v).first() else {
+            continue;
+        };
+        let group = root[first];
+        if fusible(group)
+            && consumers(v).iter().all(|&c| root[c] == group)
+            && graph.nodes[v].aval.shape == graph.nodes[group].aval.shape
+        {
+            root[v] = group;
+            group_size[group] += 1;
+        }
+    }
+    let mut members: Vec<Vec<ValueId>> = vec![Vec::new(); n];
+    for v in 0..n {
+        if group_size[root[v]] > 1 {
+            members[root[v]].push(v);
+        }
+    }
+    let mut out = Graph {
+        num_inputs: graph.num_inputs,
+        guards: graph.guards.clone(),
+        ..Graph::default()
+    };
+    let mut remap = vec![usize::MAX; n];
+    let mut step_of: Vec<Option<usize>> = vec![None; n];
+    let mut absorbed = 0;
+    for v in 0..n {
+        if root[v] != v {
+            continue;
+        }
+        let node = &graph.nodes[v];
+        remap[v] = out.nodes.len();
+        if members[v].is_empty() {
+            let inputs = node.inputs.iter().map(|&i| remap[i]).collect();
+            out.nodes.push(GraphNode {
+                kind: node.kind.clone(),
+                inputs,
+                aval: node.aval.clone(),
+            });
+            continue;
+        }
+        absorbed += members[v].len() - 1;
+        let mut external: Vec<ValueId> = Vec::new();
+        let mut steps = Vec::with_capacity(members[v].len());
+        for &m in &members[v] {
+            let ValueKind::Op(op) = &graph.nodes[m].kind else {
+                unreachable!("only ops join groups");
+            };
+            let args = graph.nodes[m]
+                .inputs
+                .iter()
+                .map(|&i| match step_of[i].filter(|_| root[i] == v) {
+                    Some(s) => FusedArg::Step(s),
+                    None => FusedArg::Input(external.iter().position(|&e| e == i).unwrap_or_else(
+                        || {
+                            external.push(i);
+                            external.len() - 1
+                        },
+                    )),
+                })
+                .collect();
+            step_of[m] = Some(steps.len());
+            steps.push(FusedStep {
+                op: op.clone(),
+                args,
+            });
+        }
+        let kernel = FusedKernel::new(steps, external.len())?;
+        out.nodes.push(GraphNode {
+            kind: ValueKind::Op(Op::Fused(Arc::new(kernel))),
+            inputs: external.iter().map(|&e| remap[e]).collect(),
+            aval: node.aval.clone(),
+        });
+    }
+    out.outputs = graph.outputs.iter().map(|&o| remap[o]).collect();
+    Ok((out, absorbed))
+}
+
+/// True when `op` returns its first operand unchanged.
+fn is_identity(op: &Op, aval: &Aval, graph: &Graph, inputs: &[ValueId]) -> bool {
+    let operand = &graph.nodes[inputs[0]].aval;
+    match op {
+        Op::Reshape(_) | Op::BroadcastTo(_) | Op::Cast(_) => operand == aval,
+        Op::Permute(perm) => perm.iter().enumerate().all(|(i, &p)| i == p),
+        _ => false,
+    }
+}
+
+/// Evaluates `node` now if everything it needs is known.
+fn fold(node: &GraphNode, graph: &Graph) -> Result<Option<Literal>> {
+    let ValueKind::Op(op) = &node.kind else {
+        return Ok(None);
+    };
+    let is_constant = |i: &ValueId| matches!(graph.nodes[*i].kind, ValueKind::Constant(_));
+    if !matches!(op, Op::DimSize { .. }) && !node.inputs.iter().all(is_constant) {
+        return Ok(None);
+    }
+    let Some(out_shape) = node.aval.shape.as_known() else {
+        return Ok(None);
+    };
+    if let Op::DimSize { axes, dtype } = op {
+        // Needs only the operand's shape, which may be known while its data is not.
+        let Some(in_shape) = graph.nodes[node.inputs[0]].aval.shape.as_known() else {
+            return Ok(None);
+        };
+        let count: usize = axes.iter().map(|&a| in_shape[a]).product();
+        return Ok(Some(Literal(Arc::new(HostData::filled(
+            *dtype,
+            1,
+            count as f64,
+        )))));
+    }
+    let mut datas = Vec::with_capacity(node.inputs.len());
+    let mut shapes = Vec::with_capacity(node.inputs.len());
+    for &i in &node.inputs {
+        let operand = &graph.nodes[i];
+        match (&operand.kind, operand.aval.shape.as_known()) {
+            (ValueKind::Constant(l), Some(s)) => {
+                datas.push(l.0.as_ref());
+                shapes.push(s);
+            }
+            _ => return Ok(None),
+        }
+    }
+    let out_len: usize = out_shape.iter().product();
+    let in_len = datas.iter().map(|d| d.len()).max().unwrap_or(0);
+    if datas.is_empty() || out_len > in_len + FOLD_GROWTH_LIMIT {
+        return Ok(None);
+    }
+    let shape_refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+    Ok(Some(Literal(Arc::new(op.eval(
+        &datas,
+        &shape_refs,
+        &out_shape,
+    )?))))
+}
+
+/// Removes values no output depends on; returns the graph and the count removed.
+pub fn dce(graph: Graph) -> (Graph, usize) {
+    let n = graph.nodes.len();
+    let mut live = vec![false; n];
+    for &o in &graph.outputs {
+        live[o] = true;
+    }
+    for i in (0..n).rev() {
+        if live[i] {
+            for &j in &graph.nodes[i].inputs {
+                live[j] = true;
+            }
+        }
+    }
+    let removed = live.iter().filter(|l| !**l).count();
+    if removed == 0 {
+        return (graph, 0);
+    }
+    let mut remap = vec![usize::MAX; n];
+    let mut nodes = Vec::with_capacity(n - removed);
+    for (i, node) in graph.nodes.into_iter().enumerate() {
+        if live[i] {
+            remap[i] = nodes.len();
+            let inputs = node.inputs.iter().map(|&j| remap[j]).collect();
+            nodes.push(GraphNode { inputs, ..node });
+        }
+    }
+    let outputs = graph.outputs.iter().map(|&o| remap[o]).collect();
+    (
+        Graph {
+            nodes,
+            outputs,
+            num_inputs: graph.num_inputs,
+            guards: graph.guards,
+        },
+        removed,
+    )
+}

@@ -1,0 +1,408 @@
+//! What a compiled function tells about itself: the explanation of each
+//! cache miss, and the report of each cache entry (graph, passes, guards,
+//! symbols, reinplace decisions and buffer plan). All serde-serializable;
+//! the playground renders them as they are.
+
+use crate::compile::CacheKey;
+use crate::exec::{Executable, SymbolSource};
+use crate::graph::ValueKind;
+use crate::passes::PassRecord;
+use crate::plan::{Home, PlanMemory, ReinplaceDecision};
+use crate::shape::Symbol;
+use crate::tree::{DifferenceKind, KeyPath, TreeDef};
+use crate::DType;
+use serde::{Deserialize, Serialize};
+use std::cell::OnceCell;
+use std::fmt;
+use std::sync::Arc;
+
+/// Why a call missed the cache, against the closest stored key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum MissReason {
+    /// Nothing was cached yet.
+    NeverSeen,
+    /// The tree has another structure at `path`.
+    TreeStructure {
+        /// Where, like `args.layers[2]`.
+        path: String,
+        /// The stored structure there.
+        before: String,
+        /// This call's structure there.
+        now: String,
+    },
+    /// A static value or aux datum differs at `path`.
+    Static {
+        /// Where.
+        path: String,
+        /// The stored value.
+        before: String,
+        /// This call's value.
+        now: String,
+    },
+    /// A leaf's shape or dtype differs.
+    Aval {
+        /// The leaf's path.
+        path: String,
+        /// The stored aval, like `f32[4,4]`.
+        before: String,
+        /// This call's aval.
+        now: String,
+    },
+    /// The key names another backend.
+    Backend {
+        /// The stored backend.
+        before: String,
+        /// This call's backend.
+        now: String,
+    },
+    /// A shapeless entry matched the key but its trace relied on a condition
+    /// this call's sizes break.
+    ShapeGuard {
+        /// The failed check.
+        detail: String,
+    },
+}
+
+impl fmt::Display for MissReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MissReason::NeverSeen => f.write_str("never seen"),
+            MissReason::TreeStructure { path, before, now } => {
+                write!(
+                    f,
+                    "tree structure differs at path {path} (before {before}, now {now})"
+                )
+            }
+            MissReason::Static { path, before, now } => {
+                write!(
+                    f,
+                    "static/aux differs at node {path}: before {before}, now {now}"
+                )
+            }
+            MissReason::Aval { path, before, now } => {
+                write!(f, "aval differs at leaf {path}: {before} → {now}")
+            }
+            MissReason::Backend { before, now } => write!(f, "backend differs: {before} → {now}"),
+            MissReason::ShapeGuard { detail } => write!(f, "shapeless guard failed: {detail}"),
+        }
+    }
+}
+
+/// One cache miss: which call, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheMiss {
+    /// The call's number (1-based) on this compiled function.
+    pub call: u64,
+    /// The differences from the closest stored key, most important first.
+    pub reasons: Vec<MissReason>,
+    /// The entry compared against, if any.
+    pub closest_entry: Option<usize>,
+}
+
+/// A node of a [`Report`]'s graph.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportNode {
+    /// Position in the schedule.
+    pub id: usize,
+    /// The op with parameters, `input args.a` or `constant`.
+    pub op: String,
+    /// Operand ids.
+    pub inputs: Vec<usize>,
+    /// Shape and dtype, like `f32[s0,4]`.
+    pub aval: String,
+    /// Where the value lives: `slot 2`, `args.x` or `constant`.
+    pub home: String,
+    /// For an elementwise node, whether it writes in place of an operand
+    /// and why each operand was or was not taken.
+    pub reinplace: Option<ReinplaceDecision>,
+}
+
+/// One value held by a slot, with its lifetime.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotValue {
+    /// The value's id.
+    pub value: usize,
+    /// The step defining it.
+    pub def: usize,
+    /// The last step reading it (the schedule's length: returned).
+    pub last: usize,
+}
+
+/// One slot of the buffer plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotReport {
+    /// The slot's index.
+    pub slot: usize,
+    /// Its size for the traced call's shapes, rounded to the slot alignment.
+    pub bytes: usize,
+    /// Its byte offset in the arena for the traced call's shapes.
+    pub offset: usize,
+    /// Its size as an expression of the symbols (before rounding).
+    pub bytes_expr: String,
+    /// The values it holds, in schedule order.
+    pub values: Vec<SlotValue>,
+}
+
+/// The buffer plan of an entry, as reports show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanReport {
+    /// Every slot with its values and their lifetimes.
+    pub slots: Vec<SlotReport>,
+    /// Peak, lower bound and no-reuse bytes for the traced call's shapes.
+    pub memory: PlanMemory,
+    /// The donated argument leaves.
+    pub donated: Vec<String>,
+    /// Elementwise nodes written in place of an operand.
+    pub reinplaced: usize,
+}
+
+/// What `compile` did for one cache entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// The entry's index in its cache.
+    pub entry: usize,
+    /// Whether dims were symbolic.
+    pub shapeless: bool,
+    /// The argument tree, rendered.
+    pub input_tree: String,
+    /// The result tree, rendered.
+    pub output_tree: String,
+    /// The traced graph before the passes.
+    pub traced_nodes: usize,
+    /// The optimized graph, in schedule order.
+    pub nodes: Vec<ReportNode>,
+    /// Ids of the returned values.
+    pub outputs: Vec<usize>,
+    /// The passes, in order, with what each changed.
+    pub passes: Vec<PassRecord>,
+    /// Conditions every call of a shapeless entry must satisfy.
+    pub guards: Vec<String>,
+    /// Where each symbol comes from, like `s0 = args.x.shape[0]`.
+    pub symbols: Vec<String>,
+    /// Reinplacing and slot planning.
+    pub plan: PlanReport,
+}
+
+/// A snapshot of a compiled function's cache.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CacheInfo {
+    /// Number of cached executables.
+    pub entries: usize,
+    /// Calls served from the cache.
+    pub hits: u64,
+    /// Calls that traced. Concurrent first calls of one signature may each
+    /// trace; all of them count as misses, but only the first to finish
+    /// adds an entry and the others are served by it, so `hits + misses`
+    /// is the number of calls and `entries` can be fewer than `misses`.
+    pub misses: u64,
+    /// The most recent misses (at most [`MISS_LOG_CAPACITY`]), oldest first,
+    /// each with its explanation; `misses` counts them all.
+    pub miss_log: Vec<CacheMiss>,
+    /// One report per entry.
+    pub reports: Vec<Arc<Report>>,
+}
+
+impl CacheInfo {
+    /// `2 entries, 5 hits, 2 misses`.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} entries, {} hits, {} misses",
+            self.entries, self.hits, self.misses
+        )
+    }
+
+    /// The most recent miss.
+    pub fn last_miss(&self) -> Option<&CacheMiss> {
+        self.miss_log.last()
+    }
+}
+
+/// Compares `key` with every stored key and explains the difference from
+/// the closest: same tree structure first, then the fewest differing leaves.
+pub(crate) fn explain_miss<'a>(
+    call: u64,
+    key: &CacheKey,
+    stored: impl Iterator<Item = &'a CacheKey>,
+) -> CacheMiss {
+    // The new key's leaf paths, listed once for all the comparisons (each
+    // path is as long as the tree is deep).
+    let leaf_paths = OnceCell::new();
+    let best = stored
+        .enumerate()
+        .map(|(i, stored)| (i, differences(stored, key, &leaf_paths)))
+        .min_by_key(|(_, reasons)| {
+            let structural = reasons
+                .iter()
+                .any(|r| matches!(r, MissReason::TreeStructure { .. }));
+            (structural, reasons.len())
+        });
+    match best {
+        None => CacheMiss {
+            call,
+            reasons: vec![MissReason::NeverSeen],
+            closest_entry: None,
+        },
+        Some((i, reasons)) => CacheMiss {
+            call,
+            reasons,
+            closest_entry: Some(i),
+        },
+    }
+}
+
+/// Every difference between a stored key and a new one; `now_paths` caches
+/// the new key's leaf paths.
+fn differences(
+    before: &CacheKey,
+    now: &CacheKey,
+    now_paths: &OnceCell<Vec<KeyPath>>,
+) -> Vec<MissReason> {
+    let mut reasons = Vec::new();
+    if before.backend != now.backend {
+        reasons.push(MissReason::Backend {
+            before: before.backend.clone(),
+            now: now.backend.clone(),
+        });
+    }
+    if let Some(diff) = before.tree.first_difference(&now.tree) {
+        let path = arg_path(&diff.path);
+        reasons.push(match diff.kind {
+            DifferenceKind::Structure { before, now } => {
+                MissReason::TreeStructure { path, before, now }
+            }
+            DifferenceKind::Static { before, now } => MissReason::Static { path, before, now },
+        });
+        if reasons
+            .iter()
+            .any(|r| matches!(r, MissReason::TreeStructure { .. }))
+        {
+            return reasons;
+        }
+    }
+    let paths = now_paths.get_or_init(|| now.tree.leaf_paths());
+    for (i, (b, n)) in before.leaves.iter().zip(&now.leaves).enumerate() {
+        if b != n {
+            reasons.push(MissReason::Aval {
+                path: paths.get(i).map_or_else(|| format!("leaf {i}"), arg_path),
+                before: b.to_string(),
+                now: n.to_string(),
+            });
+        }
+    }
+    reasons
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn build_report(
+    shapes: &[Vec<usize>],
+    entry: usize,
+    shapeless: bool,
+    input_tree: &TreeDef,
+    output_tree: &TreeDef,
+    traced_nodes: usize,
+    passes: Vec<PassRecord>,
+    exe: &Executable,
+    symbols: &[(Symbol, SymbolSource)],
+    leaf_paths: &[KeyPath],
+) -> Report {
+    let leaf_name = |i: usize| {
+        leaf_paths
+            .get(i)
+            .map_or_else(|| format!("leaf {i}"), arg_path)
+    };
+    let graph = exe.graph();
+    let plan = exe.plan();
+    let mut decisions: Vec<Option<ReinplaceDecision>> = vec![None; graph.nodes.len()];
+    for decision in plan.decisions() {
+        decisions[decision.node] = Some(decision.clone());
+    }
+    let arena = plan.arena(graph, shapes, DType::size_bytes);
+    let plan_report = PlanReport {
+        slots: (0..plan.num_slots())
+            .map(|slot| SlotReport {
+                slot,
+                bytes: arena.bytes[slot],
+                offset: arena.offsets[slot],
+                bytes_expr: plan.slot_bytes_expr(graph, slot),
+                values: plan
+                    .slot_values(slot)
+                    .iter()
+                    .map(|&value| {
+                        let life = plan.lifetime(value);
+                        SlotValue {
+                            value,
+                            def: life.def,
+                            last: life.last,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect(),
+        memory: plan.memory(graph, shapes),
+        donated: plan
+            .donated()
+            .iter()
+            .enumerate()
+            .filter(|(_, &d)| d)
+            .map(|(i, _)| leaf_name(i))
+            .collect(),
+        reinplaced: plan
+            .decisions()
+            .iter()
+            .filter(|d| d.target().is_some())
+            .count(),
+    };
+    Report {
+        entry,
+        shapeless,
+        input_tree: input_tree.to_string(),
+        output_tree: output_tree.to_string(),
+        traced_nodes,
+        nodes: graph
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(id, node)| ReportNode {
+                id,
+                op: match &node.kind {
+                    ValueKind::Input(i) => format!("input {}", leaf_name(*i)),
+                    ValueKind::Constant(_) => "constant".to_string(),
+                    ValueKind::Op(op) => op.describe(),
+                },
+                inputs: node.inputs.to_vec(),
+                aval: node.aval.to_string(),
+                home: match plan.home(id) {
+                    Home::Slot(s) => format!("slot {s}"),
+                    Home::Input(i) => leaf_name(i),
+                    Home::Constant => "constant".to_string(),
+                },
+                reinplace: decisions[id].take(),
+            })
+            .collect(),
+        outputs: graph.outputs.clone(),
+        passes,
+        guards: graph
+            .guards
+            .iter()
+            .map(|g| format!("{} (from {})", g.condition, g.op))
+            .collect(),
+        symbols: symbols
+            .iter()
+            .map(|(s, src)| format!("{s} = {}.shape[{}]", leaf_name(src.leaf), src.axis))
+            .collect(),
+        plan: plan_report,
+    }
+}
+
+/// Renders a leaf or node path rooted at the arguments: `args.layers[2].w`.
+pub(crate) fn arg_path(path: &KeyPath) -> String {
+    let rendered = path.to_string();
+    if path.is_empty() {
+        "args".to_string()
+    } else if rendered.starts_with('[') {
+        format!("args{rendered}")
+    } else {
+        format!("args.{rendered}")
+    }
+}

@@ -1,0 +1,101 @@
+//! Trace extraction: the graph of everything some lazy arrays depend on.
+
+use crate::array::{Array, NodeKind};
+use crate::error::{Error, Result};
+use crate::graph::{Graph, GraphNode, Literal, Operands, ValueId, ValueKind};
+use crate::hash::{fast_map, FastMap};
+
+/// How graph extraction treats the leaves it meets.
+pub(crate) enum Leaves {
+    /// Eager evaluation: every computed array becomes a graph input.
+    Eager,
+    /// Tracing: arguments of trace `id` are inputs; computed arrays are constants.
+    Trace { id: u64, num_inputs: usize },
+}
+
+/// The graph of everything `outputs` depend on, plus (eager) the arrays that
+/// became its inputs.
+pub(crate) fn extract(outputs: &[Array], leaves: Leaves) -> Result<(Graph, Vec<Array>)> {
+    let mut graph = Graph::default();
+    let mut inputs: Vec<Array> = Vec::new();
+    let mut ids: FastMap<usize, ValueId> = fast_map(outputs.len() * 8);
+    // Iterative post-order DFS: chains can be tens of thousands of ops deep.
+    let mut stack: Vec<(Array, bool)> = outputs.iter().rev().map(|a| (a.clone(), false)).collect();
+    while let Some((array, expanded)) = stack.pop() {
+        if ids.contains_key(&array.id()) {
+            continue;
+        }
+        let node = &array.node;
+        if let Some(value) = array.value() {
+            let kind = match leaves {
+                Leaves::Eager => {
+                    inputs.push(array.clone());
+                    ValueKind::Input(inputs.len() - 1)
+                }
+                Leaves::Trace { .. } => ValueKind::Constant(Literal(value.clone())),
+            };
+            push(&mut graph, &mut ids, &array, kind, Operands::new());
+            continue;
+        }
+        match &node.kind {
+            NodeKind::Failed(e) => return Err(e.clone()),
+            NodeKind::Data => unreachable!("data nodes always hold a value"),
+            NodeKind::Param { trace, index } => match leaves {
+                Leaves::Trace { id, .. } if id == *trace => {
+                    push(
+                        &mut graph,
+                        &mut ids,
+                        &array,
+                        ValueKind::Input(*index),
+                        Operands::new(),
+                    );
+                }
+                _ => {
+                    return Err(Error::ReadTracer {
+                        aval: array.aval().to_string(),
+                    })
+                }
+            },
+            NodeKind::Op {
+                op,
+                inputs: operands,
+                guards,
+            } => {
+                let operands = operands.lock().unwrap_or_else(|p| p.into_inner());
+                if expanded {
+                    let ins = operands.iter().map(|a| ids[&a.id()]).collect();
+                    graph.guards.extend(guards.iter().cloned());
+                    push(&mut graph, &mut ids, &array, ValueKind::Op(op.clone()), ins);
+                } else {
+                    stack.push((array.clone(), true));
+                    for operand in operands.iter().rev() {
+                        if !ids.contains_key(&operand.id()) {
+                            stack.push((operand.clone(), false));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    graph.outputs = outputs.iter().map(|a| ids[&a.id()]).collect();
+    graph.num_inputs = match leaves {
+        Leaves::Eager => inputs.len(),
+        Leaves::Trace { num_inputs, .. } => num_inputs,
+    };
+    Ok((graph, inputs))
+}
+
+fn push(
+    graph: &mut Graph,
+    ids: &mut FastMap<usize, ValueId>,
+    array: &Array,
+    kind: ValueKind,
+    inputs: Operands,
+) {
+    ids.insert(array.id(), graph.nodes.len());
+    graph.nodes.push(GraphNode {
+        kind,
+        inputs,
+        aval: array.aval().clone(),
+    });
+}
