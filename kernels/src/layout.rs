@@ -99,20 +99,9 @@ pub fn take(
     out_shape: &[usize],
     target: Target,
 ) -> Result<KernelSpec, KernelError> {
-    let index_load = match index_dtype {
-        DType::I32 => "bitcast<i32>(in_1[j])",
-        DType::U32 => "i32(min(in_1[j], 2147483647u))",
-        other => {
-            return Err(KernelError::Unsupported {
-                op: "take".into(),
-                dtypes: format!("{dtype}, {other}"),
-            })
-        }
-    };
     let inner: usize = data_shape.iter().skip(axis + 1).product();
     let n = data_shape.get(axis).copied().unwrap_or(0);
-    let element =
-        format!("fn load_index(j: u32) -> i32 {{\n    return {index_load};\n}}\n{GATHER}");
+    let element = format!("{}{GATHER}", load_index("take", dtype, index_dtype)?);
     let views = [
         View::contiguous(dtype, data_shape),
         View::contiguous(index_dtype, &[index_count]),
@@ -133,4 +122,27 @@ pub fn take(
         lanes: 1,
     }
     .assemble()
+}
+
+/// `fn load_index(j: u32) -> i32` reading index `j` of operand 1 (i32, or
+/// u32 saturated to the i32 range: no axis is that long, so it stays out
+/// of range). `Unsupported` for other index dtypes of `op` on `dtype` data.
+pub(crate) fn load_index(
+    op: &str,
+    dtype: DType,
+    index_dtype: DType,
+) -> Result<String, KernelError> {
+    let read = match index_dtype {
+        DType::I32 => "bitcast<i32>(in_1[j])",
+        DType::U32 => "i32(min(in_1[j], 2147483647u))",
+        other => {
+            return Err(KernelError::Unsupported {
+                op: op.into(),
+                dtypes: format!("{dtype}, {other}"),
+            })
+        }
+    };
+    Ok(format!(
+        "fn load_index(j: u32) -> i32 {{\n    return {read};\n}}\n"
+    ))
 }
