@@ -415,6 +415,15 @@ impl Builder<'_> {
                 out_shape,
                 target,
             ),
+            Op::ScatterAdd { axis, .. } => kiln_kernels::scatter_add(
+                dtype,
+                in_dtype(1),
+                in_shape(1).iter().product(),
+                *axis,
+                out_shape,
+                target,
+            ),
+            Op::PadSlice { axes, .. } => kiln_kernels::pad_slice(dtype, axes, out_shape, target),
             Op::Reduce {
                 op: reduce, axes, ..
             } => {
@@ -604,8 +613,13 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
                     }
                 }
                 let bad_input = match op {
-                    Op::Take { axis } => {
-                        let n = shapes[node.inputs[0]].get(*axis).copied().unwrap_or(0);
+                    Op::Take { axis } | Op::ScatterAdd { axis, .. } => {
+                        // take indexes its operand's axis, scatter_add its output's.
+                        let indexed = match op {
+                            Op::Take { .. } => &shapes[node.inputs[0]],
+                            _ => &shapes[v],
+                        };
+                        let n = indexed.get(*axis).copied().unwrap_or(0);
                         Some(format!(
                             "an index is out of range for axis {axis} of size {n}"
                         ))
