@@ -33,7 +33,7 @@ mod scatter;
 mod source;
 
 pub use family::{argmax, matmul, reduce, stores_f32, MatmulVariant};
-pub use layout::{concat, copy, take};
+pub use layout::{check_indices, concat, copy, take};
 pub use pad::pad_slice;
 pub use scatter::scatter_add;
 pub use source::{elementwise, words};

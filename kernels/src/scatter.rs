@@ -49,7 +49,7 @@ pub fn scatter_add(
     param(OP, updates)?;
     let element = format!(
         "{}fn round_sum(v: T) -> T {{\n    return {round};\n}}\n{SCATTER_ADD}",
-        load_index(OP, dtype, index_dtype)?
+        load_index(OP, dtype, index_dtype, "in_1")?
     );
     let views = [
         View::contiguous(dtype, &[updates]),

@@ -4,8 +4,8 @@
 use kiln::ops::{FusedArg, FusedKernel, FusedStep};
 use kiln::{BinaryOp, DType, Op, ReduceOp, SliceAxis, UnaryOp};
 use kiln_kernels::{
-    argmax, concat, copy, elementwise, matmul, pad_slice, reduce, scatter_add, take, validate,
-    KernelError, KernelSpec, MatmulVariant, Target, View,
+    argmax, check_indices, concat, copy, elementwise, matmul, pad_slice, reduce, scatter_add, take,
+    validate, KernelError, KernelSpec, MatmulVariant, Target, View,
 };
 use std::sync::Arc;
 
@@ -151,6 +151,21 @@ fn scatter_add_validates_for_every_dtype_but_bool_and_reports_through_a_status_w
             }
             assert!(scatter_add(dtype, DType::F32, 5, 0, &[4], target).is_err());
         }
+    }
+}
+
+#[test]
+fn the_index_check_of_empty_results_validates_and_skips_axes_beyond_i32() {
+    for target in TARGETS {
+        for index in [DType::I32, DType::U32] {
+            let spec = check_indices("take", index, 7, 3, target).unwrap().unwrap();
+            assert_valid("check_indices", &spec);
+            assert!(spec.status);
+            assert_eq!(spec.params, [7, 3]);
+            let huge = i32::MAX as usize + 1;
+            assert_eq!(check_indices("take", index, 7, huge, target), Ok(None));
+        }
+        assert!(check_indices("take", DType::F32, 7, 3, target).is_err());
     }
 }
 

@@ -160,6 +160,52 @@ fn an_index_out_of_range_in_scatter_add_is_a_runtime_error_on_wgpu() {
     }
 }
 
+/// Results with no elements still check their indices, as the reference
+/// does: `take` and `scatter_add` with empty rows, and `scatter_add` into
+/// an empty axis, on `backend` as on the CPU executor.
+fn check_empty_results_check_indices<B: Backend + Clone>(backend: B) {
+    let both = |(x, g, i): (Array, Array, Array)| vec![x.take(&i, 0), g.scatter_add(&i, 0, 2)];
+    let f = compile(both).with_backend(backend.clone());
+    let x = Array::zeros(&[2, 0], DType::F32);
+    let g = Array::zeros(&[1, 0], DType::F32);
+    let bad = Array::from_vec(vec![2], &[1]).expect("index");
+    let err = f
+        .call(&(x.clone(), g.clone(), bad))
+        .expect_err("index 2 of 2");
+    assert!(
+        err.to_string()
+            .contains("out of range for axis 0 of size 2"),
+        "{err}"
+    );
+    let good = Array::from_vec(vec![-2], &[1]).expect("index");
+    let out = f.call(&(x, g, good)).expect("in range");
+    assert_eq!(out[0].shape().as_known(), Some(vec![1, 0]));
+    assert_eq!(out[1].shape().as_known(), Some(vec![2, 0]));
+    let into_nothing =
+        compile(|(g, i): (Array, Array)| g.scatter_add(&i, 0, 0)).with_backend(backend);
+    let g = Array::ones(&[1], DType::F32);
+    let err = into_nothing
+        .call(&(g, Array::from_vec(vec![0u32], &[1]).expect("index")))
+        .expect_err("no row 0 in an empty axis");
+    let message = err.to_string();
+    assert!(
+        message.contains("`scatter_add`") && message.contains("axis 0 of size 0"),
+        "{message}"
+    );
+}
+
+#[test]
+fn empty_results_still_check_their_indices_on_the_cpu() {
+    check_empty_results_check_indices(CpuBackend);
+}
+
+#[test]
+fn empty_results_still_check_their_indices_on_wgpu() {
+    if let Some(gpu) = kiln_tests::gpu::backend() {
+        check_empty_results_check_indices(gpu);
+    }
+}
+
 /// Integer data in f32: every product and sum below is an exact integer.
 fn ints(len: usize, seed: usize) -> Vec<f32> {
     (0..len)
