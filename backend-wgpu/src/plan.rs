@@ -351,6 +351,49 @@ impl Builder<'_> {
             .map_or_else(|| "value".to_string(), |op| op.name().to_string())
     }
 
+    /// The indexed axis of `take` or `scatter_add` value `v` and its size:
+    /// the operand's axis for `take`, the output's for `scatter_add`.
+    fn indexed_axis(&self, v: usize, op: &Op) -> Option<(usize, usize)> {
+        let (axis, shape) = match op {
+            Op::Take { axis } => (*axis, &self.shapes[self.exe.graph().nodes[v].inputs[0]]),
+            Op::ScatterAdd { axis, .. } => (*axis, &self.shapes[v]),
+            _ => return None,
+        };
+        Some((axis, shape.get(axis).copied().unwrap_or(0)))
+    }
+
+    /// Checks the indices of `take` or `scatter_add` value `v`, which has
+    /// no elements, so its own kernel (which checks them) never runs.
+    fn check_indices_of_empty(&mut self, v: usize, op: &Op) -> Result<()> {
+        let Some((axis, n)) = self.indexed_axis(v, op) else {
+            return Ok(());
+        };
+        let indices = self.exe.graph().nodes[v].inputs[1];
+        let count = self.numel(indices);
+        if count == 0 {
+            return Ok(());
+        }
+        let check = kiln_kernels::check_indices(
+            op.name(),
+            self.dtype(indices),
+            count,
+            n,
+            self.shared.target,
+        )
+        .map_err(|e| backend_err(e.to_string()))?;
+        let Some(spec) = check else {
+            return Ok(());
+        };
+        let scratch = self.temp(op.name(), byte_size(DType::U32, count))?;
+        let read = self.loc(indices)?;
+        self.dispatch(
+            op.name(),
+            spec,
+            vec![scratch, read],
+            Some(out_of_range((axis, n))),
+        )
+    }
+
     /// The kernel computing op value `v`; `aliased[k]` marks operands that
     /// share the output's buffer (the plan reinplaced `v` into them).
     fn spec(&self, v: usize, op: &Op, aliased: &[bool]) -> Result<KernelSpec> {
@@ -415,6 +458,15 @@ impl Builder<'_> {
                 out_shape,
                 target,
             ),
+            Op::ScatterAdd { axis, .. } => kiln_kernels::scatter_add(
+                dtype,
+                in_dtype(1),
+                in_shape(1).iter().product(),
+                *axis,
+                out_shape,
+                target,
+            ),
+            Op::PadSlice { axes, .. } => kiln_kernels::pad_slice(dtype, axes, out_shape, target),
             Op::Reduce {
                 op: reduce, axes, ..
             } => {
@@ -461,6 +513,11 @@ impl Builder<'_> {
         };
         spec.map_err(kernel_err)
     }
+}
+
+/// The message of an index out of range for `(axis, size)`.
+fn out_of_range((axis, n): (usize, usize)) -> String {
+    format!("an index is out of range for axis {axis} of size {n}")
 }
 
 /// The NumPy broadcast of `shapes`.
@@ -576,8 +633,9 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
                 });
             }
             // An empty value needs no kernel; its dims may still be far
-            // beyond what a kernel's 32-bit indexing could describe.
-            _ if b.numel(v) == 0 => {}
+            // beyond what a kernel's 32-bit indexing could describe. Its
+            // indices are still checked, as the reference checks them.
+            _ if b.numel(v) == 0 => b.check_indices_of_empty(v, op)?,
             _ => {
                 let mut operands = Vec::with_capacity(node.inputs.len());
                 let mut aliased = Vec::with_capacity(node.inputs.len());
@@ -603,15 +661,7 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
                         continue;
                     }
                 }
-                let bad_input = match op {
-                    Op::Take { axis } => {
-                        let n = shapes[node.inputs[0]].get(*axis).copied().unwrap_or(0);
-                        Some(format!(
-                            "an index is out of range for axis {axis} of size {n}"
-                        ))
-                    }
-                    _ => None,
-                };
+                let bad_input = b.indexed_axis(v, op).map(out_of_range);
                 b.kernel(v, out, spec, operands, bad_input)?;
             }
         }

@@ -405,6 +405,13 @@ impl<const N: usize> From<[usize; N]> for Shape {
     }
 }
 
+/// Lets `x.pad_slice(axes, x.shape())` name another array's shape.
+impl From<&Shape> for Shape {
+    fn from(shape: &Shape) -> Shape {
+        shape.clone()
+    }
+}
+
 impl From<Vec<usize>> for Shape {
     fn from(dims: Vec<usize>) -> Shape {
         Shape::known(&dims)

@@ -8,6 +8,7 @@ use kiln::DType;
 use std::fmt::Write;
 
 const GATHER: &str = include_str!("wgsl/gather.wgsl");
+const CHECK_INDICES: &str = include_str!("wgsl/check_indices.wgsl");
 
 /// Copies `view` of one operand into a contiguous output of `out_shape`:
 /// transpose, broadcast, strided slice and reshape are all this kernel with
@@ -99,20 +100,12 @@ pub fn take(
     out_shape: &[usize],
     target: Target,
 ) -> Result<KernelSpec, KernelError> {
-    let index_load = match index_dtype {
-        DType::I32 => "bitcast<i32>(in_1[j])",
-        DType::U32 => "i32(min(in_1[j], 2147483647u))",
-        other => {
-            return Err(KernelError::Unsupported {
-                op: "take".into(),
-                dtypes: format!("{dtype}, {other}"),
-            })
-        }
-    };
     let inner: usize = data_shape.iter().skip(axis + 1).product();
     let n = data_shape.get(axis).copied().unwrap_or(0);
-    let element =
-        format!("fn load_index(j: u32) -> i32 {{\n    return {index_load};\n}}\n{GATHER}");
+    let element = format!(
+        "{}{GATHER}",
+        load_index("take", dtype, index_dtype, "in_1")?
+    );
     let views = [
         View::contiguous(dtype, data_shape),
         View::contiguous(index_dtype, &[index_count]),
@@ -133,4 +126,66 @@ pub fn take(
         lanes: 1,
     }
     .assemble()
+}
+
+/// Checks `index_count` contiguous indices (i32 or u32) against an axis of
+/// size `n` (negative i32 indices count from the end), reporting the first
+/// out of range through the status word, and writes `index_count` scratch
+/// words: for `take` or `scatter_add` results with no elements, whose own
+/// kernel never runs but whose indices the reference still checks.
+/// `None` for an axis longer than `i32::MAX`, which the kernels' i32
+/// arithmetic cannot hold: every i32 index fits it after wrapping, and a
+/// u32 index beyond it goes unreported there.
+pub fn check_indices(
+    op: &str,
+    index_dtype: DType,
+    index_count: usize,
+    n: usize,
+    target: Target,
+) -> Result<Option<KernelSpec>, KernelError> {
+    if i32::try_from(n).is_err() {
+        return Ok(None);
+    }
+    let element = format!(
+        "{}{CHECK_INDICES}",
+        load_index(op, DType::U32, index_dtype, "in_0")?
+    );
+    ElementKernel {
+        op,
+        views: &[View::contiguous(index_dtype, &[index_count])],
+        out_shape: &[index_count],
+        out_dtype: DType::U32,
+        element,
+        params: vec![param(op, n)?],
+        target,
+        status: true,
+        lanes: 1,
+    }
+    .assemble()
+    .map(Some)
+}
+
+/// `fn load_index(j: u32) -> i32` reading index `j` of the word array
+/// `buffer` (i32, or u32 saturated to the i32 range: no axis is that long,
+/// so it stays out of range). `Unsupported` for other index dtypes of `op`
+/// on `dtype` data.
+pub(crate) fn load_index(
+    op: &str,
+    dtype: DType,
+    index_dtype: DType,
+    buffer: &str,
+) -> Result<String, KernelError> {
+    let read = match index_dtype {
+        DType::I32 => format!("bitcast<i32>({buffer}[j])"),
+        DType::U32 => format!("i32(min({buffer}[j], 2147483647u))"),
+        other => {
+            return Err(KernelError::Unsupported {
+                op: op.into(),
+                dtypes: format!("{dtype}, {other}"),
+            })
+        }
+    };
+    Ok(format!(
+        "fn load_index(j: u32) -> i32 {{\n    return {read};\n}}\n"
+    ))
 }

@@ -28,10 +28,14 @@
 mod element;
 mod family;
 mod layout;
+mod pad;
+mod scatter;
 mod source;
 
 pub use family::{argmax, matmul, reduce, stores_f32, MatmulVariant};
-pub use layout::{concat, copy, take};
+pub use layout::{check_indices, concat, copy, take};
+pub use pad::pad_slice;
+pub use scatter::scatter_add;
 pub use source::{elementwise, words};
 
 /// What the device offers the kernels beyond core WebGPU.
@@ -98,7 +102,8 @@ pub struct KernelSpec {
     pub bound: Vec<usize>,
     /// The kernel reports bad input in a status word bound read-write after
     /// the operands: it starts at `u32::MAX` and the kernel lowers it to the
-    /// first offending position (`take`'s out-of-range indices).
+    /// first offending position (out-of-range indices of `take` and
+    /// `scatter_add`).
     pub status: bool,
 }
 

@@ -2,10 +2,10 @@
 //! generated fused kernels pass naga's parser and validator.
 
 use kiln::ops::{FusedArg, FusedKernel, FusedStep};
-use kiln::{BinaryOp, DType, Op, ReduceOp, UnaryOp};
+use kiln::{BinaryOp, DType, Op, ReduceOp, SliceAxis, UnaryOp};
 use kiln_kernels::{
-    argmax, concat, copy, elementwise, matmul, reduce, take, validate, KernelSpec, MatmulVariant,
-    Target, View,
+    argmax, check_indices, concat, copy, elementwise, matmul, pad_slice, reduce, scatter_add, take,
+    validate, KernelError, KernelSpec, MatmulVariant, Target, View,
 };
 use std::sync::Arc;
 
@@ -128,6 +128,72 @@ fn layout_kernels_validate_for_every_dtype() {
                     &take(dtype, &[4, 3], index, 5, 0, &[5, 3], target).unwrap(),
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn scatter_add_validates_for_every_dtype_but_bool_and_reports_through_a_status_word() {
+    for target in TARGETS {
+        for dtype in DType::ALL {
+            for index in [DType::I32, DType::U32] {
+                let built = scatter_add(dtype, index, 5, 1, &[2, 4, 3], target);
+                if dtype == DType::Bool {
+                    assert!(matches!(built, Err(KernelError::Unsupported { .. })));
+                    continue;
+                }
+                let spec = built.unwrap();
+                assert_valid("scatter_add", &spec);
+                assert!(spec.status);
+                assert_eq!(spec.bound, [0, 1]);
+                // [count, inner, index count, n]
+                assert_eq!(spec.params, [24, 3, 5, 4]);
+            }
+            assert!(scatter_add(dtype, DType::F32, 5, 0, &[4], target).is_err());
+        }
+    }
+}
+
+#[test]
+fn the_index_check_of_empty_results_validates_and_skips_axes_beyond_i32() {
+    for target in TARGETS {
+        for index in [DType::I32, DType::U32] {
+            let spec = check_indices("take", index, 7, 3, target).unwrap().unwrap();
+            assert_valid("check_indices", &spec);
+            assert!(spec.status);
+            assert_eq!(spec.params, [7, 3]);
+            let huge = i32::MAX as usize + 1;
+            assert_eq!(check_indices("take", index, 7, huge, target), Ok(None));
+        }
+        assert!(check_indices("take", DType::F32, 7, 3, target).is_err());
+    }
+}
+
+#[test]
+fn pad_slice_validates_for_every_dtype_with_one_parameter_row_per_axis() {
+    let axes = [
+        SliceAxis {
+            start: 1,
+            stop: None,
+            step: 2,
+        },
+        SliceAxis {
+            start: -2,
+            stop: None,
+            step: i64::MAX,
+        },
+    ];
+    for target in TARGETS {
+        for dtype in DType::ALL {
+            let spec = pad_slice(dtype, &axes, &[5, 3], target).unwrap();
+            assert_valid("pad_slice", &spec);
+            // [count, rank, (size, start, step, taken, stride) per axis]: the
+            // second axis takes one element, so its huge step becomes 1.
+            assert_eq!(spec.params, [15, 2, 5, 1, 2, 2, 1, 3, 1, 1, 1, 1]);
+            assert_valid(
+                "pad_slice of a scalar",
+                &pad_slice(dtype, &[], &[], target).unwrap(),
+            );
         }
     }
 }

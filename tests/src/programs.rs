@@ -27,7 +27,8 @@ pub enum Instr {
     Matmul(usize, usize),
     /// `where(c > 0, a, b)`.
     Select(usize, usize, usize),
-    /// A layout round trip: concat+slice, reshape, take or a row slice.
+    /// A layout round trip: concat+slice, reshape, take, a row slice, or
+    /// a take or strided slice and its transpose (scatter_add, pad_slice).
     Layout(u8, usize),
     /// Softmax over the last axis.
     Softmax(usize),
@@ -47,7 +48,7 @@ pub fn instr() -> impl Strategy<Value = Instr> {
         1 => i.clone().prop_map(Instr::Transpose),
         1 => (i.clone(), i.clone()).prop_map(|(a, b)| Instr::Matmul(a, b)),
         1 => (i.clone(), i.clone(), i.clone()).prop_map(|(c, a, b)| Instr::Select(c, a, b)),
-        1 => (0u8..4, i.clone()).prop_map(|(o, a)| Instr::Layout(o, a)),
+        1 => (0u8..6, i.clone()).prop_map(|(o, a)| Instr::Layout(o, a)),
         1 => i.clone().prop_map(Instr::Softmax),
         1 => i.prop_map(Instr::LayerNorm),
     ]
@@ -139,9 +140,22 @@ pub fn run(program: &[Instr], inputs: Vec<Array>) -> Vec<Array> {
                         1 => x.reshape(&[-1]).reshape_to(x.shape().clone()).tanh(),
                         // The first row: a size-1 dim, which broadcasts.
                         2 => x.slice_axis(0, 0, Some(1), 1),
-                        _ => {
+                        3 => {
                             let first = Array::from_vec(vec![0i32], &[1]).expect("index");
                             x.take(&first, 0)
+                        }
+                        // The first and last rows back in place (doubled where they
+                        // are one row), zeros elsewhere.
+                        4 => {
+                            let first = Array::from_vec(vec![0i32, -1], &[2]).expect("indices");
+                            let rows = x.shape().0[0].clone();
+                            x.take(&first, 0).scatter_add(&first, 0, rows)
+                        }
+                        // Even rows kept in place, odd rows zeroed.
+                        _ => {
+                            let mut axes = vec![kiln::SliceAxis::full(); x.ndim()];
+                            axes[0].step = 2;
+                            x.slice(&axes).pad_slice(&axes, x.shape())
                         }
                     }
                 }

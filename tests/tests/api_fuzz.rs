@@ -41,6 +41,12 @@ enum Step {
     Slice(usize, isize, i64, Option<i64>, i64),
     Concat(Vec<usize>, isize),
     Take(usize, usize, isize),
+    /// Updates, indices, axis, size; with `true`, the updates are a `take`
+    /// of the operand and the size its axis (the transpose's usual use).
+    ScatterAdd(usize, usize, usize, usize, bool),
+    /// Operand, slices, shape; with `true`, pads a slice of the operand
+    /// back into its shape (one slice per axis, cycling the list).
+    PadSlice(usize, Vec<(i64, Option<i64>, i64)>, Vec<usize>, bool),
     Matmul(usize, usize),
     Squeeze(usize, Vec<isize>),
     ExpandDims(usize, isize),
@@ -141,6 +147,15 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(x, a, s, e, k)| Step::Slice(x, a, s, e, k)),
         (prop::collection::vec(operand(), 0..4), axis()).prop_map(|(xs, a)| Step::Concat(xs, a)),
         (operand(), operand(), axis()).prop_map(|(x, i, a)| Step::Take(x, i, a)),
+        (operand(), operand(), 0usize..4, dim(), any::<bool>())
+            .prop_map(|(x, i, a, n, t)| Step::ScatterAdd(x, i, a, n, t)),
+        (
+            operand(),
+            prop::collection::vec((index(), prop::option::of(index()), index()), 0..4),
+            dims(),
+            any::<bool>()
+        )
+            .prop_map(|(x, a, d, back)| Step::PadSlice(x, a, d, back)),
         (operand(), operand()).prop_map(|(a, b)| Step::Matmul(a, b)),
         (operand(), prop::collection::vec(axis(), 0..3)).prop_map(|(x, a)| Step::Squeeze(x, a)),
         (operand(), axis()).prop_map(|(x, a)| Step::ExpandDims(x, a)),
@@ -221,6 +236,29 @@ fn replay_all(steps: &[Step], x: Array) -> Vec<Array> {
                 kiln::concat(&xs, *axis)
             }
             Step::Take(x, i, axis) => at(*x).take(&at(*i), *axis),
+            Step::ScatterAdd(x, i, axis, size, via_take) => {
+                let (x, i) = (at(*x), at(*i));
+                match x.shape().0.get(*axis) {
+                    Some(n) if *via_take => {
+                        x.take(&i, *axis as isize).scatter_add(&i, *axis, n.clone())
+                    }
+                    _ => x.scatter_add(&i, *axis, *size),
+                }
+            }
+            Step::PadSlice(x, slices, shape, back) => {
+                let x = at(*x);
+                let axes: Vec<SliceAxis> = slices
+                    .iter()
+                    .map(|&(start, stop, step)| SliceAxis { start, stop, step })
+                    .collect();
+                if *back && !axes.is_empty() {
+                    let axes: Vec<SliceAxis> =
+                        axes.iter().cycle().take(x.ndim()).cloned().collect();
+                    x.slice(&axes).pad_slice(&axes, x.shape())
+                } else {
+                    x.pad_slice(&axes, shape.clone())
+                }
+            }
             Step::Matmul(a, b) => at(*a).matmul(&at(*b)),
             Step::Squeeze(x, axes) => at(*x).squeeze(axes),
             Step::ExpandDims(x, axis) => at(*x).expand_dims(*axis),

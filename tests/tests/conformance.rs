@@ -17,8 +17,8 @@
 //! to zero on wgpu as [`kiln_tests::conformance::may_flush`] says.
 
 use half::{bf16, f16};
-use kiln::{concat, Array, Backend, CpuBackend, DType, HostData};
-use kiln_tests::conformance::{check_case, Program, Rule};
+use kiln::{compile, concat, Array, Backend, CpuBackend, DType, HostData, SliceAxis};
+use kiln_tests::conformance::{check_case, compare, Program, Rule};
 
 /// One case: a name, a program, its inputs, how the backend's outputs
 /// must match the CPU executor's, and the outputs it must give, if known.
@@ -419,6 +419,98 @@ fn layout_cases(cases: &mut Vec<Case>) {
                 values(dtype, &[3, 5, 2], 30),
                 Array::from_vec(vec![4, -1, 0, 2, -5, 1], &[2, 3]).expect("6 indices"),
                 Array::from_vec(vec![2u32, 0, 2], &[3]).expect("3 indices"),
+            ],
+        ));
+    }
+}
+
+/// `start:stop:step` of one axis.
+fn sl(start: i64, stop: Option<i64>, step: i64) -> SliceAxis {
+    SliceAxis { start, stop, step }
+}
+
+/// The strided multi-axis slice the pad_slice cases place into
+/// `[5, 7, 4]`: steps 2 and 3, a negative start and stop, a whole axis.
+fn strided_axes() -> [SliceAxis; 3] {
+    [sl(1, None, 2), sl(-5, Some(-1), 3), SliceAxis::full()]
+}
+
+/// `scatter_add` and `pad_slice`, the transposes of `take` and `slice`
+/// that autodiff emits.
+fn transpose_cases(cases: &mut Vec<Case>) {
+    // Every dtype but bool, whose sum is an error.
+    for dtype in NUMERIC {
+        cases.push(case(
+            format!(
+                "scatter_add of repeated and negative indices on axis 1 and u32 on axis 0 {dtype}"
+            ),
+            |a| vec![a[0].scatter_add(&a[1], 1, 5), a[2].scatter_add(&a[3], 0, 4)],
+            vec![
+                values(dtype, &[3, 2, 3, 2], 40),
+                Array::from_vec(vec![4, -1, 0, 4, -5, 1], &[2, 3]).expect("6 indices"),
+                values(dtype, &[3, 5, 2], 41),
+                Array::from_vec(vec![2u32, 0, 2], &[3]).expect("3 indices"),
+            ],
+        ));
+    }
+    for dtype in DType::ALL {
+        cases.push(case(
+            format!("pad_slice with steps 2 and 3 on three axes, and of its own slice {dtype}"),
+            |a| {
+                let axes = strided_axes();
+                vec![
+                    a[0].pad_slice(&axes, [5, 7, 4]),
+                    a[1].slice(&axes).pad_slice(&axes, a[1].shape()),
+                ]
+            },
+            vec![values(dtype, &[2, 2, 4], 42), values(dtype, &[5, 7, 4], 43)],
+        ));
+    }
+    cases.push(case(
+        "scatter_add of 300 indices into 259 outputs (no multiple of a workgroup)",
+        |a| vec![a[0].scatter_add(&a[1], 0, 7)],
+        vec![
+            values(DType::F32, &[300, 37], 44),
+            Array::from_vec(
+                (0..300).map(|i| (i * 5 % 14) - 7).collect::<Vec<i32>>(),
+                &[300],
+            )
+            .expect("300 indices"),
+        ],
+    ));
+    cases.push(case(
+        "scatter_add with size-0 dims: no indices, no outer rows, an empty axis",
+        |a| {
+            vec![
+                a[0].scatter_add(&a[1], 1, 4),
+                a[2].scatter_add(&a[3], 1, 5),
+                a[4].scatter_add(&a[1], 0, 0),
+            ]
+        },
+        vec![
+            values(DType::F32, &[2, 0, 3], 45),
+            Array::from_vec(Vec::<i32>::new(), &[0]).expect("no indices"),
+            values(DType::F16, &[0, 2], 46),
+            Array::from_vec(vec![1, -1], &[2]).expect("2 indices"),
+            values(DType::I32, &[0], 47),
+        ],
+    ));
+    for dtype in [DType::F32, DType::Bool] {
+        cases.push(case(
+            format!("pad_slice of 333 elements, an empty slice and a huge step {dtype}"),
+            |a| {
+                let empty = [sl(4, Some(2), 1), SliceAxis::full()];
+                let huge = [sl(-1, None, i64::MAX), sl(2, None, 1)];
+                vec![
+                    a[0].pad_slice(&[sl(0, None, 1), sl(1, Some(8), 3)], [37, 9]),
+                    a[1].pad_slice(&empty, [3, 2]),
+                    a[2].pad_slice(&huge, [4, 5]),
+                ]
+            },
+            vec![
+                values(dtype, &[37, 3], 48),
+                values(dtype, &[0, 2], 49),
+                values(dtype, &[1, 3], 50),
             ],
         ));
     }
@@ -909,6 +1001,7 @@ fn all_cases() -> Vec<Case> {
     reduction_cases(&mut cases);
     matmul_cases(&mut cases);
     layout_cases(&mut cases);
+    transpose_cases(&mut cases);
     shape_edge_cases(&mut cases);
     integer_to_half_cases(&mut cases);
     f16_overflow_cases(&mut cases);
@@ -975,4 +1068,66 @@ fn wgpu_with_f16_packed_in_words_passes_the_conformance_suite() {
     assert!(!packed.has_shader_f16());
     let ran = run_suite(&packed).unwrap_or_else(|e| panic!("on {}: {e}", packed.adapter()));
     assert!(ran >= 700, "only {ran} runs");
+}
+
+/// `take`/`slice` and their transposes on `x: [n, 4]`, `idx: [m]`, with the
+/// transposes' sizes taken from `x`'s (symbolic, when shapeless) shape.
+fn transposes_of_symbolic_sizes((x, idx): (Array, Array)) -> Vec<Array> {
+    let n = x.shape().dims()[0].clone();
+    let back = x.take(&idx, 0).scatter_add(&idx, 0, n);
+    let axes = [sl(1, None, 2), sl(1, None, 1)];
+    let padded = (x.slice(&axes) * 2.0).pad_slice(&axes, x.shape());
+    vec![back, padded]
+}
+
+/// Compiles [`transposes_of_symbolic_sizes`] shapelessly for `backend` and
+/// for the CPU executor, calls both at two sizes, and compares them; `Err`
+/// says where they differ. The backend must trace once.
+fn check_shapeless_transposes<B: Backend>(backend: B) -> Result<(), String> {
+    let on_backend = compile(transposes_of_symbolic_sizes)
+        .shapeless()
+        .with_backend(backend);
+    let on_cpu = compile(transposes_of_symbolic_sizes).shapeless();
+    for (n, m) in [(5, 7), (8, 3)] {
+        let x = values(DType::F32, &[n, 4], 60 + n as u64);
+        let idx: Vec<i32> = (0..m as i32).map(|i| (i * 3 % 5) - 2).collect();
+        let args = (x, Array::from_vec(idx, &[m]).expect("m indices"));
+        let got = on_backend.call(&args).map_err(|e| format!("n={n}: {e}"))?;
+        let want = on_cpu.call(&args).map_err(|e| format!("cpu n={n}: {e}"))?;
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            if g.shape() != w.shape() || g.shape().as_known() != Some(vec![n, 4]) {
+                return Err(format!(
+                    "n={n} output {k}: shape {} vs {}",
+                    g.shape(),
+                    w.shape()
+                ));
+            }
+            let (g, w) = (
+                g.data().map_err(|e| e.to_string())?,
+                w.data().map_err(|e| e.to_string())?,
+            );
+            compare(&g, &w).map_err(|e| format!("n={n} output {k}: {e}"))?;
+        }
+    }
+    let cache = on_backend.cache();
+    if (cache.entries, cache.misses, cache.hits) != (1, 1, 1) {
+        return Err(format!(
+            "traced {} times for two sizes ({} hits)",
+            cache.misses, cache.hits
+        ));
+    }
+    Ok(())
+}
+
+#[test]
+fn cpu_executor_runs_shapeless_transposes_at_two_sizes_with_one_trace() {
+    check_shapeless_transposes(CpuBackend).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn wgpu_runs_shapeless_transposes_at_two_sizes_with_one_trace() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    check_shapeless_transposes(gpu.clone()).unwrap_or_else(|e| panic!("on {}: {e}", gpu.adapter()));
 }

@@ -62,8 +62,27 @@ pub fn take_eval(
             format!("axis {axis} is out of range for shape {x_shape:?}"),
         ));
     };
+    let positions = resolve_indices(OP, axis, n, x.dtype(), indices)?;
+    let outer = numel(&x_shape[..axis]);
+    let inner = numel(&x_shape[axis + 1..]);
+    let out = crate::with_host_data!(x, v => HostElement::wrap(take_typed(v, &positions, outer, n, inner)));
+    debug_assert_eq!(out.len(), numel(out_shape), "take output size");
+    Ok(out)
+}
+
+/// The positions along an axis of size `n` that `indices` (i32 or u32)
+/// name: negative i32 indices wrap once (NumPy); anything still outside
+/// `[0, n)` is a runtime error of `op`. `take` and its transpose
+/// `scatter_add` share it so both read indices alike.
+pub(crate) fn resolve_indices(
+    op: &str,
+    axis: usize,
+    n: usize,
+    data_dtype: DType,
+    indices: &HostData,
+) -> Result<Vec<usize>> {
     let out_of_range = |i: i64| Error::Runtime {
-        op: OP.to_string(),
+        op: op.to_string(),
         detail: format!("index {i} out of range for axis {axis} of size {n}"),
     };
     let resolve = |i: i64| {
@@ -73,28 +92,15 @@ pub fn take_eval(
             .filter(|&j| j < n)
             .ok_or_else(|| out_of_range(i))
     };
-    let positions: Vec<usize> = match indices {
-        HostData::I32(v) => v
-            .iter()
-            .map(|&i| resolve(i64::from(i)))
-            .collect::<Result<_>>()?,
-        HostData::U32(v) => v
-            .iter()
-            .map(|&i| resolve(i64::from(i)))
-            .collect::<Result<_>>()?,
-        other => {
-            return Err(Error::DType {
-                op: OP.to_string(),
-                detail: format!("indices must be i32 or u32, got {}", other.dtype()),
-                operands: format!("{}, {}", x.dtype(), other.dtype()),
-            })
-        }
-    };
-    let outer = numel(&x_shape[..axis]);
-    let inner = numel(&x_shape[axis + 1..]);
-    let out = crate::with_host_data!(x, v => HostElement::wrap(take_typed(v, &positions, outer, n, inner)));
-    debug_assert_eq!(out.len(), numel(out_shape), "take output size");
-    Ok(out)
+    match indices {
+        HostData::I32(v) => v.iter().map(|&i| resolve(i64::from(i))).collect(),
+        HostData::U32(v) => v.iter().map(|&i| resolve(i64::from(i))).collect(),
+        other => Err(Error::DType {
+            op: op.to_string(),
+            detail: format!("indices must be i32 or u32, got {}", other.dtype()),
+            operands: format!("{}, {}", data_dtype, other.dtype()),
+        }),
+    }
 }
 
 /// Copies the `inner`-long rows at `positions` from each of the `outer`

@@ -7,7 +7,9 @@ pub mod fused;
 pub mod index;
 pub mod layout;
 pub mod matmul;
+pub mod pad;
 pub mod reduce;
+pub mod scatter;
 pub mod select;
 mod strided;
 pub mod unary;
@@ -78,6 +80,23 @@ pub enum Op {
         /// The indexed axis.
         axis: usize,
     },
+    /// Adds the update rows (operand 0) into zeros along `axis` at the
+    /// positions an integer index array (operand 1) names: the transpose of
+    /// `take`.
+    ScatterAdd {
+        /// The axis the indices address in the output.
+        axis: usize,
+        /// The output's size along `axis`.
+        size: Dim,
+    },
+    /// Places the operand at a strided slice of zeros: the transpose of
+    /// `slice`.
+    PadSlice {
+        /// One slice per axis of `shape`.
+        axes: Vec<SliceAxis>,
+        /// The output shape.
+        shape: Shape,
+    },
     /// A scalar holding the product of the operand's sizes over `axes`
     /// (the count a mean divides by, known only per call when shapeless).
     DimSize {
@@ -143,6 +162,8 @@ impl Op {
             Op::Slice(_) => "slice",
             Op::Concat { .. } => "concat",
             Op::Take { .. } => "take",
+            Op::ScatterAdd { .. } => "scatter_add",
+            Op::PadSlice { .. } => "pad_slice",
             Op::DimSize { .. } => "dim_size",
             Op::Fused(_) => "fused",
             Op::Custom(c) => c.0.name(),
@@ -166,6 +187,11 @@ impl Op {
             }
             Op::Concat { axis } => format!("concat(axis={axis})"),
             Op::Take { axis } => format!("take(axis={axis})"),
+            Op::ScatterAdd { axis, size } => format!("scatter_add(axis={axis}, size={size})"),
+            Op::PadSlice { axes, shape } => {
+                let parts: Vec<String> = axes.iter().map(|a| a.to_string()).collect();
+                format!("pad_slice[{}] into {shape}", parts.join(", "))
+            }
             Op::DimSize { axes, dtype } => format!("dim_size(axes={axes:?}, {dtype})"),
             Op::Fused(k) => k.describe(),
             other => other.name().to_string(),
@@ -202,6 +228,10 @@ impl Op {
             Op::Slice(axes) => layout::slice_shape_rule(axes, inputs[0], cx),
             Op::Concat { axis } => layout::concat_shape_rule(*axis, inputs, cx),
             Op::Take { axis } => index::take_shape_rule(*axis, inputs[0], inputs[1]),
+            Op::ScatterAdd { axis, size } => {
+                scatter::scatter_add_shape_rule(*axis, size, inputs[0], inputs[1], cx)
+            }
+            Op::PadSlice { axes, shape } => pad::pad_slice_shape_rule(axes, shape, inputs[0], cx),
             Op::DimSize { axes, dtype } => layout::dim_size_shape_rule(axes, *dtype, inputs[0]),
             Op::Fused(k) => fused::shape_rule(k, inputs, cx),
             Op::Custom(c) => c.0.shape_rule(inputs, cx),
@@ -222,7 +252,7 @@ impl Op {
     /// Number of operands, when fixed.
     pub fn arity(&self) -> Option<usize> {
         match self {
-            Op::Binary(_) | Op::Matmul | Op::Take { .. } => Some(2),
+            Op::Binary(_) | Op::Matmul | Op::Take { .. } | Op::ScatterAdd { .. } => Some(2),
             Op::Select => Some(3),
             Op::Concat { .. } | Op::Fused(_) | Op::Custom(_) => None,
             _ => Some(1),
@@ -275,6 +305,12 @@ impl Op {
             Op::Concat { axis } => Ok(layout::concat_eval(*axis, inputs, in_shapes, out_shape)),
             Op::Take { axis } => {
                 index::take_eval(*axis, inputs[0], in_shapes[0], inputs[1], out_shape)
+            }
+            Op::ScatterAdd { axis, .. } => {
+                scatter::scatter_add_eval(*axis, inputs[0], in_shapes[0], inputs[1], out_shape)
+            }
+            Op::PadSlice { axes, .. } => {
+                pad::pad_slice_eval(axes, inputs[0], in_shapes[0], out_shape)
             }
             Op::DimSize { axes, dtype } => Ok(layout::dim_size_eval(axes, *dtype, in_shapes[0])),
             Op::Fused(k) => fused::eval(k, inputs, in_shapes, out_shape),
