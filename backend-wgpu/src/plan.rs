@@ -615,7 +615,8 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
             }
         };
         match op {
-            Op::Reshape(_) => {
+            // The simplify pass removes stop_gradient; a copy if one remains.
+            Op::Reshape(_) | Op::StopGradient => {
                 let from = b.loc(node.inputs[0])?;
                 b.commands.push(Command::Copy {
                     from,

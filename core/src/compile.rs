@@ -38,11 +38,11 @@ static NEXT_TRACE: AtomicU64 = AtomicU64::new(1);
 /// assert_eq!((f.cache().hits, f.cache().misses), (1, 1));
 /// # Ok::<(), kiln::Error>(())
 /// ```
-pub fn compile<In, Out, F>(f: F) -> Compiled<In, Out, F>
+pub fn compile<In, Out, F, M>(f: F) -> Compiled<In, Out, F, CpuBackend, M>
 where
     In: Tree,
     Out: Tree,
-    F: Fn(In) -> Out,
+    F: Function<In, Out, M>,
 {
     Compiled {
         f,
@@ -57,8 +57,25 @@ where
     }
 }
 
+/// What [`compile`] traces: any `Fn(In) -> Out` closure, and the
+/// transformations that make functions ([`crate::grad`],
+/// [`crate::value_and_grad`]). `Marker` only keeps the implementations
+/// apart (a closure's is `()`); callers never name it.
+pub trait Function<In, Out, Marker = ()> {
+    /// Runs the function (on tracers, inside a trace). A transformation
+    /// that cannot apply (the gradient of an integer leaf) is an `Err`; a
+    /// closure's errors travel in failed arrays instead.
+    fn apply(&self, args: In) -> Result<Out>;
+}
+
+impl<In, Out, F: Fn(In) -> Out> Function<In, Out, ()> for F {
+    fn apply(&self, args: In) -> Result<Out> {
+        Ok(self(args))
+    }
+}
+
 /// A compiled function with its own cache.
-pub struct Compiled<In, Out, F, B: Backend = CpuBackend> {
+pub struct Compiled<In, Out, F, B: Backend = CpuBackend, M = ()> {
     f: F,
     function: u64,
     shapeless: bool,
@@ -69,7 +86,7 @@ pub struct Compiled<In, Out, F, B: Backend = CpuBackend> {
     /// Leaves of the previous call: the capacity to flatten into.
     leaf_count_hint: AtomicUsize,
     cache: Mutex<CacheState>,
-    types: PhantomData<fn(In) -> Out>,
+    types: PhantomData<fn(In, M) -> Out>,
 }
 
 /// How one argument leaf enters the cache key.
@@ -219,9 +236,35 @@ struct CacheState {
 /// would otherwise grow its log by one explanation per call.
 pub const MISS_LOG_CAPACITY: usize = 256;
 
-/// A donated path as reports write it: `x` and `[0]` become `args.x` and
-/// `args[0]`.
-fn normalize_arg_path(path: String) -> String {
+/// Which leaves of `tree` lie under one of `roots` (argument paths as
+/// [`normalize_arg_path`] writes them; a root names its whole subtree);
+/// `Err` from `op` names a root that matches no leaf, listing the leaves.
+pub(crate) fn leaves_under(tree: &TreeDef, roots: &[String], op: &str) -> Result<Vec<bool>> {
+    let paths: Vec<String> = tree.leaf_paths().iter().map(arg_path).collect();
+    let under = |leaf: &str, root: &str| {
+        leaf == root
+            || (leaf.starts_with(root)
+                && matches!(leaf.as_bytes().get(root.len()), Some(b'.' | b'[')))
+    };
+    for root in roots {
+        if !paths.iter().any(|leaf| under(leaf, root)) {
+            return Err(Error::InvalidArgument {
+                op: op.into(),
+                detail: format!(
+                    "no argument leaf at `{root}`; the leaves are {}",
+                    paths.join(", ")
+                ),
+            });
+        }
+    }
+    Ok(paths
+        .iter()
+        .map(|leaf| roots.iter().any(|root| under(leaf, root)))
+        .collect())
+}
+
+/// A path as reports write it: `x` and `[0]` become `args.x` and `args[0]`.
+pub(crate) fn normalize_arg_path(path: String) -> String {
     if path == "args" || path.starts_with("args.") || path.starts_with("args[") {
         path
     } else if path.starts_with('[') {
@@ -231,11 +274,11 @@ fn normalize_arg_path(path: String) -> String {
     }
 }
 
-impl<In, Out, F, B> Compiled<In, Out, F, B>
+impl<In, Out, F, B, M> Compiled<In, Out, F, B, M>
 where
     In: Tree,
     Out: Tree,
-    F: Fn(In) -> Out,
+    F: Function<In, Out, M>,
     B: Backend,
 {
     /// Keys the cache on dtype and rank only: dims become symbols, and new
@@ -280,7 +323,7 @@ where
     }
 
     /// Runs on `backend` instead (the cache starts empty).
-    pub fn with_backend<B2: Backend>(self, backend: B2) -> Compiled<In, Out, F, B2> {
+    pub fn with_backend<B2: Backend>(self, backend: B2) -> Compiled<In, Out, F, B2, M> {
         Compiled {
             f: self.f,
             function: self.function,
@@ -425,7 +468,7 @@ where
         if leaves.iter().any(|l| !l.is_materialized()) {
             if leaves.iter().any(|l| l.is_tracer() || l.error().is_some()) {
                 // Called inside another trace (or on a failed array): inline `f`.
-                return Ok(Begun::Inline((self.f)(tree_unflatten(&tree, leaves)?)));
+                return Ok(Begun::Inline(self.f.apply(tree_unflatten(&tree, leaves)?)?));
             }
             crate::eval::eval(&leaves)?;
         }
@@ -594,7 +637,7 @@ where
             })
             .collect();
         let args: In = tree_unflatten(tree, params)?;
-        let out = (self.f)(args);
+        let out = self.f.apply(args)?;
         let mut out_leaves = Vec::new();
         let output_tree = out.flatten(&mut out_leaves)?;
         let (graph, _) = extract(
@@ -629,27 +672,7 @@ where
     /// Which argument leaves of `tree` are donated; `Err` names a donated
     /// path that matches no leaf.
     fn donated_leaves(&self, tree: &TreeDef) -> Result<Vec<bool>> {
-        let paths: Vec<String> = tree.leaf_paths().iter().map(arg_path).collect();
-        let under = |leaf: &str, root: &str| {
-            leaf == root
-                || (leaf.starts_with(root)
-                    && matches!(leaf.as_bytes().get(root.len()), Some(b'.' | b'[')))
-        };
-        for root in &self.donate {
-            if !paths.iter().any(|leaf| under(leaf, root)) {
-                return Err(Error::InvalidArgument {
-                    op: "donate".into(),
-                    detail: format!(
-                        "no argument leaf at `{root}`; the leaves are {}",
-                        paths.join(", ")
-                    ),
-                });
-            }
-        }
-        Ok(paths
-            .iter()
-            .map(|leaf| self.donate.iter().any(|root| under(leaf, root)))
-            .collect())
+        leaves_under(tree, &self.donate, "donate")
     }
 
     /// Runs `entry` on the leaves, which it consumes: once uploaded, the

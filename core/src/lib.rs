@@ -6,6 +6,7 @@
 extern crate self as kiln;
 
 pub mod array;
+pub mod autodiff;
 pub mod compile;
 pub mod creation;
 pub mod data;
@@ -27,7 +28,10 @@ pub mod trace;
 pub mod tree;
 
 pub use array::Array;
-pub use compile::{compile, CacheKey, Compiled, LeafSignature};
+pub use autodiff::{
+    grad, stop_gradient, value_and_grad, vjp, Grad, Pullback, ValueAndGrad, ValueAndGradWithAux,
+};
+pub use compile::{compile, CacheKey, Compiled, Function, LeafSignature};
 pub use data::{HostData, HostElement};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

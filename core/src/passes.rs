@@ -257,6 +257,8 @@ fn is_identity(op: &Op, aval: &Aval, graph: &Graph, inputs: &[ValueId]) -> bool 
     let operand = &graph.nodes[inputs[0]].aval;
     match op {
         Op::Reshape(_) | Op::BroadcastTo(_) | Op::Cast(_) => operand == aval,
+        // Only autodiff reads it; running it is the identity.
+        Op::StopGradient => true,
         Op::Permute(perm) => perm.iter().enumerate().all(|(i, &p)| i == p),
         _ => false,
     }

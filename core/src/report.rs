@@ -196,7 +196,7 @@ pub struct CacheInfo {
     /// adds an entry and the others are served by it, so `hits + misses`
     /// is the number of calls and `entries` can be fewer than `misses`.
     pub misses: u64,
-    /// The most recent misses (at most [`MISS_LOG_CAPACITY`]), oldest first,
+    /// The most recent misses (at most [`crate::compile::MISS_LOG_CAPACITY`]), oldest first,
     /// each with its explanation; `misses` counts them all.
     pub miss_log: Vec<CacheMiss>,
     /// One report per entry.

@@ -10,7 +10,7 @@ use crate::array::Array;
 use crate::data::{HostData, HostElement};
 use crate::error::{dtype_err, require_float, require_same_dtype, Result};
 use crate::ops::Op;
-use crate::shape::Aval;
+use crate::shape::{Aval, Dim, Shape};
 use crate::DType;
 use serde::{Deserialize, Serialize};
 
@@ -565,6 +565,64 @@ impl Zip<'_> {
             _ => return None,
         })
     }
+}
+
+/// The cotangents of `a` and `b` for the cotangent `g` of `y = op(a, b)`,
+/// each summed over the axes it was broadcast along. Comparisons have none.
+/// Where `maximum`/`minimum` tie, each operand takes half; `pow`'s exponent
+/// takes none where the base is not positive (its logarithm is undefined).
+pub(crate) fn vjp(op: BinaryOp, a: &Array, b: &Array, y: &Array, g: &Array) -> [Option<Array>; 2] {
+    let zero = || Array::scalar(0.0, y.dtype());
+    let half_on_ties = |wins: Array| {
+        let one = Array::scalar(1.0, y.dtype());
+        let half = Array::scalar(0.5, y.dtype());
+        wins.select(&one, a.equal(b).select(half, zero()))
+    };
+    let (ga, gb) = match op {
+        BinaryOp::Add => (g.clone(), g.clone()),
+        BinaryOp::Sub => (g.clone(), -g),
+        BinaryOp::Mul => (g * b, g * a),
+        BinaryOp::Div => (g / b, -(g * y) / b),
+        BinaryOp::Pow => (
+            g * b * a.pow(b - 1.0),
+            a.greater(0.0).select(g * y * a.log(), zero()),
+        ),
+        BinaryOp::Maximum | BinaryOp::Minimum => {
+            let a_wins = match op {
+                BinaryOp::Maximum => a.greater(b),
+                _ => a.less(b),
+            };
+            let share = half_on_ties(a_wins);
+            (g * &share, g * (1.0 - &share))
+        }
+        BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge => {
+            return [None, None]
+        }
+    };
+    [
+        Some(unbroadcast(&ga, a.shape())),
+        Some(unbroadcast(&gb, b.shape())),
+    ]
+}
+
+/// `g` summed over the axes along which `shape` was broadcast to `g`'s
+/// shape (leading axes, and known 1s that grew), in `shape`.
+pub(crate) fn unbroadcast(g: &Array, shape: &Shape) -> Array {
+    if g.shape() == shape {
+        return g.clone();
+    }
+    let lead = g.ndim().saturating_sub(shape.rank());
+    let grown = shape.dims().iter().enumerate().filter_map(|(i, d)| {
+        let out = &g.shape().dims()[lead + i];
+        (*d == Dim::Known(1) && *out != Dim::Known(1)).then_some((lead + i) as isize)
+    });
+    let axes: Vec<isize> = (0..lead as isize).chain(grown).collect();
+    let summed = if axes.is_empty() {
+        g.clone()
+    } else {
+        g.sum(&axes, false)
+    };
+    summed.reshape_to(shape.clone())
 }
 
 #[cfg(test)]

@@ -122,6 +122,13 @@ fn take_typed<T: Copy>(
     out
 }
 
+/// The cotangents of `take(x, indices)`: `g` added back at the taken
+/// positions (repeated indices accumulate), none for the indices.
+pub(crate) fn vjp(axis: usize, x: &Array, indices: &Array, g: &Array) -> [Option<Array>; 2] {
+    let size = x.shape().dims()[axis].clone();
+    [Some(g.scatter_add(indices, axis, size)), None]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -547,6 +547,49 @@ pub fn dim_size_eval(axes: &[usize], dtype: DType, in_shape: &[usize]) -> HostDa
     HostData::filled(dtype, 1, count)
 }
 
+/// The cotangent of `x` for a layout op's cotangent `g`: reshaped back,
+/// permuted back, summed over broadcast axes, or (concat) the slice of `g`
+/// each operand became; `None` for the dim-size scalar.
+pub(crate) fn vjp(op: &Op, inputs: &[Array], g: &Array) -> Result<Vec<Option<Array>>> {
+    let x = &inputs[0];
+    Ok(match op {
+        Op::Reshape(_) => vec![Some(g.reshape_to(x.shape().clone()))],
+        Op::Permute(perm) => {
+            let mut inverse = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inverse[p] = i;
+            }
+            vec![Some(g.permute(&inverse))]
+        }
+        Op::BroadcastTo(_) => vec![Some(crate::ops::binary::unbroadcast(g, x.shape()))],
+        Op::Concat { axis } => {
+            let mut start = 0usize;
+            let mut grads = Vec::with_capacity(inputs.len());
+            for input in inputs {
+                let Some(size) = input.shape().dims()[*axis].known() else {
+                    return Err(arg_err(
+                        "concat",
+                        format!(
+                            "its gradient needs the sizes along axis {axis}, but {} is symbolic",
+                            input.aval()
+                        ),
+                    ));
+                };
+                let stop = start + size;
+                grads.push(Some(g.slice_axis(
+                    *axis as isize,
+                    start as i64,
+                    Some(stop as i64),
+                    1,
+                )));
+                start = stop;
+            }
+            grads
+        }
+        _ => vec![None; inputs.len()],
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

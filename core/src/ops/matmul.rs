@@ -194,6 +194,17 @@ impl Geometry {
     }
 }
 
+/// The cotangents of `a @ b` (rank ≥ 2, batch dims broadcast): `g @ bᵀ`
+/// and `aᵀ @ g`, each summed over the batch dims it was broadcast along.
+pub(crate) fn vjp(a: &Array, b: &Array, g: &Array) -> [Option<Array>; 2] {
+    let ga = g.matmul(&b.swap_axes(-1, -2));
+    let gb = a.swap_axes(-1, -2).matmul(g);
+    [
+        Some(crate::ops::binary::unbroadcast(&ga, a.shape())),
+        Some(crate::ops::binary::unbroadcast(&gb, b.shape())),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,6 +14,7 @@ pub mod select;
 mod strided;
 pub mod unary;
 
+use crate::array::Array;
 use crate::data::HostData;
 use crate::error::Result;
 use crate::shape::{Aval, Dim, Shape};
@@ -107,6 +108,9 @@ pub enum Op {
     },
     /// A group of elementwise ops fused into one (made by the `fuse` pass).
     Fused(Arc<FusedKernel>),
+    /// The identity, through which no gradient flows
+    /// ([`crate::stop_gradient`]); the simplify pass removes it.
+    StopGradient,
     /// A user-supplied kernel with its own shape rule.
     Custom(CustomOp),
 }
@@ -157,6 +161,7 @@ impl Op {
             Op::ArgMax { .. } => "argmax",
             Op::Matmul => "matmul",
             Op::Reshape(_) => "reshape",
+            Op::StopGradient => "stop_gradient",
             Op::Permute(_) => "permute",
             Op::BroadcastTo(_) => "broadcast_to",
             Op::Slice(_) => "slice",
@@ -223,6 +228,7 @@ impl Op {
             Op::ArgMax { axis, keepdims } => reduce::argmax_shape_rule(*axis, *keepdims, inputs[0]),
             Op::Matmul => matmul::shape_rule(inputs[0], inputs[1], cx),
             Op::Reshape(s) => layout::reshape_shape_rule(s, inputs[0], cx),
+            Op::StopGradient => Ok(inputs[0].clone()),
             Op::Permute(p) => layout::permute_shape_rule(p, inputs[0]),
             Op::BroadcastTo(s) => layout::broadcast_shape_rule(s, inputs[0], cx),
             Op::Slice(axes) => layout::slice_shape_rule(axes, inputs[0], cx),
@@ -298,7 +304,7 @@ impl Op {
             Op::Reduce { op, axes, .. } => reduce::eval(*op, axes, inputs[0], in_shapes[0]),
             Op::ArgMax { axis, .. } => reduce::argmax_eval(*axis, inputs[0], in_shapes[0]),
             Op::Matmul => matmul::eval(inputs[0], in_shapes[0], inputs[1], in_shapes[1], out_shape),
-            Op::Reshape(_) => Ok(inputs[0].clone()),
+            Op::Reshape(_) | Op::StopGradient => Ok(inputs[0].clone()),
             Op::Permute(p) => Ok(layout::permute_eval(p, inputs[0], in_shapes[0])),
             Op::BroadcastTo(_) => Ok(layout::broadcast_eval(inputs[0], in_shapes[0], out_shape)),
             Op::Slice(axes) => Ok(layout::slice_eval(axes, inputs[0], in_shapes[0], out_shape)),
@@ -316,6 +322,46 @@ impl Op {
             Op::Fused(k) => fused::eval(k, inputs, in_shapes, out_shape),
             Op::Custom(c) => c.0.eval(inputs, in_shapes, out_shape),
         }
+    }
+
+    /// The cotangents of `inputs` for the cotangent `g` of `output`, the
+    /// value this op computed from them: one per operand, `None` where it is
+    /// structurally zero or the operand takes no gradient (indices,
+    /// conditions, integers). Each family's rule sits beside its shape rule.
+    pub(crate) fn vjp(
+        &self,
+        inputs: &[Array],
+        output: &Array,
+        g: &Array,
+    ) -> Result<Vec<Option<Array>>> {
+        Ok(match self {
+            Op::Unary(u) => vec![Some(unary::vjp(*u, &inputs[0], output, g))],
+            Op::Binary(b) => binary::vjp(*b, &inputs[0], &inputs[1], output, g).to_vec(),
+            Op::Select => select::vjp(&inputs[0], &inputs[1], &inputs[2], g).to_vec(),
+            Op::Cast(_) => vec![cast::vjp(&inputs[0], g)],
+            Op::Reduce { op, axes, keepdims } => {
+                vec![Some(reduce::vjp(
+                    *op, axes, *keepdims, &inputs[0], output, g,
+                ))]
+            }
+            Op::Matmul => matmul::vjp(&inputs[0], &inputs[1], g).to_vec(),
+            Op::Reshape(_)
+            | Op::Permute(_)
+            | Op::BroadcastTo(_)
+            | Op::Concat { .. }
+            | Op::DimSize { .. } => layout::vjp(self, inputs, g)?,
+            Op::Slice(axes) => vec![Some(g.pad_slice(axes, inputs[0].shape().clone()))],
+            Op::Take { axis } => index::vjp(*axis, &inputs[0], &inputs[1], g).to_vec(),
+            Op::ScatterAdd { axis, .. } => scatter::vjp(*axis, &inputs[1], g).to_vec(),
+            Op::PadSlice { axes, .. } => vec![Some(pad::vjp(axes, g))],
+            Op::ArgMax { .. } | Op::StopGradient => vec![None; inputs.len()],
+            Op::Fused(_) | Op::Custom(_) => {
+                return Err(crate::error::arg_err(
+                    self.name(),
+                    "has no vjp, so gradients cannot flow through it",
+                ))
+            }
+        })
     }
 
     /// Evaluates an elementwise op into `target`: the buffer of the operand

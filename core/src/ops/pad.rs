@@ -118,6 +118,11 @@ fn place<T: Element>(
     out
 }
 
+/// The cotangent of `pad_slice(x)`: the slice of `g` where `x` was placed.
+pub(crate) fn vjp(axes: &[SliceAxis], g: &Array) -> Array {
+    g.slice(axes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

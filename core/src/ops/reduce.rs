@@ -343,6 +343,38 @@ fn argmax_typed<T: Copy + PartialOrd>(v: &[T], outer: usize, n: usize, inner: us
     out
 }
 
+/// The cotangent of `x` for the cotangent `g` of `y = op(x)` over `axes`:
+/// a sum spreads `g` over the reduced elements; a maximum or minimum gives
+/// it to the elements equal to the result, split evenly between ties.
+pub(crate) fn vjp(
+    op: ReduceOp,
+    axes: &[usize],
+    keepdims: bool,
+    x: &Array,
+    y: &Array,
+    g: &Array,
+) -> Array {
+    let kept = |a: &Array| {
+        if keepdims {
+            a.clone()
+        } else {
+            a.reshape_to(reduced_shape(x.shape(), axes, true))
+        }
+    };
+    let spread = kept(g).broadcast_to(x.shape().clone());
+    match op {
+        ReduceOp::Sum => spread,
+        ReduceOp::Max | ReduceOp::Min => {
+            let hit = x
+                .equal(kept(y).broadcast_to(x.shape().clone()))
+                .cast(x.dtype());
+            let axes: Vec<isize> = axes.iter().map(|&a| a as isize).collect();
+            let ties = hit.sum(&axes, true).broadcast_to(x.shape().clone());
+            spread * hit / ties
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

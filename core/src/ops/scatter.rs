@@ -197,6 +197,12 @@ impl Rows<'_> {
     }
 }
 
+/// The cotangents of `scatter_add(updates, indices)`: `g` taken back at the
+/// indices, none for the indices.
+pub(crate) fn vjp(axis: usize, indices: &Array, g: &Array) -> [Option<Array>; 2] {
+    [Some(g.take(indices, axis as isize)), None]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -108,6 +108,19 @@ fn select_typed<T: HostElement>(c: &[bool], a: &[T], b: &[T], shapes: &Shapes<'_
     T::wrap(out)
 }
 
+/// The cotangents of `where(cond, a, b)`: none for the condition, and `g`
+/// where each branch was taken, summed over its broadcast axes.
+pub(crate) fn vjp(cond: &Array, a: &Array, b: &Array, g: &Array) -> [Option<Array>; 3] {
+    let zero = Array::scalar(0.0, g.dtype());
+    let on_true = cond.select(g, &zero);
+    let on_false = cond.select(&zero, g);
+    [
+        None,
+        Some(crate::ops::binary::unbroadcast(&on_true, a.shape())),
+        Some(crate::ops::binary::unbroadcast(&on_false, b.shape())),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

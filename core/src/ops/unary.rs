@@ -342,6 +342,34 @@ fn map_half_in_place<H: HalfFloat>(op: UnaryOp, v: &mut [H]) {
     with_f32_unary!(op, f => v.iter_mut().for_each(|x| *x = H::narrow(f(x.widen()))))
 }
 
+/// The cotangent of `x` for the cotangent `g` of `y = op(x)`. At the kinks
+/// `abs` and `relu` take 0 (JAX's convention); `sqrt` at 0 is infinite, as
+/// its derivative is.
+pub(crate) fn vjp(op: UnaryOp, x: &Array, y: &Array, g: &Array) -> Array {
+    let zero = || Array::scalar(0.0, x.dtype());
+    match op {
+        UnaryOp::Neg => -g,
+        UnaryOp::Abs => {
+            let one = Array::scalar(1.0, x.dtype());
+            let sign = x
+                .greater(0.0)
+                .select(&one, x.less(0.0).select(-&one, zero()));
+            g * sign
+        }
+        UnaryOp::Exp => g * y,
+        UnaryOp::Log => g / x,
+        UnaryOp::Sin => g * x.cos(),
+        UnaryOp::Cos => -(g * x.sin()),
+        UnaryOp::Tanh => g * (1.0 - y * y),
+        UnaryOp::Sqrt => g * 0.5 / y,
+        UnaryOp::Rsqrt => g * -0.5 * y / x,
+        UnaryOp::Sigmoid => g * y * (1.0 - y),
+        UnaryOp::Relu => x.greater(0.0).select(g, zero()),
+        // d/dx erf(x) = 2/√π · e^(-x²)
+        UnaryOp::Erf => g * std::f64::consts::FRAC_2_SQRT_PI * (-(x * x)).exp(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
