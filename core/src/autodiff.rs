@@ -22,9 +22,10 @@ use crate::exec::{Backend, CpuBackend, Executable};
 use crate::hash::{fast_map, FastMap};
 use crate::ops::Op;
 use crate::passes::{optimize, Passes};
-use crate::report::arg_path;
+use crate::report::{arg_path, Residual};
 use crate::trace::{extract, Leaves};
 use crate::tree::{tree_unflatten, Tree, TreeDef};
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -80,7 +81,76 @@ pub(crate) fn backward(
             }
         }
     }
-    Ok(wrt.iter().map(|w| cotangents.remove(&w.id())).collect())
+    let grads: Vec<Option<Array>> = wrt.iter().map(|w| cotangents.remove(&w.id())).collect();
+    record_residuals(&order, grads.iter().flatten());
+    Ok(grads)
+}
+
+thread_local! {
+    /// The residuals found while a `compile` trace runs, for its report.
+    static RESIDUALS: RefCell<Option<Vec<Array>>> = const { RefCell::new(None) };
+}
+
+/// Runs `trace` collecting the residuals of every backward pass it builds:
+/// the computed forward values that the backward graph reads (before
+/// fusion, which may recompute some of them instead).
+pub(crate) fn collecting_residuals<T>(trace: impl FnOnce() -> T) -> (T, Vec<Array>) {
+    let outer = RESIDUALS.with(|r| r.replace(Some(Vec::new())));
+    let result = trace();
+    let residuals = RESIDUALS.with(|r| r.replace(outer)).unwrap_or_default();
+    (result, residuals)
+}
+
+/// How a report shows residual `value`.
+pub(crate) fn describe_residual(value: &Array) -> Residual {
+    let op = match &value.node.kind {
+        NodeKind::Op { op, .. } => op.describe(),
+        _ => "value".to_string(),
+    };
+    let bytes = value
+        .shape()
+        .numel_known()
+        .map(|n| n.saturating_mul(value.dtype().size_bytes()));
+    Residual {
+        op,
+        aval: value.aval().to_string(),
+        bytes,
+    }
+}
+
+/// Adds to the collector, if one is active, every forward op value (one of
+/// `forward`) that a node of the backward graph below `grads` reads.
+fn record_residuals<'a>(forward: &[Array], grads: impl Iterator<Item = &'a Array>) {
+    if RESIDUALS.with(|r| r.borrow().is_none()) {
+        return;
+    }
+    let forward: HashSet<usize> = forward.iter().map(Array::id).collect();
+    let mut found: Vec<Array> = Vec::new();
+    let mut seen: HashSet<usize> = HashSet::new();
+    let mut stack: Vec<Array> = grads
+        .filter(|g| !forward.contains(&g.id()))
+        .cloned()
+        .collect();
+    while let Some(array) = stack.pop() {
+        if !seen.insert(array.id()) {
+            continue;
+        }
+        let NodeKind::Op { inputs, .. } = &array.node.kind else {
+            continue;
+        };
+        for input in inputs.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            if !forward.contains(&input.id()) {
+                stack.push(input.clone());
+            } else if matches!(input.node.kind, NodeKind::Op { .. }) && seen.insert(input.id()) {
+                found.push(input.clone());
+            }
+        }
+    }
+    RESIDUALS.with(|r| {
+        if let Some(all) = r.borrow_mut().as_mut() {
+            all.extend(found);
+        }
+    });
 }
 
 /// Adds `grad` to the cotangent gathered so far for value `id`.

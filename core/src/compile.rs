@@ -2,12 +2,13 @@
 //! graph, cache the executable, and explain every cache miss.
 
 use crate::array::Array;
+use crate::autodiff::{collecting_residuals, describe_residual};
 use crate::error::{Error, Result};
 use crate::exec::{Backend, CpuBackend, Executable, SymbolSource};
 use crate::hash::{FastHasher, FastMap};
 use crate::passes::{optimize, PassRecord, Passes};
 use crate::report::{
-    arg_path, build_report, explain_miss, CacheInfo, CacheMiss, MissReason, Report,
+    arg_path, build_report, explain_miss, CacheInfo, CacheMiss, MissReason, Report, Residual,
 };
 use crate::shape::{Aval, Dim, Shape, Symbol};
 use crate::trace::{extract, Leaves};
@@ -207,6 +208,8 @@ impl KeyView<'_> {
 
 /// The product of one trace.
 struct Traced {
+    /// The forward values its gradients' backward graphs read.
+    residuals: Vec<Residual>,
     exe: Arc<Executable>,
     output_tree: TreeDef,
     traced_nodes: usize,
@@ -581,6 +584,7 @@ where
             traced_nodes,
             passes,
             symbols,
+            residuals,
         } = traced;
         let mut state = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         // Another thread may have traced and inserted this signature while we
@@ -609,6 +613,7 @@ where
             &exe,
             &symbols,
             &leaf_paths,
+            residuals,
         ));
         let entry = Arc::new(Entry {
             key,
@@ -637,7 +642,9 @@ where
             })
             .collect();
         let args: In = tree_unflatten(tree, params)?;
-        let out = self.f.apply(args)?;
+        let (out, residuals) = collecting_residuals(|| self.f.apply(args));
+        let out = out?;
+        let residuals = residuals.iter().map(describe_residual).collect();
         let mut out_leaves = Vec::new();
         let output_tree = out.flatten(&mut out_leaves)?;
         let (graph, _) = extract(
@@ -666,6 +673,7 @@ where
             traced_nodes,
             passes,
             symbols,
+            residuals,
         })
     }
 

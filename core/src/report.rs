@@ -182,6 +182,23 @@ pub struct Report {
     pub symbols: Vec<String>,
     /// Reinplacing and slot planning.
     pub plan: PlanReport,
+    /// The forward values a gradient's backward graph reads (saved for it
+    /// between the passes), as traced before fusion; empty without a
+    /// gradient.
+    pub residuals: Vec<Residual>,
+    /// Their bytes, where their shapes are known.
+    pub residual_bytes: usize,
+}
+
+/// A forward value the backward pass reads.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Residual {
+    /// The op that computed it, with parameters.
+    pub op: String,
+    /// Its shape and dtype, like `f32[64,256]`.
+    pub aval: String,
+    /// Its bytes, when its shape is known.
+    pub bytes: Option<usize>,
 }
 
 /// A snapshot of a compiled function's cache.
@@ -305,6 +322,7 @@ pub(crate) fn build_report(
     exe: &Executable,
     symbols: &[(Symbol, SymbolSource)],
     leaf_paths: &[KeyPath],
+    residuals: Vec<Residual>,
 ) -> Report {
     let leaf_name = |i: usize| {
         leaf_paths
@@ -392,6 +410,8 @@ pub(crate) fn build_report(
             .map(|(s, src)| format!("{s} = {}.shape[{}]", leaf_name(src.leaf), src.axis))
             .collect(),
         plan: plan_report,
+        residual_bytes: residuals.iter().filter_map(|r| r.bytes).sum(),
+        residuals,
     }
 }
 

@@ -554,3 +554,24 @@ fn conventions_at_the_kinks_of_abs_and_relu_are_zero() {
         .unwrap();
     assert_eq!(g.to_vec::<f32>().unwrap(), vec![-1.0, 0.0, 2.0]);
 }
+
+#[test]
+fn the_report_lists_the_residuals_the_backward_pass_reads() {
+    let df = compile(value_and_grad(dense_loss));
+    df.call(&dense()).unwrap();
+    let report = &df.cache().reports[0];
+    // d/dy mean(y²) reads y = x·w + b, saved from the forward pass.
+    assert!(
+        report
+            .residuals
+            .iter()
+            .any(|r| r.op == "add" && r.aval == "f32[4,2]" && r.bytes == Some(32)),
+        "{:?}",
+        report.residuals
+    );
+    let total: usize = report.residuals.iter().filter_map(|r| r.bytes).sum();
+    assert_eq!(report.residual_bytes, total);
+    let forward_only = compile(dense_loss);
+    forward_only.call(&dense()).unwrap();
+    assert!(forward_only.cache().reports[0].residuals.is_empty());
+}
