@@ -269,6 +269,82 @@ fn record_plan(report: &mut BenchReport, names: &[String], graph: &str, plan: fn
     );
 }
 
+/// One layer of the gradient benchmark's MLP.
+type Layer = (Array, Array);
+
+/// Mean squared error of a 4-layer tanh MLP (width 256) on a batch.
+fn mlp4_loss((layers, x, y): (Vec<Layer>, Array, Array)) -> Array {
+    let out = layers.iter().fold(x, |h, (w, b)| (h.matmul(w) + b).tanh());
+    let error = out - &y;
+    (&error * &error).mean_all()
+}
+
+/// Standard normal values of `shape`, drawn from `seed`.
+fn normal(seed: u64, shape: &[usize]) -> Array {
+    Array::random_normal(kiln::random::Key::new(seed), shape, DType::F32).expect("f32 normal")
+}
+
+/// The arguments of the gradient benchmark: 4 layers of width 256, a batch of 64.
+fn mlp4_arguments() -> (Vec<Layer>, Array, Array) {
+    let width = 256;
+    let layers = (0..4)
+        .map(|i| {
+            (
+                normal(i, &[width, width]) * 0.05,
+                Array::zeros(&[width], DType::F32),
+            )
+        })
+        .collect();
+    (layers, normal(10, &[64, width]), normal(11, &[64, width]))
+}
+
+/// `compile(value_and_grad(loss))` of the 4-layer MLP on the CPU: the first
+/// call (trace, passes, plan, run), the median cached call, and the planned
+/// memory of the training step with its residuals.
+fn grad_benchmarks(names: &[String], report: &mut BenchReport) {
+    let wanted = ["grad_mlp4", "plan_grad_mlp4"];
+    if !wanted
+        .iter()
+        .any(|w| selected(w, names) || names.iter().any(|n| w.starts_with(n.as_str())))
+    {
+        return;
+    }
+    let step = compile(kiln::value_and_grad(mlp4_loss).wrt(["args[0]"]));
+    let args = mlp4_arguments();
+    report.record(
+        "grad_mlp4_first_call",
+        time_once_ms(|| {
+            std::hint::black_box(step.call(&args).expect("the gradient compiles and runs"));
+        }),
+        "ms",
+    );
+    report.record(
+        "grad_mlp4_cached",
+        median_micros(50, || {
+            std::hint::black_box(step.call(&args).expect("cached call"));
+        }),
+        "us",
+    );
+    let cache = step.cache();
+    let entry = &cache.reports[0];
+    let memory = &entry.plan.memory;
+    report.record(
+        "plan_grad_mlp4_peak_bytes",
+        memory.peak_bytes as f64,
+        "bytes",
+    );
+    report.record(
+        "plan_grad_mlp4_lower_bound_bytes",
+        memory.lower_bound_bytes as f64,
+        "bytes",
+    );
+    report.record(
+        "plan_grad_mlp4_residual_bytes",
+        entry.residual_bytes as f64,
+        "bytes",
+    );
+}
+
 fn main() {
     let names: Vec<String> = std::env::args().skip(1).collect();
     let mut report = BenchReport::new();
@@ -293,6 +369,7 @@ fn main() {
     if selected("plan_10000_nodes", &names) {
         report.record("plan_10000_nodes", plan_10000_nodes(), "ms");
     }
+    grad_benchmarks(&names, &mut report);
     wgpu_benchmarks(&names, &mut report);
     println!("{}", report.to_json());
 }
