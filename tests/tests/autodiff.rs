@@ -575,3 +575,75 @@ fn the_report_lists_the_residuals_the_backward_pass_reads() {
     forward_only.call(&dense()).unwrap();
     assert!(forward_only.cache().reports[0].residuals.is_empty());
 }
+
+#[test]
+fn f16_gradients_match_f32_within_f16_precision() {
+    let loss = |x: Array| {
+        ((x.tanh() * &x)
+            .matmul(&x.transpose())
+            .sum(&[1], false)
+            .exp())
+        .mean_all()
+    };
+    let x32 = uniform(70, &[3, 4], -0.5, 0.5);
+    let g32 = grad(loss).call(&x32).unwrap();
+    let g16 = grad(loss).call(&x32.cast(DType::F16)).unwrap();
+    assert_eq!(g16.dtype(), DType::F16);
+    compare_within(
+        &g16.cast(DType::F32).data().unwrap(),
+        &g32.data().unwrap(),
+        2e-3,
+        2e-2,
+    )
+    .unwrap();
+}
+
+/// A user kernel with a shape rule and a reference evaluation, and no vjp.
+#[derive(Debug)]
+struct Twice;
+
+impl kiln::CustomKernel for Twice {
+    fn name(&self) -> &str {
+        "twice"
+    }
+    fn shape_rule(
+        &self,
+        inputs: &[&kiln::Aval],
+        _: &mut kiln::ShapeCx,
+    ) -> kiln::Result<kiln::Aval> {
+        Ok(inputs[0].clone())
+    }
+    fn eval(
+        &self,
+        inputs: &[&kiln::HostData],
+        _: &[&[usize]],
+        _: &[usize],
+    ) -> kiln::Result<kiln::HostData> {
+        Ok(kiln::HostData::from_f64s(
+            inputs[0].dtype(),
+            inputs[0].to_f64_vec().into_iter().map(|v| 2.0 * v),
+        ))
+    }
+}
+
+#[test]
+fn differentiating_through_an_op_without_a_vjp_is_an_error_naming_it() {
+    let twice = |x: &Array| {
+        Array::apply(
+            kiln::Op::Custom(kiln::CustomOp(Arc::new(Twice))),
+            vec![x.clone()],
+        )
+    };
+    let x = normal(71, &[3]);
+    assert_eq!(
+        twice(&x).sum_all().item::<f32>().unwrap(),
+        2.0 * x.sum_all().item::<f32>().unwrap()
+    );
+    let err = grad(move |x: Array| twice(&x).sum_all())
+        .call(&x)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("`twice`") && err.to_string().contains("no vjp"),
+        "{err}"
+    );
+}
