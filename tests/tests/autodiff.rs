@@ -492,6 +492,12 @@ fn a_pullback_checks_the_cotangent_structure_and_shapes() {
         err.to_string().contains("args[0]") && err.to_string().contains("f32[4]"),
         "{err}"
     );
+    let (_, pullback) = vjp(|x: Array| vec![x.exp(), x.sin()], &x).unwrap();
+    let err = pullback
+        .call(&vec![Array::ones(&[3], DType::F32)])
+        .unwrap_err();
+    assert!(matches!(err, Error::Tree { .. }), "{err}");
+    assert!(err.to_string().contains("structure"), "{err}");
 }
 
 proptest! {
