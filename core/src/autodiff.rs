@@ -22,7 +22,7 @@ use crate::exec::{Backend, CpuBackend, Executable};
 use crate::hash::{fast_map, FastMap};
 use crate::ops::Op;
 use crate::passes::{optimize, Passes};
-use crate::report::{arg_path, Residual};
+use crate::report::arg_path;
 use crate::trace::{extract, Leaves};
 use crate::tree::{tree_unflatten, Tree, TreeDef};
 use std::cell::RefCell;
@@ -82,72 +82,52 @@ pub(crate) fn backward(
         }
     }
     let grads: Vec<Option<Array>> = wrt.iter().map(|w| cotangents.remove(&w.id())).collect();
-    record_residuals(&order, grads.iter().flatten());
+    record_backward(&order, grads.iter().flatten());
     Ok(grads)
 }
 
 thread_local! {
-    /// The residuals found while a `compile` trace runs, for its report.
-    static RESIDUALS: RefCell<Option<Vec<Array>>> = const { RefCell::new(None) };
+    /// The backward values built while a `compile` trace runs, so its
+    /// graph can mark them.
+    static BACKWARD: RefCell<Option<Vec<Array>>> = const { RefCell::new(None) };
 }
 
-/// Runs `trace` collecting the residuals of every backward pass it builds:
-/// the computed forward values that the backward graph reads (before
-/// fusion, which may recompute some of them instead).
-pub(crate) fn collecting_residuals<T>(trace: impl FnOnce() -> T) -> (T, Vec<Array>) {
-    let outer = RESIDUALS.with(|r| r.replace(Some(Vec::new())));
+/// Runs `trace` collecting the values of every backward pass it builds
+/// (kept alive, so their ids stay theirs while the trace is extracted).
+pub(crate) fn collecting_backward<T>(trace: impl FnOnce() -> T) -> (T, Vec<Array>) {
+    let outer = BACKWARD.with(|b| b.replace(Some(Vec::new())));
     let result = trace();
-    let residuals = RESIDUALS.with(|r| r.replace(outer)).unwrap_or_default();
-    (result, residuals)
+    let backward = BACKWARD.with(|b| b.replace(outer)).unwrap_or_default();
+    (result, backward)
 }
 
-/// How a report shows residual `value`.
-pub(crate) fn describe_residual(value: &Array) -> Residual {
-    let op = match &value.node.kind {
-        NodeKind::Op { op, .. } => op.describe(),
-        _ => "value".to_string(),
-    };
-    let bytes = value
-        .shape()
-        .numel_known()
-        .map(|n| n.saturating_mul(value.dtype().size_bytes()));
-    Residual {
-        op,
-        aval: value.aval().to_string(),
-        bytes,
-    }
-}
-
-/// Adds to the collector, if one is active, every forward op value (one of
-/// `forward`) that a node of the backward graph below `grads` reads.
-fn record_residuals<'a>(forward: &[Array], grads: impl Iterator<Item = &'a Array>) {
-    if RESIDUALS.with(|r| r.borrow().is_none()) {
+/// Adds to the collector, if one is active, every value below `grads` that
+/// is not one of `forward`: the values the backward pass computes.
+fn record_backward<'a>(forward: &[Array], grads: impl Iterator<Item = &'a Array>) {
+    if BACKWARD.with(|b| b.borrow().is_none()) {
         return;
     }
     let forward: HashSet<usize> = forward.iter().map(Array::id).collect();
-    let mut found: Vec<Array> = Vec::new();
     let mut seen: HashSet<usize> = HashSet::new();
-    let mut stack: Vec<Array> = grads
-        .filter(|g| !forward.contains(&g.id()))
-        .cloned()
-        .collect();
+    let mut found: Vec<Array> = Vec::new();
+    let mut stack: Vec<Array> = grads.cloned().collect();
     while let Some(array) = stack.pop() {
-        if !seen.insert(array.id()) {
+        if forward.contains(&array.id()) || !seen.insert(array.id()) {
             continue;
         }
-        let NodeKind::Op { inputs, .. } = &array.node.kind else {
-            continue;
-        };
-        for input in inputs.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            if !forward.contains(&input.id()) {
-                stack.push(input.clone());
-            } else if matches!(input.node.kind, NodeKind::Op { .. }) && seen.insert(input.id()) {
-                found.push(input.clone());
-            }
+        if let NodeKind::Op { inputs, .. } = &array.node.kind {
+            stack.extend(
+                inputs
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .cloned(),
+            );
         }
+        found.push(array);
     }
-    RESIDUALS.with(|r| {
-        if let Some(all) = r.borrow_mut().as_mut() {
+    BACKWARD.with(|b| {
+        if let Some(all) = b.borrow_mut().as_mut() {
             all.extend(found);
         }
     });
@@ -550,6 +530,7 @@ fn run_traced(outputs: &[Array], trace: u64, inputs: &[Array]) -> Result<Vec<Arr
             id: trace,
             num_inputs: inputs.len(),
         },
+        &HashSet::new(),
     )?;
     let (graph, _) = optimize(&graph, Passes::default())?;
     let shapes: Vec<Vec<usize>> = inputs

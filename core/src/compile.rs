@@ -2,13 +2,13 @@
 //! graph, cache the executable, and explain every cache miss.
 
 use crate::array::Array;
-use crate::autodiff::{collecting_residuals, describe_residual};
+use crate::autodiff::collecting_backward;
 use crate::error::{Error, Result};
 use crate::exec::{Backend, CpuBackend, Executable, SymbolSource};
 use crate::hash::{FastHasher, FastMap};
 use crate::passes::{optimize, PassRecord, Passes};
 use crate::report::{
-    arg_path, build_report, explain_miss, CacheInfo, CacheMiss, MissReason, Report, Residual,
+    arg_path, build_report, explain_miss, CacheInfo, CacheMiss, MissReason, Report,
 };
 use crate::shape::{Aval, Dim, Shape, Symbol};
 use crate::trace::{extract, Leaves};
@@ -16,7 +16,7 @@ use crate::tree::{tree_unflatten, Tree, TreeDef};
 use crate::DType;
 use smallvec::SmallVec;
 use std::borrow::Cow;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
@@ -208,8 +208,6 @@ impl KeyView<'_> {
 
 /// The product of one trace.
 struct Traced {
-    /// The forward values its gradients' backward graphs read.
-    residuals: Vec<Residual>,
     exe: Arc<Executable>,
     output_tree: TreeDef,
     traced_nodes: usize,
@@ -584,7 +582,6 @@ where
             traced_nodes,
             passes,
             symbols,
-            residuals,
         } = traced;
         let mut state = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         // Another thread may have traced and inserted this signature while we
@@ -613,7 +610,6 @@ where
             &exe,
             &symbols,
             &leaf_paths,
-            residuals,
         ));
         let entry = Arc::new(Entry {
             key,
@@ -642,9 +638,9 @@ where
             })
             .collect();
         let args: In = tree_unflatten(tree, params)?;
-        let (out, residuals) = collecting_residuals(|| self.f.apply(args));
+        let (out, backward) = collecting_backward(|| self.f.apply(args));
         let out = out?;
-        let residuals = residuals.iter().map(describe_residual).collect();
+        let backward: HashSet<usize> = backward.iter().map(Array::id).collect();
         let mut out_leaves = Vec::new();
         let output_tree = out.flatten(&mut out_leaves)?;
         let (graph, _) = extract(
@@ -653,6 +649,7 @@ where
                 id: trace,
                 num_inputs: leaves.len(),
             },
+            &backward,
         )?;
         let traced_nodes = graph.nodes.len();
         let (graph, passes) = optimize(&graph, self.passes)?;
@@ -673,7 +670,6 @@ where
             traced_nodes,
             passes,
             symbols,
-            residuals,
         })
     }
 

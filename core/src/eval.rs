@@ -9,6 +9,7 @@ use crate::hash::FastMap;
 use crate::passes::{optimize, Passes};
 use crate::trace::{extract, Leaves};
 use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Counters of the eager-evaluation cache.
@@ -58,7 +59,7 @@ pub fn eval(arrays: &[Array]) -> Result<()> {
     if pending.is_empty() {
         return Ok(());
     }
-    let (graph, leaves) = extract(&pending, Leaves::Eager)?;
+    let (graph, leaves) = extract(&pending, Leaves::Eager, &HashSet::new())?;
     let cached = {
         let mut cache = cache().lock().unwrap_or_else(|p| p.into_inner());
         let found = cache.executables.get(&graph).cloned();

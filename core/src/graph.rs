@@ -89,4 +89,26 @@ pub struct Graph {
     pub num_inputs: usize,
     /// Conditions on symbolic dims the shape rules assumed.
     pub guards: Vec<Guard>,
+    /// Per value, whether it belongs to a gradient's backward pass; empty
+    /// when the graph computes no gradient.
+    pub backward: Vec<bool>,
+}
+
+impl Graph {
+    /// True when value `v` belongs to a gradient's backward pass.
+    pub fn is_backward(&self, v: ValueId) -> bool {
+        self.backward.get(v).copied().unwrap_or(false)
+    }
+
+    /// Appends `node`, of the backward pass when `backward` (the flags stay
+    /// empty until a backward value arrives).
+    pub(crate) fn push_node(&mut self, node: GraphNode, backward: bool) {
+        if backward && self.backward.is_empty() {
+            self.backward = vec![false; self.nodes.len()];
+        }
+        if !self.backward.is_empty() {
+            self.backward.push(backward);
+        }
+        self.nodes.push(node);
+    }
 }

@@ -54,6 +54,7 @@ pub fn optimize(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<PassRecord>
     let (mut simplified, mut folded, mut merged) = (0, 0, 0);
     for node in &graph.nodes {
         let inputs: Operands = node.inputs.iter().map(|&i| remap[i]).collect();
+        let backward = graph.is_backward(remap.len());
         if let ValueKind::Op(op) = &node.kind {
             if let Some(&alias) = inputs
                 .first()
@@ -86,12 +87,16 @@ pub fn optimize(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<PassRecord>
         match same.iter().copied().find(|&id| out.nodes[id] == candidate) {
             Some(existing) => {
                 merged += 1;
+                // A value both passes compute is computed by the forward one.
+                if !backward && out.is_backward(existing) {
+                    out.backward[existing] = false;
+                }
                 remap.push(existing);
             }
             None => {
                 let id = out.nodes.len();
                 same.push(id);
-                out.nodes.push(candidate);
+                out.push_node(candidate, backward);
                 remap.push(id);
             }
         }
@@ -208,11 +213,12 @@ pub fn fuse(graph: Graph) -> Result<(Graph, usize)> {
         remap[v] = out.nodes.len();
         if members[v].is_empty() {
             let inputs = node.inputs.iter().map(|&i| remap[i]).collect();
-            out.nodes.push(GraphNode {
+            let copy = GraphNode {
                 kind: node.kind.clone(),
                 inputs,
                 aval: node.aval.clone(),
-            });
+            };
+            out.push_node(copy, graph.is_backward(v));
             continue;
         }
         absorbed += members[v].len() - 1;
@@ -242,11 +248,13 @@ pub fn fuse(graph: Graph) -> Result<(Graph, usize)> {
             });
         }
         let kernel = FusedKernel::new(steps, external.len())?;
-        out.nodes.push(GraphNode {
+        let fused = GraphNode {
             kind: ValueKind::Op(Op::Fused(Arc::new(kernel))),
             inputs: external.iter().map(|&e| remap[e]).collect(),
             aval: node.aval.clone(),
-        });
+        };
+        // A group computing any backward value runs in the backward pass.
+        out.push_node(fused, members[v].iter().any(|&m| graph.is_backward(m)));
     }
     out.outputs = graph.outputs.iter().map(|&o| remap[o]).collect();
     Ok((out, absorbed))
@@ -332,22 +340,19 @@ pub fn dce(graph: Graph) -> (Graph, usize) {
         return (graph, 0);
     }
     let mut remap = vec![usize::MAX; n];
-    let mut nodes = Vec::with_capacity(n - removed);
+    let mut out = Graph {
+        num_inputs: graph.num_inputs,
+        guards: graph.guards,
+        ..Graph::default()
+    };
+    let backward = graph.backward;
     for (i, node) in graph.nodes.into_iter().enumerate() {
         if live[i] {
-            remap[i] = nodes.len();
+            remap[i] = out.nodes.len();
             let inputs = node.inputs.iter().map(|&j| remap[j]).collect();
-            nodes.push(GraphNode { inputs, ..node });
+            out.push_node(GraphNode { inputs, ..node }, backward.get(i) == Some(&true));
         }
     }
-    let outputs = graph.outputs.iter().map(|&o| remap[o]).collect();
-    (
-        Graph {
-            nodes,
-            outputs,
-            num_inputs: graph.num_inputs,
-            guards: graph.guards,
-        },
-        removed,
-    )
+    out.outputs = graph.outputs.iter().map(|&o| remap[o]).collect();
+    (out, removed)
 }

@@ -5,7 +5,7 @@
 
 use crate::compile::CacheKey;
 use crate::exec::{Executable, SymbolSource};
-use crate::graph::ValueKind;
+use crate::graph::{Graph, ValueKind};
 use crate::passes::PassRecord;
 use crate::plan::{Home, PlanMemory, ReinplaceDecision};
 use crate::shape::Symbol;
@@ -116,6 +116,8 @@ pub struct ReportNode {
     /// For an elementwise node, whether it writes in place of an operand
     /// and why each operand was or was not taken.
     pub reinplace: Option<ReinplaceDecision>,
+    /// Whether it belongs to a gradient's backward pass.
+    pub backward: bool,
 }
 
 /// One value held by a slot, with its lifetime.
@@ -182,23 +184,24 @@ pub struct Report {
     pub symbols: Vec<String>,
     /// Reinplacing and slot planning.
     pub plan: PlanReport,
-    /// The forward values a gradient's backward graph reads (saved for it
-    /// between the passes), as traced before fusion; empty without a
-    /// gradient.
+    /// The forward values a gradient's backward pass reads, saved for it
+    /// between the passes; empty without a gradient.
     pub residuals: Vec<Residual>,
-    /// Their bytes, where their shapes are known.
+    /// Their bytes (for the traced call's shapes).
     pub residual_bytes: usize,
 }
 
 /// A forward value the backward pass reads.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Residual {
+    /// The value's id in [`Report::nodes`].
+    pub node: usize,
     /// The op that computed it, with parameters.
     pub op: String,
     /// Its shape and dtype, like `f32[64,256]`.
     pub aval: String,
-    /// Its bytes, when its shape is known.
-    pub bytes: Option<usize>,
+    /// Its bytes, for the traced call's shapes.
+    pub bytes: usize,
 }
 
 /// A snapshot of a compiled function's cache.
@@ -322,7 +325,6 @@ pub(crate) fn build_report(
     exe: &Executable,
     symbols: &[(Symbol, SymbolSource)],
     leaf_paths: &[KeyPath],
-    residuals: Vec<Residual>,
 ) -> Report {
     let leaf_name = |i: usize| {
         leaf_paths
@@ -331,6 +333,7 @@ pub(crate) fn build_report(
     };
     let graph = exe.graph();
     let plan = exe.plan();
+    let residuals = residuals_of(graph, shapes);
     let mut decisions: Vec<Option<ReinplaceDecision>> = vec![None; graph.nodes.len()];
     for decision in plan.decisions() {
         decisions[decision.node] = Some(decision.clone());
@@ -396,6 +399,7 @@ pub(crate) fn build_report(
                     Home::Constant => "constant".to_string(),
                 },
                 reinplace: decisions[id].take(),
+                backward: graph.is_backward(id),
             })
             .collect(),
         outputs: graph.outputs.clone(),
@@ -410,9 +414,38 @@ pub(crate) fn build_report(
             .map(|(s, src)| format!("{s} = {}.shape[{}]", leaf_name(src.leaf), src.axis))
             .collect(),
         plan: plan_report,
-        residual_bytes: residuals.iter().filter_map(|r| r.bytes).sum(),
+        residual_bytes: residuals.iter().map(|r| r.bytes).sum(),
         residuals,
     }
+}
+
+/// The computed forward values of `graph` that a backward value reads.
+fn residuals_of(graph: &Graph, shapes: &[Vec<usize>]) -> Vec<Residual> {
+    let mut read_by_backward = vec![false; graph.nodes.len()];
+    for (v, node) in graph.nodes.iter().enumerate() {
+        if graph.is_backward(v) {
+            for &i in &node.inputs {
+                read_by_backward[i] = true;
+            }
+        }
+    }
+    graph
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(v, node)| {
+            read_by_backward[*v] && !graph.is_backward(*v) && matches!(node.kind, ValueKind::Op(_))
+        })
+        .map(|(v, node)| Residual {
+            node: v,
+            op: match &node.kind {
+                ValueKind::Op(op) => op.describe(),
+                _ => String::new(),
+            },
+            aval: node.aval.to_string(),
+            bytes: shapes[v].iter().product::<usize>() * node.aval.dtype.size_bytes(),
+        })
+        .collect()
 }
 
 /// Renders a leaf or node path rooted at the arguments: `args.layers[2].w`.

@@ -4,6 +4,7 @@ use crate::array::{Array, NodeKind};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, GraphNode, Literal, Operands, ValueId, ValueKind};
 use crate::hash::{fast_map, FastMap};
+use std::collections::HashSet;
 
 /// How graph extraction treats the leaves it meets.
 pub(crate) enum Leaves {
@@ -14,8 +15,13 @@ pub(crate) enum Leaves {
 }
 
 /// The graph of everything `outputs` depend on, plus (eager) the arrays that
-/// became its inputs.
-pub(crate) fn extract(outputs: &[Array], leaves: Leaves) -> Result<(Graph, Vec<Array>)> {
+/// became its inputs. Values whose arrays are in `backward` (by
+/// [`Array::id`]) are marked as a gradient's backward pass.
+pub(crate) fn extract(
+    outputs: &[Array],
+    leaves: Leaves,
+    backward: &HashSet<usize>,
+) -> Result<(Graph, Vec<Array>)> {
     let mut graph = Graph::default();
     let mut inputs: Vec<Array> = Vec::new();
     let mut ids: FastMap<usize, ValueId> = fast_map(outputs.len() * 8);
@@ -34,7 +40,14 @@ pub(crate) fn extract(outputs: &[Array], leaves: Leaves) -> Result<(Graph, Vec<A
                 }
                 Leaves::Trace { .. } => ValueKind::Constant(Literal(value.clone())),
             };
-            push(&mut graph, &mut ids, &array, kind, Operands::new());
+            push(
+                &mut graph,
+                &mut ids,
+                &array,
+                kind,
+                Operands::new(),
+                backward,
+            );
             continue;
         }
         match &node.kind {
@@ -48,6 +61,7 @@ pub(crate) fn extract(outputs: &[Array], leaves: Leaves) -> Result<(Graph, Vec<A
                         &array,
                         ValueKind::Input(*index),
                         Operands::new(),
+                        backward,
                     );
                 }
                 _ => {
@@ -65,7 +79,14 @@ pub(crate) fn extract(outputs: &[Array], leaves: Leaves) -> Result<(Graph, Vec<A
                 if expanded {
                     let ins = operands.iter().map(|a| ids[&a.id()]).collect();
                     graph.guards.extend(guards.iter().cloned());
-                    push(&mut graph, &mut ids, &array, ValueKind::Op(op.clone()), ins);
+                    push(
+                        &mut graph,
+                        &mut ids,
+                        &array,
+                        ValueKind::Op(op.clone()),
+                        ins,
+                        backward,
+                    );
                 } else {
                     stack.push((array.clone(), true));
                     for operand in operands.iter().rev() {
@@ -91,11 +112,13 @@ fn push(
     array: &Array,
     kind: ValueKind,
     inputs: Operands,
+    backward: &HashSet<usize>,
 ) {
     ids.insert(array.id(), graph.nodes.len());
-    graph.nodes.push(GraphNode {
+    let node = GraphNode {
         kind,
         inputs,
         aval: array.aval().clone(),
-    });
+    };
+    graph.push_node(node, backward.contains(&array.id()));
 }

@@ -562,24 +562,33 @@ fn conventions_at_the_kinks_of_abs_and_relu_are_zero() {
 }
 
 #[test]
-fn the_report_lists_the_residuals_the_backward_pass_reads() {
-    let df = compile(value_and_grad(dense_loss));
+fn the_report_marks_the_backward_pass_and_the_residuals_it_reads() {
+    let df = compile(value_and_grad(dense_loss)).fusion(false);
     df.call(&dense()).unwrap();
     let report = &df.cache().reports[0];
+    let backward: Vec<&kiln::ReportNode> = report.nodes.iter().filter(|n| n.backward).collect();
+    assert!(!backward.is_empty());
+    // The loss is forward; the weights' gradient (the last output) is backward.
+    assert!(!report.nodes[report.outputs[0]].backward);
+    assert!(report.nodes[report.outputs[1]].backward);
     // d/dy mean(y²) reads y = x·w + b, saved from the forward pass.
-    assert!(
-        report
-            .residuals
-            .iter()
-            .any(|r| r.op == "add" && r.aval == "f32[4,2]" && r.bytes == Some(32)),
-        "{:?}",
-        report.residuals
-    );
-    let total: usize = report.residuals.iter().filter_map(|r| r.bytes).sum();
+    let y = report
+        .residuals
+        .iter()
+        .find(|r| r.op == "add" && r.aval == "f32[4,2]")
+        .unwrap_or_else(|| panic!("{:?}", report.residuals));
+    assert_eq!(y.bytes, 32);
+    assert!(!report.nodes[y.node].backward);
+    assert!(report
+        .nodes
+        .iter()
+        .any(|n| n.backward && n.inputs.contains(&y.node)));
+    let total: usize = report.residuals.iter().map(|r| r.bytes).sum();
     assert_eq!(report.residual_bytes, total);
     let forward_only = compile(dense_loss);
     forward_only.call(&dense()).unwrap();
-    assert!(forward_only.cache().reports[0].residuals.is_empty());
+    let plain = &forward_only.cache().reports[0];
+    assert!(plain.residuals.is_empty() && plain.nodes.iter().all(|n| !n.backward));
 }
 
 #[test]
