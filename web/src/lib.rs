@@ -8,6 +8,10 @@
 
 pub mod examples;
 pub mod format;
+#[cfg(target_arch = "wasm32")]
+mod page;
+pub mod protocol;
 pub mod report;
 pub mod script;
 pub mod source;
+pub mod view;

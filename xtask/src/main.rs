@@ -5,6 +5,7 @@ mod bench;
 mod ci;
 mod process;
 mod wasm;
+mod web;
 
 use std::process::ExitCode;
 
@@ -18,6 +19,11 @@ commands:
                     to target/kiln-bench.json; NAMEs select benchmarks by name or prefix
   wasm [--debian]   build `kiln` for wasm32-unknown-unknown (rustup target if it can be
                     installed, else Debian's rustc-web with build-std; --debian forces it)
+  web [--e2e]       build the playground into target/web/ (a static site): kiln-web for
+                    wasm32, wasm-bindgen, wasm-opt; installs what it needs on first use;
+                    --e2e then runs the browser tests in headless Chromium (screenshots
+                    in target/web-e2e/)
+  serve [--port N]  build the playground and serve it on http://127.0.0.1:N/ (8000)
   help              this text
 ";
 
@@ -31,6 +37,8 @@ fn main() -> ExitCode {
         "ci" => ci::run(rest),
         "bench" => bench::run(rest),
         "wasm" => wasm::run(rest),
+        "web" => web::run(rest),
+        "serve" => web::serve(rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())
