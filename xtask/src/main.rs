@@ -13,8 +13,9 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [args]
 
 commands:
-  ci [STEP...]      fmt, clippy, test and the wasm32 build of `kiln`, stopping at the
-                    first failure; STEPs pick a subset (steps: fmt clippy test wasm32)
+  ci [STEP...]      fmt, clippy, test, the wasm32 build of `kiln` and the playground's
+                    browser tests, stopping at the first failure; STEPs pick a subset
+                    (steps: fmt clippy lavapipe test wasm32 web)
   bench [NAME...]   run the benchmarks in release mode, print their JSON and write it
                     to target/kiln-bench.json; NAMEs select benchmarks by name or prefix
   wasm [--debian]   build `kiln` for wasm32-unknown-unknown (rustup target if it can be
