@@ -148,6 +148,34 @@ await check("a-script-error-shows-its-line-and-the-next-run-works", async () => 
   expectEqual(await text(".output pre"), "array([3., 3.], dtype=float32)", "result");
 });
 
+await check("a-share-link-round-trips", async () => {
+  const script = 'show("shared", arange(3) * 2.0)';
+  await runScript(script);
+  await page.locator(".output .label", { hasText: "shared" }).waitFor({ timeout: 30000 });
+  const link = page.url();
+  if (!link.includes("#s=")) throw new Error(`no program in the link ${link}`);
+  const fresh = await context.newPage();
+  await fresh.goto(link);
+  await fresh.locator(".output .label", { hasText: "shared" }).waitFor({ timeout: 60000 });
+  expectEqual(await fresh.locator("#editor").inputValue(), script, "restored program");
+  expectEqual(await fresh.locator(".output pre").first().innerText(),
+    "array([0., 2., 4.], dtype=float32)", "restored output");
+  await fresh.close();
+});
+
+await check("an-exported-report-re-opens", async () => {
+  await runExample("mlp", "row sums");
+  const peak = await text(".peak");
+  const [download] = await Promise.all([page.waitForEvent("download"), page.click("#export")]);
+  const saved = join(shots, "kiln-report.json");
+  await download.saveAs(saved);
+  await runExample("donation", "params");
+  await page.setInputFiles("#import", saved);
+  await page.locator("#status", { hasText: "showing an imported report" }).waitFor({ timeout: 10000 });
+  await page.locator(".output .label", { hasText: "row sums" }).waitFor({ timeout: 10000 });
+  expectEqual(await text(".peak"), peak, "imported peak");
+});
+
 await check("an-endless-loop-is-stopped-and-the-page-responds", async () => {
   await runScript("loop { }");
   await page.locator("#status", { hasText: "running" }).waitFor({ timeout: 10000 });

@@ -13,5 +13,6 @@ mod page;
 pub mod protocol;
 pub mod report;
 pub mod script;
+pub mod share;
 pub mod source;
 pub mod view;

@@ -5,12 +5,17 @@
 use crate::examples::{Example, EXAMPLES};
 use crate::protocol::{Request, Response};
 use crate::report::{FunctionReport, RunReport};
+use crate::share::{decode_fragment, encode_fragment, export_report, import_report};
 use crate::view::{graph_layers, miss_lines, reinplace_rows, timeline};
 use kiln::Report;
 use leptos::prelude::*;
 use serde::Serialize;
 use wasm_bindgen::prelude::*;
-use web_sys::{MessageEvent, Worker, WorkerOptions, WorkerType};
+use wasm_bindgen_futures::JsFuture;
+use web_sys::{
+    Blob, BlobPropertyBag, HtmlAnchorElement, HtmlInputElement, MessageEvent, Url, Worker,
+    WorkerOptions, WorkerType,
+};
 
 /// Milliseconds of quiet typing before the script re-runs.
 const RUN_AFTER_MS: u64 = 600;
@@ -28,6 +33,8 @@ enum Status {
     Ready,
     Running,
     Stopped,
+    /// Showing a report opened from a file.
+    Imported,
     Failed(String),
 }
 
@@ -107,10 +114,15 @@ impl Page {
         self.pending.set(false);
         let id = self.latest.get_untracked() + 1;
         self.latest.set(id);
-        let request = Request::Run {
-            id,
-            script: self.script.get_untracked(),
-        };
+        let script = self.script.get_untracked();
+        // The link in the address bar always carries the program run last.
+        if let Ok(history) = window().history() {
+            let fragment = encode_fragment(&script);
+            history
+                .replace_state_with_url(&JsValue::NULL, "", Some(&fragment))
+                .ok();
+        }
+        let request = Request::Run { id, script };
         let message = match request.serialize(&serde_wasm_bindgen::Serializer::json_compatible()) {
             Ok(message) => message,
             Err(e) => {
@@ -141,6 +153,48 @@ impl Page {
         self.status.set(Status::Stopped);
     }
 
+    /// Saves the shown report as `kiln-report.json`.
+    fn export(self) -> Result<(), JsValue> {
+        let Some(report) = self.report.get_untracked() else {
+            return Ok(());
+        };
+        let json = export_report(&report).map_err(|e| JsValue::from_str(&e))?;
+        let options = BlobPropertyBag::new();
+        options.set_type("application/json");
+        let parts = js_sys::Array::of1(&JsValue::from_str(&json));
+        let blob = Blob::new_with_str_sequence_and_options(&parts, &options)?;
+        let url = Url::create_object_url_with_blob(&blob)?;
+        let anchor: HtmlAnchorElement = document().create_element("a")?.dyn_into()?;
+        anchor.set_href(&url);
+        anchor.set_download("kiln-report.json");
+        anchor.click();
+        Url::revoke_object_url(&url)
+    }
+
+    /// Shows a report from an exported file instead of a run's.
+    fn import(self, input: HtmlInputElement) {
+        let Some(file) = input.files().and_then(|files| files.get(0)) else {
+            return;
+        };
+        leptos::task::spawn_local(async move {
+            let text = JsFuture::from(file.text()).await;
+            match text.ok().and_then(|t| t.as_string()) {
+                Some(json) => match import_report(&json) {
+                    Ok(report) => {
+                        // A run still under way must not replace it.
+                        self.latest.set(self.latest.get_untracked() + 1);
+                        self.report.set(Some(report));
+                        self.status.set(Status::Imported);
+                    }
+                    Err(e) => self.status.set(Status::Failed(e)),
+                },
+                None => self
+                    .status
+                    .set(Status::Failed("cannot read the chosen file".to_string())),
+            }
+        });
+    }
+
     fn load_example(self, example: &'static Example) {
         self.example.set(example.id);
         self.script.set(example.script.to_string());
@@ -151,9 +205,19 @@ impl Page {
 #[component]
 fn App() -> impl IntoView {
     let first = &EXAMPLES[0];
+    // A share link's program wins over the first example.
+    let shared = window()
+        .location()
+        .hash()
+        .ok()
+        .and_then(|hash| decode_fragment(&hash).ok());
+    let (script, example) = match shared {
+        Some(script) => (script, ""),
+        None => (first.script.to_string(), first.id),
+    };
     let page = Page {
-        script: RwSignal::new(first.script.to_string()),
-        example: RwSignal::new(first.id),
+        script: RwSignal::new(script),
+        example: RwSignal::new(example),
         report: RwSignal::new(None),
         status: RwSignal::new(Status::Loading),
         backend: RwSignal::new("…".to_string()),
@@ -190,6 +254,7 @@ fn App() -> impl IntoView {
         Status::Ready => "ready".to_string(),
         Status::Running => "running…".to_string(),
         Status::Stopped => "stopped".to_string(),
+        Status::Imported => "showing an imported report".to_string(),
         Status::Failed(e) => format!("failed: {e}"),
     };
     let explanation = move || {
@@ -206,6 +271,25 @@ fn App() -> impl IntoView {
             <span id="status">{status_text}</span>
             <button id="run" on:click=move |_| page.run()>"Run (Ctrl+Enter)"</button>
             <button id="stop" on:click=move |_| page.stop()>"Stop"</button>
+            <button
+                id="export"
+                on:click=move |_| {
+                    if let Err(e) = page.export() {
+                        page.status.set(Status::Failed(format!("export failed: {e:?}")));
+                    }
+                }
+            >
+                "Export report"
+            </button>
+            <label class="import">
+                "Open report "
+                <input
+                    id="import"
+                    type="file"
+                    accept=".json,application/json"
+                    on:change=move |ev| page.import(event_target::<HtmlInputElement>(&ev))
+                />
+            </label>
         </header>
         <main>
             <section id="left">
