@@ -137,6 +137,17 @@ await check("donation", async () => {
     (await text(".function .meta")).includes("donated: [args[0]]"), true, "donated path shown");
 });
 
+await check("what-if-compares-the-variants", async () => {
+  await page.click("#compare");
+  await page.locator('.comparison tr[data-variant="shapeless"]').waitFor({ timeout: 30000 });
+  const cell = async (variant, column) =>
+    Number(await page.locator(`.comparison tr[data-variant="${variant}"] td.${column}`).innerText());
+  expectEqual(await cell("fusion off", "nodes"), (await cell("as written", "nodes")) + 1,
+    "fusion off splits the fused update");
+  expectEqual(await cell("as written", "peak"), 0, "donated: the update needs no slot");
+  if (!((await cell("donation off", "peak")) > 0)) throw new Error("donation off needs a slot");
+});
+
 await check("a-script-error-shows-its-line-and-the-next-run-works", async () => {
   await runScript("let a = ones([2, 3]);\nlet b = a + ones([4]);\nb");
   await page.locator("#error").waitFor({ timeout: 30000 });

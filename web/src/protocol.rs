@@ -2,7 +2,7 @@
 //! Both halves are this crate, so the types are shared; they travel as
 //! plain JS objects through `serde-wasm-bindgen`.
 
-use crate::report::RunReport;
+use crate::report::{Comparison, RunReport};
 use serde::{Deserialize, Serialize};
 
 /// From the page to the worker.
@@ -13,6 +13,13 @@ pub enum Request {
     Run {
         /// Pairs the report with its request: a run still queued when the
         /// user edits again is answered, but its report is stale.
+        id: u64,
+        /// The Rhai script.
+        script: String,
+    },
+    /// Run a script once per what-if variant and compare the plans.
+    Compare {
+        /// Pairs the comparison with its request.
         id: u64,
         /// The Rhai script.
         script: String,
@@ -34,6 +41,13 @@ pub enum Response {
         id: u64,
         /// What the run did.
         report: RunReport,
+    },
+    /// The what-if variants of a script, side by side.
+    Comparison {
+        /// The request's id.
+        id: u64,
+        /// One row per variant.
+        rows: Vec<Comparison>,
     },
 }
 

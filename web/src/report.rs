@@ -6,7 +6,7 @@
 //! [`kiln::Report`] of every entry); the views render it and derive no
 //! compiler facts of their own.
 
-use kiln::CacheInfo;
+use kiln::{CacheInfo, PlanMemory};
 use serde::{Deserialize, Serialize};
 
 /// The result of one run of a script.
@@ -88,4 +88,31 @@ impl std::fmt::Display for ScriptError {
             _ => f.write_str(&self.message),
         }
     }
+}
+
+/// One what-if variant of a run: the same script with options forced on
+/// every compiled function, and what the plans became.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Comparison {
+    /// The variant, like `fusion off`.
+    pub variant: String,
+    /// Per compiled function (in order of first call), its latest entry's
+    /// figures.
+    pub functions: Vec<VariantFigures>,
+    /// Why the variant's run failed, if it did.
+    pub error: Option<ScriptError>,
+}
+
+/// A compiled function's figures in one variant, from its latest entry's
+/// [`kiln::Report`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VariantFigures {
+    /// The script line of its `compile(...)`.
+    pub line: usize,
+    /// Nodes of the optimized graph.
+    pub nodes: usize,
+    /// Elementwise nodes written in place of an operand.
+    pub reinplaced: usize,
+    /// Peak, lower bound and no-reuse bytes.
+    pub memory: PlanMemory,
 }

@@ -4,7 +4,7 @@
 
 use crate::examples::{Example, EXAMPLES};
 use crate::protocol::{Request, Response};
-use crate::report::{FunctionReport, RunReport};
+use crate::report::{Comparison, FunctionReport, RunReport};
 use crate::share::{decode_fragment, encode_fragment, export_report, import_report};
 use crate::view::{graph_layers, miss_lines, reinplace_rows, timeline};
 use kiln::Report;
@@ -44,6 +44,8 @@ struct Page {
     script: RwSignal<String>,
     example: RwSignal<&'static str>,
     report: RwSignal<Option<RunReport>>,
+    /// The what-if comparison of the script last run, once asked for.
+    comparison: RwSignal<Option<Vec<Comparison>>>,
     status: RwSignal<Status>,
     backend: RwSignal<String>,
     /// The id of the latest request: older reports are stale.
@@ -88,7 +90,11 @@ impl Page {
                     self.report.set(Some(report));
                     self.status.set(Status::Ready);
                 }
-                Ok(Response::Report { .. }) => {}
+                Ok(Response::Comparison { id, rows }) if id == self.latest.get_untracked() => {
+                    self.comparison.set(Some(rows));
+                    self.status.set(Status::Ready);
+                }
+                Ok(Response::Report { .. } | Response::Comparison { .. }) => {}
                 Err(e) => self.status.set(Status::Failed(format!(
                     "unreadable message from the worker: {e}"
                 ))),
@@ -108,12 +114,7 @@ impl Page {
             self.pending.set(true);
             return;
         }
-        if matches!(self.status.get_untracked(), Status::Failed(_)) {
-            return;
-        }
         self.pending.set(false);
-        let id = self.latest.get_untracked() + 1;
-        self.latest.set(id);
         let script = self.script.get_untracked();
         // The link in the address bar always carries the program run last.
         if let Ok(history) = window().history() {
@@ -122,7 +123,26 @@ impl Page {
                 .replace_state_with_url(&JsValue::NULL, "", Some(&fragment))
                 .ok();
         }
-        let request = Request::Run { id, script };
+        self.comparison.set(None);
+        self.send(|id| Request::Run { id, script });
+    }
+
+    /// Runs the what-if variants of the editor's script.
+    fn compare(self) {
+        if self.ready.get_untracked() {
+            let script = self.script.get_untracked();
+            self.send(|id| Request::Compare { id, script });
+        }
+    }
+
+    /// Posts the request `make` builds with a fresh id.
+    fn send(self, make: impl FnOnce(u64) -> Request) {
+        if matches!(self.status.get_untracked(), Status::Failed(_)) {
+            return;
+        }
+        let id = self.latest.get_untracked() + 1;
+        self.latest.set(id);
+        let request = make(id);
         let message = match request.serialize(&serde_wasm_bindgen::Serializer::json_compatible()) {
             Ok(message) => message,
             Err(e) => {
@@ -219,6 +239,7 @@ fn App() -> impl IntoView {
         script: RwSignal::new(script),
         example: RwSignal::new(example),
         report: RwSignal::new(None),
+        comparison: RwSignal::new(None),
         status: RwSignal::new(Status::Loading),
         backend: RwSignal::new("…".to_string()),
         latest: RwSignal::new(0),
@@ -321,6 +342,13 @@ fn App() -> impl IntoView {
             </section>
             <section id="right">
                 {move || page.report.get().map(|r| report_view(page, r))}
+                <div class="view what-if">
+                    <h3>"What if"</h3>
+                    <button id="compare" on:click=move |_| page.compare()>
+                        "Compare: fusion off, donation off, shapeless"
+                    </button>
+                    {move || page.comparison.get().map(comparison_view)}
+                </div>
             </section>
         </main>
     }
@@ -583,5 +611,48 @@ fn memory_view(page: Page, report: &Report) -> impl IntoView {
                     .collect_view()}
             </svg>
         </div>
+    }
+}
+
+fn comparison_view(rows: Vec<Comparison>) -> impl IntoView {
+    view! {
+        <table class="comparison">
+            <tr>
+                <th>"variant"</th><th>"compile at line"</th><th>"nodes"</th>
+                <th>"in place"</th><th>"peak B"</th><th>"lower bound B"</th><th>"no reuse B"</th>
+            </tr>
+            {rows
+                .into_iter()
+                .map(|row| {
+                    let variant = row.variant.clone();
+                    match row.error {
+                        Some(e) => view! {
+                            <tr data-variant=variant.clone()>
+                                <td>{row.variant}</td><td colspan="6" class="error">{e.to_string()}</td>
+                            </tr>
+                        }
+                        .into_any(),
+                        None => row
+                            .functions
+                            .into_iter()
+                            .map(|f| {
+                                view! {
+                                    <tr data-variant=variant.clone()>
+                                        <td>{variant.clone()}</td>
+                                        <td>{f.line}</td>
+                                        <td class="nodes">{f.nodes}</td>
+                                        <td class="reinplaced">{f.reinplaced}</td>
+                                        <td class="peak">{f.memory.peak_bytes}</td>
+                                        <td>{f.memory.lower_bound_bytes}</td>
+                                        <td>{f.memory.no_reuse_bytes}</td>
+                                    </tr>
+                                }
+                            })
+                            .collect_view()
+                            .into_any(),
+                    }
+                })
+                .collect_view()}
+        </table>
     }
 }

@@ -24,6 +24,10 @@ pub fn start_worker() -> Result<(), JsValue> {
                 id,
                 report: SESSION.with(|s| s.borrow_mut().run(&script)),
             },
+            Ok(Request::Compare { id, script }) => Response::Comparison {
+                id,
+                rows: SESSION.with(|s| s.borrow_mut().compare(&script)),
+            },
             Err(e) => {
                 web_sys_console_error(&format!("kiln worker: unreadable request: {e}"));
                 return;

@@ -40,6 +40,69 @@ pub struct Options {
     pub donate: Vec<String>,
 }
 
+/// Options forced on every compiled function of a run: the memory view's
+/// what-if toggles.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WhatIf {
+    /// Turns elementwise fusion off.
+    pub fusion_off: bool,
+    /// Drops every donation.
+    pub donation_off: bool,
+    /// Compiles shapeless.
+    pub shapeless: bool,
+}
+
+impl WhatIf {
+    /// The variants the memory view compares, by name.
+    pub const VARIANTS: [(&'static str, WhatIf); 4] = [
+        (
+            "as written",
+            WhatIf {
+                fusion_off: false,
+                donation_off: false,
+                shapeless: false,
+            },
+        ),
+        (
+            "fusion off",
+            WhatIf {
+                fusion_off: true,
+                donation_off: false,
+                shapeless: false,
+            },
+        ),
+        (
+            "donation off",
+            WhatIf {
+                fusion_off: false,
+                donation_off: true,
+                shapeless: false,
+            },
+        ),
+        (
+            "shapeless",
+            WhatIf {
+                fusion_off: false,
+                donation_off: false,
+                shapeless: true,
+            },
+        ),
+    ];
+
+    /// `options` with this variant's changes.
+    pub fn apply(self, options: &Options) -> Options {
+        Options {
+            shapeless: options.shapeless || self.shapeless,
+            fusion: options.fusion && !self.fusion_off,
+            donate: if self.donation_off {
+                Vec::new()
+            } else {
+                options.donate.clone()
+            },
+        }
+    }
+}
+
 impl Default for Options {
     fn default() -> Options {
         Options {

@@ -18,11 +18,11 @@ mod function;
 mod nodes;
 mod values;
 
-pub use function::Options;
+pub use function::{Options, WhatIf};
 pub use nodes::{register_node, NodeSpec, ScriptObject};
 
 use crate::format::numpy_repr;
-use crate::report::{Output, RunReport, ScriptError};
+use crate::report::{Comparison, Output, RunReport, ScriptError, VariantFigures};
 use function::ScriptFunction;
 use rhai::{Dynamic, Engine, EvalAltResult, ParseError, Position, Scope, AST};
 use std::cell::{Cell, RefCell};
@@ -117,6 +117,8 @@ pub(crate) struct Shared {
     log: RefCell<Vec<String>>,
     nesting: Cell<usize>,
     max_nesting: usize,
+    /// Options forced on this run's compiled functions.
+    what_if: Cell<WhatIf>,
     deadline: Cell<Option<Instant>>,
 }
 
@@ -151,6 +153,9 @@ impl Shared {
 
     /// The session's compiled function for `handle`, created on first use.
     fn function_for(self: &Rc<Self>, handle: &function::ScriptCompiled) -> Rc<ScriptFunction> {
+        let mut forced = handle.clone();
+        forced.options = self.what_if.get().apply(&handle.options);
+        let handle = &forced;
         let key = handle.key();
         let function = self
             .functions
@@ -226,6 +231,7 @@ impl Session {
             log: RefCell::default(),
             nesting: Cell::new(0),
             max_nesting: limits.max_nested_compiled_calls,
+            what_if: Cell::new(WhatIf::default()),
             deadline: Cell::new(None),
         });
         let engine = Rc::new(api::engine(&shared, &limits));
@@ -241,6 +247,41 @@ impl Session {
     /// error with the line and column, and what it did before; the next
     /// run starts afresh, with the caches of the compiled functions.
     pub fn run(&mut self, script: &str) -> RunReport {
+        self.run_with(script, WhatIf::default())
+    }
+
+    /// Runs `script` once per [`WhatIf::VARIANTS`] and reports each
+    /// variant's plan figures, for the memory view to show side by side.
+    /// Each variant has caches of its own (options are part of a compiled
+    /// function's identity).
+    pub fn compare(&mut self, script: &str) -> Vec<Comparison> {
+        WhatIf::VARIANTS
+            .iter()
+            .map(|&(variant, what_if)| {
+                let report = self.run_with(script, what_if);
+                Comparison {
+                    variant: variant.to_string(),
+                    functions: report
+                        .functions
+                        .iter()
+                        .filter_map(|f| {
+                            f.cache.reports.last().map(|r| VariantFigures {
+                                line: f.line,
+                                nodes: r.nodes.len(),
+                                reinplaced: r.plan.reinplaced,
+                                memory: r.plan.memory,
+                            })
+                        })
+                        .collect(),
+                    error: report.error,
+                }
+            })
+            .collect()
+    }
+
+    /// Runs `script` with `what_if` forced on its compiled functions.
+    pub fn run_with(&mut self, script: &str, what_if: WhatIf) -> RunReport {
+        self.shared.what_if.set(what_if);
         let start = Instant::now();
         let shared = &self.shared;
         shared.run.set(shared.run.get() + 1);

@@ -264,3 +264,27 @@ fn a_run_report_round_trips_through_json() {
         report.functions[0].cache.reports
     );
 }
+
+#[test]
+fn what_if_variants_change_the_plans_as_their_names_say() {
+    let mut s = Session::new();
+    let rows = s.compare(crate::examples::DONATION.script);
+    let names: Vec<&str> = rows.iter().map(|r| r.variant.as_str()).collect();
+    assert_eq!(
+        names,
+        ["as written", "fusion off", "donation off", "shapeless"]
+    );
+    assert!(rows
+        .iter()
+        .all(|r| r.error.is_none() && r.functions.len() == 1));
+    let figures = |i: usize| &rows[i].functions[0];
+    // params - grads * 0.1: one fused node, or a multiply and a subtract.
+    assert_eq!(figures(1).nodes, figures(0).nodes + 1);
+    // Donated, the update writes into args[0]: no slot at all.
+    assert_eq!(figures(0).memory.peak_bytes, 0);
+    assert!(figures(2).memory.peak_bytes > 0);
+    assert_eq!(figures(2).reinplaced, 0);
+    // The next plain run is served by the first variant's cache.
+    let report = s.run(crate::examples::DONATION.script);
+    assert_eq!(report.functions[0].cache.hits, 1);
+}
