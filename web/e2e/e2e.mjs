@@ -153,9 +153,11 @@ await check("a-script-error-shows-its-line-and-the-next-run-works", async () => 
   await page.locator("#error").waitFor({ timeout: 30000 });
   const error = await text("#error");
   if (!error.startsWith("line 2, column")) throw new Error(`error text: ${error}`);
+  expectEqual(await text("#gutter .error-line"), "2", "the error's line marked in the editor");
   await runScript("ones([2]) * 3.0");
   await page.locator(".output .label", { hasText: "result" }).waitFor({ timeout: 30000 });
   expectEqual(await page.locator("#error").count(), 0, "error cleared");
+  expectEqual(await page.locator("#gutter .error-line").count(), 0, "mark cleared");
   expectEqual(await text(".output pre"), "array([3., 3.], dtype=float32)", "result");
 });
 

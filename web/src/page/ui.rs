@@ -278,6 +278,24 @@ fn App() -> impl IntoView {
         Status::Imported => "showing an imported report".to_string(),
         Status::Failed(e) => format!("failed: {e}"),
     };
+    // The line of the last run's error, marked in the gutter.
+    let error_line = move || {
+        page.report.with(|r| {
+            r.as_ref()
+                .and_then(|r| r.error.as_ref())
+                .and_then(|e| e.line)
+        })
+    };
+    let gutter = NodeRef::<leptos::html::Pre>::new();
+    let gutter_lines = move || {
+        let marked = error_line();
+        let count = page.script.with(|s| s.lines().count().max(1));
+        (1..=count)
+            .map(|n| {
+                view! { <span class="line" class:error-line=marked == Some(n)>{n}</span> }
+            })
+            .collect_view()
+    };
     let explanation = move || {
         EXAMPLES
             .iter()
@@ -332,13 +350,24 @@ fn App() -> impl IntoView {
                         .collect_view()}
                 </nav>
                 <p id="explanation">{explanation}</p>
-                <textarea
-                    id="editor"
-                    spellcheck="false"
-                    prop:value=move || page.script.get()
-                    on:input=on_input
-                    on:keydown=on_key
-                ></textarea>
+                <div class="editor-wrap">
+                    <pre id="gutter" node_ref=gutter>{gutter_lines}</pre>
+                    <textarea
+                        id="editor"
+                        spellcheck="false"
+                        wrap="off"
+                        prop:value=move || page.script.get()
+                        on:input=on_input
+                        on:keydown=on_key
+                        on:scroll=move |ev| {
+                            // The gutter follows the editor's scrolling.
+                            let top = event_target::<web_sys::HtmlTextAreaElement>(&ev).scroll_top();
+                            if let Some(gutter) = gutter.get() {
+                                gutter.set_scroll_top(top);
+                            }
+                        }
+                    ></textarea>
+                </div>
             </section>
             <section id="right">
                 {move || page.report.get().map(|r| report_view(page, r))}
