@@ -82,6 +82,66 @@ pub fn e2e() -> Result<(), String> {
     )
 }
 
+/// The playground's benchmark figures, by name.
+const FIGURES: [&str; 4] = [
+    "web_wasm_bytes",
+    "web_wasm_gzip_bytes",
+    "web_first_render_ms",
+    "web_rerun_ms",
+];
+
+/// The playground's figures `selection` asks for (all when it is empty, as
+/// `cargo xtask bench` selects by prefix): module sizes from a fresh build,
+/// and page timings measured in Debian's Chromium by `web/e2e/timing.mjs`.
+/// Each is `(name, value, unit)`.
+pub fn bench_figures(selection: &[String]) -> Result<Vec<(String, f64, &'static str)>, String> {
+    let wanted =
+        |name: &str| selection.is_empty() || selection.iter().any(|p| name.starts_with(p.as_str()));
+    if !FIGURES.iter().any(|name| wanted(name)) {
+        return Ok(Vec::new());
+    }
+    let site = build()?;
+    let module = site.join("kiln_web_bg.wasm");
+    let mut figures = Vec::new();
+    let bytes = fs::metadata(&module)
+        .map_err(|e| format!("cannot read {}: {e}", module.display()))?
+        .len();
+    figures.push(("web_wasm_bytes".to_string(), bytes as f64, "bytes"));
+    let gzipped = gzip_size(&module).ok_or("cannot gzip the module (is gzip installed?)")?;
+    figures.push(("web_wasm_gzip_bytes".to_string(), gzipped as f64, "bytes"));
+    if wanted("web_first_render_ms") || wanted("web_rerun_ms") {
+        apt::ensure_installed(&["chromium"])?;
+        let tools = ensure_npm_tools()?;
+        let script = tools.join("timing.mjs");
+        fs::copy(workspace_root().join("web/e2e/timing.mjs"), &script)
+            .map_err(|e| format!("cannot copy web/e2e/timing.mjs: {e}"))?;
+        let listener = TcpListener::bind(("127.0.0.1", 0))
+            .map_err(|e| format!("cannot listen on 127.0.0.1: {e}"))?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| format!("no local address: {e}"))?
+            .port();
+        thread::spawn(move || serve_forever(listener, site));
+        let out = process::stdout_of(
+            Command::new("node")
+                .arg(&script)
+                .arg(format!("http://127.0.0.1:{port}/"))
+                .current_dir(&tools),
+        )
+        .ok_or("the playground timing script failed")?;
+        let timings: serde_json::Value = serde_json::from_str(out.trim())
+            .map_err(|e| format!("the timing script printed no JSON ({e}): {out}"))?;
+        for name in ["web_first_render_ms", "web_rerun_ms"] {
+            let value = timings[name]
+                .as_f64()
+                .ok_or_else(|| format!("the timing script gave no {name}: {out}"))?;
+            figures.push((name.to_string(), value, "ms"));
+        }
+    }
+    figures.retain(|(name, ..)| wanted(name));
+    Ok(figures)
+}
+
 /// Builds the site into `target/web/` and returns that directory.
 pub fn build() -> Result<PathBuf, String> {
     let root = wasm::cargo_build(Route::Auto, &["-p", "kiln-web", "--profile", PROFILE])?;
