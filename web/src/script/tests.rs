@@ -288,3 +288,30 @@ fn what_if_variants_change_the_plans_as_their_names_say() {
     let report = s.run(crate::examples::DONATION.script);
     assert_eq!(report.functions[0].cache.hits, 1);
 }
+
+#[test]
+fn the_readme_names_every_registered_function() {
+    let readme = include_str!("../../../README.md");
+    let reference = &readme[readme.find("Script API").unwrap_or(0)..];
+    // Every function the playground registers, Rhai's standard library aside.
+    let signatures = Session::new().engine.gen_fn_signatures(false);
+    assert!(signatures.len() > 50, "{signatures:?}");
+    let missing: Vec<&String> = signatures
+        .iter()
+        .filter(|s| {
+            // `fn name(...)`, `get$shape(...)`, `nn::softmax(...)`; operators
+            // are listed by symbol.
+            let name = s.split('(').next().unwrap_or_default();
+            let name = name.rsplit("::").next().unwrap_or(name);
+            let name = name
+                .trim_start_matches("get$")
+                .trim_start_matches("index$get$");
+            let name = name.trim_start_matches("index$set$");
+            !name.is_empty() && !reference.contains(name)
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not in README's script API: {missing:?}"
+    );
+}
