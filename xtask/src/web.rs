@@ -18,7 +18,7 @@ use std::thread;
 /// The `wasm-bindgen` version `web/Cargo.toml` pins: the CLI must match it.
 const WASM_BINDGEN_VERSION: &str = "0.2.130";
 /// The cargo profile of the playground build (see the workspace manifest).
-const PROFILE: &str = "web";
+const PROFILE: &str = "playground";
 /// The page's own files, copied next to the generated module.
 const STATIC_FILES: &[&str] = &["index.html", "worker.js", "style.css"];
 const DEFAULT_PORT: u16 = 8000;
