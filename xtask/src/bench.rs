@@ -1,6 +1,7 @@
 //! `cargo xtask bench [NAME...]`: the benchmark program's JSON, to stdout and a file.
 
 use crate::process::{self, cargo, workspace_root};
+use crate::web;
 use std::fs;
 use std::process::Stdio;
 
@@ -45,12 +46,37 @@ pub fn run(names: &[String]) -> Result<(), String> {
     }
     let json = String::from_utf8(output.stdout)
         .map_err(|_| format!("`{line}` printed output that is not UTF-8"))?;
-    serde_json::from_str::<serde_json::Value>(&json)
+    let mut document = serde_json::from_str::<serde_json::Value>(&json)
         .ok()
         .filter(serde_json::Value::is_object)
         .ok_or_else(|| {
             format!("`{line}` did not print one JSON object on stdout; it printed:\n{json}")
         })?;
+    // The playground's figures come from its wasm build and a browser, not
+    // from the benchmark program.
+    let figures = web::bench_figures(names)?;
+    let json = if figures.is_empty() {
+        json
+    } else {
+        let results = document
+            .as_object_mut()
+            .map(|doc| {
+                doc.entry("results")
+                    .or_insert_with(|| serde_json::json!({}))
+            })
+            .and_then(serde_json::Value::as_object_mut)
+            .ok_or_else(|| format!("`{line}` printed `results` that is not an object"))?;
+        for (name, value, unit) in figures {
+            // Byte counts print as integers, like the program's own.
+            let value = if value.fract() == 0.0 && value.abs() < 2f64.powi(53) {
+                serde_json::json!(value as i64)
+            } else {
+                serde_json::json!(value)
+            };
+            results.insert(name, serde_json::json!({ "value": value, "unit": unit }));
+        }
+        format!("{document}\n")
+    };
 
     let report = root.join("target").join("kiln-bench.json");
     fs::create_dir_all(root.join("target"))

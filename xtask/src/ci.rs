@@ -6,6 +6,7 @@
 use crate::apt;
 use crate::process::{self, cargo};
 use crate::wasm;
+use crate::web;
 use std::time::Instant;
 
 struct Step {
@@ -74,6 +75,13 @@ const STEPS: &[Step] = &[
         what: "build `kiln` and `kiln-wgpu` (webgpu) for wasm32-unknown-unknown (rustup target, \
                else Debian rustc-web)",
         run: || wasm::build(wasm::Route::Auto),
+    },
+    Step {
+        name: "web",
+        what: "build the playground (target/web) and run its browser tests in Debian's \
+               Chromium through playwright-core (installs chromium, wasm-bindgen-cli and \
+               web/tools' npm lockfile where missing; screenshots in target/web-e2e)",
+        run: web::e2e,
     },
 ];
 

@@ -5,6 +5,7 @@ mod bench;
 mod ci;
 mod process;
 mod wasm;
+mod web;
 
 use std::process::ExitCode;
 
@@ -12,12 +13,18 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [args]
 
 commands:
-  ci [STEP...]      fmt, clippy, test and the wasm32 build of `kiln`, stopping at the
-                    first failure; STEPs pick a subset (steps: fmt clippy doc lavapipe test wasm32)
+  ci [STEP...]      fmt, clippy, doc, test, the wasm32 build of `kiln` and the
+                    playground's browser tests, stopping at the first failure; STEPs pick
+                    a subset (steps: fmt clippy doc lavapipe test wasm32 web)
   bench [NAME...]   run the benchmarks in release mode, print their JSON and write it
                     to target/kiln-bench.json; NAMEs select benchmarks by name or prefix
   wasm [--debian]   build `kiln` for wasm32-unknown-unknown (rustup target if it can be
                     installed, else Debian's rustc-web with build-std; --debian forces it)
+  web [--e2e]       build the playground into target/web/ (a static site): kiln-web for
+                    wasm32, wasm-bindgen, wasm-opt; installs what it needs on first use;
+                    --e2e then runs the browser tests in headless Chromium (screenshots
+                    in target/web-e2e/)
+  serve [--port N]  build the playground and serve it on http://127.0.0.1:N/ (8000)
   help              this text
 ";
 
@@ -31,6 +38,8 @@ fn main() -> ExitCode {
         "ci" => ci::run(rest),
         "bench" => bench::run(rest),
         "wasm" => wasm::run(rest),
+        "web" => web::run(rest),
+        "serve" => web::serve(rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

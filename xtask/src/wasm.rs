@@ -78,18 +78,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 /// Builds `kiln` and `kiln-wgpu` (webgpu) for wasm32 and checks that their
 /// `.rlib`s exist.
 pub fn build(route: Route) -> Result<(), String> {
-    let target_root = match route {
-        Route::Auto if rustup_target_available() => {
-            eprintln!("  using rustup's {TARGET} target");
-            process::run(cargo().args(["build", "--target", TARGET]).args(PACKAGES))?;
-            target_dir()
-        }
-        Route::Auto => {
-            eprintln!("  rustup cannot provide {TARGET}; falling back to Debian's rustc-web");
-            build_with_debian()?
-        }
-        Route::Debian => build_with_debian()?,
-    };
+    let target_root = cargo_build(route, PACKAGES)?;
     for name in RLIBS {
         let rlib = target_root.join(TARGET).join("debug").join(name);
         if !rlib.is_file() {
@@ -101,6 +90,29 @@ pub fn build(route: Route) -> Result<(), String> {
         eprintln!("  built {}", rlib.display());
     }
     Ok(())
+}
+
+/// Runs `cargo build --target wasm32-unknown-unknown ARGS` by `route` and
+/// returns the target root the build wrote to (its artifacts are under
+/// `<root>/wasm32-unknown-unknown/<profile>/`).
+pub fn cargo_build(route: Route, args: &[&str]) -> Result<PathBuf, String> {
+    match route {
+        Route::Auto if rustup_target_available() => {
+            eprintln!("  using rustup's {TARGET} target");
+            process::run(cargo().args(["build", "--target", TARGET]).args(args))?;
+            Ok(target_dir())
+        }
+        Route::Auto => {
+            eprintln!("  rustup cannot provide {TARGET}; falling back to Debian's rustc-web");
+            build_with_debian(args)
+        }
+        Route::Debian => build_with_debian(args),
+    }
+}
+
+/// Where a wasm32 build by [`cargo_build`] puts the artifacts of `profile`.
+pub fn artifacts(target_root: &Path, profile: &str) -> PathBuf {
+    target_root.join(TARGET).join(profile)
 }
 
 /// Whether the active rustup toolchain has the wasm32 std, installing it if it can.
@@ -119,7 +131,7 @@ fn rustup_target_available() -> bool {
 }
 
 /// Installs the Debian toolchain if needed and builds into `<target>/wasm-debian`.
-fn build_with_debian() -> Result<PathBuf, String> {
+fn build_with_debian(args: &[&str]) -> Result<PathBuf, String> {
     ensure_debian_packages()?;
     let library = std_sources()?;
     eprintln!("  std sources: {}", library.display());
@@ -162,7 +174,7 @@ fn build_with_debian() -> Result<PathBuf, String> {
             "--target",
             TARGET,
         ])
-        .args(PACKAGES);
+        .args(args);
     process::run(&mut command)?;
     Ok(target_root)
 }

@@ -1,0 +1,201 @@
+// Browser end-to-end tests of the playground: drives Debian's Chromium
+// (never a downloaded browser) through playwright-core against a served
+// site. Usage: node e2e.mjs URL SCREENSHOT_DIR. Exits non-zero on the
+// first failed check, naming it.
+import { chromium } from "playwright-core";
+import { mkdtempSync, mkdirSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+const [url, shots] = process.argv.slice(2);
+if (!url || !shots) {
+  console.error("usage: node e2e.mjs URL SCREENSHOT_DIR");
+  process.exit(2);
+}
+mkdirSync(shots, { recursive: true });
+
+const context = await chromium.launchPersistentContext(
+  mkdtempSync(join(tmpdir(), "kiln-e2e-")),
+  {
+    executablePath: process.env.KILN_CHROMIUM ?? "/usr/bin/chromium",
+    headless: true,
+    viewport: { width: 1400, height: 1000 },
+    args: [
+      "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    ],
+  },
+);
+const page = context.pages()[0] ?? (await context.newPage());
+const problems = [];
+page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+page.on("console", (m) => m.type() === "error" && problems.push(`console error: ${m.text()}`));
+
+let failures = 0;
+async function check(name, body) {
+  const started = Date.now();
+  try {
+    await body();
+    console.log(`ok   ${name} (${Date.now() - started} ms)`);
+  } catch (e) {
+    failures += 1;
+    console.log(`FAIL ${name}: ${e.message}`);
+  }
+  await page.screenshot({ path: join(shots, `${name}.png`), fullPage: true });
+  if (failures > 0) {
+    // Later checks build on this one: stop at the first failure.
+    await finish();
+  }
+}
+
+async function finish() {
+  await context.close();
+  for (const p of problems) console.log(`note: ${p}`);
+  if (failures > 0) {
+    console.log(`${failures} e2e check(s) failed; screenshots in ${shots}`);
+    process.exit(1);
+  }
+  console.log(`all e2e checks passed; screenshots in ${shots}`);
+  process.exit(0);
+}
+
+function expectEqual(actual, expected, what) {
+  if (actual !== expected) {
+    throw new Error(`${what}: expected ${JSON.stringify(expected)}, got ${JSON.stringify(actual)}`);
+  }
+}
+
+const text = (selector) => page.locator(selector).first().innerText();
+
+/// Runs example `id` and waits until its report shows output `label`.
+async function runExample(id, label) {
+  await page.click(`.example[data-id="${id}"]`);
+  await page.locator(".output .label", { hasText: label }).first().waitFor({ timeout: 30000 });
+  await page.locator("#status", { hasText: "ready" }).waitFor({ timeout: 30000 });
+}
+
+/// Replaces the editor's script and runs it with Ctrl+Enter.
+async function runScript(script) {
+  await page.fill("#editor", script);
+  await page.press("#editor", "Control+Enter");
+}
+
+await check("loads-and-runs-the-first-example", async () => {
+  await page.goto(url);
+  await page.locator("#status", { hasText: "ready" }).waitFor({ timeout: 60000 });
+  await page.locator(".output .label").first().waitFor({ timeout: 30000 });
+  expectEqual(await text("#backend"), "backend: cpu", "backend");
+});
+
+await check("custom-node", async () => {
+  // The first example ran at load: its cache holds that run only.
+  await page.locator(".output .label", { hasText: "tanh (a miss: act differs)" }).waitFor();
+  expectEqual(await text(".cache .summary"), "2 entries, 1 hits, 2 misses", "cache summary");
+  expectEqual(
+    await page.locator(".miss").nth(1).innerText(),
+    'call 3: static/aux differs at node args[0]: before {act: "relu"}, now {act: "tanh"}',
+    "miss text",
+  );
+});
+
+await check("shapeless", async () => {
+  await runExample("shapeless", "n = 9");
+  expectEqual(await text(".cache .summary"), "1 entries, 2 hits, 1 misses", "cache summary");
+  const calls = await page.locator(".calls li").allInnerTexts();
+  expectEqual(calls.map((c) => c.replace(/[\d.]+ ms/, "_ ms")).join("|"),
+    "call 1: _ ms (traced)|call 2: _ ms (cached)|call 3: _ ms (cached)", "calls");
+});
+
+await check("read-later", async () => {
+  await runExample("read-later", "out");
+  const readers = page.locator("a.reader");
+  expectEqual(await readers.count(), 1, "ReadLater refusals");
+  const reader = await readers.getAttribute("data-reader");
+  expectEqual(await readers.innerText(), `ReadLater: read later by %${reader}`, "refusal text");
+  const readerNode = await page.locator(`g[data-node="${reader}"] text`).first().textContent();
+  expectEqual(readerNode, `%${reader} add`, "the reader is the second add");
+  await readers.click();
+  expectEqual(await page.locator(`g.selected[data-node="${reader}"]`).count(), 1, "reader highlighted");
+});
+
+await check("mlp", async () => {
+  await runExample("mlp", "row sums");
+  const peak = (await text(".peak")).replace("peak ", "");
+  const lower = (await text(".lower-bound")).replace("lower bound ", "");
+  expectEqual(peak, lower, "peak equals the lower bound");
+  const sums = await page.locator(".output", { hasText: "row sums" }).locator("pre").innerText();
+  const values = sums.replace(/dtype=\w+/, "").match(/-?\d+(\.\d*)?(e[-+]?\d+)?/g).map(Number);
+  expectEqual(values.length, 8, "rows");
+  if (values.some((v) => Math.abs(v - 1) > 1e-5)) throw new Error(`row sums ${sums}`);
+});
+
+await check("donation", async () => {
+  await runExample("donation", "params");
+  const out = await page.locator(".output", { hasText: "params" }).locator("pre").innerText();
+  expectEqual(out, "array([-0.1, -0.2, -0.3, -0.4], dtype=float32)", "updated params");
+  expectEqual(
+    (await text(".function .meta")).includes("donated: [args[0]]"), true, "donated path shown");
+});
+
+await check("what-if-compares-the-variants", async () => {
+  await page.click("#compare");
+  await page.locator('.comparison tr[data-variant="shapeless"]').waitFor({ timeout: 30000 });
+  const cell = async (variant, column) =>
+    Number(await page.locator(`.comparison tr[data-variant="${variant}"] td.${column}`).innerText());
+  expectEqual(await cell("fusion off", "nodes"), (await cell("as written", "nodes")) + 1,
+    "fusion off splits the fused update");
+  expectEqual(await cell("as written", "peak"), 0, "donated: the update needs no slot");
+  if (!((await cell("donation off", "peak")) > 0)) throw new Error("donation off needs a slot");
+});
+
+await check("a-script-error-shows-its-line-and-the-next-run-works", async () => {
+  await runScript("let a = ones([2, 3]);\nlet b = a + ones([4]);\nb");
+  await page.locator("#error").waitFor({ timeout: 30000 });
+  const error = await text("#error");
+  if (!error.startsWith("line 2, column")) throw new Error(`error text: ${error}`);
+  expectEqual(await text("#gutter .error-line"), "2", "the error's line marked in the editor");
+  await runScript("ones([2]) * 3.0");
+  await page.locator(".output .label", { hasText: "result" }).waitFor({ timeout: 30000 });
+  expectEqual(await page.locator("#error").count(), 0, "error cleared");
+  expectEqual(await page.locator("#gutter .error-line").count(), 0, "mark cleared");
+  expectEqual(await text(".output pre"), "array([3., 3.], dtype=float32)", "result");
+});
+
+await check("a-share-link-round-trips", async () => {
+  const script = 'show("shared", arange(3) * 2.0)';
+  await runScript(script);
+  await page.locator(".output .label", { hasText: "shared" }).waitFor({ timeout: 30000 });
+  const link = page.url();
+  if (!link.includes("#s=")) throw new Error(`no program in the link ${link}`);
+  const fresh = await context.newPage();
+  await fresh.goto(link);
+  await fresh.locator(".output .label", { hasText: "shared" }).waitFor({ timeout: 60000 });
+  expectEqual(await fresh.locator("#editor").inputValue(), script, "restored program");
+  expectEqual(await fresh.locator(".output pre").first().innerText(),
+    "array([0., 2., 4.], dtype=float32)", "restored output");
+  await fresh.close();
+});
+
+await check("an-exported-report-re-opens", async () => {
+  await runExample("mlp", "row sums");
+  const peak = await text(".peak");
+  const [download] = await Promise.all([page.waitForEvent("download"), page.click("#export")]);
+  const saved = join(shots, "kiln-report.json");
+  await download.saveAs(saved);
+  await runExample("donation", "params");
+  await page.setInputFiles("#import", saved);
+  await page.locator("#status", { hasText: "showing an imported report" }).waitFor({ timeout: 10000 });
+  await page.locator(".output .label", { hasText: "row sums" }).waitFor({ timeout: 10000 });
+  expectEqual(await text(".peak"), peak, "imported peak");
+});
+
+await check("an-endless-loop-is-stopped-and-the-page-responds", async () => {
+  await runScript("loop { }");
+  await page.locator("#status", { hasText: "running" }).waitFor({ timeout: 10000 });
+  await page.waitForTimeout(500);
+  await page.click("#stop");
+  await page.locator("#status", { hasText: "stopped" }).waitFor({ timeout: 5000 });
+  await runExample("donation", "params");
+});
+
+await finish();

@@ -1,0 +1,50 @@
+// Playground timings for `cargo xtask bench`: page load to the first
+// example fully shown, and an edit of the read-later example to every view
+// updated. Usage: node timing.mjs URL; prints one JSON object.
+import { chromium } from "playwright-core";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+const [url] = process.argv.slice(2);
+const context = await chromium.launchPersistentContext(
+  mkdtempSync(join(tmpdir(), "kiln-timing-")),
+  {
+    executablePath: process.env.KILN_CHROMIUM ?? "/usr/bin/chromium",
+    headless: true,
+    args: [
+      "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    ],
+  },
+);
+const page = context.pages()[0] ?? (await context.newPage());
+await page.goto(url);
+// The first example is fully shown once its last view (memory) is drawn.
+await page.locator(".view.memory").first().waitFor({ timeout: 60000 });
+const firstRender = await page.evaluate(() => performance.now());
+
+await page.click('.example[data-id="read-later"]');
+await page.locator(".output .label", { hasText: "out" }).waitFor({ timeout: 30000 });
+await page.locator("#status", { hasText: "ready" }).waitFor({ timeout: 30000 });
+const runs = [];
+for (let i = 0; i < 10; i++) {
+  runs.push(await page.evaluate(async (i) => {
+    const editor = document.querySelector("#editor");
+    const shown = () => document.querySelector(".output pre")?.textContent
+      + document.querySelector(".view.memory")?.textContent;
+    const before = shown();
+    editor.value = editor.value.replace(/array\(\[[^\]]*\]\)/, `array([${i + 1}.5, -1.0, 2.0, 0.0])`);
+    editor.dispatchEvent(new Event("input", { bubbles: true }));
+    const start = performance.now();
+    editor.dispatchEvent(new KeyboardEvent("keydown", { key: "Enter", ctrlKey: true, bubbles: true }));
+    while (shown() === before) await new Promise((r) => requestAnimationFrame(r));
+    return performance.now() - start;
+  }, i));
+}
+runs.sort((a, b) => a - b);
+await context.close();
+console.log(JSON.stringify({
+  web_first_render_ms: Math.round(firstRender * 10) / 10,
+  web_rerun_ms: Math.round(runs[Math.floor(runs.length / 2)] * 10) / 10,
+}));

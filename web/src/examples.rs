@@ -1,0 +1,301 @@
+//! The examples gallery: scripts that each show one thing the compiler
+//! does, with a short note on what to look at.
+
+/// One example of the gallery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Example {
+    /// A short stable name, used in links and tests.
+    pub id: &'static str,
+    /// The title the gallery shows.
+    pub title: &'static str,
+    /// What to look at once it ran.
+    pub explanation: &'static str,
+    /// The Rhai script.
+    pub script: &'static str,
+}
+
+/// Every example, in gallery order.
+pub const EXAMPLES: [Example; 5] = [CUSTOM_NODE, SHAPELESS, READ_LATER, MLP, DONATION];
+
+/// The example named `id`.
+pub fn example(id: &str) -> Option<&'static Example> {
+    EXAMPLES.iter().find(|e| e.id == id)
+}
+
+/// A registered node type whose aux data is part of the cache key (seed 000).
+pub const CUSTOM_NODE: Example = Example {
+    id: "custom-node",
+    title: "A custom node with aux data",
+    explanation: "`Linear` is registered as a tree node: `w` and `b` are children (leaves of \
+                  the graph), `act` is aux data. The cache view shows two entries: the third \
+                  call differs only in `act`, and the miss names it (`static/aux differs at \
+                  node args[0]`). The second call is a hit.",
+    script: r#"// `w` and `b` are children (arrays), `act` is aux data: part of
+// the cache key, compared by equality.
+register_node("Linear", ["w", "b"], ["act"]);
+
+let apply = compile(|layer, x| {
+    let y = x @ layer.w + layer.b;
+    if layer.act == "relu" { y.relu() } else { y.tanh() }
+});
+
+let x = array([[1.0, -2.0], [3.0, 4.0]]);
+let w = array([[0.5, -1.0], [1.0, 0.25]]);
+let b = array([0.1, -0.1]);
+
+show("relu", apply.run(node("Linear", #{ w: w, b: b, act: "relu" }), x));
+show("relu again (a hit)", apply.run(node("Linear", #{ w: w, b: b, act: "relu" }), x));
+show("tanh (a miss: act differs)", apply.run(node("Linear", #{ w: w, b: b, act: "tanh" }), x));
+"#,
+};
+
+/// One shapeless trace serving three sizes (seed 003).
+pub const SHAPELESS: Example = Example {
+    id: "shapeless",
+    title: "Shapeless: three sizes, one trace",
+    explanation: "`.shapeless()` keys the cache on dtype and rank only: the first call traces \
+                  with symbolic dims (`s0`, `s1` in the graph's avals), the next two sizes \
+                  reuse it. The cache view shows one entry, one miss and two hits.",
+    script: r#"// Dims become symbols: one trace serves every size.
+let f = compile(|x| (x * 2.0 + 1.0).tanh().sum([1])).shapeless();
+
+for n in [2, 5, 9] {
+    show(`n = ${n}`, f.run(ones([n, 3])));
+}
+"#,
+};
+
+/// The reinplace read-after-write refusal (seed 004).
+pub const READ_LATER: Example = Example {
+    id: "read-later",
+    title: "Reinplace: read after write",
+    explanation: "`t = exp(x)` is read by two adds. `a = t + sin(x)` comes first and would \
+                  like to write into `t`'s buffer, but `b = cos(x) + t` reads `t` later: the \
+                  reinplace view shows the refusal `ReadLater` naming `b` as the reader. \
+                  Fusion is off so each op is its own node.",
+    script: r#"// a would overwrite t, but b still reads t: refused (ReadLater).
+let f = compile(|x| {
+    let t = x.exp();
+    let a = t + x.sin();
+    let b = x.cos() + t;
+    a * b
+}).fusion(false);
+
+show("out", f.run(array([0.5, -1.0, 2.0, 0.0])));
+"#,
+};
+
+/// An MLP forward pass and its slot timeline.
+pub const MLP: Example = Example {
+    id: "mlp",
+    title: "An MLP forward pass",
+    explanation: "A two-layer perceptron with a softmax. The memory view draws every slot's \
+                  values over the schedule: the plan's peak equals the lower bound (the most \
+                  bytes live at any step), well under the bytes without reuse.",
+    script: r#"// Two layers and a softmax; parameters travel as a map (a tree).
+let mlp = compile(|p, x| {
+    let h = (x @ p.w1 + p.b1).relu();
+    nn::softmax(h @ p.w2 + p.b2, -1)
+});
+
+let p = #{
+    w1: random_normal(1, [16, 64]) * 0.25, b1: zeros([64]),
+    w2: random_normal(2, [64, 10]) * 0.25, b2: zeros([10]),
+};
+let x = random_normal(0, [8, 16]);
+
+let y = mlp.run(p, x);
+show("probabilities", y);
+show("row sums", y.sum([1]));
+"#,
+};
+
+/// Donation: the result written into an argument's buffer.
+pub const DONATION: Example = Example {
+    id: "donation",
+    title: "Donation writes in place",
+    explanation: "`.donate([\"args[0]\"])` gives the first argument's buffer to the \
+                  executable: the reinplace view shows the update taking `args[0]`'s buffer, \
+                  and the plan lists `args[0]` as donated. Without the donation (try \
+                  removing it) the same node is refused with `CallerInput`.",
+    script: r#"// An SGD step: params - lr * grads, written into the params' buffer.
+let step = compile(|params, grads| params - grads * 0.1).donate(["args[0]"]);
+
+let grads = array([1.0, 2.0, 3.0, 4.0]);
+// The temporary `zeros` is given up by the script, so its buffer is reused.
+show("params", step.run(zeros([4]), grads));
+"#,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::RunReport;
+    use crate::script::Session;
+    use kiln::{MissReason, Refusal, Report};
+
+    fn run(example: &Example) -> RunReport {
+        let report = Session::new().run(example.script);
+        assert_eq!(report.error, None, "{}", example.id);
+        report
+    }
+
+    fn output<'a>(report: &'a RunReport, label: &str) -> &'a str {
+        let found = report.outputs.iter().find(|o| o.label == label);
+        &found
+            .unwrap_or_else(|| panic!("no output {label}: {report:?}"))
+            .text
+    }
+
+    /// The numbers of a printed array, in order.
+    fn numbers(text: &str) -> Vec<f64> {
+        let body = text
+            .trim_start_matches("array(")
+            .split(", dtype")
+            .next()
+            .unwrap_or_default();
+        body.split(|c: char| c == ',' || c == '[' || c == ']' || c.is_whitespace())
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse().unwrap_or_else(|_| panic!("{s} in {text}")))
+            .collect()
+    }
+
+    fn only_report(report: &RunReport) -> &Report {
+        assert_eq!(report.functions.len(), 1);
+        &report.functions[0].cache.reports[0]
+    }
+
+    #[test]
+    fn every_example_id_is_found() {
+        for e in EXAMPLES {
+            assert_eq!(example(e.id), Some(&e));
+        }
+        assert_eq!(example("nope"), None);
+    }
+
+    #[test]
+    fn custom_node_makes_two_entries_and_names_the_aux_difference() {
+        let report = run(&CUSTOM_NODE);
+        let cache = &report.functions[0].cache;
+        assert_eq!((cache.entries, cache.hits, cache.misses), (2, 1, 2));
+        assert_eq!(
+            cache.miss_log[1].reasons,
+            vec![MissReason::Static {
+                path: "args[0]".to_string(),
+                before: "{act: \"relu\"}".to_string(),
+                now: "{act: \"tanh\"}".to_string(),
+            }]
+        );
+        assert_eq!(
+            cache.miss_log[1].reasons[0].to_string(),
+            "static/aux differs at node args[0]: before {act: \"relu\"}, now {act: \"tanh\"}"
+        );
+        // x @ w + b = [[-1.4, -1.6], [5.6, -2.1]]
+        assert_eq!(numbers(output(&report, "relu")), vec![0.0, 0.0, 5.6, 0.0]);
+        let tanh = numbers(output(&report, "tanh (a miss: act differs)"));
+        let expected = [-1.4f64, -1.6, 5.6, -2.1].map(f64::tanh);
+        for (got, want) in tanh.iter().zip(expected) {
+            assert!((got - want).abs() < 1e-6, "{tanh:?}");
+        }
+    }
+
+    #[test]
+    fn shapeless_traces_once_for_three_sizes() {
+        let report = run(&SHAPELESS);
+        let function = &report.functions[0];
+        let cache = &function.cache;
+        assert_eq!((cache.entries, cache.hits, cache.misses), (1, 2, 1));
+        let traced: Vec<bool> = function.calls.iter().map(|c| c.traced).collect();
+        assert_eq!(traced, vec![true, false, false]);
+        assert!(cache.reports[0].shapeless);
+        assert!(!cache.reports[0].symbols.is_empty());
+        let row = (3.0f64).tanh() * 3.0;
+        assert_eq!(numbers(output(&report, "n = 5")).len(), 5);
+        for v in numbers(output(&report, "n = 9")) {
+            assert!((v - row).abs() < 1e-6, "{v}");
+        }
+    }
+
+    #[test]
+    fn read_later_refuses_the_first_add_naming_the_second_as_reader() {
+        let report = run(&READ_LATER);
+        let graph = only_report(&report);
+        let refusals: Vec<(usize, usize, usize)> = graph
+            .nodes
+            .iter()
+            .filter_map(|n| n.reinplace.as_ref().map(|d| (n.id, d)))
+            .flat_map(|(id, d)| {
+                d.operands.iter().filter_map(move |v| match v.refusal {
+                    Some(Refusal::ReadLater { reader }) => Some((id, v.operand, reader)),
+                    _ => None,
+                })
+            })
+            .collect();
+        assert_eq!(refusals.len(), 1, "{refusals:?}");
+        let (node, operand, reader) = refusals[0];
+        let op = |id: usize| graph.nodes[id].op.as_str();
+        assert_eq!((op(node), op(operand), op(reader)), ("add", "exp", "add"));
+        assert!(reader > node, "the reader runs later");
+        assert!(graph.nodes[reader].inputs.contains(&operand));
+        let xs = [0.5f64, -1.0, 2.0, 0.0];
+        let out = numbers(output(&report, "out"));
+        for (got, x) in out.iter().zip(xs) {
+            let want = (x.exp() + x.sin()) * (x.cos() + x.exp());
+            assert!((got - want).abs() < 1e-5 * want.abs().max(1.0), "{out:?}");
+        }
+    }
+
+    #[test]
+    fn mlp_peak_equals_the_lower_bound_and_rows_sum_to_one() {
+        let report = run(&MLP);
+        let memory = only_report(&report).plan.memory;
+        assert!(memory.peak_bytes > 0);
+        assert_eq!(memory.peak_bytes, memory.lower_bound_bytes);
+        assert!(memory.no_reuse_bytes > memory.peak_bytes, "{memory:?}");
+        let sums = numbers(output(&report, "row sums"));
+        assert_eq!(sums.len(), 8);
+        for s in sums {
+            assert!((s - 1.0).abs() < 1e-5, "{s}");
+        }
+    }
+
+    #[test]
+    fn donation_writes_the_update_into_the_donated_argument() {
+        let report = run(&DONATION);
+        let graph = only_report(&report);
+        assert_eq!(graph.plan.donated, vec!["args[0]".to_string()]);
+        let input = graph
+            .nodes
+            .iter()
+            .find(|n| n.op == "input args[0]")
+            .unwrap_or_else(|| panic!("{graph:?}"));
+        let update = &graph.nodes[graph.outputs[0]];
+        let decision = update
+            .reinplace
+            .as_ref()
+            .unwrap_or_else(|| panic!("{update:?}"));
+        assert_eq!(decision.target(), Some(input.id));
+        assert_eq!(update.home, input.home);
+        assert_eq!(
+            numbers(output(&report, "params")),
+            vec![-0.1, -0.2, -0.3, -0.4]
+        );
+    }
+
+    #[test]
+    fn without_donation_the_update_is_refused_as_a_caller_input() {
+        let script = DONATION.script.replace(".donate([\"args[0]\"])", "");
+        let report = Session::new().run(&script);
+        let graph = only_report(&report);
+        let update = &graph.nodes[graph.outputs[0]];
+        let decision = update
+            .reinplace
+            .as_ref()
+            .unwrap_or_else(|| panic!("{update:?}"));
+        assert_eq!(decision.target(), None);
+        assert!(decision
+            .operands
+            .iter()
+            .any(|v| matches!(v.refusal, Some(Refusal::CallerInput { leaf: 0 }))));
+    }
+}

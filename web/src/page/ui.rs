@@ -1,0 +1,687 @@
+//! The page half: a Leptos app that sends scripts to the worker and renders
+//! the [`RunReport`]s it gets back. It derives nothing itself: every figure
+//! comes from the report, arranged by [`crate::view`].
+
+use crate::examples::{Example, EXAMPLES};
+use crate::protocol::{Request, Response};
+use crate::report::{Comparison, FunctionReport, RunReport};
+use crate::share::{decode_fragment, encode_fragment, export_report, import_report};
+use crate::view::{graph_layers, miss_lines, reinplace_rows, timeline};
+use kiln::Report;
+use leptos::prelude::*;
+use serde::Serialize;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::JsFuture;
+use web_sys::{
+    Blob, BlobPropertyBag, HtmlAnchorElement, HtmlInputElement, MessageEvent, Url, Worker,
+    WorkerOptions, WorkerType,
+};
+
+/// Milliseconds of quiet typing before the script re-runs.
+const RUN_AFTER_MS: u64 = 600;
+
+/// Mounts the app; called by `index.html` once the module is loaded.
+#[wasm_bindgen]
+pub fn start_ui() {
+    leptos::mount::mount_to_body(App);
+}
+
+/// Where the page stands with its worker.
+#[derive(Clone, Debug, PartialEq)]
+enum Status {
+    Loading,
+    Ready,
+    Running,
+    Stopped,
+    /// Showing a report opened from a file.
+    Imported,
+    Failed(String),
+}
+
+/// The signals every part of the page reads.
+#[derive(Clone, Copy)]
+struct Page {
+    script: RwSignal<String>,
+    example: RwSignal<&'static str>,
+    report: RwSignal<Option<RunReport>>,
+    /// The what-if comparison of the script last run, once asked for.
+    comparison: RwSignal<Option<Vec<Comparison>>>,
+    status: RwSignal<Status>,
+    backend: RwSignal<String>,
+    /// The id of the latest request: older reports are stale.
+    latest: RwSignal<u64>,
+    /// The node selected in any view, highlighted in all of them.
+    selected: RwSignal<Option<usize>>,
+    worker: StoredValue<Option<Worker>, LocalStorage>,
+    /// Whether the worker has said Ready (its handler is installed).
+    ready: RwSignal<bool>,
+    /// Whether a run waits for the worker to be ready.
+    pending: RwSignal<bool>,
+}
+
+impl Page {
+    fn spawn_worker(self) {
+        let options = WorkerOptions::new();
+        options.set_type(WorkerType::Module);
+        let worker = match Worker::new_with_options("./worker.js", &options) {
+            Ok(worker) => worker,
+            Err(e) => {
+                self.status
+                    .set(Status::Failed(format!("cannot start the worker: {e:?}")));
+                return;
+            }
+        };
+        let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
+            match serde_wasm_bindgen::from_value::<Response>(event.data()) {
+                Ok(Response::Ready { backend }) => {
+                    self.backend.set(backend);
+                    self.ready.set(true);
+                    if self.status.get_untracked() == Status::Loading {
+                        self.status.set(Status::Ready);
+                        self.pending.set(true);
+                    }
+                    // A run asked for while the worker was loading (the
+                    // first example, or a run right after Stop) goes now.
+                    if self.pending.get_untracked() {
+                        self.run();
+                    }
+                }
+                Ok(Response::Report { id, report }) if id == self.latest.get_untracked() => {
+                    self.report.set(Some(report));
+                    self.status.set(Status::Ready);
+                }
+                Ok(Response::Comparison { id, rows }) if id == self.latest.get_untracked() => {
+                    self.comparison.set(Some(rows));
+                    self.status.set(Status::Ready);
+                }
+                Ok(Response::Report { .. } | Response::Comparison { .. }) => {}
+                Err(e) => self.status.set(Status::Failed(format!(
+                    "unreadable message from the worker: {e}"
+                ))),
+            }
+        });
+        worker.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+        // The handler lives as long as the worker does.
+        on_message.forget();
+        self.worker.set_value(Some(worker));
+        self.ready.set(false);
+    }
+
+    fn run(self) {
+        // A message posted before the worker's handler is installed is
+        // lost: wait for its Ready.
+        if !self.ready.get_untracked() {
+            self.pending.set(true);
+            return;
+        }
+        self.pending.set(false);
+        let script = self.script.get_untracked();
+        // The link in the address bar always carries the program run last.
+        if let Ok(history) = window().history() {
+            let fragment = encode_fragment(&script);
+            history
+                .replace_state_with_url(&JsValue::NULL, "", Some(&fragment))
+                .ok();
+        }
+        self.comparison.set(None);
+        self.send(|id| Request::Run { id, script });
+    }
+
+    /// Runs the what-if variants of the editor's script.
+    fn compare(self) {
+        if self.ready.get_untracked() {
+            let script = self.script.get_untracked();
+            self.send(|id| Request::Compare { id, script });
+        }
+    }
+
+    /// Posts the request `make` builds with a fresh id.
+    fn send(self, make: impl FnOnce(u64) -> Request) {
+        if matches!(self.status.get_untracked(), Status::Failed(_)) {
+            return;
+        }
+        let id = self.latest.get_untracked() + 1;
+        self.latest.set(id);
+        let request = make(id);
+        let message = match request.serialize(&serde_wasm_bindgen::Serializer::json_compatible()) {
+            Ok(message) => message,
+            Err(e) => {
+                self.status.set(Status::Failed(e.to_string()));
+                return;
+            }
+        };
+        self.worker.with_value(|worker| {
+            if let Some(worker) = worker {
+                match worker.post_message(&message) {
+                    Ok(()) => self.status.set(Status::Running),
+                    Err(e) => self.status.set(Status::Failed(format!("{e:?}"))),
+                }
+            }
+        });
+    }
+
+    /// Ends a run at once: the worker is terminated (a script cannot be
+    /// interrupted from outside) and a fresh one started, so compile
+    /// caches start empty.
+    fn stop(self) {
+        self.worker.with_value(|worker| {
+            if let Some(worker) = worker {
+                worker.terminate();
+            }
+        });
+        self.spawn_worker();
+        self.status.set(Status::Stopped);
+    }
+
+    /// Saves the shown report as `kiln-report.json`.
+    fn export(self) -> Result<(), JsValue> {
+        let Some(report) = self.report.get_untracked() else {
+            return Ok(());
+        };
+        let json = export_report(&report).map_err(|e| JsValue::from_str(&e))?;
+        let options = BlobPropertyBag::new();
+        options.set_type("application/json");
+        let parts = js_sys::Array::of1(&JsValue::from_str(&json));
+        let blob = Blob::new_with_str_sequence_and_options(&parts, &options)?;
+        let url = Url::create_object_url_with_blob(&blob)?;
+        let anchor: HtmlAnchorElement = document().create_element("a")?.dyn_into()?;
+        anchor.set_href(&url);
+        anchor.set_download("kiln-report.json");
+        anchor.click();
+        Url::revoke_object_url(&url)
+    }
+
+    /// Shows a report from an exported file instead of a run's.
+    fn import(self, input: HtmlInputElement) {
+        let Some(file) = input.files().and_then(|files| files.get(0)) else {
+            return;
+        };
+        leptos::task::spawn_local(async move {
+            let text = JsFuture::from(file.text()).await;
+            match text.ok().and_then(|t| t.as_string()) {
+                Some(json) => match import_report(&json) {
+                    Ok(report) => {
+                        // A run still under way must not replace it.
+                        self.latest.set(self.latest.get_untracked() + 1);
+                        self.report.set(Some(report));
+                        self.status.set(Status::Imported);
+                    }
+                    Err(e) => self.status.set(Status::Failed(e)),
+                },
+                None => self
+                    .status
+                    .set(Status::Failed("cannot read the chosen file".to_string())),
+            }
+        });
+    }
+
+    fn load_example(self, example: &'static Example) {
+        self.example.set(example.id);
+        self.script.set(example.script.to_string());
+        self.run();
+    }
+}
+
+#[component]
+fn App() -> impl IntoView {
+    let first = &EXAMPLES[0];
+    // A share link's program wins over the first example.
+    let shared = window()
+        .location()
+        .hash()
+        .ok()
+        .and_then(|hash| decode_fragment(&hash).ok());
+    let (script, example) = match shared {
+        Some(script) => (script, ""),
+        None => (first.script.to_string(), first.id),
+    };
+    let page = Page {
+        script: RwSignal::new(script),
+        example: RwSignal::new(example),
+        report: RwSignal::new(None),
+        comparison: RwSignal::new(None),
+        status: RwSignal::new(Status::Loading),
+        backend: RwSignal::new("…".to_string()),
+        latest: RwSignal::new(0),
+        selected: RwSignal::new(None),
+        worker: StoredValue::new_local(None),
+        ready: RwSignal::new(false),
+        pending: RwSignal::new(false),
+    };
+    page.spawn_worker();
+    let typed = RwSignal::new(0u64);
+    let on_input = move |ev: leptos::ev::Event| {
+        page.script.set(event_target_value(&ev));
+        // Runs after a pause in typing: only the last keystroke's timer runs.
+        let generation = typed.get_untracked() + 1;
+        typed.set(generation);
+        set_timeout(
+            move || {
+                if typed.get_untracked() == generation {
+                    page.run();
+                }
+            },
+            std::time::Duration::from_millis(RUN_AFTER_MS),
+        );
+    };
+    let on_key = move |ev: leptos::ev::KeyboardEvent| {
+        if ev.key() == "Enter" && (ev.ctrl_key() || ev.meta_key()) {
+            ev.prevent_default();
+            page.run();
+        }
+    };
+    let status_text = move || match page.status.get() {
+        Status::Loading => "loading".to_string(),
+        Status::Ready => "ready".to_string(),
+        Status::Running => "running…".to_string(),
+        Status::Stopped => "stopped".to_string(),
+        Status::Imported => "showing an imported report".to_string(),
+        Status::Failed(e) => format!("failed: {e}"),
+    };
+    // The line of the last run's error, marked in the gutter.
+    let error_line = move || {
+        page.report.with(|r| {
+            r.as_ref()
+                .and_then(|r| r.error.as_ref())
+                .and_then(|e| e.line)
+        })
+    };
+    let gutter = NodeRef::<leptos::html::Pre>::new();
+    let gutter_lines = move || {
+        let marked = error_line();
+        let count = page.script.with(|s| s.lines().count().max(1));
+        (1..=count)
+            .map(|n| {
+                view! { <span class="line" class:error-line=marked == Some(n)>{n}</span> }
+            })
+            .collect_view()
+    };
+    let explanation = move || {
+        EXAMPLES
+            .iter()
+            .find(|e| e.id == page.example.get())
+            .map(|e| e.explanation)
+            .unwrap_or_default()
+    };
+    view! {
+        <header>
+            <h1>"Kiln playground"</h1>
+            <span id="backend">"backend: " {move || page.backend.get()}</span>
+            <span id="status">{status_text}</span>
+            <button id="run" on:click=move |_| page.run()>"Run (Ctrl+Enter)"</button>
+            <button id="stop" on:click=move |_| page.stop()>"Stop"</button>
+            <button
+                id="export"
+                on:click=move |_| {
+                    if let Err(e) = page.export() {
+                        page.status.set(Status::Failed(format!("export failed: {e:?}")));
+                    }
+                }
+            >
+                "Export report"
+            </button>
+            <label class="import">
+                "Open report "
+                <input
+                    id="import"
+                    type="file"
+                    accept=".json,application/json"
+                    on:change=move |ev| page.import(event_target::<HtmlInputElement>(&ev))
+                />
+            </label>
+        </header>
+        <main>
+            <section id="left">
+                <nav id="examples">
+                    {EXAMPLES
+                        .iter()
+                        .map(|e| {
+                            view! {
+                                <button
+                                    class="example"
+                                    data-id=e.id
+                                    class:active=move || page.example.get() == e.id
+                                    on:click=move |_| page.load_example(e)
+                                >
+                                    {e.title}
+                                </button>
+                            }
+                        })
+                        .collect_view()}
+                </nav>
+                <p id="explanation">{explanation}</p>
+                <div class="editor-wrap">
+                    <pre id="gutter" node_ref=gutter>{gutter_lines}</pre>
+                    <textarea
+                        id="editor"
+                        spellcheck="false"
+                        wrap="off"
+                        prop:value=move || page.script.get()
+                        on:input=on_input
+                        on:keydown=on_key
+                        on:scroll=move |ev| {
+                            // The gutter follows the editor's scrolling.
+                            let top = event_target::<web_sys::HtmlTextAreaElement>(&ev).scroll_top();
+                            if let Some(gutter) = gutter.get() {
+                                gutter.set_scroll_top(top);
+                            }
+                        }
+                    ></textarea>
+                </div>
+            </section>
+            <section id="right">
+                {move || page.report.get().map(|r| report_view(page, r))}
+                <div class="view what-if">
+                    <h3>"What if"</h3>
+                    <button id="compare" on:click=move |_| page.compare()>
+                        "Compare: fusion off, donation off, shapeless"
+                    </button>
+                    {move || page.comparison.get().map(comparison_view)}
+                </div>
+            </section>
+        </main>
+    }
+}
+
+fn report_view(page: Page, report: RunReport) -> impl IntoView {
+    let error = report.error.clone().map(|e| {
+        view! { <div id="error" class="error">{e.to_string()}</div> }
+    });
+    view! {
+        {error}
+        <div id="outputs" class="view">
+            <h2>"Outputs"</h2>
+            <p class="meta">{format!("{} ms on {}", round(report.total_ms), report.backend)}</p>
+            {report
+                .outputs
+                .iter()
+                .map(|o| {
+                    view! {
+                        <div class="output">
+                            <span class="label">{o.label.clone()}</span>
+                            <pre>{o.text.clone()}</pre>
+                        </div>
+                    }
+                })
+                .collect_view()}
+            {(!report.log.is_empty()).then(|| view! { <pre class="log">{report.log.join("\n")}</pre> })}
+        </div>
+        {report.functions.into_iter().map(|f| function_view(page, f)).collect_view()}
+    }
+}
+
+fn round(ms: f64) -> f64 {
+    (ms * 100.0).round() / 100.0
+}
+
+fn function_view(page: Page, function: FunctionReport) -> impl IntoView {
+    let calls: Vec<String> = function
+        .calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let kind = if c.traced { "traced" } else { "cached" };
+            format!("call {}: {} ms ({kind})", i + 1, round(c.ms))
+        })
+        .collect();
+    let latest = function.cache.reports.last().map(|r| (**r).clone());
+    view! {
+        <div class="function">
+            <h2>{format!("compile(…) at line {}", function.line)}</h2>
+            <pre class="source">{function.source.clone()}</pre>
+            <p class="meta">
+                {format!(
+                    "shapeless: {}, fusion: {}, donated: [{}]",
+                    function.shapeless,
+                    function.fusion,
+                    function.donate.join(", "),
+                )}
+            </p>
+            <ul class="calls">{calls.into_iter().map(|c| view! { <li>{c}</li> }).collect_view()}</ul>
+            {cache_view(&function)}
+            {latest.map(|r| entry_views(page, r))}
+        </div>
+    }
+}
+
+fn cache_view(function: &FunctionReport) -> impl IntoView {
+    let cache = &function.cache;
+    view! {
+        <div class="view cache">
+            <h3>"Cache"</h3>
+            <p class="summary">{cache.summary()}</p>
+            <ol class="entries">
+                {cache
+                    .reports
+                    .iter()
+                    .map(|r| {
+                        let kind = if r.shapeless { "shapeless" } else { "static" };
+                        view! { <li>{format!("entry {} ({kind}): {}", r.entry, r.input_tree)}</li> }
+                    })
+                    .collect_view()}
+            </ol>
+            <ul class="misses">
+                {miss_lines(cache).into_iter().map(|l| view! { <li class="miss">{l}</li> }).collect_view()}
+            </ul>
+        </div>
+    }
+}
+
+fn entry_views(page: Page, report: Report) -> impl IntoView {
+    view! {
+        {graph_view(page, &report)}
+        {reinplace_view(page, &report)}
+        {memory_view(page, &report)}
+    }
+}
+
+/// Box size and spacing of the graph drawing.
+const NODE_W: usize = 170;
+const NODE_H: usize = 40;
+const GAP_X: usize = 20;
+const GAP_Y: usize = 40;
+
+fn graph_view(page: Page, report: &Report) -> impl IntoView {
+    let layers = graph_layers(report);
+    let mut at = vec![(0usize, 0usize); report.nodes.len()];
+    for (row, layer) in layers.iter().enumerate() {
+        for (col, &id) in layer.iter().enumerate() {
+            at[id] = (col * (NODE_W + GAP_X) + 10, row * (NODE_H + GAP_Y) + 10);
+        }
+    }
+    let width = layers.iter().map(Vec::len).max().unwrap_or(1) * (NODE_W + GAP_X) + 20;
+    let height = layers.len() * (NODE_H + GAP_Y) + 20;
+    let edges: Vec<(usize, usize, usize, usize)> = report
+        .nodes
+        .iter()
+        .flat_map(|n| {
+            n.inputs.iter().map(|&i| {
+                let (x1, y1) = at[i];
+                let (x2, y2) = at[n.id];
+                (x1 + NODE_W / 2, y1 + NODE_H, x2 + NODE_W / 2, y2)
+            })
+        })
+        .collect();
+    let nodes = report.nodes.clone();
+    let detail = report.nodes.clone();
+    view! {
+        <div class="view graph">
+            <h3>{format!("Graph ({} nodes after passes, {} traced)", report.nodes.len(), report.traced_nodes)}</h3>
+            <svg width=width height=height>
+                {edges
+                    .into_iter()
+                    .map(|(x1, y1, x2, y2)| view! { <line x1=x1 y1=y1 x2=x2 y2=y2 class="edge"></line> })
+                    .collect_view()}
+                {nodes
+                    .into_iter()
+                    .map(|n| {
+                        let (x, y) = at[n.id];
+                        let class = match &n.reinplace {
+                            Some(d) if d.target().is_some() => "node taken",
+                            Some(_) => "node refused",
+                            None => "node",
+                        };
+                        let id = n.id;
+                        view! {
+                            <g
+                                class=class
+                                class:selected=move || page.selected.get() == Some(id)
+                                data-node=id
+                                on:click=move |_| page.selected.set(Some(id))
+                            >
+                                <rect x=x y=y width=NODE_W height=NODE_H rx=4></rect>
+                                <text x=x + 6 y=y + 16>{format!("%{} {}", n.id, n.op)}</text>
+                                <text x=x + 6 y=y + 32 class="aval">{format!("{} · {}", n.aval, n.home)}</text>
+                            </g>
+                        }
+                    })
+                    .collect_view()}
+            </svg>
+            {move || {
+                page.selected.get().and_then(|id| detail.get(id).map(|n| {
+                    let decision = n
+                        .reinplace
+                        .as_ref()
+                        .map_or_else(|| "not elementwise".to_string(), |d| d.summary());
+                    view! {
+                        <p class="selected-node">
+                            {format!("%{} {}: {} in {}; {decision}", n.id, n.op, n.aval, n.home)}
+                        </p>
+                    }
+                }))
+            }}
+        </div>
+    }
+}
+
+fn reinplace_view(page: Page, report: &Report) -> impl IntoView {
+    let rows = reinplace_rows(report);
+    view! {
+        <div class="view reinplace">
+            <h3>"Reinplace decisions"</h3>
+            <table>
+                <tr><th>"node"</th><th>"operand"</th><th>"verdict"</th></tr>
+                {rows
+                    .into_iter()
+                    .map(|r| {
+                        let node = r.node;
+                        let verdict = match r.reader {
+                            Some(reader) => view! {
+                                <a class="reader" href="#" data-reader=reader
+                                    on:click=move |ev| { ev.prevent_default(); page.selected.set(Some(reader)); }>
+                                    {format!("ReadLater: {}", r.verdict)}
+                                </a>
+                            }.into_any(),
+                            None => view! { <span>{r.verdict.clone()}</span> }.into_any(),
+                        };
+                        view! {
+                            <tr class:selected=move || page.selected.get() == Some(node)>
+                                <td>{format!("%{} {}", r.node, r.op)}</td>
+                                <td>{format!("%{} {}", r.operand, r.operand_op)}</td>
+                                <td>{verdict}</td>
+                            </tr>
+                        }
+                    })
+                    .collect_view()}
+            </table>
+        </div>
+    }
+}
+
+/// Pixels per schedule step and per slot row in the timeline.
+const STEP_W: usize = 28;
+const ROW_H: usize = 22;
+
+fn memory_view(page: Page, report: &Report) -> impl IntoView {
+    let t = timeline(report);
+    let width = (t.steps + 1) * STEP_W + 80;
+    let height = t.rows.len() * ROW_H + 10;
+    view! {
+        <div class="view memory">
+            <h3>"Memory"</h3>
+            <p class="figures">
+                <span class="peak">{format!("peak {} B", t.peak_bytes)}</span>
+                " · "
+                <span class="lower-bound">{format!("lower bound {} B", t.lower_bound_bytes)}</span>
+                " · "
+                <span class="no-reuse">{format!("no reuse {} B", t.no_reuse_bytes)}</span>
+            </p>
+            <svg width=width height=height>
+                {t
+                    .rows
+                    .into_iter()
+                    .enumerate()
+                    .map(|(row, slot)| {
+                        let y = row * ROW_H + 5;
+                        view! {
+                            <text x=0 y=y + 15 class="slot-label">{format!("slot {} ({} B)", slot.slot, slot.bytes)}</text>
+                            {slot
+                                .bars
+                                .into_iter()
+                                .map(|b| {
+                                    let x = 80 + b.def * STEP_W;
+                                    let w = (b.last.saturating_sub(b.def) + 1) * STEP_W - 2;
+                                    let value = b.value;
+                                    view! {
+                                        <rect
+                                            class="bar"
+                                            class:in-place=b.in_place
+                                            class:selected=move || page.selected.get() == Some(value)
+                                            x=x y=y width=w height=ROW_H - 4
+                                            on:click=move |_| page.selected.set(Some(value))
+                                        >
+                                            <title>{format!("%{} {} [{}, {}]", b.value, b.op, b.def, b.last)}</title>
+                                        </rect>
+                                    }
+                                })
+                                .collect_view()}
+                        }
+                    })
+                    .collect_view()}
+            </svg>
+        </div>
+    }
+}
+
+fn comparison_view(rows: Vec<Comparison>) -> impl IntoView {
+    view! {
+        <table class="comparison">
+            <tr>
+                <th>"variant"</th><th>"compile at line"</th><th>"nodes"</th>
+                <th>"in place"</th><th>"peak B"</th><th>"lower bound B"</th><th>"no reuse B"</th>
+            </tr>
+            {rows
+                .into_iter()
+                .map(|row| {
+                    let variant = row.variant.clone();
+                    match row.error {
+                        Some(e) => view! {
+                            <tr data-variant=variant.clone()>
+                                <td>{row.variant}</td><td colspan="6" class="error">{e.to_string()}</td>
+                            </tr>
+                        }
+                        .into_any(),
+                        None => row
+                            .functions
+                            .into_iter()
+                            .map(|f| {
+                                view! {
+                                    <tr data-variant=variant.clone()>
+                                        <td>{variant.clone()}</td>
+                                        <td>{f.line}</td>
+                                        <td class="nodes">{f.nodes}</td>
+                                        <td class="reinplaced">{f.reinplaced}</td>
+                                        <td class="peak">{f.memory.peak_bytes}</td>
+                                        <td>{f.memory.lower_bound_bytes}</td>
+                                        <td>{f.memory.no_reuse_bytes}</td>
+                                    </tr>
+                                }
+                            })
+                            .collect_view()
+                            .into_any(),
+                    }
+                })
+                .collect_view()}
+        </table>
+    }
+}

@@ -1,0 +1,118 @@
+//! What one run of a script produced, as the page receives it: outputs,
+//! printed lines, per compiled function its cache with Kiln's own reports,
+//! timings, and the error if the run failed.
+//!
+//! Everything here is serde data copied from Kiln ([`CacheInfo`] holds the
+//! [`kiln::Report`] of every entry); the views render it and derive no
+//! compiler facts of their own.
+
+use kiln::{CacheInfo, PlanMemory};
+use serde::{Deserialize, Serialize};
+
+/// The result of one run of a script.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunReport {
+    /// Values the script showed with `show(label, value)`, then its final
+    /// value (labelled `result`) when it has one.
+    pub outputs: Vec<Output>,
+    /// Lines the script printed with `print`.
+    pub log: Vec<String>,
+    /// Every compiled function the run called, in order of first call.
+    pub functions: Vec<FunctionReport>,
+    /// The backend calls ran on (`cpu`, or the wgpu adapter's name).
+    pub backend: String,
+    /// Wall-clock milliseconds of the whole run, parsing included.
+    pub total_ms: f64,
+    /// Why the run stopped early, if it did.
+    pub error: Option<ScriptError>,
+}
+
+/// One shown value.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Output {
+    /// The label it was shown under.
+    pub label: String,
+    /// The value printed: arrays as NumPy prints them, other values as
+    /// Rhai prints them.
+    pub text: String,
+}
+
+/// A compiled function of the script and what its cache holds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FunctionReport {
+    /// The function's source text: the argument of `compile(...)`.
+    pub source: String,
+    /// The script line of the `compile(...)` call in this run.
+    pub line: usize,
+    /// Whether dims are symbolic (`.shapeless()`).
+    pub shapeless: bool,
+    /// Whether elementwise fusion is on (`.fusion(b)`).
+    pub fusion: bool,
+    /// Donated argument paths (`.donate([...])`).
+    pub donate: Vec<String>,
+    /// The cache as Kiln reports it: entries with their [`kiln::Report`]s,
+    /// hits, misses and why each miss happened. It spans every run whose
+    /// function had this source text and these options.
+    pub cache: CacheInfo,
+    /// This run's calls, in order.
+    pub calls: Vec<CallTiming>,
+}
+
+/// One call of a compiled function.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CallTiming {
+    /// Whether this call missed the cache and traced.
+    pub traced: bool,
+    /// Wall-clock milliseconds of the call, tracing included.
+    pub ms: f64,
+}
+
+/// An error that stopped a run, with where in the script it happened.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScriptError {
+    /// What went wrong, without the position.
+    pub message: String,
+    /// The 1-based script line, when known.
+    pub line: Option<usize>,
+    /// The 1-based column, when known.
+    pub column: Option<usize>,
+}
+
+impl std::fmt::Display for ScriptError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.line, self.column) {
+            (Some(line), Some(column)) => {
+                write!(f, "line {line}, column {column}: {}", self.message)
+            }
+            (Some(line), None) => write!(f, "line {line}: {}", self.message),
+            _ => f.write_str(&self.message),
+        }
+    }
+}
+
+/// One what-if variant of a run: the same script with options forced on
+/// every compiled function, and what the plans became.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Comparison {
+    /// The variant, like `fusion off`.
+    pub variant: String,
+    /// Per compiled function (in order of first call), its latest entry's
+    /// figures.
+    pub functions: Vec<VariantFigures>,
+    /// Why the variant's run failed, if it did.
+    pub error: Option<ScriptError>,
+}
+
+/// A compiled function's figures in one variant, from its latest entry's
+/// [`kiln::Report`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VariantFigures {
+    /// The script line of its `compile(...)`.
+    pub line: usize,
+    /// Nodes of the optimized graph.
+    pub nodes: usize,
+    /// Elementwise nodes written in place of an operand.
+    pub reinplaced: usize,
+    /// Peak, lower bound and no-reuse bytes.
+    pub memory: PlanMemory,
+}

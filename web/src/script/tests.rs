@@ -1,0 +1,317 @@
+use super::*;
+use kiln::MissReason;
+
+fn run_ok(session: &mut Session, script: &str) -> RunReport {
+    let report = session.run(script);
+    assert_eq!(report.error, None, "{script}");
+    report
+}
+
+fn text<'a>(report: &'a RunReport, label: &str) -> &'a str {
+    let found = report.outputs.iter().find(|o| o.label == label);
+    &found
+        .unwrap_or_else(|| panic!("no output {label}: {report:?}"))
+        .text
+}
+
+fn error(report: &RunReport) -> &ScriptError {
+    report.error.as_ref().expect("the run fails")
+}
+
+#[test]
+fn operators_methods_and_nn_functions_compute_kilns_values() {
+    let mut s = Session::new();
+    let report = run_ok(
+        &mut s,
+        r#"
+        let a = array([[1, 2], [3, 4]]);
+        show("arith", (a + 1) * 2.0 - a / 2 + 2 ** a);
+        show("matmul", a @ a.T);
+        show("compare", a > 2);
+        show("reduce", a.sum([0]));
+        show("softmax", nn::softmax(array([0.0, 0.0]), -1));
+        show("dtype", a.cast("i32"));
+        show("shape", a.reshape([4, 1]).shape);
+        "#,
+    );
+    assert_eq!(
+        text(&report, "arith"),
+        "array([[ 5.5,  9. ],\n       [14.5, 24. ]], dtype=float32)"
+    );
+    assert_eq!(
+        text(&report, "matmul"),
+        "array([[ 5., 11.],\n       [11., 25.]], dtype=float32)"
+    );
+    assert_eq!(
+        text(&report, "compare"),
+        "array([[False, False],\n       [ True,  True]], dtype=bool)"
+    );
+    assert_eq!(text(&report, "reduce"), "array([4., 6.], dtype=float32)");
+    assert_eq!(text(&report, "softmax"), "array([0.5, 0.5], dtype=float32)");
+    assert_eq!(
+        text(&report, "dtype"),
+        "array([[1, 2],\n       [3, 4]], dtype=int32)"
+    );
+    assert_eq!(text(&report, "shape"), "[4, 1]");
+}
+
+#[test]
+fn the_final_value_is_shown_as_result_and_print_goes_to_the_log() {
+    let mut s = Session::new();
+    let report = run_ok(&mut s, "print(ones([2]).sum()); 40 + 2");
+    assert_eq!(report.log, vec!["array(2., dtype=float32)".to_string()]);
+    assert_eq!(text(&report, "result"), "42");
+}
+
+#[test]
+fn a_kiln_error_names_the_problem_at_its_line_and_column() {
+    let mut s = Session::new();
+    let report =
+        s.run("let a = ones([2, 3]);\nlet b = ones([4]);\nlet c =  a + b;\nshow(\"c\", c);");
+    let e = error(&report);
+    assert_eq!((e.line, e.column), (Some(3), Some(12)), "{e:?}");
+    assert!(
+        e.message.contains("f32[2,3]") && e.message.contains("f32[4]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_syntax_error_has_its_position_and_the_next_run_works() {
+    let mut s = Session::new();
+    let report = s.run("let a = ones([2]);\nlet = 3;");
+    let e = error(&report);
+    assert_eq!(e.line, Some(2), "{e:?}");
+    assert!(e.message.starts_with("syntax error"), "{e}");
+    let report = run_ok(&mut s, "ones([2])");
+    assert_eq!(text(&report, "result"), "array([1., 1.], dtype=float32)");
+}
+
+#[test]
+fn an_error_inside_a_compiled_function_points_inside_it_and_leaves_the_cache_usable() {
+    let mut s = Session::new();
+    let script = "let f = compile(|x| {\n    x.reshape([7])\n});\nf.run(ones([2, 3]))";
+    let report = s.run(script);
+    let e = error(&report);
+    assert_eq!(e.line, Some(2), "{e:?}");
+    assert!(e.message.contains("reshape"), "{e}");
+    let cache = &report.functions[0].cache;
+    assert_eq!(cache.entries, 0);
+    let report = run_ok(&mut s, &script.replace("[7]", "[6]"));
+    assert_eq!(report.functions[0].cache.entries, 1);
+}
+
+#[test]
+fn an_unchanged_function_keeps_its_cache_across_edits_and_explains_the_miss() {
+    let mut s = Session::new();
+    let before = "let f = compile(|x| x * 2.0);\nf.run(zeros([2, 3]))";
+    run_ok(&mut s, before);
+    let after =
+        "// an edit above the function\nlet f = compile(|x| x * 2.0);\nf.run(zeros([5, 3]))";
+    let report = run_ok(&mut s, after);
+    let function = &report.functions[0];
+    assert_eq!(function.line, 2);
+    assert_eq!((function.cache.entries, function.cache.misses), (2, 2));
+    assert_eq!(
+        function.cache.miss_log[1].reasons,
+        vec![MissReason::Aval {
+            path: "args[0]".to_string(),
+            before: "f32[2,3]".to_string(),
+            now: "f32[5,3]".to_string(),
+        }]
+    );
+    assert_eq!(
+        function.calls,
+        vec![crate::report::CallTiming {
+            traced: true,
+            ms: function.calls[0].ms
+        }]
+    );
+}
+
+#[test]
+fn an_edited_function_option_or_capture_starts_a_new_cache() {
+    let mut s = Session::new();
+    run_ok(&mut s, "let k = 2.0; compile(|x| x * k).run(ones([2]))");
+    for edited in [
+        "let k = 2.0; compile(|x| x * k + 0.0).run(ones([2]))",
+        "let k = 2.0; compile(|x| x * k).fusion(false).run(ones([2]))",
+        "let k = 3.0; compile(|x| x * k).run(ones([2]))",
+    ] {
+        let report = run_ok(&mut s, edited);
+        assert_eq!(report.functions[0].cache.misses, 1, "{edited}");
+    }
+    let report = run_ok(&mut s, "let k = 3.0; compile(|x| x * k).run(ones([2]))");
+    assert_eq!(report.functions[0].cache.hits, 1);
+    assert_eq!(text(&report, "result"), "array([3., 3.], dtype=float32)");
+}
+
+#[test]
+fn an_edited_helper_function_starts_a_new_cache() {
+    let mut s = Session::new();
+    let script = "fn g(x) { x + 1.0 }\nlet f = compile(|x| g(x));\nf.run(ones([2]))";
+    run_ok(&mut s, script);
+    let report = run_ok(&mut s, &script.replace("x + 1.0", "x + 2.0"));
+    assert_eq!(report.functions[0].cache.misses, 1);
+    assert_eq!(text(&report, "result"), "array([3., 3.], dtype=float32)");
+}
+
+#[test]
+fn an_endless_loop_is_stopped_by_the_operation_limit() {
+    let mut s = Session::with_limits(ScriptLimits {
+        max_operations: 10_000,
+        ..ScriptLimits::PLAYGROUND
+    });
+    let report = s.run("let i = 0;\nloop { i += 1; }");
+    let e = error(&report);
+    assert!(e.message.contains("Too many operations"), "{e}");
+    assert_eq!(e.line, Some(2));
+    run_ok(&mut s, "1");
+}
+
+#[test]
+fn an_endless_loop_is_stopped_by_the_time_limit() {
+    let mut s = Session::with_limits(ScriptLimits {
+        time_limit: Duration::from_millis(50),
+        max_operations: 1 << 50,
+        ..ScriptLimits::PLAYGROUND
+    });
+    let start = Instant::now();
+    let report = s.run("loop { }");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        error(&report).message,
+        "the run took longer than its 0.05 s limit and was stopped"
+    );
+}
+
+#[test]
+fn kilns_size_limit_stops_a_huge_array_with_a_clear_message() {
+    let mut s = Session::new();
+    let report = s.run("zeros([100000, 1000])");
+    let e = error(&report);
+    assert!(
+        e.message.contains("400000000 bytes") && e.message.contains("max_array_bytes"),
+        "{e}"
+    );
+    assert_eq!(e.line, Some(1));
+}
+
+#[test]
+fn compiled_functions_nest_up_to_the_limit_and_no_deeper() {
+    let script = "let f0 = compile(|x| x + 1.0);\n\
+                  let f1 = compile(|x| f0.run(x) * 2.0);\n\
+                  let f2 = compile(|x| f1.run(x) - 1.0);\n\
+                  f2.run(ones([1]))";
+    let report = run_ok(&mut Session::new(), script);
+    assert_eq!(text(&report, "result"), "array([3.], dtype=float32)");
+    let mut shallow = Session::with_limits(ScriptLimits {
+        max_nested_compiled_calls: 2,
+        ..ScriptLimits::PLAYGROUND
+    });
+    let report = shallow.run(script);
+    let e = error(&report);
+    assert_eq!(e.message, "compiled functions are nested more than 2 deep");
+    assert_eq!(e.line, Some(2));
+}
+
+#[test]
+fn maps_and_nodes_pass_through_compile_as_trees() {
+    let mut s = Session::new();
+    let report = run_ok(
+        &mut s,
+        r#"
+        register_node("tests.Pair", ["a"], ["kind"]);
+        let f = compile(|m| #{ sum: m.x + m.y, pair: node("tests.Pair", #{ a: m.x * 2.0, kind: "t" }) });
+        let out = f.run(#{ x: ones([2]), y: ones([2]) });
+        show("sum", out.sum);
+        show("pair", out.pair);
+        show("kind", out.pair.kind);
+        "#,
+    );
+    assert_eq!(text(&report, "sum"), "array([2., 2.], dtype=float32)");
+    assert_eq!(
+        text(&report, "pair"),
+        "tests.Pair {a: array([2., 2.], dtype=float32), kind: t}"
+    );
+    assert_eq!(text(&report, "kind"), "t");
+    assert_eq!(
+        report.functions[0].cache.reports[0].input_tree,
+        "({\"x\": *, \"y\": *},)"
+    );
+}
+
+#[test]
+fn unused_functions_are_dropped_after_twenty_runs() {
+    let mut s = Session::new();
+    run_ok(&mut s, "compile(|x| x).run(ones([1]))");
+    assert_eq!(s.cached_functions(), 1);
+    for _ in 0..KEEP_UNUSED_RUNS {
+        run_ok(&mut s, "1");
+    }
+    assert_eq!(s.cached_functions(), 0);
+}
+
+#[test]
+fn a_run_report_round_trips_through_json() {
+    let mut s = Session::new();
+    let report = run_ok(&mut s, "compile(|x| x.exp()).run(ones([2]))");
+    let json = serde_json::to_string(&report).unwrap();
+    let back: RunReport = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.outputs, report.outputs);
+    assert_eq!(
+        back.functions[0].cache.reports,
+        report.functions[0].cache.reports
+    );
+}
+
+#[test]
+fn what_if_variants_change_the_plans_as_their_names_say() {
+    let mut s = Session::new();
+    let rows = s.compare(crate::examples::DONATION.script);
+    let names: Vec<&str> = rows.iter().map(|r| r.variant.as_str()).collect();
+    assert_eq!(
+        names,
+        ["as written", "fusion off", "donation off", "shapeless"]
+    );
+    assert!(rows
+        .iter()
+        .all(|r| r.error.is_none() && r.functions.len() == 1));
+    let figures = |i: usize| &rows[i].functions[0];
+    // params - grads * 0.1: one fused node, or a multiply and a subtract.
+    assert_eq!(figures(1).nodes, figures(0).nodes + 1);
+    // Donated, the update writes into args[0]: no slot at all.
+    assert_eq!(figures(0).memory.peak_bytes, 0);
+    assert!(figures(2).memory.peak_bytes > 0);
+    assert_eq!(figures(2).reinplaced, 0);
+    // The next plain run is served by the first variant's cache.
+    let report = s.run(crate::examples::DONATION.script);
+    assert_eq!(report.functions[0].cache.hits, 1);
+}
+
+#[test]
+fn the_readme_names_every_registered_function() {
+    let readme = include_str!("../../../README.md");
+    let reference = &readme[readme.find("Script API").unwrap_or(0)..];
+    // Every function the playground registers, Rhai's standard library aside.
+    let signatures = Session::new().engine.gen_fn_signatures(false);
+    assert!(signatures.len() > 50, "{signatures:?}");
+    let missing: Vec<&String> = signatures
+        .iter()
+        .filter(|s| {
+            // `fn name(...)`, `get$shape(...)`, `nn::softmax(...)`; operators
+            // are listed by symbol.
+            let name = s.split('(').next().unwrap_or_default();
+            let name = name.rsplit("::").next().unwrap_or(name);
+            let name = name
+                .trim_start_matches("get$")
+                .trim_start_matches("index$get$");
+            let name = name.trim_start_matches("index$set$");
+            !name.is_empty() && !reference.contains(name)
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not in README's script API: {missing:?}"
+    );
+}

@@ -1,0 +1,239 @@
+//! View models: a [`Report`] arranged the way each view draws it. They
+//! only rearrange Kiln's data (rows, bars, layers); every fact — decisions,
+//! reasons, lifetimes, byte counts — is Kiln's own.
+
+use kiln::{CacheInfo, Refusal, Report};
+use serde::{Deserialize, Serialize};
+
+/// One row of the reinplace view: a verdict on one operand of one
+/// elementwise node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReinplaceRow {
+    /// The elementwise node.
+    pub node: usize,
+    /// Its op.
+    pub op: String,
+    /// The operand judged.
+    pub operand: usize,
+    /// The operand's op.
+    pub operand_op: String,
+    /// `taken`, or Kiln's reason for refusing.
+    pub verdict: String,
+    /// For a `ReadLater` refusal, the node that reads the operand later.
+    pub reader: Option<usize>,
+}
+
+/// Every reinplace verdict of `report`, in schedule order.
+pub fn reinplace_rows(report: &Report) -> Vec<ReinplaceRow> {
+    let op_of = |id: usize| {
+        report
+            .nodes
+            .get(id)
+            .map_or_else(|| format!("%{id}"), |n| n.op.clone())
+    };
+    report
+        .nodes
+        .iter()
+        .filter_map(|n| n.reinplace.as_ref().map(|d| (n, d)))
+        .flat_map(|(n, d)| {
+            d.operands.iter().map(move |v| ReinplaceRow {
+                node: n.id,
+                op: n.op.clone(),
+                operand: v.operand,
+                operand_op: op_of(v.operand),
+                verdict: match &v.refusal {
+                    None => "taken".to_string(),
+                    Some(r) => r.to_string(),
+                },
+                reader: match v.refusal {
+                    Some(Refusal::ReadLater { reader }) => Some(reader),
+                    _ => None,
+                },
+            })
+        })
+        .collect()
+}
+
+/// The memory view: one row per slot, bars for the values it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timeline {
+    /// Schedule steps (the x axis runs from 0 to this).
+    pub steps: usize,
+    /// One row per slot.
+    pub rows: Vec<TimelineRow>,
+    /// The arena's bytes.
+    pub peak_bytes: usize,
+    /// The most bytes live at any step.
+    pub lower_bound_bytes: usize,
+    /// Bytes without any reuse.
+    pub no_reuse_bytes: usize,
+}
+
+/// One slot of the timeline.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimelineRow {
+    /// The slot.
+    pub slot: usize,
+    /// Its bytes.
+    pub bytes: usize,
+    /// Its values, in schedule order.
+    pub bars: Vec<TimelineBar>,
+}
+
+/// One value's lifetime in its slot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimelineBar {
+    /// The value.
+    pub value: usize,
+    /// Its op.
+    pub op: String,
+    /// The step defining it.
+    pub def: usize,
+    /// The last step reading it.
+    pub last: usize,
+    /// Whether it was written in place of the slot's previous value (an
+    /// in-place chain continues).
+    pub in_place: bool,
+}
+
+/// The slot timeline of `report`'s plan.
+pub fn timeline(report: &Report) -> Timeline {
+    let plan = &report.plan;
+    let rows = plan
+        .slots
+        .iter()
+        .map(|slot| TimelineRow {
+            slot: slot.slot,
+            bytes: slot.bytes,
+            bars: slot
+                .values
+                .iter()
+                .map(|v| {
+                    let node = report.nodes.get(v.value);
+                    TimelineBar {
+                        value: v.value,
+                        op: node.map(|n| n.op.clone()).unwrap_or_default(),
+                        def: v.def,
+                        last: v.last,
+                        in_place: node
+                            .and_then(|n| n.reinplace.as_ref())
+                            .is_some_and(|d| d.target().is_some()),
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    Timeline {
+        steps: report.nodes.len(),
+        rows,
+        peak_bytes: plan.memory.peak_bytes,
+        lower_bound_bytes: plan.memory.lower_bound_bytes,
+        no_reuse_bytes: plan.memory.no_reuse_bytes,
+    }
+}
+
+/// The cache view's lines for each miss: `call 3: static/aux differs at
+/// node args[0]: before {act: "relu"}, now {act: "tanh"}`.
+pub fn miss_lines(cache: &CacheInfo) -> Vec<String> {
+    cache
+        .miss_log
+        .iter()
+        .map(|miss| {
+            let reasons: Vec<String> = miss.reasons.iter().map(|r| r.to_string()).collect();
+            format!("call {}: {}", miss.call, reasons.join("; "))
+        })
+        .collect()
+}
+
+/// Layers of the graph view: a node sits one layer below its deepest
+/// input, so every edge points down.
+pub fn graph_layers(report: &Report) -> Vec<Vec<usize>> {
+    let mut depth = vec![0usize; report.nodes.len()];
+    for node in &report.nodes {
+        // The schedule is topological: inputs come first.
+        depth[node.id] = node
+            .inputs
+            .iter()
+            .filter_map(|&i| depth.get(i).map(|d| d + 1))
+            .max()
+            .unwrap_or(0);
+    }
+    let mut layers = vec![Vec::new(); depth.iter().max().map_or(0, |d| d + 1)];
+    for (id, &d) in depth.iter().enumerate() {
+        layers[d].push(id);
+    }
+    layers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::examples::{MLP, READ_LATER};
+    use crate::script::Session;
+
+    fn first_report(script: &str) -> Report {
+        let run = Session::new().run(script);
+        assert_eq!(run.error, None);
+        (*run.functions[0].cache.reports[0]).clone()
+    }
+
+    #[test]
+    fn reinplace_rows_link_a_read_later_refusal_to_its_reader() {
+        let report = first_report(READ_LATER.script);
+        let rows = reinplace_rows(&report);
+        let refused: Vec<&ReinplaceRow> = rows.iter().filter(|r| r.reader.is_some()).collect();
+        assert_eq!(refused.len(), 1, "{rows:?}");
+        let row = refused[0];
+        let reader = row.reader.unwrap_or_default();
+        assert_eq!((row.op.as_str(), row.operand_op.as_str()), ("add", "exp"));
+        assert_eq!(row.verdict, format!("read later by %{reader}"));
+        assert_eq!(report.nodes[reader].op, "add");
+    }
+
+    #[test]
+    fn the_timeline_has_a_row_per_slot_and_the_plans_figures() {
+        let report = first_report(MLP.script);
+        let t = timeline(&report);
+        assert_eq!(t.rows.len(), report.plan.slots.len());
+        assert_eq!(t.peak_bytes, t.lower_bound_bytes);
+        let bars: usize = t.rows.iter().map(|r| r.bars.len()).sum();
+        let planned: usize = report.plan.slots.iter().map(|s| s.values.len()).sum();
+        assert_eq!(bars, planned);
+        assert!(t
+            .rows
+            .iter()
+            .flat_map(|r| &r.bars)
+            .all(|b| b.def <= b.last && b.last <= t.steps));
+    }
+
+    #[test]
+    fn miss_lines_name_the_call_and_the_difference() {
+        let mut s = Session::new();
+        let run = s.run("let f = compile(|x| x); f.run(ones([2])); f.run(ones([3]))");
+        let lines = miss_lines(&run.functions[0].cache);
+        assert_eq!(
+            lines,
+            vec![
+                "call 1: never seen".to_string(),
+                "call 2: aval differs at leaf args[0]: f32[2] → f32[3]".to_string()
+            ]
+        );
+    }
+
+    #[test]
+    fn graph_layers_put_every_node_below_its_inputs() {
+        let report = first_report(READ_LATER.script);
+        let layers = graph_layers(&report);
+        let layer_of = |id: usize| layers.iter().position(|l| l.contains(&id));
+        assert_eq!(
+            layers.iter().map(Vec::len).sum::<usize>(),
+            report.nodes.len()
+        );
+        for node in &report.nodes {
+            for &input in &node.inputs {
+                assert!(layer_of(input) < layer_of(node.id), "{node:?}");
+            }
+        }
+        assert_eq!(layers[0].len(), 1, "the input alone starts the graph");
+    }
+}

@@ -1,0 +1,408 @@
+//! `cargo xtask web` builds the playground into `target/web/` (a static
+//! site); `cargo xtask serve [--port N]` builds it and serves it on
+//! 127.0.0.1. Everything they need is installed on first use: the wasm32
+//! target (see [`wasm`]), the `wasm-bindgen` CLI at the crate's pinned
+//! version, and npm's `binaryen` (for `wasm-opt`) from `web/tools`'
+//! lockfile.
+
+use crate::apt;
+use crate::process::{self, target_dir, workspace_root};
+use crate::wasm::{self, Route};
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Component, Path, PathBuf};
+use std::process::Command;
+use std::thread;
+
+/// The `wasm-bindgen` version `web/Cargo.toml` pins: the CLI must match it.
+const WASM_BINDGEN_VERSION: &str = "0.2.130";
+/// The cargo profile of the playground build (see the workspace manifest).
+const PROFILE: &str = "playground";
+/// The page's own files, copied next to the generated module.
+const STATIC_FILES: &[&str] = &["index.html", "worker.js", "style.css"];
+const DEFAULT_PORT: u16 = 8000;
+
+/// `cargo xtask web [--e2e]`.
+pub fn run(args: &[String]) -> Result<(), String> {
+    match args {
+        [] => build().map(|_| ()),
+        [flag] if flag == "--e2e" => e2e(),
+        _ => Err(format!("usage: cargo xtask web [--e2e] (got {args:?})")),
+    }
+}
+
+/// `cargo xtask serve [--port N]`.
+pub fn serve(args: &[String]) -> Result<(), String> {
+    let port = match args {
+        [] => DEFAULT_PORT,
+        [flag, port] if flag == "--port" => port
+            .parse()
+            .map_err(|_| format!("--port takes a port number, got `{port}`"))?,
+        _ => {
+            return Err(format!(
+                "usage: cargo xtask serve [--port N] (got {args:?})"
+            ))
+        }
+    };
+    let site = build()?;
+    let listener = TcpListener::bind(("127.0.0.1", port))
+        .map_err(|e| format!("cannot listen on 127.0.0.1:{port}: {e}"))?;
+    println!("serving {} at http://127.0.0.1:{port}/", site.display());
+    serve_forever(listener, site);
+    Ok(())
+}
+
+/// `cargo xtask web --e2e`: builds the site, serves it on a free port and
+/// drives Debian's Chromium through `web/e2e/e2e.mjs` (playwright-core);
+/// screenshots go to `target/web-e2e/`.
+pub fn e2e() -> Result<(), String> {
+    apt::ensure_installed(&["chromium"])?;
+    let site = build()?;
+    let tools = ensure_npm_tools()?;
+    // Node resolves the script's imports next to it, so it runs from the
+    // directory holding the installed node_modules.
+    let script = tools.join("e2e.mjs");
+    fs::copy(workspace_root().join("web/e2e/e2e.mjs"), &script)
+        .map_err(|e| format!("cannot copy web/e2e/e2e.mjs: {e}"))?;
+    let listener = TcpListener::bind(("127.0.0.1", 0))
+        .map_err(|e| format!("cannot listen on 127.0.0.1: {e}"))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| format!("no local address: {e}"))?
+        .port();
+    thread::spawn(move || serve_forever(listener, site));
+    let shots = target_dir().join("web-e2e");
+    process::run(
+        Command::new("node")
+            .arg(&script)
+            .arg(format!("http://127.0.0.1:{port}/"))
+            .arg(&shots)
+            .current_dir(&tools),
+    )
+}
+
+/// The playground's benchmark figures, by name.
+const FIGURES: [&str; 4] = [
+    "web_wasm_bytes",
+    "web_wasm_gzip_bytes",
+    "web_first_render_ms",
+    "web_rerun_ms",
+];
+
+/// The playground's figures `selection` asks for (all when it is empty, as
+/// `cargo xtask bench` selects by prefix): module sizes from a fresh build,
+/// and page timings measured in Debian's Chromium by `web/e2e/timing.mjs`.
+/// Each is `(name, value, unit)`.
+pub fn bench_figures(selection: &[String]) -> Result<Vec<(String, f64, &'static str)>, String> {
+    let wanted =
+        |name: &str| selection.is_empty() || selection.iter().any(|p| name.starts_with(p.as_str()));
+    if !FIGURES.iter().any(|name| wanted(name)) {
+        return Ok(Vec::new());
+    }
+    let site = build()?;
+    let module = site.join("kiln_web_bg.wasm");
+    let mut figures = Vec::new();
+    let bytes = fs::metadata(&module)
+        .map_err(|e| format!("cannot read {}: {e}", module.display()))?
+        .len();
+    figures.push(("web_wasm_bytes".to_string(), bytes as f64, "bytes"));
+    let gzipped = gzip_size(&module).ok_or("cannot gzip the module (is gzip installed?)")?;
+    figures.push(("web_wasm_gzip_bytes".to_string(), gzipped as f64, "bytes"));
+    if wanted("web_first_render_ms") || wanted("web_rerun_ms") {
+        apt::ensure_installed(&["chromium"])?;
+        let tools = ensure_npm_tools()?;
+        let script = tools.join("timing.mjs");
+        fs::copy(workspace_root().join("web/e2e/timing.mjs"), &script)
+            .map_err(|e| format!("cannot copy web/e2e/timing.mjs: {e}"))?;
+        let listener = TcpListener::bind(("127.0.0.1", 0))
+            .map_err(|e| format!("cannot listen on 127.0.0.1: {e}"))?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| format!("no local address: {e}"))?
+            .port();
+        thread::spawn(move || serve_forever(listener, site));
+        let out = process::stdout_of(
+            Command::new("node")
+                .arg(&script)
+                .arg(format!("http://127.0.0.1:{port}/"))
+                .current_dir(&tools),
+        )
+        .ok_or("the playground timing script failed")?;
+        let timings: serde_json::Value = serde_json::from_str(out.trim())
+            .map_err(|e| format!("the timing script printed no JSON ({e}): {out}"))?;
+        for name in ["web_first_render_ms", "web_rerun_ms"] {
+            let value = timings[name]
+                .as_f64()
+                .ok_or_else(|| format!("the timing script gave no {name}: {out}"))?;
+            figures.push((name.to_string(), value, "ms"));
+        }
+    }
+    figures.retain(|(name, ..)| wanted(name));
+    Ok(figures)
+}
+
+/// Builds the site into `target/web/` and returns that directory.
+pub fn build() -> Result<PathBuf, String> {
+    let root = wasm::cargo_build(Route::Auto, &["-p", "kiln-web", "--profile", PROFILE])?;
+    let module = wasm::artifacts(&root, PROFILE).join("kiln_web.wasm");
+    if !module.is_file() {
+        return Err(format!(
+            "the build succeeded but {} is missing",
+            module.display()
+        ));
+    }
+    let site = target_dir().join("web");
+    if site.exists() {
+        fs::remove_dir_all(&site).map_err(|e| format!("cannot clear {}: {e}", site.display()))?;
+    }
+    fs::create_dir_all(&site).map_err(|e| format!("cannot create {}: {e}", site.display()))?;
+    let bindgen = ensure_wasm_bindgen()?;
+    process::run(
+        Command::new(bindgen)
+            .args([
+                "--target",
+                "web",
+                "--no-typescript",
+                "--remove-name-section",
+                "--remove-producers-section",
+                "--out-dir",
+            ])
+            .arg(&site)
+            .arg(&module),
+    )?;
+    let bound = site.join("kiln_web_bg.wasm");
+    shrink(&bound)?;
+    let sources = workspace_root().join("web").join("static");
+    for name in STATIC_FILES {
+        fs::copy(sources.join(name), site.join(name))
+            .map_err(|e| format!("cannot copy web/static/{name}: {e}"))?;
+    }
+    let raw = fs::metadata(&bound).map(|m| m.len()).unwrap_or(0);
+    eprintln!(
+        "  built {}: kiln_web_bg.wasm {raw} bytes, {} gzipped",
+        site.display(),
+        gzip_size(&bound).map_or_else(|| "?".to_string(), |n| format!("{n} bytes"))
+    );
+    Ok(site)
+}
+
+/// The `wasm-bindgen` CLI at [`WASM_BINDGEN_VERSION`], installed with
+/// `cargo install` when the one on PATH is missing or another version.
+fn ensure_wasm_bindgen() -> Result<PathBuf, String> {
+    let wanted = format!("wasm-bindgen {WASM_BINDGEN_VERSION}");
+    let installed = cargo_home().join("bin").join("wasm-bindgen");
+    let version = process::stdout_of(Command::new(&installed).arg("--version"));
+    if version.is_some_and(|v| v.trim() == wanted) {
+        return Ok(installed);
+    }
+    eprintln!("  installing {wanted} (a few minutes, once)");
+    process::run(process::cargo().args([
+        "install",
+        "wasm-bindgen-cli",
+        "--version",
+        WASM_BINDGEN_VERSION,
+    ]))?;
+    Ok(installed)
+}
+
+fn cargo_home() -> PathBuf {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")))
+        .unwrap_or_else(|| PathBuf::from(".cargo"))
+}
+
+/// Installs `web/tools`' npm packages (binaryen, playwright-core) into
+/// `target/web-tools/` from the committed lockfile, unless that lockfile
+/// is already installed there; returns the install directory.
+pub fn ensure_npm_tools() -> Result<PathBuf, String> {
+    let sources = workspace_root().join("web").join("tools");
+    let tools = target_dir().join("web-tools");
+    let lock = fs::read(sources.join("package-lock.json"))
+        .map_err(|e| format!("cannot read web/tools/package-lock.json: {e}"))?;
+    let stamp = tools.join("installed-lock.json");
+    if fs::read(&stamp).is_ok_and(|installed| installed == lock) {
+        return Ok(tools);
+    }
+    fs::create_dir_all(&tools).map_err(|e| format!("cannot create {}: {e}", tools.display()))?;
+    for name in ["package.json", "package-lock.json"] {
+        fs::copy(sources.join(name), tools.join(name))
+            .map_err(|e| format!("cannot copy web/tools/{name}: {e}"))?;
+    }
+    process::run(
+        Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(&tools),
+    )?;
+    fs::write(&stamp, lock).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
+    Ok(tools)
+}
+
+/// The wasm features rustc's wasm32 target emits. Named one by one:
+/// `--all-features` lets wasm-opt write proposals Chromium rejects
+/// (compact imports).
+const WASM_FEATURES: &[&str] = &[
+    "--enable-bulk-memory",
+    "--enable-mutable-globals",
+    "--enable-nontrapping-float-to-int",
+    "--enable-sign-ext",
+    "--enable-reference-types",
+    "--enable-multivalue",
+];
+
+/// Shrinks the module in place with binaryen's `wasm-opt` (npm's: Debian's
+/// version 108 produces modules that break the page). `-O2` takes about a
+/// minute on 2 cores and saves about 8% of the raw bytes; `-Oz` takes
+/// several times longer.
+fn shrink(module: &Path) -> Result<(), String> {
+    let tools = ensure_npm_tools()?;
+    let wasm_opt = tools.join("node_modules").join(".bin").join("wasm-opt");
+    process::run(
+        Command::new(wasm_opt)
+            .arg(module)
+            .args(["-O2", "--strip-debug", "--strip-producers"])
+            .args(WASM_FEATURES)
+            .arg("-o")
+            .arg(module),
+    )
+}
+
+fn gzip_size(path: &Path) -> Option<u64> {
+    let out = process::stdout_of(
+        Command::new("sh")
+            .arg("-c")
+            .arg("gzip -9 -c \"$0\" | wc -c")
+            .arg(path),
+    )?;
+    out.trim().parse().ok()
+}
+
+/// Serves `site` until the process ends, one thread per connection.
+pub fn serve_forever(listener: TcpListener, site: PathBuf) {
+    for stream in listener.incoming().flatten() {
+        let site = site.clone();
+        thread::spawn(move || {
+            // A client that hangs up early is no error of the server's.
+            let _ = answer(stream, &site);
+        });
+    }
+}
+
+/// Answers one HTTP/1.1 GET (or HEAD) with a file of `site`, then closes.
+fn answer(mut stream: TcpStream, site: &Path) -> std::io::Result<()> {
+    let mut request_line = String::new();
+    let mut reader = BufReader::new(stream.try_clone()?);
+    reader.read_line(&mut request_line)?;
+    // Drain the headers: the answer never depends on them.
+    let mut header = String::new();
+    while reader.read_line(&mut header)? > 2 {
+        header.clear();
+    }
+    let mut parts = request_line.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or("/"));
+    let path = target.split(['?', '#']).next().unwrap_or("/");
+    let file = match resolve(site, path) {
+        Some(file) if method == "GET" || method == "HEAD" => file,
+        _ => {
+            return respond(
+                &mut stream,
+                "404 Not Found",
+                "text/plain",
+                b"not found\n",
+                true,
+            )
+        }
+    };
+    match fs::read(&file) {
+        Ok(body) => respond(
+            &mut stream,
+            "200 OK",
+            mime_type(&file),
+            &body,
+            method == "GET",
+        ),
+        Err(_) => respond(
+            &mut stream,
+            "404 Not Found",
+            "text/plain",
+            b"not found\n",
+            true,
+        ),
+    }
+}
+
+/// The file under `site` that `path` names (`/` is `index.html`); `None`
+/// for a path that would leave `site`.
+fn resolve(site: &Path, path: &str) -> Option<PathBuf> {
+    let relative = Path::new(path.trim_start_matches('/'));
+    if relative
+        .components()
+        .any(|c| !matches!(c, Component::Normal(_)))
+    {
+        return None;
+    }
+    let file = site.join(relative);
+    Some(if file.is_dir() {
+        file.join("index.html")
+    } else {
+        file
+    })
+}
+
+fn mime_type(file: &Path) -> &'static str {
+    match file.extension().and_then(|e| e.to_str()) {
+        Some("html") => "text/html; charset=utf-8",
+        Some("js" | "mjs") => "text/javascript; charset=utf-8",
+        Some("wasm") => "application/wasm",
+        Some("css") => "text/css; charset=utf-8",
+        Some("json") => "application/json",
+        Some("svg") => "image/svg+xml",
+        Some("png") => "image/png",
+        _ => "application/octet-stream",
+    }
+}
+
+fn respond(
+    stream: &mut TcpStream,
+    status: &str,
+    content_type: &str,
+    body: &[u8],
+    with_body: bool,
+) -> std::io::Result<()> {
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
+         Cache-Control: no-cache\r\nConnection: close\r\n\r\n",
+        body.len()
+    )?;
+    if with_body {
+        stream.write_all(body)?;
+    }
+    stream.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_resolve_inside_the_site_only() {
+        let site = Path::new("/srv/site");
+        assert_eq!(
+            resolve(site, "/kiln_web.js"),
+            Some(site.join("kiln_web.js"))
+        );
+        assert_eq!(resolve(site, "/../etc/passwd"), None);
+        assert_eq!(resolve(site, "/a/./b"), Some(site.join("a/b")));
+    }
+
+    #[test]
+    fn wasm_and_scripts_get_the_types_browsers_require() {
+        assert_eq!(mime_type(Path::new("a.wasm")), "application/wasm");
+        assert_eq!(
+            mime_type(Path::new("worker.js")),
+            "text/javascript; charset=utf-8"
+        );
+    }
+}
