@@ -207,7 +207,7 @@ impl ScriptFunction {
             })
         };
         let options = handle.options.clone();
-        let mut compiled = kiln::compile::<Value, Value, Traced>(traced).fusion(options.fusion);
+        let mut compiled = kiln::compile::<Value, Value, Traced, _>(traced).fusion(options.fusion);
         if options.shapeless {
             compiled = compiled.shapeless();
         }
@@ -272,15 +272,15 @@ impl ScriptFunction {
 }
 
 /// Runs the script closure on traced arguments.
-fn invoke(shared: &Weak<Shared>, body: &RefCell<FnPtr>, args: Value) -> ScriptResult<Value> {
+fn invoke(shared: &Weak<Shared>, body: &RefCell<FnPtr>, mut args: Value) -> ScriptResult<Value> {
     let shared = shared
         .upgrade()
         .ok_or_else(|| runtime_error("the session of this compiled function has ended"))?;
     let (engine, ast) = shared.engine_and_ast()?;
     let _nested = shared.enter_nested()?;
-    let args: Vec<Dynamic> = match args {
-        Value::Tuple(items) => items.into_iter().map(from_value).collect(),
-        other => vec![from_value(other)],
+    let args: Vec<Dynamic> = match &mut args {
+        Value::Tuple(items) => std::mem::take(items).into_iter().map(from_value).collect(),
+        _ => vec![from_value(args)],
     };
     let body = body.borrow().clone();
     let out: Dynamic = body.call(&engine, &ast, args)?;

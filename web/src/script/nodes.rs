@@ -241,10 +241,10 @@ mod tests {
         let (_, other) = kiln::tree_flatten(&object("nodes_test.Linear", 2.0, "tanh")).unwrap();
         assert_ne!(def, other, "aux data is part of the tree");
         let back: Value = kiln::tree_unflatten(&def, leaves).unwrap();
-        let Value::Object { inner, .. } = back else {
+        let Value::Object { inner, .. } = &back else {
             panic!("{back:?}")
         };
-        let Value::Map(fields) = *inner else {
+        let Value::Map(fields) = &**inner else {
             panic!("not a map")
         };
         assert!(matches!(fields.get("act"), Some(Value::Str(s)) if s == "relu"));

@@ -102,27 +102,29 @@ pub fn map_to_values(map: &rhai::Map) -> BTreeMap<String, Value> {
         .collect()
 }
 
-/// A Kiln tree value back as a script value.
-pub fn from_value(value: Value) -> Dynamic {
-    match value {
+/// A Kiln tree value back as a script value. (`Value` drops its nesting
+/// iteratively, so payloads are taken out rather than moved out.)
+pub fn from_value(mut value: Value) -> Dynamic {
+    use std::mem::take;
+    match &mut value {
         Value::None => Dynamic::UNIT,
-        Value::Bool(b) => Dynamic::from_bool(b),
-        Value::Int(i) => Dynamic::from_int(i as INT),
-        Value::Float(x) => Dynamic::from_float(x as FLOAT),
-        Value::Str(s) => Dynamic::from(s),
-        Value::Array(a) => Dynamic::from(a),
+        Value::Bool(b) => Dynamic::from_bool(*b),
+        Value::Int(i) => Dynamic::from_int(*i as INT),
+        Value::Float(x) => Dynamic::from_float(*x as FLOAT),
+        Value::Str(s) => Dynamic::from(take(s)),
+        Value::Array(a) => Dynamic::from(a.clone()),
         Value::List(items) | Value::Tuple(items) => {
-            Dynamic::from_array(items.into_iter().map(from_value).collect())
+            Dynamic::from_array(take(items).into_iter().map(from_value).collect())
         }
-        Value::Map(map) => Dynamic::from_map(values_to_map(map)),
-        Value::Object { class, inner } => match *inner {
+        Value::Map(map) => Dynamic::from_map(values_to_map(take(map))),
+        Value::Object { class, inner } => match &mut **inner {
             Value::Map(fields) => Dynamic::from(ScriptObject {
-                class,
-                fields: values_to_map(fields),
+                class: class.clone(),
+                fields: values_to_map(take(fields)),
             }),
             other => Dynamic::from(ScriptObject {
-                class,
-                fields: rhai::Map::from([("value".into(), from_value(other))]),
+                class: class.clone(),
+                fields: rhai::Map::from([("value".into(), from_value(take(other)))]),
             }),
         },
         Value::Opaque { type_name } => Dynamic::from(format!("<{type_name}>")),
