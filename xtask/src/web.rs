@@ -57,21 +57,8 @@ pub fn serve(args: &[String]) -> Result<(), String> {
 /// drives Debian's Chromium through `web/e2e/e2e.mjs` (playwright-core);
 /// screenshots go to `target/web-e2e/`.
 pub fn e2e() -> Result<(), String> {
-    apt::ensure_installed(&["chromium"])?;
     let site = build()?;
-    let tools = ensure_npm_tools()?;
-    // Node resolves the script's imports next to it, so it runs from the
-    // directory holding the installed node_modules.
-    let script = tools.join("e2e.mjs");
-    fs::copy(workspace_root().join("web/e2e/e2e.mjs"), &script)
-        .map_err(|e| format!("cannot copy web/e2e/e2e.mjs: {e}"))?;
-    let listener = TcpListener::bind(("127.0.0.1", 0))
-        .map_err(|e| format!("cannot listen on 127.0.0.1: {e}"))?;
-    let port = listener
-        .local_addr()
-        .map_err(|e| format!("no local address: {e}"))?
-        .port();
-    thread::spawn(move || serve_forever(listener, site));
+    let (tools, script, port) = browser_script("e2e.mjs", site)?;
     let shots = target_dir().join("web-e2e");
     process::run(
         Command::new("node")
@@ -110,18 +97,7 @@ pub fn bench_figures(selection: &[String]) -> Result<Vec<(String, f64, &'static 
     let gzipped = gzip_size(&module).ok_or("cannot gzip the module (is gzip installed?)")?;
     figures.push(("web_wasm_gzip_bytes".to_string(), gzipped as f64, "bytes"));
     if wanted("web_first_render_ms") || wanted("web_rerun_ms") {
-        apt::ensure_installed(&["chromium"])?;
-        let tools = ensure_npm_tools()?;
-        let script = tools.join("timing.mjs");
-        fs::copy(workspace_root().join("web/e2e/timing.mjs"), &script)
-            .map_err(|e| format!("cannot copy web/e2e/timing.mjs: {e}"))?;
-        let listener = TcpListener::bind(("127.0.0.1", 0))
-            .map_err(|e| format!("cannot listen on 127.0.0.1: {e}"))?;
-        let port = listener
-            .local_addr()
-            .map_err(|e| format!("no local address: {e}"))?
-            .port();
-        thread::spawn(move || serve_forever(listener, site));
+        let (tools, script, port) = browser_script("timing.mjs", site)?;
         let out = process::stdout_of(
             Command::new("node")
                 .arg(&script)
@@ -140,6 +116,27 @@ pub fn bench_figures(selection: &[String]) -> Result<Vec<(String, f64, &'static 
     }
     figures.retain(|(name, ..)| wanted(name));
     Ok(figures)
+}
+
+/// Readies `web/e2e/<name>` to drive Chromium over `site`: installs chromium
+/// and the npm tools, copies the script next to their node_modules (node
+/// resolves its imports there, so it runs from that directory) and serves
+/// the site from a free port of 127.0.0.1. Returns the tools directory, the
+/// script and the port.
+fn browser_script(name: &str, site: PathBuf) -> Result<(PathBuf, PathBuf, u16), String> {
+    apt::ensure_installed(&["chromium"])?;
+    let tools = ensure_npm_tools()?;
+    let script = tools.join(name);
+    fs::copy(workspace_root().join("web/e2e").join(name), &script)
+        .map_err(|e| format!("cannot copy web/e2e/{name}: {e}"))?;
+    let listener = TcpListener::bind(("127.0.0.1", 0))
+        .map_err(|e| format!("cannot listen on 127.0.0.1: {e}"))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| format!("no local address: {e}"))?
+        .port();
+    thread::spawn(move || serve_forever(listener, site));
+    Ok((tools, script, port))
 }
 
 /// Builds the site into `target/web/` and returns that directory.
