@@ -16,7 +16,7 @@
 //! op without a vjp) are `Err`s naming the leaf path, the shape or the op.
 
 use crate::array::{Array, NodeKind};
-use crate::compile::{compile, leaves_under, normalize_arg_path, Function};
+use crate::compile::{compile, leaves_under, next_trace_id, normalize_arg_path, Function};
 use crate::error::{Error, Result};
 use crate::exec::{Backend, CpuBackend, Executable};
 use crate::hash::{fast_map, FastMap};
@@ -28,7 +28,6 @@ use crate::tree::{tree_unflatten, Tree, TreeDef};
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The cotangent of each of `wrt` when `outputs` have the cotangents
 /// `seeds` (`None` where an output's is zero); `None` where a cotangent is
@@ -436,11 +435,10 @@ pub fn vjp<In: Tree, Out: Tree>(
     f: impl FnOnce(In) -> Out,
     primals: &In,
 ) -> Result<(Out, Pullback<In, Out>)> {
-    static NEXT_VJP_TRACE: AtomicU64 = AtomicU64::new(1 << 62);
     let mut leaves = Vec::new();
     let in_tree = primals.flatten(&mut leaves)?;
     crate::eval::eval(&leaves)?;
-    let trace = NEXT_VJP_TRACE.fetch_add(1, Ordering::Relaxed);
+    let trace = next_trace_id();
     let params: Vec<Array> = leaves
         .iter()
         .enumerate()

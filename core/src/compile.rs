@@ -24,7 +24,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 static NEXT_FUNCTION: AtomicU64 = AtomicU64::new(1);
-static NEXT_TRACE: AtomicU64 = AtomicU64::new(1);
+/// A trace id no other trace of this process has: extraction tells a
+/// trace's own tracers from every other's by it.
+pub(crate) fn next_trace_id() -> u64 {
+    static NEXT_TRACE: AtomicU64 = AtomicU64::new(1);
+    NEXT_TRACE.fetch_add(1, Ordering::Relaxed)
+}
 
 /// Compiles `f`: the first call with a new argument signature traces `f` on
 /// tracer leaves, optimizes the graph and caches the executable; later calls
@@ -623,7 +628,7 @@ where
     }
 
     fn trace(&self, tree: &TreeDef, leaves: &[Array], symbolic: bool) -> Result<Traced> {
-        let trace = NEXT_TRACE.fetch_add(1, Ordering::Relaxed);
+        let trace = next_trace_id();
         let mut symbols = Vec::new();
         let params: Vec<Array> = leaves
             .iter()
