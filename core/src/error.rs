@@ -130,6 +130,15 @@ pub enum Error {
         /// The bytes asked for.
         bytes: usize,
     },
+    /// A user kernel is malformed or was misused: its description, its
+    /// WGSL (with naga's diagnostic), or a call that breaks what it said.
+    #[error("kernel `{kernel}`: {detail}")]
+    Kernel {
+        /// The kernel's name.
+        kernel: String,
+        /// What is wrong.
+        detail: String,
+    },
     /// A backend failed.
     #[error("backend `{backend}`: {detail}")]
     Backend {

@@ -44,7 +44,8 @@ pub use ops::binary::Operand;
 pub use ops::layout::concat;
 pub use ops::select::select;
 pub use ops::{
-    BinaryOp, Condition, CustomKernel, CustomOp, Guard, Op, ReduceOp, ShapeCx, SliceAxis, UnaryOp,
+    BinaryOp, Condition, CustomCall, CustomOp, Guard, Kernel, KernelCall, Op, ReduceOp,
+    SchemaEntry, ShapeCx, SliceAxis, TemplateValue, UnaryOp,
 };
 pub use passes::{PassRecord, Passes};
 pub use plan::{Home, Plan, PlanMemory, Refusal, ReinplaceDecision};

@@ -613,42 +613,20 @@ fn f16_gradients_match_f32_within_f16_precision() {
     .unwrap();
 }
 
-/// A user kernel with a shape rule and a reference evaluation, and no vjp.
-#[derive(Debug)]
-struct Twice;
-
-impl kiln::CustomKernel for Twice {
-    fn name(&self) -> &str {
-        "twice"
-    }
-    fn shape_rule(
-        &self,
-        inputs: &[&kiln::Aval],
-        _: &mut kiln::ShapeCx,
-    ) -> kiln::Result<kiln::Aval> {
-        Ok(inputs[0].clone())
-    }
-    fn eval(
-        &self,
-        inputs: &[&kiln::HostData],
-        _: &[&[usize]],
-        _: &[usize],
-    ) -> kiln::Result<kiln::HostData> {
-        Ok(kiln::HostData::from_f64s(
-            inputs[0].dtype(),
-            inputs[0].to_f64_vec().into_iter().map(|v| 2.0 * v),
-        ))
-    }
-}
-
 #[test]
 fn differentiating_through_an_op_without_a_vjp_is_an_error_naming_it() {
-    let twice = |x: &Array| {
-        Array::apply(
-            kiln::Op::Custom(kiln::CustomOp(Arc::new(Twice))),
-            vec![x.clone()],
-        )
-    };
+    // A user kernel has a shape rule and a reference evaluation, no vjp.
+    let kernel = kiln::Kernel::builder("twice", ["x"])
+        .shape_rule(|inputs, _| Ok(inputs[0].clone()))
+        .reference(|call| {
+            Ok(kiln::HostData::from_f64s(
+                call.out_dtype,
+                call.inputs[0].to_f64_vec().into_iter().map(|v| 2.0 * v),
+            ))
+        })
+        .build()
+        .unwrap();
+    let twice = move |x: &Array| kernel.call(&[x]);
     let x = normal(71, &[3]);
     assert_eq!(
         twice(&x).sum_all().item::<f32>().unwrap(),

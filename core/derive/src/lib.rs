@@ -27,6 +27,8 @@ struct FieldInfo {
     member: syn::Member,
     /// Whether it is `#[tree(static)]`.
     is_static: bool,
+    /// The field's type.
+    ty: syn::Type,
     span: proc_macro2::Span,
 }
 
@@ -76,9 +78,16 @@ fn expand(mut input: DeriveInput) -> syn::Result<TokenStream> {
             member,
             is_static,
             span,
+            ..
         } = f;
         if *is_static {
-            quote_spanned!(*span=> #support::static_field(&self.#member, #name))
+            // Floats are statics by their bits; everything else by its own
+            // `Eq` and `Hash` (method resolution picks the float impl first).
+            quote_spanned!(*span=> {
+                #[allow(unused_imports)]
+                use #support::{StaticFloatField as _, StaticValueField as _};
+                (&#support::StaticProbe(&self.#member)).static_def(#name)
+            })
         } else {
             quote_spanned!(*span=> #support::flatten_field(&self.#member, #name, leaves)?)
         }
@@ -89,10 +98,15 @@ fn expand(mut input: DeriveInput) -> syn::Result<TokenStream> {
             name,
             is_static,
             span,
+            ty,
             ..
         } = f;
         let value = if *is_static {
-            quote_spanned!(*span=> #support::unflatten_static_field(&fields[#i].1, #name)?)
+            quote_spanned!(*span=> {
+                #[allow(unused_imports)]
+                use #support::{StaticFloatRead as _, StaticValueRead as _};
+                (&#support::StaticProbe::<::std::marker::PhantomData<#ty>>::target()).read_static(&fields[#i].1, #name)?
+            })
         } else {
             quote_spanned!(*span=> #support::unflatten_field(&fields[#i].1, #name, leaves)?)
         };
@@ -163,6 +177,7 @@ fn field_infos(fields: &Fields) -> syn::Result<Vec<FieldInfo>> {
                 name,
                 member,
                 is_static: is_static_field(field)?,
+                ty: field.ty.clone(),
                 span: field.span(),
             })
         })
@@ -243,7 +258,7 @@ mod tests {
     fn generic_params_get_tree_bounds_and_paths_are_absolute() {
         let out = expand_str("struct W<T> { x: T, #[tree(static)] n: usize }").unwrap();
         assert!(out.contains("T : :: kiln :: Tree"), "{out}");
-        assert!(out.contains("static_field"), "{out}");
+        assert!(out.contains("static_def"), "{out}");
         assert!(!out.contains(" crate ::"), "{out}");
     }
 }

@@ -3,8 +3,10 @@
 
 pub mod binary;
 pub mod cast;
+pub mod custom;
 pub mod fused;
 pub mod index;
+pub mod kernel;
 pub mod layout;
 pub mod matmul;
 pub mod pad;
@@ -22,11 +24,13 @@ use crate::DType;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use std::fmt;
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::sync::Arc;
 
 pub use binary::BinaryOp;
+pub use custom::{CustomCall, CustomOp, SchemaEntry};
 pub use fused::{FusedArg, FusedKernel, FusedStep};
+pub use kernel::{Kernel, KernelCall, TemplateValue};
 pub use layout::SliceAxis;
 pub use reduce::ReduceOp;
 #[cfg(test)]
@@ -111,42 +115,11 @@ pub enum Op {
     /// The identity, through which no gradient flows
     /// ([`crate::stop_gradient`]); the simplify pass removes it.
     StopGradient,
-    /// A user-supplied kernel with its own shape rule.
-    Custom(CustomOp),
-}
-
-/// What a custom kernel must provide: a shape rule (so shapeless compile is
-/// total) and a reference evaluation (the oracle for every backend).
-pub trait CustomKernel: Send + Sync + fmt::Debug {
-    /// The kernel's name, shown in reports and errors.
-    fn name(&self) -> &str;
-    /// Output aval from input avals.
-    fn shape_rule(&self, inputs: &[&Aval], cx: &mut ShapeCx) -> Result<Aval>;
-    /// Reference evaluation on host data.
-    fn eval(
-        &self,
-        inputs: &[&HostData],
-        in_shapes: &[&[usize]],
-        out_shape: &[usize],
-    ) -> Result<HostData>;
-}
-
-/// A shared custom kernel; equal only to itself.
-#[derive(Clone, Debug)]
-pub struct CustomOp(pub Arc<dyn CustomKernel>);
-
-impl PartialEq for CustomOp {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl Eq for CustomOp {}
-
-impl Hash for CustomOp {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        (Arc::as_ptr(&self.0) as *const () as usize).hash(state);
-    }
+    /// A user kernel ([`kernel::Kernel`]): its own shape rule, reference
+    /// evaluation and WGSL.
+    Kernel(KernelCall),
+    /// A custom op over a tree of arguments ([`custom::CustomOp`]).
+    Custom(CustomCall),
 }
 
 impl Op {
@@ -171,7 +144,8 @@ impl Op {
             Op::PadSlice { .. } => "pad_slice",
             Op::DimSize { .. } => "dim_size",
             Op::Fused(_) => "fused",
-            Op::Custom(c) => c.0.name(),
+            Op::Kernel(k) => k.kernel.name(),
+            Op::Custom(c) => c.name(),
         }
     }
 
@@ -199,6 +173,8 @@ impl Op {
             }
             Op::DimSize { axes, dtype } => format!("dim_size(axes={axes:?}, {dtype})"),
             Op::Fused(k) => k.describe(),
+            Op::Kernel(k) => k.describe(),
+            Op::Custom(c) => c.describe(),
             other => other.name().to_string(),
         }
     }
@@ -210,6 +186,17 @@ impl Op {
             self,
             Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_) | Op::Fused(_)
         )
+    }
+
+    /// True when the op may write its output over its operand at
+    /// `position`: any operand of an elementwise op, and the declared
+    /// in-place input of a kernel. The reinplace pass and the verifier
+    /// decide whether it really does.
+    pub fn may_write_over(&self, position: usize) -> bool {
+        match self {
+            Op::Kernel(k) => k.kernel.in_place() == Some(position),
+            op => op.is_elementwise(),
+        }
     }
 
     /// The output aval from the input avals; records in `cx` every equality
@@ -240,7 +227,8 @@ impl Op {
             Op::PadSlice { axes, shape } => pad::pad_slice_shape_rule(axes, shape, inputs[0], cx),
             Op::DimSize { axes, dtype } => layout::dim_size_shape_rule(axes, *dtype, inputs[0]),
             Op::Fused(k) => fused::shape_rule(k, inputs, cx),
-            Op::Custom(c) => c.0.shape_rule(inputs, cx),
+            Op::Kernel(k) => k.shape_rule(inputs, cx),
+            Op::Custom(c) => c.shape_rule(inputs, cx),
         }
     }
 
@@ -260,7 +248,7 @@ impl Op {
         match self {
             Op::Binary(_) | Op::Matmul | Op::Take { .. } | Op::ScatterAdd { .. } => Some(2),
             Op::Select => Some(3),
-            Op::Concat { .. } | Op::Fused(_) | Op::Custom(_) => None,
+            Op::Concat { .. } | Op::Fused(_) | Op::Kernel(_) | Op::Custom(_) => None,
             _ => Some(1),
         }
     }
@@ -320,7 +308,8 @@ impl Op {
             }
             Op::DimSize { axes, dtype } => Ok(layout::dim_size_eval(axes, *dtype, in_shapes[0])),
             Op::Fused(k) => fused::eval(k, inputs, in_shapes, out_shape),
-            Op::Custom(c) => c.0.eval(inputs, in_shapes, out_shape),
+            Op::Kernel(k) => k.eval(inputs, in_shapes, out_shape),
+            Op::Custom(c) => c.eval(inputs, in_shapes),
         }
     }
 
@@ -355,7 +344,15 @@ impl Op {
             Op::ScatterAdd { axis, .. } => scatter::vjp(*axis, &inputs[1], g).to_vec(),
             Op::PadSlice { axes, .. } => vec![Some(pad::vjp(axes, g))],
             Op::ArgMax { .. } | Op::StopGradient => vec![None; inputs.len()],
-            Op::Fused(_) | Op::Custom(_) => {
+            Op::Custom(c) => c.vjp(inputs, output, g)?,
+            Op::Kernel(_) => {
+                return Err(crate::error::arg_err(
+                    self.name(),
+                    "is a kernel and has no vjp, so gradients cannot flow through it; wrap it \
+                     in a `CustomOp` with a vjp",
+                ))
+            }
+            Op::Fused(_) => {
                 return Err(crate::error::arg_err(
                     self.name(),
                     "has no vjp, so gradients cannot flow through it",
@@ -364,7 +361,8 @@ impl Op {
         })
     }
 
-    /// Evaluates an elementwise op into `target`: the buffer of the operand
+    /// Evaluates an op into `target`, which the op may write over (see
+    /// [`Op::may_write_over`]): the buffer of the operand
     /// at every position where `inputs` holds `None`, which has the
     /// output's shape and dtype (a reinplaced node). Unary, binary and
     /// tiled fused f32 groups update it element by element; the other
@@ -378,7 +376,12 @@ impl Op {
     ) -> Result<()> {
         self.check_arity(inputs.len())?;
         let numel: usize = out_shape.iter().product();
-        if !self.is_elementwise() || in_shapes.len() != inputs.len() || target.len() != numel {
+        let writable = inputs
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| i.is_none())
+            .all(|(position, _)| self.may_write_over(position));
+        if !writable || in_shapes.len() != inputs.len() || target.len() != numel {
             return Err(crate::error::arg_err(
                 self.name(),
                 format!(

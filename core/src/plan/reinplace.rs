@@ -1,6 +1,7 @@
-//! The reinplace pass: for every elementwise node, whether its output may be
-//! written into the buffer of one of its operands, with the reason for every
-//! operand it could not take.
+//! The reinplace pass: for every node that may write over an operand
+//! (elementwise ops, and kernels over their declared in-place input),
+//! whether its output is written into that operand's buffer, with the
+//! reason for every operand it could not take.
 
 use super::Lifetime;
 use crate::graph::{Graph, ValueId, ValueKind};
@@ -53,6 +54,12 @@ pub enum Refusal {
         /// The output's dtype.
         output: DType,
     },
+    /// The node also reads the operand as an input it may not write over
+    /// (a kernel given its in-place input twice).
+    AlsoReadAs {
+        /// The other operand position.
+        position: usize,
+    },
     /// The operand was eligible, but another eligible operand was taken.
     MultipleCandidates {
         /// The operand whose buffer was taken.
@@ -77,6 +84,12 @@ impl fmt::Display for Refusal {
             }
             Refusal::DtypeChanges { operand, output } => {
                 write!(f, "dtype changes from {operand} to {output}")
+            }
+            Refusal::AlsoReadAs { position } => {
+                write!(
+                    f,
+                    "also read as input {position}, which is not written in place"
+                )
             }
             Refusal::MultipleCandidates { chosen } => {
                 write!(f, "eligible, but %{chosen} was taken instead")
@@ -150,11 +163,14 @@ pub fn reinplace(
         let ValueKind::Op(op) = &node.kind else {
             continue;
         };
-        if !op.is_elementwise() {
+        if !(0..node.inputs.len()).any(|position| op.may_write_over(position)) {
             continue;
         }
         let mut operands: Vec<OperandVerdict> = Vec::with_capacity(node.inputs.len());
         for (position, &j) in node.inputs.iter().enumerate() {
+            if !op.may_write_over(position) {
+                continue;
+            }
             if let Some(seen) = operands.iter_mut().find(|v| v.operand == j) {
                 seen.positions.push(position);
                 continue;
@@ -167,6 +183,14 @@ pub fn reinplace(
                 ValueKind::Constant(_) => Some(Refusal::Constant),
                 _ => None,
             }
+            .or_else(|| {
+                let read_elsewhere = node
+                    .inputs
+                    .iter()
+                    .enumerate()
+                    .find(|&(p, &k)| k == j && !op.may_write_over(p));
+                read_elsewhere.map(|(position, _)| Refusal::AlsoReadAs { position })
+            })
             .or_else(|| output_index[j].map(|index| Refusal::GraphOutput { index }))
             .or_else(|| {
                 (operand.aval.dtype != node.aval.dtype).then_some(Refusal::DtypeChanges {

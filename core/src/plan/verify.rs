@@ -258,14 +258,15 @@ pub fn verify_plan(
 }
 
 /// True when step `step` may write its output over operand `operand`,
-/// which it reads for the last time: an elementwise op whose output has
-/// the operand's dtype and a provably equal shape (dim by dim).
+/// which it reads for the last time: an op that may write over it
+/// ([`crate::Op::may_write_over`]) and whose output has the operand's dtype
+/// and a provably equal shape (dim by dim).
 fn continues_in_place(graph: &Graph, step: usize, operand: ValueId) -> bool {
     let node = &graph.nodes[step];
-    let elementwise = matches!(&node.kind, ValueKind::Op(op) if op.is_elementwise());
+    let writable = matches!(&node.kind, ValueKind::Op(op)
+        if node.inputs.iter().enumerate().any(|(p, &j)| j == operand && op.may_write_over(p)));
     let source = &graph.nodes[operand].aval;
-    elementwise
-        && node.inputs.contains(&operand)
+    writable
         && source.dtype == node.aval.dtype
         && source.shape.rank() == node.aval.shape.rank()
         && source

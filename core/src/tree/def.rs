@@ -294,7 +294,7 @@ impl TreeDef {
     }
 
     /// The children of a tuple, list, map or node with the path step to each.
-    fn children(&self) -> Vec<(PathEntry, &TreeDef)> {
+    pub(crate) fn children(&self) -> Vec<(PathEntry, &TreeDef)> {
         match self {
             TreeDef::Tuple(c) | TreeDef::List(c) => c
                 .iter()
@@ -326,6 +326,11 @@ impl TreeDef {
             TreeDef::Map(_) => "Map",
             TreeDef::Node(_) => "Node",
         }
+    }
+
+    /// [`Self::summary`] with short type names, for error messages.
+    pub(crate) fn brief(&self) -> String {
+        self.summary(&|n| short_type_name(&n.type_name))
     }
 
     /// A one-line summary of this node (not its descendants): `array`,

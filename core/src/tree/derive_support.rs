@@ -9,6 +9,7 @@ use super::{NodeDef, Tree, TreeDef};
 use crate::array::Array;
 use crate::error::Result;
 use std::borrow::Cow;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::vec::IntoIter;
 
@@ -35,12 +36,83 @@ pub fn flatten_field<T: Tree>(
     }
 }
 
-/// The def of a `#[tree(static)]` field.
-pub fn static_field<T: StaticBound>(value: &T, name: &'static str) -> (Cow<'static, str>, TreeDef) {
-    (
-        Cow::Borrowed(name),
-        TreeDef::Static(StaticValue::new(value.clone())),
-    )
+/// A `#[tree(static)]` field, or (through [`StaticProbe::target`]) its
+/// type. Generated code calls `static_def` and `read_static` on a reference
+/// to a probe: method resolution picks the float traits for `f32` and `f64`
+/// (statics by their bits, since floats are neither `Eq` nor `Hash`) and the
+/// value traits for every other [`StaticBound`] type.
+pub struct StaticProbe<'a, T>(pub &'a T);
+
+impl<T> StaticProbe<'static, PhantomData<T>> {
+    /// A probe for reading a `T` back.
+    pub fn target() -> Self {
+        StaticProbe(&PhantomData)
+    }
+}
+
+/// `f32` and `f64`, the statics stored by their bits.
+pub trait FloatStatic: Tree {}
+impl FloatStatic for f32 {}
+impl FloatStatic for f64 {}
+
+/// Writes a float static field.
+pub trait StaticFloatField {
+    /// The field's def.
+    fn static_def(&self, name: &'static str) -> (Cow<'static, str>, TreeDef);
+}
+
+impl<F: FloatStatic> StaticFloatField for StaticProbe<'_, F> {
+    fn static_def(&self, name: &'static str) -> (Cow<'static, str>, TreeDef) {
+        // A float's flatten only wraps its bits; it cannot fail.
+        let def = self.0.flatten(&mut Vec::new()).unwrap_or(TreeDef::Unit);
+        (Cow::Borrowed(name), def)
+    }
+}
+
+/// Writes a static field compared by its own `Eq`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot hold a `#[tree(static)]` field",
+    label = "a static field must be a plain value compared by equality (a number, bool, \
+             string, or an enum deriving Clone, Debug, PartialEq, Eq and Hash), not an array"
+)]
+pub trait StaticValueField {
+    /// The field's def.
+    fn static_def(&self, name: &'static str) -> (Cow<'static, str>, TreeDef);
+}
+
+impl<T: StaticBound> StaticValueField for &StaticProbe<'_, T> {
+    fn static_def(&self, name: &'static str) -> (Cow<'static, str>, TreeDef) {
+        (
+            Cow::Borrowed(name),
+            TreeDef::Static(StaticValue::new(self.0.clone())),
+        )
+    }
+}
+
+/// Reads a float static field back.
+pub trait StaticFloatRead<F> {
+    /// The value stored in `def`.
+    fn read_static(&self, def: &TreeDef, name: &'static str) -> Result<F>;
+}
+
+impl<F: FloatStatic> StaticFloatRead<F> for StaticProbe<'_, PhantomData<F>> {
+    fn read_static(&self, def: &TreeDef, name: &'static str) -> Result<F> {
+        F::unflatten(def, &mut Vec::new().into_iter())
+            .map_err(|e| prefix_error(e, PathEntry::Field(Cow::Borrowed(name))))
+    }
+}
+
+/// Reads a static field compared by its own `Eq` back.
+pub trait StaticValueRead<T> {
+    /// The value stored in `def`.
+    fn read_static(&self, def: &TreeDef, name: &'static str) -> Result<T>;
+}
+
+impl<T: StaticBound> StaticValueRead<T> for &StaticProbe<'_, PhantomData<T>> {
+    fn read_static(&self, def: &TreeDef, name: &'static str) -> Result<T> {
+        static_of::<T>(def, std::any::type_name::<T>())
+            .map_err(|e| prefix_error(e, PathEntry::Field(Cow::Borrowed(name))))
+    }
 }
 
 /// Checks that `def` is the node of `type_name` with exactly `field_names`,
@@ -86,10 +158,4 @@ pub fn unflatten_field<T: Tree>(
 ) -> Result<T> {
     let _level = Level::enter()?;
     T::unflatten(def, leaves).map_err(|e| prefix_error(e, PathEntry::Field(Cow::Borrowed(name))))
-}
-
-/// Reads a `#[tree(static)]` field back from its def.
-pub fn unflatten_static_field<T: StaticBound>(def: &TreeDef, name: &'static str) -> Result<T> {
-    static_of::<T>(def, std::any::type_name::<T>())
-        .map_err(|e| prefix_error(e, PathEntry::Field(Cow::Borrowed(name))))
 }
