@@ -205,8 +205,18 @@ impl Shared {
     }
 
     /// The pipeline of `source` (validated by naga and compiled once).
-    fn pipeline(&self, op: &str, source: &str, operands: usize, status: bool) -> Result<Pipeline> {
-        if let Some(found) = lock(&self.pipelines).get(source) {
+    fn pipeline(
+        &self,
+        op: &str,
+        source: &str,
+        entry_point: &str,
+        operands: usize,
+        status: bool,
+    ) -> Result<Pipeline> {
+        // Keyed by entry point and source, never by name: two user kernels
+        // with one name and different sources are different pipelines.
+        let key = format!("{entry_point}\n{source}");
+        if let Some(found) = lock(&self.pipelines).get(&key) {
             return Ok(found.clone());
         }
         kiln_kernels::validate(source).map_err(|message| {
@@ -230,7 +240,7 @@ impl Shared {
             label: Some(op),
             layout: Some(&layout),
             module: &module,
-            entry_point: Some("main"),
+            entry_point: Some(entry_point),
             compilation_options: Default::default(),
             cache: None,
         });
@@ -241,7 +251,7 @@ impl Shared {
         }
         self.pipelines_created.fetch_add(1, Ordering::Relaxed);
         let entry = (Arc::new(pipeline), group);
-        lock(&self.pipelines).insert(source.to_string(), entry.clone());
+        lock(&self.pipelines).insert(key, entry.clone());
         Ok(entry)
     }
 

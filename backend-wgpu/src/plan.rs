@@ -7,8 +7,8 @@ use crate::buffer::{byte_size, to_words};
 use crate::Shared;
 use kiln::ops::{FusedArg, FusedKernel};
 use kiln::plan::Home;
-use kiln::{DType, Error, Executable, HostData, Op, Result, ValueKind};
-use kiln_kernels::{KernelSpec, MatmulVariant, View};
+use kiln::{CustomCall, DType, Error, Executable, HostData, Op, Result, ValueKind};
+use kiln_kernels::{KernelSpec, Launch, MatmulVariant, View};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -100,6 +100,46 @@ fn split(op: &str, workgroups: u64, max: u32) -> Result<[u32; 3]> {
     Ok([x as u32, y as u32, z as u32])
 }
 
+/// The grid of a user kernel, checked against the adapter's limits: an
+/// oversize workgroup or grid is an `Err`, never a launch that runs part
+/// of the kernel.
+fn check_launch(op: &str, launch: &Launch, limits: &wgpu::Limits) -> Result<[u32; 3]> {
+    let [x, y, z] = launch.workgroup_size;
+    let invocations = u64::from(x) * u64::from(y) * u64::from(z);
+    let per_axis = [
+        limits.max_compute_workgroup_size_x,
+        limits.max_compute_workgroup_size_y,
+        limits.max_compute_workgroup_size_z,
+    ];
+    if launch
+        .workgroup_size
+        .iter()
+        .zip(per_axis)
+        .any(|(&size, max)| size > max)
+        || invocations > u64::from(limits.max_compute_invocations_per_workgroup)
+    {
+        return Err(Error::Kernel {
+            kernel: op.to_string(),
+            detail: format!(
+                "its @workgroup_size({x}, {y}, {z}) ({invocations} invocations) exceeds the \
+                 adapter's limits: at most {per_axis:?} per axis and {} invocations",
+                limits.max_compute_invocations_per_workgroup
+            ),
+        });
+    }
+    let max = limits.max_compute_workgroups_per_dimension;
+    if launch.grid.iter().any(|&g| g > max) {
+        return Err(Error::Kernel {
+            kernel: op.to_string(),
+            detail: format!(
+                "its grid {:?} has more than the adapter's {max} workgroups per dimension",
+                launch.grid
+            ),
+        });
+    }
+    Ok(launch.grid)
+}
+
 struct Builder<'a> {
     shared: &'a Shared,
     exe: &'a Executable,
@@ -155,8 +195,12 @@ impl Builder<'_> {
         if spec.workgroups == 0 {
             return Ok(());
         }
-        let max = self.shared.gpu.limits.max_compute_workgroups_per_dimension;
-        let workgroups = split(op, spec.workgroups, max)?;
+        let limits = &self.shared.gpu.limits;
+        let max = limits.max_compute_workgroups_per_dimension;
+        let workgroups = match &spec.launch {
+            None => split(op, spec.workgroups, max)?,
+            Some(launch) => check_launch(op, launch, limits)?,
+        };
         let operands = bindings.len() - 1;
         if spec.status {
             let word = self.temp(op, 4)?;
@@ -169,9 +213,10 @@ impl Builder<'_> {
             }
             bindings.push(word);
         }
-        let (pipeline, layout) = self
-            .shared
-            .pipeline(op, &spec.source, operands, spec.status)?;
+        let entry_point = spec.launch.as_ref().map_or("main", |l| &l.entry_point);
+        let (pipeline, layout) =
+            self.shared
+                .pipeline(op, &spec.source, entry_point, operands, spec.status)?;
         let params = self.shared.new_buffer(4 * spec.params.len().max(1) as u64);
         self.shared
             .gpu
@@ -251,6 +296,70 @@ impl Builder<'_> {
         )
         .map_err(|e| backend_err(e.to_string()))?;
         self.dispatch(&op, pack, vec![out, scratch], None)
+    }
+
+    /// Records custom op `v`: the commands of its forward's executable for
+    /// these operand shapes, built as a plan of its own and spliced in, its
+    /// arguments read from `operands` and its result written to `out`.
+    fn custom_op(&mut self, v: usize, call: &CustomCall, out: Loc, operands: &[Loc]) -> Result<()> {
+        let node = &self.exe.graph().nodes[v];
+        let body_operands: Vec<(DType, &[usize])> = node
+            .inputs
+            .iter()
+            .map(|&j| (self.dtype(j), &self.shapes[j][..]))
+            .collect();
+        let body = call.body(&body_operands)?;
+        let in_shapes: Vec<&[usize]> = body_operands.iter().map(|(_, s)| *s).collect();
+        let shapes = body.resolve_shapes(&in_shapes)?;
+        let sub = build(self.shared, &body, &shapes)?;
+        let offset = self.temps.len();
+        let relocate = |loc: Loc| -> Result<Loc> {
+            match loc {
+                Loc::Input(i) => operands.get(i).copied().ok_or_else(|| {
+                    backend_err(format!(
+                        "`{}` reads argument {i} of its forward",
+                        call.name()
+                    ))
+                }),
+                Loc::Temp(t) => Ok(Loc::Temp(t + offset)),
+                Loc::Output(0) => Ok(out),
+                Loc::Output(o) => Err(backend_err(format!(
+                    "the forward of `{}` has output {o}; a custom op returns one array",
+                    call.name()
+                ))),
+            }
+        };
+        for command in sub.commands {
+            self.commands.push(match command {
+                Command::Dispatch {
+                    pipeline,
+                    layout,
+                    params,
+                    bindings,
+                    workgroups,
+                    bind_group,
+                } => Command::Dispatch {
+                    pipeline,
+                    layout,
+                    params,
+                    bindings: bindings.into_iter().map(relocate).collect::<Result<_>>()?,
+                    workgroups,
+                    bind_group,
+                },
+                Command::Copy { from, to, bytes } => Command::Copy {
+                    from: relocate(from)?,
+                    to: relocate(to)?,
+                    bytes,
+                },
+            });
+        }
+        self.temps.extend(sub.temps);
+        self.checks.extend(sub.checks.iter().map(|check| Check {
+            temp: check.temp + offset,
+            op: check.op.clone(),
+            detail: check.detail.clone(),
+        }));
+        Ok(())
     }
 
     /// Runs fused group `v` one member op per kernel, through buffers of
@@ -404,9 +513,9 @@ impl Builder<'_> {
         let in_dtype = |k: usize| self.dtype(node.inputs[k]);
         let kernel_err = |e: kiln_kernels::KernelError| backend_err(e.to_string());
         let target = self.shared.target;
-        if aliased.contains(&true) && !op.is_elementwise() {
+        if let Some(k) = (0..aliased.len()).find(|&k| aliased[k] && !op.may_write_over(k)) {
             return Err(backend_err(format!(
-                "`{}` cannot run in place on wgpu",
+                "`{}` cannot run in place of its operand {k} on wgpu",
                 op.name()
             )));
         }
@@ -503,6 +612,11 @@ impl Builder<'_> {
                     .matmul_variant
                     .unwrap_or_else(|| MatmulVariant::choose(out_shape.iter().product(), k));
                 kiln_kernels::matmul(variant, dtype, a, in_shape(1), out_shape, target)
+            }
+            Op::Kernel(call) => {
+                let shapes: Vec<&[usize]> = (0..node.inputs.len()).map(in_shape).collect();
+                let dtypes: Vec<DType> = (0..node.inputs.len()).map(in_dtype).collect();
+                kiln_kernels::user_kernel(call, &dtypes, &shapes, out_shape, dtype)
             }
             other => {
                 return Err(backend_err(format!(
@@ -653,7 +767,23 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
                     aliased.push(shares);
                     operands.push(loc);
                 }
+                if let Op::Custom(call) = op {
+                    b.custom_op(v, call, out, &operands)?;
+                    b.locs[v] = Some(out);
+                    continue;
+                }
                 let spec = b.spec(v, op, &aliased)?;
+                if let Op::Kernel(call) = op {
+                    // An in-place kernel finds its input in the output; when
+                    // the plan gave the output its own buffer, copy it there.
+                    if let Some(k) = call.kernel.in_place().filter(|&k| !aliased[k]) {
+                        b.commands.push(Command::Copy {
+                            from: operands[k],
+                            to: out,
+                            bytes,
+                        });
+                    }
+                }
                 if let Op::Fused(group) = op {
                     let limit = shared.gpu.limits.max_storage_buffers_per_shader_stage as usize;
                     if spec.bound.len() + 2 > limit {

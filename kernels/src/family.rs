@@ -140,6 +140,7 @@ pub fn reduce(
         workgroups: workgroups_of(name, outputs)?,
         bound: vec![0],
         status: false,
+        launch: None,
     })
 }
 
@@ -178,6 +179,7 @@ pub fn argmax(
         workgroups: workgroups_of("argmax", outputs)?,
         bound: vec![0],
         status: false,
+        launch: None,
     })
 }
 
@@ -276,5 +278,6 @@ pub fn matmul(
         workgroups: workgroups_of("matmul", workgroups)?,
         bound: vec![0, 1],
         status: false,
+        launch: None,
     })
 }

@@ -31,12 +31,14 @@ mod layout;
 mod pad;
 mod scatter;
 mod source;
+mod user;
 
 pub use family::{argmax, matmul, reduce, stores_f32, MatmulVariant};
 pub use layout::{check_indices, concat, copy, take};
 pub use pad::pad_slice;
 pub use scatter::scatter_add;
 pub use source::{elementwise, words};
+pub use user::user_kernel;
 
 /// What the device offers the kernels beyond core WebGPU.
 ///
@@ -105,6 +107,21 @@ pub struct KernelSpec {
     /// first offending position (out-of-range indices of `take` and
     /// `scatter_add`).
     pub status: bool,
+    /// For a user kernel: its entry point and exact grid, dispatched as
+    /// given; built-in kernels (entry point `main`) index their flat
+    /// `workgroups` themselves.
+    pub launch: Option<Launch>,
+}
+
+/// How a user kernel is launched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// The entry point.
+    pub entry_point: String,
+    /// Workgroups along x, y and z, from the kernel's grid function.
+    pub grid: [u32; 3],
+    /// The entry point's `@workgroup_size`, for the adapter's limits.
+    pub workgroup_size: [u32; 3],
 }
 
 /// How one operand of an index-to-element kernel is read: the element of
@@ -216,15 +233,7 @@ pub fn row_major_strides(shape: &[usize]) -> Vec<usize> {
 ///
 /// `Err` carries naga's diagnostic rendered against the source.
 pub fn validate(source: &str) -> Result<(), String> {
-    let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
-    naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32
-            | naga::valid::Capabilities::SHADER_FLOAT16,
-    )
-    .validate(&module)
-    .map(|_| ())
-    .map_err(|e| e.emit_to_string(source))
+    kiln::ops::kernel::validate_wgsl(source).map(|_| ())
 }
 
 /// Validates a generated kernel, turning a failure into [`KernelError::Invalid`].

@@ -271,6 +271,7 @@ impl ElementKernel<'_> {
             workgroups: (invocations as u64).div_ceil(WORKGROUP),
             bound,
             status: self.status,
+            launch: None,
         })
     }
 }

@@ -1009,7 +1009,95 @@ fn all_cases() -> Vec<Case> {
     mean_cases(&mut cases);
     pow_cases(&mut cases);
     subnormal_cases(&mut cases);
+    user_op_cases(&mut cases);
     cases
+}
+
+/// `out = x * a + b` as a user kernel (x and b of one shape).
+fn axpb_kernel() -> &'static kiln::Kernel {
+    static KERNEL: std::sync::OnceLock<kiln::Kernel> = std::sync::OnceLock::new();
+    KERNEL.get_or_init(|| {
+        kiln::Kernel::builder("axpb", ["x", "b"])
+            .template("A", 1.5f32)
+            .shape_rule(|inputs, cx| {
+                let dims: Vec<kiln::Dim> = inputs[0]
+                    .shape
+                    .dims()
+                    .iter()
+                    .zip(inputs[1].shape.dims())
+                    .map(|(a, b)| cx.unify(a, b).unwrap_or_else(|| a.clone()))
+                    .collect();
+                Ok(kiln::Aval::new(dims, inputs[0].dtype))
+            })
+            .reference(|call| {
+                let a = call.template("A").unwrap_or(1.0);
+                let (x, b) = (call.inputs[0].to_f64_vec(), call.inputs[1].to_f64_vec());
+                let values = x
+                    .iter()
+                    .zip(&b)
+                    .map(|(x, b)| *x as f32 * a as f32 + *b as f32);
+                Ok(HostData::from_f64s(call.out_dtype, values.map(f64::from)))
+            })
+            .wgsl(
+                "@group(0) @binding(0) var<storage, read> params: array<u32>;
+                 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
+                 @group(0) @binding(2) var<storage, read> x: array<f32>;
+                 @group(0) @binding(3) var<storage, read> b: array<f32>;
+                 @compute @workgroup_size(32)
+                 fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+                     if id.x < params[0] { out[id.x] = x[id.x] * A + b[id.x]; }
+                 }",
+            )
+            .build()
+            .expect("the axpb kernel is valid")
+    })
+}
+
+/// A custom op over `(x, (scale, shift))` composing softmax and a matmul.
+fn mixer_op() -> &'static kiln::CustomOp<(Array, (f32, Array))> {
+    static OP: std::sync::OnceLock<kiln::CustomOp<(Array, (f32, Array))>> =
+        std::sync::OnceLock::new();
+    OP.get_or_init(|| {
+        kiln::CustomOp::new("mixer", |(x, (scale, shift)): &(Array, (f32, Array))| {
+            Ok(kiln::nn::softmax(&(x * *scale), -1).matmul(&x.transpose()) + shift)
+        })
+    })
+}
+
+/// User kernels and custom ops join the suite: values, fused neighbours,
+/// sizes that are not multiples of the workgroup.
+fn user_op_cases(cases: &mut Vec<Case>) {
+    for n in [7, 64, 100] {
+        cases.push(case(
+            format!("user kernel axpb [{n}]"),
+            |a| vec![axpb_kernel().call(&[&a[0], &a[1]])],
+            vec![values(DType::F32, &[n], 3), values(DType::F32, &[n], 4)],
+        ));
+    }
+    cases.push(case(
+        "user kernel between fused ops, two templates",
+        |a| {
+            let k = axpb_kernel();
+            let y = k.call(&[&a[0].exp(), &(&a[1] * 2.0)]);
+            let z = k.call_with(&[&y, &a[1]], &[("A", (-0.5f32).into())]);
+            vec![(z + 1.0).tanh(), y]
+        },
+        vec![
+            values(DType::F32, &[3, 5], 5),
+            values(DType::F32, &[3, 5], 6),
+        ],
+    ));
+    cases.push(case(
+        "custom op with a composite forward",
+        |a| {
+            let out = mixer_op().call(&(a[0].clone(), (0.5, a[1].clone())));
+            vec![out.exp(), out]
+        },
+        vec![
+            values(DType::F32, &[4, 6], 7),
+            values(DType::F32, &[4, 4], 8),
+        ],
+    ));
 }
 
 /// Runs every case on `backend`, fused and unfused; `Err` lists every
