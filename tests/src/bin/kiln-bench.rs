@@ -1,7 +1,9 @@
 //! Kiln's benchmarks: prints one JSON document (see DESIGN.md, Benchmarks).
 //! `cargo xtask bench [NAME...]` runs it in release mode.
 
-use kiln::{compile, nn, Array, Backend, DType, Executable, Plan, PlanMemory, Tree};
+use kiln::{
+    compile, nn, Array, Backend, DType, Executable, HostData, Kernel, Plan, PlanMemory, Tree,
+};
 use kiln_tests::bench::{median_micros, selected, time_once_ms, BenchReport};
 use kiln_tests::rss::resident_bytes;
 use kiln_tests::value_shapes;
@@ -370,6 +372,7 @@ fn main() {
         report.record("plan_10000_nodes", plan_10000_nodes(), "ms");
     }
     grad_benchmarks(&names, &mut report);
+    custom_kernel_benchmarks(&names, &mut report);
     wgpu_benchmarks(&names, &mut report);
     println!("{}", report.to_json());
 }
@@ -511,4 +514,86 @@ fn host_overhead_10op(gpu: &WgpuBackend) -> f64 {
     }
     samples.sort_by(f64::total_cmp);
     samples[samples.len() / 2]
+}
+
+/// `x * 2 + 1` as a user kernel, with a reference as direct as the
+/// built-in's evaluation (one pass over the f32 data).
+fn twice_plus_one_kernel() -> Kernel {
+    Kernel::builder("twice_plus_one", ["x"])
+        .shape_rule(|inputs, _| Ok(inputs[0].clone()))
+        .reference(|call| match call.inputs[0] {
+            HostData::F32(x) => Ok(HostData::F32(x.iter().map(|v| v * 2.0 + 1.0).collect())),
+            other => Ok(HostData::from_f64s(
+                other.dtype(),
+                other.to_f64_vec().into_iter().map(|v| v * 2.0 + 1.0),
+            )),
+        })
+        .wgsl(
+            "@group(0) @binding(0) var<storage, read> params: array<u32>;
+             @group(0) @binding(1) var<storage, read_write> out: array<f32>;
+             @group(0) @binding(2) var<storage, read> x: array<f32>;
+             @compute @workgroup_size(64)
+             fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+                 if id.x < params[0] { out[id.x] = x[id.x] * 2.0 + 1.0; }
+             }",
+        )
+        .build()
+        .expect("the benchmark kernel is valid")
+}
+
+/// A cached call (argument upload and result read back included) of a
+/// small graph holding one user kernel against the same graph with the
+/// built-in ops doing the same work, on the CPU and on wgpu.
+fn custom_kernel_benchmarks(names: &[String], report: &mut BenchReport) {
+    let x = ramp(&[64, 64]);
+    let time_call = |f: &dyn Fn(&Array) -> Array| {
+        median_micros(400, || {
+            let y = f(&x);
+            std::hint::black_box(y.data().expect("runs"));
+        })
+    };
+    let kernel = twice_plus_one_kernel();
+    let custom = {
+        let kernel = kernel.clone();
+        move |x: Array| kernel.call(&[&x]).sum(&[1], false)
+    };
+    let builtin = |x: Array| (x * 2.0 + 1.0).sum(&[1], false);
+    if selected("custom_kernel_call_cpu", names) || selected("builtin_kernel_call_cpu", names) {
+        let (custom, builtin) = (compile(custom.clone()), compile(builtin));
+        report.record(
+            "custom_kernel_call_cpu",
+            time_call(&|x| custom.call(x).expect("runs")),
+            "us",
+        );
+        report.record(
+            "builtin_kernel_call_cpu",
+            time_call(&|x| builtin.call(x).expect("runs")),
+            "us",
+        );
+    }
+    if !(selected("custom_kernel_call_wgpu", names) || selected("builtin_kernel_call_wgpu", names))
+    {
+        return;
+    }
+    let gpu = match WgpuBackend::new() {
+        Ok(gpu) => gpu,
+        Err(e) => {
+            eprintln!(
+                "kiln-bench: no wgpu adapter ({e}); the custom kernel wgpu figures are left out"
+            );
+            return;
+        }
+    };
+    let custom = compile(custom).with_backend(gpu.clone());
+    let builtin = compile(builtin).with_backend(gpu);
+    report.record(
+        "custom_kernel_call_wgpu",
+        time_call(&|x| custom.call(x).expect("runs")),
+        "us",
+    );
+    report.record(
+        "builtin_kernel_call_wgpu",
+        time_call(&|x| builtin.call(x).expect("runs")),
+        "us",
+    );
 }
