@@ -83,7 +83,10 @@ fn expand(mut input: DeriveInput) -> syn::Result<TokenStream> {
         if *is_static {
             // Floats are statics by their bits; everything else by its own
             // `Eq` and `Hash` (method resolution picks the float impl first).
-            quote_spanned!(*span=> {
+            // Spanned at the type, so a type that cannot be static is
+            // reported on the field's line.
+            let span = f.ty.span();
+            quote_spanned!(span=> {
                 #[allow(unused_imports)]
                 use #support::{StaticFloatField as _, StaticValueField as _};
                 (&#support::StaticProbe(&self.#member)).static_def(#name)
@@ -102,7 +105,8 @@ fn expand(mut input: DeriveInput) -> syn::Result<TokenStream> {
             ..
         } = f;
         let value = if *is_static {
-            quote_spanned!(*span=> {
+            let span = ty.span();
+            quote_spanned!(span=> {
                 #[allow(unused_imports)]
                 use #support::{StaticFloatRead as _, StaticValueRead as _};
                 (&#support::StaticProbe::<::std::marker::PhantomData<#ty>>::target()).read_static(&fields[#i].1, #name)?

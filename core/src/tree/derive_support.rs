@@ -69,7 +69,17 @@ impl<F: FloatStatic> StaticFloatField for StaticProbe<'_, F> {
     }
 }
 
-/// Writes a static field compared by its own `Eq`.
+/// Writes a static field compared by its own `Eq`. An array (or anything
+/// else without `Eq` and `Hash`) is rejected where the struct is defined,
+/// at the field:
+///
+/// ```compile_fail
+/// #[derive(kiln::Tree)]
+/// struct Cfg {
+///     #[tree(static)]
+///     weights: kiln::Array,
+/// }
+/// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot hold a `#[tree(static)]` field",
     label = "a static field must be a plain value compared by equality (a number, bool, \
