@@ -2,6 +2,7 @@
 //! lazy arrays and `passes` rewrites them; the IR itself knows neither.
 
 use crate::data::HostData;
+use crate::implicit::ImplicitDecision;
 use crate::ops::{Guard, Op};
 use crate::shape::Aval;
 use smallvec::SmallVec;
@@ -92,6 +93,9 @@ pub struct Graph {
     /// Per value, whether it belongs to a gradient's backward pass; empty
     /// when the graph computes no gradient.
     pub backward: Vec<bool>,
+    /// How implicit lowering resolved the ops reading implicit values
+    /// (empty before it runs, and for graphs without them).
+    pub implicit: Vec<ImplicitDecision>,
 }
 
 impl Graph {

@@ -39,12 +39,16 @@ impl Default for Passes {
     }
 }
 
-/// Runs simplify, constant folding and CSE in one forward sweep, then DCE,
-/// then (if enabled) elementwise fusion.
+/// Lowers implicit values ([`crate::implicit::lower_implicit`]), then runs
+/// simplify, constant folding and CSE in one forward sweep, then DCE, then
+/// (if enabled) elementwise fusion.
 pub fn optimize(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<PassRecord>)> {
+    let lowered = crate::implicit::lower_implicit(graph)?;
+    let graph = lowered.as_ref().unwrap_or(graph);
     let mut out = Graph {
         num_inputs: graph.num_inputs,
         guards: graph.guards.clone(),
+        implicit: graph.implicit.clone(),
         ..Graph::default()
     };
     let mut remap: Vec<ValueId> = Vec::with_capacity(graph.nodes.len());
@@ -200,6 +204,7 @@ pub fn fuse(graph: Graph) -> Result<(Graph, usize)> {
     let mut out = Graph {
         num_inputs: graph.num_inputs,
         guards: graph.guards.clone(),
+        implicit: graph.implicit.clone(),
         ..Graph::default()
     };
     let mut remap = vec![usize::MAX; n];
@@ -343,6 +348,7 @@ pub fn dce(graph: Graph) -> (Graph, usize) {
     let mut out = Graph {
         num_inputs: graph.num_inputs,
         guards: graph.guards,
+        implicit: graph.implicit,
         ..Graph::default()
     };
     let backward = graph.backward;

@@ -6,6 +6,7 @@
 use crate::compile::CacheKey;
 use crate::exec::{Executable, SymbolSource};
 use crate::graph::{Graph, ValueKind};
+use crate::implicit::ImplicitDecision;
 use crate::passes::PassRecord;
 use crate::plan::{Home, PlanMemory, ReinplaceDecision};
 use crate::shape::Symbol;
@@ -189,6 +190,21 @@ pub struct Report {
     pub residuals: Vec<Residual>,
     /// Their bytes (for the traced call's shapes).
     pub residual_bytes: usize,
+    /// How implicit lowering resolved every op reading an implicit value:
+    /// the handler chosen, or the op that forced a materialization.
+    #[serde(default)]
+    pub implicit: Vec<ImplicitDecision>,
+}
+
+impl Report {
+    /// The number of implicit values materialized (0 when every op reading
+    /// one had a handler).
+    pub fn materializations(&self) -> usize {
+        self.implicit
+            .iter()
+            .filter(|d| matches!(d, ImplicitDecision::Materialized { .. }))
+            .count()
+    }
 }
 
 /// A forward value the backward pass reads.
@@ -375,6 +391,7 @@ pub(crate) fn build_report(
             .count(),
     };
     Report {
+        implicit: graph.implicit.clone(),
         entry,
         shapeless,
         input_tree: input_tree.to_string(),

@@ -36,7 +36,7 @@ use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError};
 
-type ForwardFn = dyn Fn(&TreeDef, Vec<Array>) -> Result<Array> + Send + Sync;
+pub(crate) type ForwardFn = dyn Fn(&TreeDef, Vec<Array>) -> Result<Array> + Send + Sync;
 type VjpFn =
     dyn Fn(&TreeDef, Vec<Array>, &Array, &Array) -> Result<(Vec<Array>, TreeDef)> + Send + Sync;
 
@@ -50,7 +50,7 @@ type BodyCache = HashMap<(TreeDef, Vec<(DType, Vec<usize>)>), Arc<Executable>>;
 /// must not grow without bound).
 const BODY_CACHE_LIMIT: usize = 64;
 
-struct CustomDef {
+pub(crate) struct CustomDef {
     name: String,
     forward: Arc<ForwardFn>,
     vjp: Option<Arc<VjpFn>>,
@@ -209,7 +209,39 @@ pub struct SchemaEntry {
     pub attribute: Option<String>,
 }
 
+impl CustomDef {
+    /// A def named `name` computing `forward`, without a vjp.
+    pub(crate) fn new(name: impl Into<String>, forward: Arc<ForwardFn>) -> Arc<CustomDef> {
+        Arc::new(CustomDef {
+            name: name.into(),
+            forward,
+            vjp: None,
+            bodies: Mutex::default(),
+        })
+    }
+}
+
 impl CustomCall {
+    /// An application of `def` to arguments of structure `args`.
+    pub(crate) fn of(def: Arc<CustomDef>, args: TreeDef) -> CustomCall {
+        CustomCall { def, args }
+    }
+
+    /// The structure of the arguments.
+    pub fn args(&self) -> &TreeDef {
+        &self.args
+    }
+
+    /// The forward applied to `leaves` (lazily: the graph it builds).
+    pub(crate) fn apply_forward(&self, leaves: Vec<Array>) -> Result<Array> {
+        (self.def.forward)(&self.args, leaves)
+    }
+
+    /// The forward's graph over operands of `avals`, for splicing.
+    pub(crate) fn forward_graph(&self, avals: &[&Aval]) -> Result<Graph> {
+        self.trace(avals)
+    }
+
     /// The op's name.
     pub fn name(&self) -> &str {
         &self.def.name

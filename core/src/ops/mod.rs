@@ -19,6 +19,7 @@ pub mod unary;
 use crate::array::Array;
 use crate::data::HostData;
 use crate::error::Result;
+use crate::implicit::ImplicitCall;
 use crate::shape::{Aval, Dim, Shape};
 use crate::DType;
 use serde::{Deserialize, Serialize};
@@ -120,6 +121,9 @@ pub enum Op {
     Kernel(KernelCall),
     /// A custom op over a tree of arguments ([`custom::CustomOp`]).
     Custom(CustomCall),
+    /// An implicit array ([`crate::implicit`]): a value of its own kind
+    /// until the lowering pass resolves the ops that read it.
+    Implicit(ImplicitCall),
 }
 
 impl Op {
@@ -146,6 +150,7 @@ impl Op {
             Op::Fused(_) => "fused",
             Op::Kernel(k) => k.kernel.name(),
             Op::Custom(c) => c.name(),
+            Op::Implicit(i) => i.kind(),
         }
     }
 
@@ -175,6 +180,7 @@ impl Op {
             Op::Fused(k) => k.describe(),
             Op::Kernel(k) => k.describe(),
             Op::Custom(c) => c.describe(),
+            Op::Implicit(i) => i.describe(),
             other => other.name().to_string(),
         }
     }
@@ -229,6 +235,7 @@ impl Op {
             Op::Fused(k) => fused::shape_rule(k, inputs, cx),
             Op::Kernel(k) => k.shape_rule(inputs, cx),
             Op::Custom(c) => c.shape_rule(inputs, cx),
+            Op::Implicit(i) => i.shape_rule(inputs, cx),
         }
     }
 
@@ -248,7 +255,9 @@ impl Op {
         match self {
             Op::Binary(_) | Op::Matmul | Op::Take { .. } | Op::ScatterAdd { .. } => Some(2),
             Op::Select => Some(3),
-            Op::Concat { .. } | Op::Fused(_) | Op::Kernel(_) | Op::Custom(_) => None,
+            Op::Concat { .. } | Op::Fused(_) | Op::Kernel(_) | Op::Custom(_) | Op::Implicit(_) => {
+                None
+            }
             _ => Some(1),
         }
     }
@@ -310,6 +319,7 @@ impl Op {
             Op::Fused(k) => fused::eval(k, inputs, in_shapes, out_shape),
             Op::Kernel(k) => k.eval(inputs, in_shapes, out_shape),
             Op::Custom(c) => c.eval(inputs, in_shapes),
+            Op::Implicit(i) => i.eval(inputs, in_shapes),
         }
     }
 
@@ -345,6 +355,7 @@ impl Op {
             Op::PadSlice { axes, .. } => vec![Some(pad::vjp(axes, g))],
             Op::ArgMax { .. } | Op::StopGradient => vec![None; inputs.len()],
             Op::Custom(c) => c.vjp(inputs, output, g)?,
+            Op::Implicit(i) => i.vjp(inputs, g)?,
             Op::Kernel(_) => {
                 return Err(crate::error::arg_err(
                     self.name(),

@@ -1,0 +1,683 @@
+//! Implicit arrays: values that stand in for an array (quantized weights, a
+//! low-rank update) without being one, and the lowering pass that resolves
+//! every op consuming one.
+//!
+//! An implicit array is a [`Tree`] (its buffers are leaves, its parameters
+//! statics) with a [`materialize`](ImplicitArray::materialize) composition.
+//! [`ImplicitArray::array`] makes it a graph value of its own kind
+//! ([`Op::Implicit`]) over its leaves, with the aval of what it stands for;
+//! ops apply to it like to any array, so it passes through `compile` (as
+//! tree leaves: its structure and statics are in the cache key), `grad`
+//! and shapeless compile. Before the other passes, [`lower_implicit`]
+//! resolves each op reading one: the [`Handler`] registered for that op and
+//! those operand kinds with the highest precedence rewrites it (two at the
+//! same precedence are an `Err` naming both); without a handler the value
+//! is materialized, and the graph records which op forced it. Either way
+//! the decision is data ([`ImplicitDecision`]) shown by the `Report`.
+//!
+//! Gradients flow through an implicit value into its float leaves by
+//! differentiating its materialization; one made with
+//! [`ImplicitArray::straight_through`] instead passes its cotangent
+//! unchanged to a full-precision master copy (the straight-through
+//! estimator) and none to its leaves.
+
+use crate::array::Array;
+use crate::autodiff::backward;
+use crate::compile::next_trace_id;
+use crate::error::{Error, Result};
+use crate::graph::{Graph, GraphNode, ValueId, ValueKind};
+use crate::ops::custom::{CustomCall, CustomDef, ForwardFn};
+use crate::ops::{Op, ShapeCx};
+use crate::shape::Aval;
+use crate::trace::{extract, Leaves};
+use crate::tree::{tree_flatten, tree_unflatten, Tree, TreeDef};
+use serde::{Deserialize, Serialize};
+use std::any::TypeId;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+
+/// A value that stands in for an array. See the [module docs](self).
+///
+/// ```
+/// use kiln::implicit::{ImplicitArray, LowRank};
+/// use kiln::Array;
+///
+/// let base = Array::from_vec(vec![1.0f32, 0.0, 0.0, 1.0], &[2, 2])?;
+/// let a = Array::from_vec(vec![1.0f32, 2.0], &[2, 1])?;
+/// let b = Array::from_vec(vec![0.5f32, 0.5], &[1, 2])?;
+/// let w = LowRank { base, a, b };
+/// let x = Array::from_vec(vec![1.0f32, 1.0], &[1, 2])?;
+/// // x @ (base + a·b), computed as x·base + (x·a)·b by the registered handler.
+/// assert_eq!(x.matmul(&w.array()).to_vec::<f32>()?, vec![2.5, 2.5]);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub trait ImplicitArray: Tree + Clone + Send + Sync + 'static {
+    /// The kind's name, which handlers match on (`low_rank`, `nf4`, ...).
+    const KIND: &'static str;
+
+    /// The array it stands for, as a Kiln composition of its leaves.
+    fn materialize(&self) -> Result<Array>;
+
+    /// The graph value of this implicit array (a failed array if it does
+    /// not flatten or its materialization fails for its leaves' avals).
+    fn array(&self) -> Array {
+        implicit_array(self, None)
+    }
+
+    /// Like [`array`](Self::array), but gradients pass straight through
+    /// to `master` (which must have the materialized aval) and not into
+    /// the leaves: the straight-through estimator for training through
+    /// quantization.
+    fn straight_through(&self, master: &Array) -> Array {
+        implicit_array(self, Some(master))
+    }
+}
+
+/// The per-type def of implicit kind `T`: one per type, so equal values of
+/// one kind are equal ops.
+fn kind_def<T: ImplicitArray>() -> Arc<CustomDef> {
+    static DEFS: OnceLock<RwLock<HashMap<TypeId, Arc<CustomDef>>>> = OnceLock::new();
+    let defs = DEFS.get_or_init(RwLock::default);
+    if let Some(def) = defs
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&TypeId::of::<T>())
+    {
+        return def.clone();
+    }
+    let forward: Arc<ForwardFn> = Arc::new(|def: &TreeDef, leaves: Vec<Array>| {
+        tree_unflatten::<T>(def, leaves)?.materialize()
+    });
+    defs.write()
+        .unwrap_or_else(PoisonError::into_inner)
+        .entry(TypeId::of::<T>())
+        .or_insert_with(|| CustomDef::new(T::KIND, forward))
+        .clone()
+}
+
+fn implicit_array<T: ImplicitArray>(value: &T, master: Option<&Array>) -> Array {
+    match tree_flatten(value) {
+        Ok((mut leaves, args)) => {
+            let call = ImplicitCall {
+                kind: T::KIND,
+                body: CustomCall::of(kind_def::<T>(), args),
+                straight_through: master.is_some(),
+            };
+            leaves.extend(master.cloned());
+            Array::apply(Op::Implicit(call), leaves)
+        }
+        Err(e) => Array::failed(e),
+    }
+}
+
+/// The op of an implicit value: its kind, its materialization over its
+/// leaves (the operands), and whether gradients pass straight through to
+/// an extra last operand, the master copy.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ImplicitCall {
+    kind: &'static str,
+    body: CustomCall,
+    straight_through: bool,
+}
+
+impl fmt::Debug for ImplicitCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl ImplicitCall {
+    /// The kind's name.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// `nf4(packed, scales; block=64)`, with `, straight through` when so.
+    pub fn describe(&self) -> String {
+        let body = self.body.describe();
+        if self.straight_through {
+            format!("implicit {body} straight through")
+        } else {
+            format!("implicit {body}")
+        }
+    }
+
+    /// The number of operands that are the value's leaves (the master copy
+    /// of a straight-through value is not one).
+    fn num_leaves(&self, operands: usize) -> usize {
+        operands - usize::from(self.straight_through)
+    }
+
+    pub(crate) fn shape_rule(&self, inputs: &[&Aval], cx: &mut ShapeCx) -> Result<Aval> {
+        if self.straight_through && inputs.is_empty() {
+            return Err(self.error("a straight-through value needs its master copy"));
+        }
+        let leaves = self.num_leaves(inputs.len());
+        let aval = self.body.shape_rule(&inputs[..leaves], cx)?;
+        if self.straight_through && *inputs[leaves] != aval {
+            return Err(self.error(format!(
+                "the master copy is {} but the value stands for {aval}",
+                inputs[leaves]
+            )));
+        }
+        Ok(aval)
+    }
+
+    pub(crate) fn eval(
+        &self,
+        inputs: &[&crate::HostData],
+        in_shapes: &[&[usize]],
+    ) -> Result<crate::HostData> {
+        let leaves = self.num_leaves(inputs.len());
+        self.body.eval(&inputs[..leaves], &in_shapes[..leaves])
+    }
+
+    pub(crate) fn vjp(&self, inputs: &[Array], g: &Array) -> Result<Vec<Option<Array>>> {
+        let leaves = self.num_leaves(inputs.len());
+        if self.straight_through {
+            let mut out = vec![None; leaves];
+            out.push(Some(g.clone()));
+            return Ok(out);
+        }
+        let value = self.body.apply_forward(inputs.to_vec())?;
+        backward(&[value], vec![Some(g.clone())], inputs)
+    }
+
+    fn error(&self, detail: impl Into<String>) -> Error {
+        Error::InvalidArgument {
+            op: self.kind.to_string(),
+            detail: detail.into(),
+        }
+    }
+}
+
+/// What kind of value a handler accepts at one operand position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OperandKind {
+    /// An ordinary array.
+    Dense,
+    /// An implicit array of this kind.
+    Implicit(&'static str),
+    /// Anything.
+    Any,
+}
+
+impl OperandKind {
+    fn accepts(self, given: OperandKind) -> bool {
+        self == OperandKind::Any || self == given
+    }
+}
+
+impl fmt::Display for OperandKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OperandKind::Dense => f.write_str("dense"),
+            OperandKind::Implicit(kind) => f.write_str(kind),
+            OperandKind::Any => f.write_str("any"),
+        }
+    }
+}
+
+/// An operand as a handler sees it.
+#[derive(Clone)]
+pub enum HandlerOperand {
+    /// An ordinary array.
+    Dense(Array),
+    /// An implicit array: its kind, structure and leaves.
+    Implicit {
+        /// The kind's name.
+        kind: &'static str,
+        /// The structure (with its statics).
+        args: TreeDef,
+        /// The leaves, in order.
+        leaves: Vec<Array>,
+    },
+}
+
+impl HandlerOperand {
+    /// The implicit value, if it is one of kind `T`.
+    pub fn implicit<T: ImplicitArray>(&self) -> Option<T> {
+        match self {
+            HandlerOperand::Implicit { kind, args, leaves } if *kind == T::KIND => {
+                tree_unflatten(args, leaves.clone()).ok()
+            }
+            _ => None,
+        }
+    }
+
+    /// The dense array, if it is one.
+    pub fn dense(&self) -> Option<&Array> {
+        match self {
+            HandlerOperand::Dense(a) => Some(a),
+            HandlerOperand::Implicit { .. } => None,
+        }
+    }
+}
+
+/// Rewrites one op over the operands it matched.
+pub type RewriteFn = dyn Fn(&Op, &[HandlerOperand]) -> Result<Array> + Send + Sync;
+
+/// A rewrite of an op whose operands are of given kinds.
+#[derive(Clone)]
+pub struct Handler {
+    /// The handler's name, shown by the `Report`.
+    pub name: String,
+    /// The op it rewrites, by [`Op::name`] (`matmul`, `add`, ...).
+    pub op: String,
+    /// The kinds it accepts, one per operand.
+    pub operands: Vec<OperandKind>,
+    /// Among handlers that match, the highest precedence runs.
+    pub precedence: i32,
+    /// The rewrite: a composition computing the op's result.
+    pub rewrite: Arc<RewriteFn>,
+}
+
+impl fmt::Debug for Handler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Handler")
+            .field("name", &self.name)
+            .field("op", &self.op)
+            .field("operands", &self.operands)
+            .field("precedence", &self.precedence)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Handler {
+    /// A handler named `name` rewriting `op` over operands of `operands`.
+    pub fn new(
+        name: impl Into<String>,
+        op: impl Into<String>,
+        operands: impl Into<Vec<OperandKind>>,
+        precedence: i32,
+        rewrite: impl Fn(&Op, &[HandlerOperand]) -> Result<Array> + Send + Sync + 'static,
+    ) -> Handler {
+        Handler {
+            name: name.into(),
+            op: op.into(),
+            operands: operands.into(),
+            precedence,
+            rewrite: Arc::new(rewrite),
+        }
+    }
+
+    fn matches(&self, op: &str, kinds: &[OperandKind]) -> bool {
+        self.op == op
+            && self.operands.len() == kinds.len()
+            && self.operands.iter().zip(kinds).all(|(h, &k)| h.accepts(k))
+    }
+}
+
+fn handlers() -> &'static RwLock<Vec<Arc<Handler>>> {
+    static HANDLERS: OnceLock<RwLock<Vec<Arc<Handler>>>> = OnceLock::new();
+    HANDLERS.get_or_init(|| RwLock::new(builtin_handlers().into_iter().map(Arc::new).collect()))
+}
+
+/// Registers `handler` for every later lowering (process-wide). A second
+/// handler of the same name is an `Err`.
+pub fn register_handler(handler: Handler) -> Result<()> {
+    let mut all = handlers().write().unwrap_or_else(PoisonError::into_inner);
+    if all.iter().any(|h| h.name == handler.name) {
+        return Err(Error::InvalidArgument {
+            op: "register_handler".into(),
+            detail: format!("a handler named `{}` is already registered", handler.name),
+        });
+    }
+    all.push(Arc::new(handler));
+    Ok(())
+}
+
+/// The handler for `op` over operands of `kinds`: the matching one of the
+/// highest precedence; two at that precedence are an `Err` naming both.
+fn choose(op: &str, kinds: &[OperandKind]) -> Result<Option<Arc<Handler>>> {
+    let all = handlers().read().unwrap_or_else(PoisonError::into_inner);
+    let mut matching: Vec<&Arc<Handler>> = all.iter().filter(|h| h.matches(op, kinds)).collect();
+    matching.sort_by_key(|h| std::cmp::Reverse(h.precedence));
+    match matching.as_slice() {
+        [first, second, ..] if first.precedence == second.precedence => {
+            Err(Error::InvalidArgument {
+                op: op.to_string(),
+                detail: format!(
+                    "handlers `{}` and `{}` both match operands ({}) at precedence {}; give one \
+                     a higher precedence",
+                    first.name,
+                    second.name,
+                    render_kinds(kinds),
+                    first.precedence
+                ),
+            })
+        }
+        [first, ..] => Ok(Some(Arc::clone(first))),
+        [] => Ok(None),
+    }
+}
+
+fn render_kinds(kinds: &[OperandKind]) -> String {
+    kinds
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// How the lowering resolved one op or value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum ImplicitDecision {
+    /// A handler rewrote the op.
+    Handled {
+        /// The op's value in the traced graph.
+        node: ValueId,
+        /// The op, as reports show it.
+        op: String,
+        /// The operand kinds it matched, like `dense, nf4`.
+        operands: String,
+        /// The handler.
+        handler: String,
+    },
+    /// An implicit value was materialized.
+    Materialized {
+        /// The implicit value in the traced graph.
+        node: ValueId,
+        /// Its kind.
+        kind: String,
+        /// The op that forced it (`output` when returned as is).
+        forced_by: String,
+        /// That op's value in the traced graph, if it is one.
+        consumer: Option<ValueId>,
+    },
+}
+
+impl fmt::Display for ImplicitDecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ImplicitDecision::Handled {
+                node,
+                op,
+                operands,
+                handler,
+            } => write!(f, "%{node} {op} over ({operands}): handler `{handler}`"),
+            ImplicitDecision::Materialized {
+                node,
+                kind,
+                forced_by,
+                ..
+            } => write!(f, "%{node} {kind} materialized, forced by `{forced_by}`"),
+        }
+    }
+}
+
+/// Resolves every op reading an implicit value (see the module docs):
+/// `None` when the graph has none; otherwise the graph without implicit
+/// values, its [`Graph::implicit`] listing every decision.
+pub fn lower_implicit(graph: &Graph) -> Result<Option<Graph>> {
+    let is_implicit = |node: &GraphNode| matches!(node.kind, ValueKind::Op(Op::Implicit(_)));
+    if !graph.nodes.iter().any(is_implicit) {
+        return Ok(None);
+    }
+    let mut lowering = Lowering {
+        out: Graph {
+            num_inputs: graph.num_inputs,
+            guards: graph.guards.clone(),
+            ..Graph::default()
+        },
+        remap: vec![None; graph.nodes.len()],
+        graph,
+    };
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let backward = graph.is_backward(i);
+        match &node.kind {
+            // Emitted when an op needs the value itself.
+            ValueKind::Op(Op::Implicit(_)) => {}
+            ValueKind::Op(op) if node.inputs.iter().any(|&j| is_implicit(&graph.nodes[j])) => {
+                let kinds: Vec<OperandKind> = node
+                    .inputs
+                    .iter()
+                    .map(|&j| match &graph.nodes[j].kind {
+                        ValueKind::Op(Op::Implicit(call)) => OperandKind::Implicit(call.kind),
+                        _ => OperandKind::Dense,
+                    })
+                    .collect();
+                match choose(op.name(), &kinds)? {
+                    Some(handler) => {
+                        let value = lowering.handle(i, op, &handler, backward)?;
+                        lowering.remap[i] = Some(value);
+                        lowering.out.implicit.push(ImplicitDecision::Handled {
+                            node: i,
+                            op: op.describe(),
+                            operands: render_kinds(&kinds),
+                            handler: handler.name.clone(),
+                        });
+                    }
+                    None => {
+                        for &j in &node.inputs {
+                            lowering.materialize(j, op.name(), Some(i))?;
+                        }
+                        lowering.copy(i, backward);
+                    }
+                }
+            }
+            _ => lowering.copy(i, backward),
+        }
+    }
+    for &o in &graph.outputs {
+        lowering.materialize(o, "output", None)?;
+    }
+    let mut out = lowering.out;
+    out.outputs = graph
+        .outputs
+        .iter()
+        .map(|&o| lowering.remap[o].ok_or_else(|| unresolved(o)))
+        .collect::<Result<_>>()?;
+    Ok(Some(out))
+}
+
+fn unresolved(v: ValueId) -> Error {
+    Error::InvalidPlan {
+        detail: format!("implicit lowering left value %{v} unresolved"),
+    }
+}
+
+struct Lowering<'a> {
+    graph: &'a Graph,
+    out: Graph,
+    /// Each traced value's value in `out`, once emitted.
+    remap: Vec<Option<ValueId>>,
+}
+
+impl Lowering<'_> {
+    fn value(&self, v: ValueId) -> Result<ValueId> {
+        self.remap[v].ok_or_else(|| unresolved(v))
+    }
+
+    /// Emits traced node `i` with its operands remapped.
+    fn copy(&mut self, i: ValueId, backward: bool) {
+        let node = &self.graph.nodes[i];
+        let inputs = node
+            .inputs
+            .iter()
+            .map(|&j| self.remap[j].unwrap_or(j))
+            .collect();
+        self.out.push_node(
+            GraphNode {
+                kind: node.kind.clone(),
+                inputs,
+                aval: node.aval.clone(),
+            },
+            backward,
+        );
+        self.remap[i] = Some(self.out.nodes.len() - 1);
+    }
+
+    /// Emits the materialization of implicit value `v` (once), recording
+    /// that `forced_by` forced it; other values are left alone.
+    fn materialize(
+        &mut self,
+        v: ValueId,
+        forced_by: &str,
+        consumer: Option<ValueId>,
+    ) -> Result<()> {
+        let node = &self.graph.nodes[v];
+        let ValueKind::Op(Op::Implicit(call)) = &node.kind else {
+            return Ok(());
+        };
+        if self.remap[v].is_some() {
+            return Ok(());
+        }
+        let leaves = call.num_leaves(node.inputs.len());
+        let inputs: Vec<ValueId> = node.inputs[..leaves]
+            .iter()
+            .map(|&j| self.value(j))
+            .collect::<Result<_>>()?;
+        let avals: Vec<&Aval> = node.inputs[..leaves]
+            .iter()
+            .map(|&j| &self.graph.nodes[j].aval)
+            .collect();
+        let body = call.body.forward_graph(&avals)?;
+        let value = self.splice(&body, &inputs, self.graph.is_backward(v));
+        self.remap[v] = Some(value);
+        self.out.implicit.push(ImplicitDecision::Materialized {
+            node: v,
+            kind: call.kind.to_string(),
+            forced_by: forced_by.to_string(),
+            consumer,
+        });
+        Ok(())
+    }
+
+    /// Emits `handler`'s rewrite of traced op `i` and returns its value.
+    fn handle(
+        &mut self,
+        i: ValueId,
+        op: &Op,
+        handler: &Handler,
+        backward: bool,
+    ) -> Result<ValueId> {
+        let node = &self.graph.nodes[i];
+        let trace = next_trace_id();
+        let mut params: Vec<ValueId> = Vec::new();
+        let param = |v: ValueId, aval: &Aval, params: &mut Vec<ValueId>| {
+            params.push(v);
+            Array::param(trace, params.len() - 1, aval.clone())
+        };
+        let mut operands = Vec::with_capacity(node.inputs.len());
+        for &j in &node.inputs {
+            let operand = &self.graph.nodes[j];
+            operands.push(match &operand.kind {
+                ValueKind::Op(Op::Implicit(call)) => {
+                    let leaves = call.num_leaves(operand.inputs.len());
+                    let mut arrays = Vec::with_capacity(leaves);
+                    for &leaf in &operand.inputs[..leaves] {
+                        arrays.push(param(
+                            self.value(leaf)?,
+                            &self.graph.nodes[leaf].aval,
+                            &mut params,
+                        ));
+                    }
+                    HandlerOperand::Implicit {
+                        kind: call.kind,
+                        args: call.body.args().clone(),
+                        leaves: arrays,
+                    }
+                }
+                _ => HandlerOperand::Dense(param(self.value(j)?, &operand.aval, &mut params)),
+            });
+        }
+        let result = (handler.rewrite)(op, &operands)?;
+        if result.aval() != &node.aval {
+            return Err(Error::InvalidArgument {
+                op: op.name().to_string(),
+                detail: format!(
+                    "handler `{}` returned {} for an op whose result is {}",
+                    handler.name,
+                    result.aval(),
+                    node.aval
+                ),
+            });
+        }
+        let (sub, _) = extract(
+            &[result],
+            Leaves::Trace {
+                id: trace,
+                num_inputs: params.len(),
+            },
+            &HashSet::new(),
+        )
+        .map_err(|e| match e {
+            Error::ReadTracer { aval } => Error::InvalidArgument {
+                op: op.name().to_string(),
+                detail: format!(
+                    "handler `{}` uses a value it was not given ({aval}); build the rewrite \
+                     from its operands",
+                    handler.name
+                ),
+            },
+            other => other,
+        })?;
+        Ok(self.splice(&sub, &params, backward))
+    }
+
+    /// Appends `sub`'s computed values with its inputs bound to `inputs`
+    /// and returns the value of its (first) output.
+    fn splice(&mut self, sub: &Graph, inputs: &[ValueId], backward: bool) -> ValueId {
+        let mut map = Vec::with_capacity(sub.nodes.len());
+        for node in &sub.nodes {
+            match node.kind {
+                ValueKind::Input(k) => map.push(inputs[k]),
+                _ => {
+                    let node = GraphNode {
+                        kind: node.kind.clone(),
+                        inputs: node.inputs.iter().map(|&j| map[j]).collect(),
+                        aval: node.aval.clone(),
+                    };
+                    self.out.push_node(node, backward);
+                    map.push(self.out.nodes.len() - 1);
+                }
+            }
+        }
+        self.out.guards.extend(sub.guards.iter().cloned());
+        map[sub.outputs[0]]
+    }
+}
+
+/// A low-rank update of a base matrix, `base + a·b` (as in LoRA): an
+/// implicit array that is not quantization. `x @ w` runs as
+/// `x·base + (x·a)·b` without forming the `[k, n]` update.
+#[derive(Clone, Debug, crate::Tree)]
+pub struct LowRank {
+    /// The `[k, n]` base matrix.
+    pub base: Array,
+    /// The `[k, r]` left factor.
+    pub a: Array,
+    /// The `[r, n]` right factor.
+    pub b: Array,
+}
+
+impl ImplicitArray for LowRank {
+    const KIND: &'static str = "low_rank";
+
+    fn materialize(&self) -> Result<Array> {
+        Ok(&self.base + &self.a.matmul(&self.b))
+    }
+}
+
+/// The handlers Kiln registers itself.
+fn builtin_handlers() -> Vec<Handler> {
+    vec![Handler::new(
+        "matmul_low_rank",
+        "matmul",
+        [OperandKind::Dense, OperandKind::Implicit(LowRank::KIND)],
+        0,
+        |_, operands| {
+            let (Some(x), Some(w)) = (operands[0].dense(), operands[1].implicit::<LowRank>())
+            else {
+                return Err(Error::InvalidArgument {
+                    op: "matmul".into(),
+                    detail: "matmul_low_rank expects a dense array and a low-rank value".into(),
+                });
+            };
+            Ok(x.matmul(&w.base) + x.matmul(&w.a).matmul(&w.b))
+        },
+    )]
+}
