@@ -176,7 +176,7 @@ if (mode === "webgpu") {
       await page.click("#verify");
       await page.locator("#verification", { hasText: "verify on WebGPU" }).waitFor({ timeout: 60000 });
       const verdict = await text("#verification");
-      const m = verdict.match(/largest difference to the CPU (\S+) over (\d+) values/);
+      const m = verdict.match(/largest difference to the CPU \S+ \(relative (\S+)\) over (\d+) values/);
       if (!m) throw new Error(`verification: ${verdict}`);
       if (!(Number(m[1]) < 1e-4) || !(Number(m[2]) > 0)) throw new Error(`verification: ${verdict}`);
     });
@@ -193,6 +193,7 @@ if (mode === "webgpu") {
 }
 
 await check("what-if-compares-the-variants", async () => {
+  await runExample("donation", "params");
   await page.click("#compare");
   await page.locator('.comparison tr[data-variant="shapeless"]').waitFor({ timeout: 30000 });
   const cell = async (variant, column) =>

@@ -116,8 +116,9 @@ impl Verification {
         match &self.error {
             Some(e) => format!("verify on {backend}: {e}"),
             None => format!(
-                "verify on {backend}: largest difference to the CPU {:.3e} over {} values",
-                self.max_abs_diff, self.compared
+                "verify on {backend}: largest difference to the CPU {:.3e} \
+                 (relative {:.3e}) over {} values",
+                self.max_abs_diff, self.max_rel_diff, self.compared
             ),
         }
     }
@@ -178,11 +179,13 @@ mod tests {
             backend: "wgpu:".to_string(),
             compared: 80,
             max_abs_diff: 2.8e-6,
+            max_rel_diff: 1.4e-6,
             error: None,
         };
         assert_eq!(
             v.summary(),
-            "verify on WebGPU: largest difference to the CPU 2.800e-6 over 80 values"
+            "verify on WebGPU: largest difference to the CPU 2.800e-6 (relative 1.400e-6) \
+             over 80 values"
         );
     }
 }

@@ -101,6 +101,9 @@ pub struct Verification {
     /// The largest absolute difference of two compared elements (0 when
     /// none were compared).
     pub max_abs_diff: f64,
+    /// The largest difference relative to the CPU's value (to 1 where
+    /// the value is smaller): float rounding grows with magnitude.
+    pub max_rel_diff: f64,
     /// Why the values could not be compared, if they could not.
     pub error: Option<String>,
 }
@@ -112,6 +115,7 @@ impl Verification {
             backend,
             compared: 0,
             max_abs_diff: 0.0,
+            max_rel_diff: 0.0,
             error: Some(error),
         }
     }
@@ -132,6 +136,7 @@ impl Verification {
         }
         let mut compared = 0;
         let mut max_abs_diff = 0f64;
+        let mut max_rel_diff = 0f64;
         for (i, (d, c)) in device.iter().zip(cpu).enumerate() {
             if d.aval() != c.aval() {
                 return Verification::failed(
@@ -157,6 +162,7 @@ impl Verification {
                     _ => f64::INFINITY,
                 };
                 max_abs_diff = max_abs_diff.max(diff);
+                max_rel_diff = max_rel_diff.max(diff / y.abs().max(1.0));
             }
             compared += d.len();
         }
@@ -164,6 +170,7 @@ impl Verification {
             backend,
             compared,
             max_abs_diff,
+            max_rel_diff,
             error: None,
         }
     }
