@@ -7,6 +7,7 @@
 //! input still ends as an `Err` naming the op and the shapes.
 
 use crate::data::{HostData, HostElement};
+use crate::device::{host_data, Device, DeviceBuffer};
 use crate::error::{arg_err, Error, Result};
 use crate::limits::check_aval;
 use crate::ops::{Guard, Op, ShapeCx};
@@ -32,12 +33,22 @@ pub struct Array {
 pub(crate) struct Node {
     pub(crate) aval: Aval,
     pub(crate) kind: NodeKind,
-    /// The value once computed (always set for `Data`).
+    /// The value once computed and on the host (always set for `Data`
+    /// made from host data).
     pub(crate) value: OnceLock<Arc<HostData>>,
+    /// The value once computed on a device that keeps it (a GPU buffer):
+    /// read back into `value` when someone reads it.
+    pub(crate) resident: OnceLock<Resident>,
+}
+
+/// A value kept on the device that computed it.
+pub(crate) struct Resident {
+    pub(crate) device: Arc<dyn Device>,
+    pub(crate) buffer: DeviceBuffer,
 }
 
 pub(crate) enum NodeKind {
-    /// Concrete data given at creation.
+    /// Concrete data given at creation, or a device's result.
     Data,
     /// Argument `index` of the trace with id `trace`.
     Param { trace: u64, index: usize },
@@ -80,6 +91,7 @@ impl Array {
                 aval,
                 kind,
                 value: cell,
+                resident: OnceLock::new(),
             }),
         }
     }
@@ -88,6 +100,22 @@ impl Array {
     pub(crate) fn from_host(data: Arc<HostData>, shape: Shape) -> Array {
         let aval = Aval::new(shape, data.dtype());
         Array::make(aval, NodeKind::Data, Some(data))
+    }
+
+    /// An array of known `shape` whose value is `buffer` on `device`: host
+    /// data at once when it is a host buffer, else read back on demand.
+    pub(crate) fn from_device(
+        device: Arc<dyn Device>,
+        buffer: DeviceBuffer,
+        shape: Shape,
+        dtype: DType,
+    ) -> Array {
+        if let Some(data) = host_data(&buffer) {
+            return Array::from_host(data, shape);
+        }
+        let array = Array::make(Aval::new(shape, dtype), NodeKind::Data, None);
+        array.set_resident(device, buffer);
+        array
     }
 
     /// A traced argument.
@@ -179,6 +207,20 @@ impl Array {
         self.node.value.get().is_some()
     }
 
+    /// True when the value is computed, on the host or kept on a device.
+    pub fn is_computed(&self) -> bool {
+        self.is_materialized() || self.node.resident.get().is_some()
+    }
+
+    /// The device that keeps the value, when it was computed there and not
+    /// read back yet (`None` for host values and pending arrays).
+    pub fn device_name(&self) -> Option<&str> {
+        match self.node.resident.get() {
+            Some(r) if !self.is_materialized() => Some(r.device.name()),
+            _ => None,
+        }
+    }
+
     /// True for a traced argument (inside `compile`).
     pub fn is_tracer(&self) -> bool {
         matches!(self.node.kind, NodeKind::Param { .. })
@@ -186,6 +228,45 @@ impl Array {
 
     pub(crate) fn value(&self) -> Option<&Arc<HostData>> {
         self.node.value.get()
+    }
+
+    /// The value's buffer on the device named `device`, if it is kept
+    /// there.
+    pub(crate) fn buffer_on(&self, device: &str) -> Option<DeviceBuffer> {
+        self.node
+            .resident
+            .get()
+            .filter(|r| r.device.name() == device)
+            .map(|r| r.buffer.clone())
+    }
+
+    /// The value as host data, read back (blocking) from the device that
+    /// keeps it if need be; `None` while it is pending or a tracer.
+    pub(crate) fn host_value(&self) -> Result<Option<Arc<HostData>>> {
+        if let Some(value) = self.value() {
+            return Ok(Some(value.clone()));
+        }
+        match self.node.resident.get() {
+            Some(r) => {
+                let data = r.device.download(&r.buffer)?;
+                self.set_value(data.clone());
+                Ok(Some(data))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Reads the value back from the device that keeps it without blocking
+    /// (nothing to do for host values).
+    pub(crate) async fn read_back(&self) -> Result<()> {
+        if self.is_materialized() {
+            return Ok(());
+        }
+        if let Some(r) = self.node.resident.get() {
+            let data = r.device.download_async(&r.buffer).await?;
+            self.set_value(data);
+        }
+        Ok(())
     }
 
     pub(crate) fn id(&self) -> usize {
@@ -202,18 +283,30 @@ impl Array {
         }
     }
 
+    /// Records a value kept on `device` and forgets the inputs that
+    /// produced it.
+    pub(crate) fn set_resident(&self, device: Arc<dyn Device>, buffer: DeviceBuffer) {
+        if self.node.resident.set(Resident { device, buffer }).is_ok() {
+            if let NodeKind::Op { inputs, .. } = &self.node.kind {
+                let taken = std::mem::take(&mut *inputs.lock().unwrap_or_else(|p| p.into_inner()));
+                drop(taken);
+            }
+        }
+    }
+
     // ----- execution ----------------------------------------------------
 
     /// Computes the value if it is pending (through the cached eager
-    /// pipeline: passes + CPU executor).
+    /// pipeline: passes + the default device, see [`crate::device`]).
     pub fn eval(&self) -> Result<()> {
         crate::eval::eval(std::slice::from_ref(self))
     }
 
-    /// The computed host data.
+    /// The computed host data, read back from the device if it is kept
+    /// there (blocking: in a browser, [`crate::eval_async`] first).
     pub fn data(&self) -> Result<Arc<HostData>> {
         self.eval()?;
-        self.value().cloned().ok_or_else(|| Error::ReadTracer {
+        self.host_value()?.ok_or_else(|| Error::ReadTracer {
             aval: self.aval().to_string(),
         })
     }

@@ -540,7 +540,7 @@ fn run_traced(outputs: &[Array], trace: u64, inputs: &[Array]) -> Result<Vec<Arr
     let buffers = inputs
         .iter()
         .map(|a| {
-            a.value().cloned().ok_or_else(|| Error::ReadTracer {
+            a.host_value()?.ok_or_else(|| Error::ReadTracer {
                 aval: a.aval().to_string(),
             })
         })

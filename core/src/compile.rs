@@ -3,6 +3,7 @@
 
 use crate::array::Array;
 use crate::autodiff::collecting_backward;
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::exec::{Backend, CpuBackend, Executable, SymbolSource};
 use crate::hash::{FastHasher, FastMap};
@@ -455,6 +456,42 @@ where
         }
     }
 
+    /// Calls the function on arguments it takes over, like
+    /// [`Compiled::call_owned`], but leaves the results on the backend's
+    /// device: nothing is read back until a reader ([`Array::data`]) or
+    /// [`crate::eval_async`] asks, and a later call or eager op on the same
+    /// device uses them where they are. The way to run a chain of calls in
+    /// a browser, where a readback completes only after the page yields.
+    /// (On the CPU executor the results are host data at once.)
+    pub fn call_deferred(&self, args: In) -> Result<Out>
+    where
+        B: Clone,
+    {
+        let (tree, leaves) = self.flatten(&args)?;
+        drop(args);
+        let mut shapes = LeafShapes::default();
+        match self.begin(tree, leaves, &mut shapes)? {
+            Begun::Inline(out) => Ok(out),
+            Begun::Run(entry, leaves) => {
+                let (buffers, resolved) = self.launch(&entry, leaves, &shapes.refs())?;
+                let device: Arc<dyn Device> = Arc::new(self.backend.clone());
+                let arrays = buffers
+                    .into_iter()
+                    .zip(&entry.exe.graph().outputs)
+                    .map(|(buffer, &o)| {
+                        Array::from_device(
+                            device.clone(),
+                            B::share(buffer),
+                            Shape::known(&resolved[o]),
+                            entry.exe.graph().nodes[o].aval.dtype,
+                        )
+                    })
+                    .collect();
+                tree_unflatten(&entry.output_tree, arrays)
+            }
+        }
+    }
+
     fn flatten(&self, args: &In) -> Result<(TreeDef, Vec<Array>)> {
         let mut leaves = Vec::with_capacity(self.leaf_count_hint.load(Ordering::Relaxed));
         let tree = args.flatten(&mut leaves)?;
@@ -471,7 +508,7 @@ where
         leaves: Vec<Array>,
         shapes: &mut LeafShapes,
     ) -> Result<Begun<Out>> {
-        if leaves.iter().any(|l| !l.is_materialized()) {
+        if leaves.iter().any(|l| !l.is_computed()) {
             if leaves.iter().any(|l| l.is_tracer() || l.error().is_some()) {
                 // Called inside another trace (or on a failed array): inline `f`.
                 return Ok(Begun::Inline(self.f.apply(tree_unflatten(&tree, leaves)?)?));
@@ -695,10 +732,20 @@ where
     ) -> Result<Launched<'e, B::Buffer>> {
         let mut inputs: Vec<B::Buffer> = Vec::with_capacity(leaves.len());
         for leaf in &leaves {
-            let data = leaf.value().ok_or_else(|| Error::ReadTracer {
-                aval: leaf.aval().to_string(),
-            })?;
-            inputs.push(self.backend.upload(data)?);
+            // A value this backend keeps is used where it is.
+            let kept = leaf
+                .buffer_on(self.backend.name())
+                .and_then(|b| B::unshare(&b));
+            let buffer = match kept {
+                Some(buffer) => buffer,
+                None => {
+                    let data = leaf.host_value()?.ok_or_else(|| Error::ReadTracer {
+                        aval: leaf.aval().to_string(),
+                    })?;
+                    self.backend.upload(&data)?
+                }
+            };
+            inputs.push(buffer);
         }
         drop(leaves);
         let resolved = entry.exe.resolve_shapes(shapes)?;

@@ -1,9 +1,11 @@
 //! Eager evaluation: pending arrays run through the same pipeline as a
-//! compiled function (passes + CPU executor), cached by graph structure.
+//! compiled function (passes + the default device), cached by graph
+//! structure.
 
 use crate::array::Array;
-use crate::error::Result;
-use crate::exec::{Backend, CpuBackend, Executable};
+use crate::device::{default_device, host_data, Device, DeviceBuffer};
+use crate::error::{Error, Result};
+use crate::exec::Executable;
 use crate::graph::Graph;
 use crate::hash::FastMap;
 use crate::passes::{optimize, Passes};
@@ -49,11 +51,13 @@ pub fn eval_cache_stats() -> EvalCacheStats {
     }
 }
 
-/// Computes every pending array of `arrays` in one executable run.
+/// Computes every pending array of `arrays` in one executable run on this
+/// thread's default device ([`crate::default_device`]). Results a device
+/// keeps (GPU buffers) stay there until read.
 pub fn eval(arrays: &[Array]) -> Result<()> {
     let pending: Vec<Array> = arrays
         .iter()
-        .filter(|a| !a.is_materialized())
+        .filter(|a| !a.is_computed())
         .cloned()
         .collect();
     if pending.is_empty() {
@@ -82,13 +86,44 @@ pub fn eval(arrays: &[Array]) -> Result<()> {
             exe
         }
     };
-    let inputs: Vec<_> = leaves.iter().filter_map(|a| a.value().cloned()).collect();
+    let device = default_device();
+    let inputs = leaves
+        .iter()
+        .map(|leaf| device_buffer(device.as_ref(), leaf))
+        .collect::<Result<Vec<_>>>()?;
     // Eager graphs are built from computed arrays, so every shape is known
     // and the executable resolves them without the arguments' shapes.
     let shapes = exe.resolve_shapes(&[])?;
-    let outputs = CpuBackend.run(&exe, inputs, &shapes)?;
-    for (array, value) in pending.iter().zip(outputs) {
-        array.set_value(value);
+    let outputs = device.run(&exe, inputs, &shapes)?;
+    for (array, buffer) in pending.iter().zip(outputs) {
+        match host_data(&buffer) {
+            Some(data) => array.set_value(data),
+            None => array.set_resident(device.clone(), buffer),
+        }
+    }
+    Ok(())
+}
+
+/// `leaf`'s value as a buffer of `device`: the one it keeps, or host data
+/// uploaded (read back first from another device that keeps it).
+fn device_buffer(device: &dyn Device, leaf: &Array) -> Result<DeviceBuffer> {
+    if let Some(buffer) = leaf.buffer_on(device.name()) {
+        return Ok(buffer);
+    }
+    let data = leaf.host_value()?.ok_or_else(|| Error::ReadTracer {
+        aval: leaf.aval().to_string(),
+    })?;
+    device.upload(&data)
+}
+
+/// Computes every pending array of `arrays` like [`eval`], then reads
+/// every value a device keeps back to the host without blocking: the way to
+/// read results in a browser, where a GPU readback completes only after the
+/// page yields. Afterwards every array of `arrays` is materialized.
+pub async fn eval_async(arrays: &[Array]) -> Result<()> {
+    eval(arrays)?;
+    for array in arrays {
+        array.read_back().await?;
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! [`Backend`] trait and its first implementation, the CPU executor.
 
 use crate::data::HostData;
+use crate::device::DeviceBuffer;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, ValueKind};
 use crate::limits::{check_call_bytes, check_shape};
@@ -253,8 +254,9 @@ pub type DownloadFuture<'a> = Pin<Box<dyn Future<Output = Result<Arc<HostData>>>
 /// and out, and `run` executes every step of an executable, returning the
 /// graph outputs.
 pub trait Backend: Send + Sync + 'static {
-    /// A device-resident buffer.
-    type Buffer: Send + Sync;
+    /// A device-resident buffer; a clone shares it (an array whose value
+    /// stays on the device holds one).
+    type Buffer: Clone + Send + Sync + 'static;
     /// A short name that is part of every cache key (`cpu`, `wgpu:…`).
     fn name(&self) -> &str;
     /// Copies host data to the device.
@@ -278,6 +280,16 @@ pub trait Backend: Send + Sync + 'static {
         inputs: Vec<Self::Buffer>,
         shapes: &[Vec<usize>],
     ) -> Result<Vec<Self::Buffer>>;
+    /// `buffer` type-erased, as a [`crate::Device`] and an array kept on
+    /// the device hold it.
+    fn share(buffer: Self::Buffer) -> DeviceBuffer {
+        Arc::new(buffer)
+    }
+    /// A buffer of this backend back from [`Backend::share`]; `None` for
+    /// another backend's.
+    fn unshare(buffer: &DeviceBuffer) -> Option<Self::Buffer> {
+        buffer.downcast_ref::<Self::Buffer>().cloned()
+    }
 }
 
 /// An argument buffer of the CPU executor: still shared with the caller,

@@ -10,6 +10,7 @@ pub mod autodiff;
 pub mod compile;
 pub mod creation;
 pub mod data;
+pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod eval;
@@ -34,9 +35,12 @@ pub use autodiff::{
 };
 pub use compile::{compile, CacheKey, Compiled, Function, LeafSignature};
 pub use data::{HostData, HostElement};
+pub use device::{
+    default_device, set_default_device, with_default_device, AnyBackend, Device, DeviceBuffer,
+};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
-pub use eval::{eval, eval_cache_stats, EvalCacheStats};
+pub use eval::{eval, eval_async, eval_cache_stats, EvalCacheStats};
 pub use exec::{Backend, CpuBackend, Executable};
 pub use graph::{Graph, GraphNode, ValueKind};
 pub use implicit::{ImplicitArray, ImplicitDecision};

@@ -32,13 +32,20 @@ pub(crate) fn extract(
             continue;
         }
         let node = &array.node;
-        if let Some(value) = array.value() {
+        if array.is_computed() {
             let kind = match leaves {
                 Leaves::Eager => {
                     inputs.push(array.clone());
                     ValueKind::Input(inputs.len() - 1)
                 }
-                Leaves::Trace { .. } => ValueKind::Constant(Literal(value.clone())),
+                // A constant of a trace is host data: a value kept on a
+                // device is read back for it.
+                Leaves::Trace { .. } => {
+                    let value = array.host_value()?.ok_or_else(|| Error::ReadTracer {
+                        aval: array.aval().to_string(),
+                    })?;
+                    ValueKind::Constant(Literal(value))
+                }
             };
             push(
                 &mut graph,
@@ -52,7 +59,7 @@ pub(crate) fn extract(
         }
         match &node.kind {
             NodeKind::Failed(e) => return Err(e.clone()),
-            NodeKind::Data => unreachable!("data nodes always hold a value"),
+            NodeKind::Data => unreachable!("data nodes are computed"),
             NodeKind::Param { trace, index } => match leaves {
                 Leaves::Trace { id, .. } if id == *trace => {
                     push(

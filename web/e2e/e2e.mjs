@@ -1,18 +1,29 @@
 // Browser end-to-end tests of the playground: drives Debian's Chromium
 // (never a downloaded browser) through playwright-core against a served
-// site. Usage: node e2e.mjs URL SCREENSHOT_DIR. Exits non-zero on the
-// first failed check, naming it.
+// site. Usage: node e2e.mjs URL SCREENSHOT_DIR [webgpu|cpu]. With
+// `webgpu` (the default) Chromium offers WebGPU (SwiftShader) and every
+// example is verified against the CPU; with `cpu` WebGPU is switched off
+// and the page must fall back to the CPU executor. Screenshots of a mode
+// go to SCREENSHOT_DIR/MODE. Exits non-zero on the first failed check,
+// naming it.
 import { chromium } from "playwright-core";
 import { mkdtempSync, mkdirSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-const [url, shots] = process.argv.slice(2);
-if (!url || !shots) {
-  console.error("usage: node e2e.mjs URL SCREENSHOT_DIR");
+const [url, shotsRoot, mode = "webgpu"] = process.argv.slice(2);
+if (!url || !shotsRoot || !["webgpu", "cpu"].includes(mode)) {
+  console.error("usage: node e2e.mjs URL SCREENSHOT_DIR [webgpu|cpu]");
   process.exit(2);
 }
+const shots = join(shotsRoot, mode);
 mkdirSync(shots, { recursive: true });
+const gpuArgs = mode === "webgpu"
+  // SwiftShader's Vulkan gives WebGPU without a GPU.
+  ? ["--enable-unsafe-webgpu", "--enable-unsafe-swiftshader"]
+  // No navigator.gpu at all: the page must run on the CPU executor.
+  : ["--disable-gpu", "--disable-blink-features=WebGPU"];
+console.log(`e2e in ${mode} mode`);
 
 const context = await chromium.launchPersistentContext(
   mkdtempSync(join(tmpdir(), "kiln-e2e-")),
@@ -21,8 +32,9 @@ const context = await chromium.launchPersistentContext(
     headless: true,
     viewport: { width: 1400, height: 1000 },
     args: [
-      "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--headless", "--no-sandbox", "--disable-quic", "--no-first-run",
       "--disable-background-networking", "--disable-component-update", "--disable-sync",
+      ...gpuArgs,
     ],
   },
 );
@@ -84,7 +96,14 @@ await check("loads-and-runs-the-first-example", async () => {
   await page.goto(url);
   await page.locator("#status", { hasText: "ready" }).waitFor({ timeout: 60000 });
   await page.locator(".output .label").first().waitFor({ timeout: 30000 });
-  expectEqual(await text("#backend"), "backend: cpu", "backend");
+  const backend = await text("#backend");
+  if (mode === "webgpu") {
+    if (!backend.startsWith("backend: WebGPU (")) throw new Error(`backend: ${backend}`);
+    await page.locator("#outputs > .meta", { hasText: "on WebGPU" }).waitFor({ timeout: 10000 });
+  } else {
+    expectEqual(backend, "backend: CPU (no WebGPU)", "backend");
+    expectEqual(await page.locator("#backend-choice option").count(), 1, "only the CPU offered");
+  }
 });
 
 await check("custom-node", async () => {
@@ -137,7 +156,44 @@ await check("donation", async () => {
     (await text(".function .meta")).includes("donated: [args[0]]"), true, "donated path shown");
 });
 
+await check("gradient", async () => {
+  await runExample("gradient", "loss after 40 steps");
+  expectEqual(await text(".cache .summary"), "1 entries, 41 hits, 1 misses", "cache summary");
+  const w = await page.locator(".output", { hasText: "w after 40 steps" }).locator("pre").innerText();
+  const values = w.replace(/dtype=\w+/, "").match(/-?\d+(\.\d*)?(e[-+]?\d+)?/g).map(Number);
+  if (Math.abs(values[0] - 1) > 1e-2 || Math.abs(values[1] - 2) > 1e-2) throw new Error(`w ${w}`);
+});
+
+if (mode === "webgpu") {
+  // Every example once more, verified: the same script on the CPU, the
+  // largest difference small.
+  for (const [id, label] of [
+    ["custom-node", "tanh (a miss: act differs)"], ["shapeless", "n = 9"], ["read-later", "out"],
+    ["mlp", "row sums"], ["donation", "params"], ["gradient", "loss after 40 steps"],
+  ]) {
+    await check(`verify-${id}`, async () => {
+      await runExample(id, label);
+      await page.click("#verify");
+      await page.locator("#verification", { hasText: "verify on WebGPU" }).waitFor({ timeout: 60000 });
+      const verdict = await text("#verification");
+      const m = verdict.match(/largest difference to the CPU \S+ \(relative (\S+)\) over (\d+) values/);
+      if (!m) throw new Error(`verification: ${verdict}`);
+      if (!(Number(m[1]) < 1e-4) || !(Number(m[2]) > 0)) throw new Error(`verification: ${verdict}`);
+    });
+  }
+
+  await check("the-backend-switches-to-the-cpu-and-back", async () => {
+    await page.selectOption("#backend-choice", "cpu");
+    await page.locator("#backend", { hasText: "backend: CPU" }).waitFor({ timeout: 30000 });
+    await page.locator("#outputs > .meta", { hasText: "on CPU" }).waitFor({ timeout: 30000 });
+    await page.selectOption("#backend-choice", "webgpu");
+    await page.locator("#backend", { hasText: "backend: WebGPU" }).waitFor({ timeout: 30000 });
+    await page.locator("#outputs > .meta", { hasText: "on WebGPU" }).waitFor({ timeout: 30000 });
+  });
+}
+
 await check("what-if-compares-the-variants", async () => {
+  await runExample("donation", "params");
   await page.click("#compare");
   await page.locator('.comparison tr[data-variant="shapeless"]').waitFor({ timeout: 30000 });
   const cell = async (variant, column) =>

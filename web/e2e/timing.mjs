@@ -15,6 +15,8 @@ const context = await chromium.launchPersistentContext(
     args: [
       "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
       "--disable-background-networking", "--disable-component-update", "--disable-sync",
+      // The figures are the CPU backend's (the target is set for it).
+      "--disable-blink-features=WebGPU",
     ],
   },
 );

@@ -6,6 +6,7 @@
 //! [`report::RunReport`]s) is a thin layer over it.
 #![warn(missing_docs)]
 
+pub mod backend;
 pub mod examples;
 pub mod format;
 #[cfg(target_arch = "wasm32")]

@@ -2,7 +2,8 @@
 //! Both halves are this crate, so the types are shared; they travel as
 //! plain JS objects through `serde-wasm-bindgen`.
 
-use crate::report::{Comparison, RunReport};
+use crate::backend::{BackendChoice, BackendStatus};
+use crate::report::{Comparison, RunReport, Verification};
 use serde::{Deserialize, Serialize};
 
 /// From the page to the worker.
@@ -24,16 +25,30 @@ pub enum Request {
         /// The Rhai script.
         script: String,
     },
+    /// Run a script on the active backend and again on the CPU executor,
+    /// and compare the values it shows.
+    Verify {
+        /// Pairs the answer with its request.
+        id: u64,
+        /// The Rhai script.
+        script: String,
+    },
+    /// Run later scripts on `backend` (answered by a new `Ready`).
+    SetBackend {
+        /// The backend asked for.
+        backend: BackendChoice,
+    },
 }
 
 /// From the worker to the page.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Response {
-    /// The worker has loaded and runs scripts on `backend`.
+    /// The worker has loaded (or switched backends) and runs scripts on
+    /// `backend.active`.
     Ready {
-        /// The backend's name.
-        backend: String,
+        /// The backends, and the adapter the browser gave.
+        backend: BackendStatus,
     },
     /// A run finished (or failed: see [`RunReport::error`]).
     Report {
@@ -41,6 +56,15 @@ pub enum Response {
         id: u64,
         /// What the run did.
         report: RunReport,
+    },
+    /// A run on the active backend, and its values against the CPU's.
+    Verified {
+        /// The request's id.
+        id: u64,
+        /// The run on the active backend.
+        report: RunReport,
+        /// The largest difference to the CPU executor.
+        verification: Verification,
     },
     /// The what-if variants of a script, side by side.
     Comparison {
@@ -68,12 +92,26 @@ mod tests {
         );
         assert_eq!(serde_json::from_value::<Request>(json).unwrap(), request);
         let ready = serde_json::to_value(Response::Ready {
-            backend: "cpu".to_string(),
+            backend: BackendStatus {
+                active: "cpu".to_string(),
+                choices: vec![BackendChoice::Cpu],
+                adapter: None,
+                unavailable: Some("no adapter".to_string()),
+            },
         })
         .unwrap();
         assert_eq!(
             ready,
-            serde_json::json!({"kind": "ready", "backend": "cpu"})
+            serde_json::json!({"kind": "ready", "backend": {
+                "active": "cpu", "choices": ["cpu"], "adapter": null, "unavailable": "no adapter"
+            }})
+        );
+        let switch = Request::SetBackend {
+            backend: BackendChoice::Webgpu,
+        };
+        assert_eq!(
+            serde_json::to_value(&switch).unwrap(),
+            serde_json::json!({"kind": "set_backend", "backend": "webgpu"})
         );
     }
 }

@@ -90,6 +90,92 @@ impl std::fmt::Display for ScriptError {
     }
 }
 
+/// What the Verify button found: the values a run showed on its device
+/// against the same script's on the CPU executor.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Verification {
+    /// The device the run was checked on.
+    pub backend: String,
+    /// Array elements compared.
+    pub compared: usize,
+    /// The largest absolute difference of two compared elements (0 when
+    /// none were compared).
+    pub max_abs_diff: f64,
+    /// The largest difference relative to the CPU's value (to 1 where
+    /// the value is smaller): float rounding grows with magnitude.
+    pub max_rel_diff: f64,
+    /// Why the values could not be compared, if they could not.
+    pub error: Option<String>,
+}
+
+impl Verification {
+    /// A verification that could not compare.
+    pub fn failed(backend: String, error: String) -> Verification {
+        Verification {
+            backend,
+            compared: 0,
+            max_abs_diff: 0.0,
+            max_rel_diff: 0.0,
+            error: Some(error),
+        }
+    }
+
+    /// Compares the arrays of two runs, in order: same count, shapes and
+    /// dtypes, then element by element (as f64; NaN against NaN is equal,
+    /// NaN against a number an infinite difference).
+    pub fn compare(backend: String, device: &[kiln::Array], cpu: &[kiln::Array]) -> Verification {
+        if device.len() != cpu.len() {
+            return Verification::failed(
+                backend,
+                format!(
+                    "{} arrays on the device, {} on the CPU",
+                    device.len(),
+                    cpu.len()
+                ),
+            );
+        }
+        let mut compared = 0;
+        let mut max_abs_diff = 0f64;
+        let mut max_rel_diff = 0f64;
+        for (i, (d, c)) in device.iter().zip(cpu).enumerate() {
+            if d.aval() != c.aval() {
+                return Verification::failed(
+                    backend,
+                    format!(
+                        "array {i} is {} on the device, {} on the CPU",
+                        d.aval(),
+                        c.aval()
+                    ),
+                );
+            }
+            let (d, c) = match (d.data(), c.data()) {
+                (Ok(d), Ok(c)) => (d.to_f64_vec(), c.to_f64_vec()),
+                (Err(e), _) | (_, Err(e)) => {
+                    return Verification::failed(backend, format!("array {i}: {e}"))
+                }
+            };
+            for (x, y) in d.iter().zip(&c) {
+                let diff = match (x.is_nan(), y.is_nan()) {
+                    (true, true) => 0.0,
+                    (false, false) if x == y => 0.0,
+                    (false, false) => (x - y).abs(),
+                    _ => f64::INFINITY,
+                };
+                max_abs_diff = max_abs_diff.max(diff);
+                max_rel_diff = max_rel_diff.max(diff / y.abs().max(1.0));
+            }
+            compared += d.len();
+        }
+        Verification {
+            backend,
+            compared,
+            max_abs_diff,
+            max_rel_diff,
+            error: None,
+        }
+    }
+}
+
 /// One what-if variant of a run: the same script with options forced on
 /// every compiled function, and what the plans became.
 #[derive(Clone, Debug, Serialize, Deserialize)]

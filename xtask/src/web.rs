@@ -54,19 +54,25 @@ pub fn serve(args: &[String]) -> Result<(), String> {
 }
 
 /// `cargo xtask web --e2e`: builds the site, serves it on a free port and
-/// drives Debian's Chromium through `web/e2e/e2e.mjs` (playwright-core);
-/// screenshots go to `target/web-e2e/`.
+/// drives Debian's Chromium through `web/e2e/e2e.mjs` (playwright-core),
+/// once with WebGPU (SwiftShader; every example verified against the CPU)
+/// and once with WebGPU switched off (the CPU fallback); screenshots go to
+/// `target/web-e2e/webgpu/` and `target/web-e2e/cpu/`.
 pub fn e2e() -> Result<(), String> {
     let site = build()?;
     let (tools, script, port) = browser_script("e2e.mjs", site)?;
     let shots = target_dir().join("web-e2e");
-    process::run(
-        Command::new("node")
-            .arg(&script)
-            .arg(format!("http://127.0.0.1:{port}/"))
-            .arg(&shots)
-            .current_dir(&tools),
-    )
+    for mode in ["webgpu", "cpu"] {
+        process::run(
+            Command::new("node")
+                .arg(&script)
+                .arg(format!("http://127.0.0.1:{port}/"))
+                .arg(&shots)
+                .arg(mode)
+                .current_dir(&tools),
+        )?;
+    }
+    Ok(())
 }
 
 /// The playground's benchmark figures, by name.

@@ -2,9 +2,10 @@
 //! the [`RunReport`]s it gets back. It derives nothing itself: every figure
 //! comes from the report, arranged by [`crate::view`].
 
+use crate::backend::{BackendChoice, BackendStatus};
 use crate::examples::{Example, EXAMPLES};
 use crate::protocol::{Request, Response};
-use crate::report::{Comparison, FunctionReport, RunReport};
+use crate::report::{Comparison, FunctionReport, RunReport, Verification};
 use crate::share::{decode_fragment, encode_fragment, export_report, import_report};
 use crate::view::{graph_layers, miss_lines, reinplace_rows, timeline};
 use kiln::Report;
@@ -47,7 +48,12 @@ struct Page {
     /// The what-if comparison of the script last run, once asked for.
     comparison: RwSignal<Option<Vec<Comparison>>>,
     status: RwSignal<Status>,
-    backend: RwSignal<String>,
+    /// The worker's backends, once it said Ready.
+    backend: RwSignal<Option<BackendStatus>>,
+    /// The backend the user picked: kept across a restarted worker.
+    chosen: RwSignal<Option<BackendChoice>>,
+    /// What the Verify button found for the script last verified.
+    verification: RwSignal<Option<Verification>>,
     /// The id of the latest request: older reports are stale.
     latest: RwSignal<u64>,
     /// The node selected in any view, highlighted in all of them.
@@ -74,8 +80,20 @@ impl Page {
         let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
             match serde_wasm_bindgen::from_value::<Response>(event.data()) {
                 Ok(Response::Ready { backend }) => {
-                    self.backend.set(backend);
+                    let active = BackendChoice::of_backend(&backend.active);
+                    let wanted = self
+                        .chosen
+                        .get_untracked()
+                        .filter(|c| Some(*c) != active && backend.choices.contains(c));
+                    self.backend.set(Some(backend));
                     self.ready.set(true);
+                    // A restarted worker opens the default backend: switch
+                    // back to the one picked.
+                    if let Some(choice) = wanted {
+                        self.pending.set(true);
+                        self.send(|_| Request::SetBackend { backend: choice });
+                        return;
+                    }
                     if self.status.get_untracked() == Status::Loading {
                         self.status.set(Status::Ready);
                         self.pending.set(true);
@@ -94,7 +112,20 @@ impl Page {
                     self.comparison.set(Some(rows));
                     self.status.set(Status::Ready);
                 }
-                Ok(Response::Report { .. } | Response::Comparison { .. }) => {}
+                Ok(Response::Verified {
+                    id,
+                    report,
+                    verification,
+                }) if id == self.latest.get_untracked() => {
+                    self.report.set(Some(report));
+                    self.verification.set(Some(verification));
+                    self.status.set(Status::Ready);
+                }
+                Ok(
+                    Response::Report { .. }
+                    | Response::Comparison { .. }
+                    | Response::Verified { .. },
+                ) => {}
                 Err(e) => self.status.set(Status::Failed(format!(
                     "unreadable message from the worker: {e}"
                 ))),
@@ -124,7 +155,28 @@ impl Page {
                 .ok();
         }
         self.comparison.set(None);
+        self.verification.set(None);
         self.send(|id| Request::Run { id, script });
+    }
+
+    /// Runs the editor's script on the active backend and on the CPU, and
+    /// shows the largest difference.
+    fn verify(self) {
+        if self.ready.get_untracked() {
+            let script = self.script.get_untracked();
+            self.verification.set(None);
+            self.send(|id| Request::Verify { id, script });
+        }
+    }
+
+    /// Switches the worker to `choice`, then re-runs the script there.
+    fn choose_backend(self, choice: BackendChoice) {
+        self.chosen.set(Some(choice));
+        if self.ready.get_untracked() {
+            self.pending.set(true);
+            self.verification.set(None);
+            self.send(|_| Request::SetBackend { backend: choice });
+        }
     }
 
     /// Runs the what-if variants of the editor's script.
@@ -241,7 +293,9 @@ fn App() -> impl IntoView {
         report: RwSignal::new(None),
         comparison: RwSignal::new(None),
         status: RwSignal::new(Status::Loading),
-        backend: RwSignal::new("…".to_string()),
+        backend: RwSignal::new(None),
+        chosen: RwSignal::new(None),
+        verification: RwSignal::new(None),
         latest: RwSignal::new(0),
         selected: RwSignal::new(None),
         worker: StoredValue::new_local(None),
@@ -306,10 +360,16 @@ fn App() -> impl IntoView {
     view! {
         <header>
             <h1>"Kiln playground"</h1>
-            <span id="backend">"backend: " {move || page.backend.get()}</span>
+            {move || backend_controls(page)}
             <span id="status">{status_text}</span>
             <button id="run" on:click=move |_| page.run()>"Run (Ctrl+Enter)"</button>
             <button id="stop" on:click=move |_| page.stop()>"Stop"</button>
+            <button id="verify" title="Run the same script on the CPU and compare" on:click=move |_| page.verify()>
+                "Verify"
+            </button>
+            <span id="verification">
+                {move || page.verification.get().map(|v| v.summary())}
+            </span>
             <button
                 id="export"
                 on:click=move |_| {
@@ -383,6 +443,41 @@ fn App() -> impl IntoView {
     }
 }
 
+/// The header's backend: what runs, the adapter, and the switch.
+fn backend_controls(page: Page) -> impl IntoView {
+    let Some(status) = page.backend.get() else {
+        return view! { <span id="backend">"backend: …"</span> }.into_any();
+    };
+    let active = BackendChoice::of_backend(&status.active);
+    let note = status.unavailable.clone().unwrap_or_default();
+    let choices = status.choices.clone();
+    view! {
+        <span id="backend" title=note>"backend: " {status.label()}</span>
+        <select
+            id="backend-choice"
+            on:change=move |ev| {
+                let choice = match event_target_value(&ev).as_str() {
+                    "webgpu" => BackendChoice::Webgpu,
+                    _ => BackendChoice::Cpu,
+                };
+                page.choose_backend(choice);
+            }
+        >
+            {choices
+                .into_iter()
+                .map(|c| {
+                    let value = match c {
+                        BackendChoice::Webgpu => "webgpu",
+                        BackendChoice::Cpu => "cpu",
+                    };
+                    view! { <option value=value selected=active == Some(c)>{c.label()}</option> }
+                })
+                .collect_view()}
+        </select>
+    }
+    .into_any()
+}
+
 fn report_view(page: Page, report: RunReport) -> impl IntoView {
     let error = report.error.clone().map(|e| {
         view! { <div id="error" class="error">{e.to_string()}</div> }
@@ -391,7 +486,14 @@ fn report_view(page: Page, report: RunReport) -> impl IntoView {
         {error}
         <div id="outputs" class="view">
             <h2>"Outputs"</h2>
-            <p class="meta">{format!("{} ms on {}", round(report.total_ms), report.backend)}</p>
+            <p class="meta">
+                {format!(
+                    "{} ms on {}",
+                    round(report.total_ms),
+                    BackendChoice::of_backend(&report.backend)
+                        .map_or(report.backend.as_str(), |c| c.label()),
+                )}
+            </p>
             {report
                 .outputs
                 .iter()

@@ -1,58 +1,216 @@
 //! The Web Worker half: owns the [`Session`] (scripts, compile caches and
 //! the backend) and answers each [`Request`] with a [`Response`].
+//!
+//! Scripts run on WebGPU through `kiln-wgpu` when the browser gives an
+//! adapter, else on the CPU executor. A run's compiled calls and eager ops
+//! leave their results on the GPU; the shown values are read back after
+//! the script, while the worker yields ([`Session::run_async`]). Requests
+//! are answered one at a time, in order.
 
+use crate::backend::{AdapterInfo, BackendChoice, BackendStatus};
 use crate::protocol::{Request, Response};
 use crate::script::Session;
+use js_sys::{Function, Promise, Reflect};
+use kiln::{CpuBackend, Device};
+use kiln_wgpu::WgpuBackend;
 use serde::Serialize;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::Arc;
 use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent};
 
-thread_local! {
-    static SESSION: RefCell<Session> = RefCell::new(Session::new());
+/// Everything the worker keeps.
+struct Worker {
+    scope: DedicatedWorkerGlobalScope,
+    /// Taken out while a request is answered (answers may await).
+    session: RefCell<Option<Session>>,
+    queue: RefCell<VecDeque<Request>>,
+    /// Whether requests are being answered (or the backend opened).
+    busy: Cell<bool>,
+    gpu: RefCell<Option<WgpuBackend>>,
+    adapter: RefCell<Option<AdapterInfo>>,
+    unavailable: RefCell<Option<String>>,
 }
 
 /// Starts answering the page's messages; called by `worker.js` once the
-/// module is loaded.
+/// module is loaded. Requests that come while WebGPU is being opened wait.
 #[wasm_bindgen]
 pub fn start_worker() -> Result<(), JsValue> {
     let scope: DedicatedWorkerGlobalScope = js_sys::global().dyn_into()?;
-    let reply_scope = scope.clone();
-    let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
-        let response = match serde_wasm_bindgen::from_value::<Request>(event.data()) {
-            Ok(Request::Run { id, script }) => Response::Report {
-                id,
-                report: SESSION.with(|s| s.borrow_mut().run(&script)),
-            },
-            Ok(Request::Compare { id, script }) => Response::Comparison {
-                id,
-                rows: SESSION.with(|s| s.borrow_mut().compare(&script)),
-            },
-            Err(e) => {
-                web_sys_console_error(&format!("kiln worker: unreadable request: {e}"));
-                return;
-            }
-        };
-        if let Err(e) = post(&reply_scope, &response) {
-            web_sys_console_error(&format!("kiln worker: cannot post the report: {e:?}"));
-        }
+    let worker = Rc::new(Worker {
+        scope: scope.clone(),
+        session: RefCell::new(Some(Session::new())),
+        queue: RefCell::default(),
+        busy: Cell::new(true),
+        gpu: RefCell::new(None),
+        adapter: RefCell::new(None),
+        unavailable: RefCell::new(None),
     });
+    let on_message = {
+        let worker = worker.clone();
+        Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
+            match serde_wasm_bindgen::from_value::<Request>(event.data()) {
+                Ok(request) => {
+                    worker.queue.borrow_mut().push_back(request);
+                    if !worker.busy.get() {
+                        spawn_local(answer_queued(worker.clone()));
+                    }
+                }
+                Err(e) => console_error(&format!("kiln worker: unreadable request: {e}")),
+            }
+        })
+    };
     scope.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
     // The handler lives as long as the worker.
     on_message.forget();
-    post(
-        &scope,
-        &Response::Ready {
-            backend: "cpu".to_string(),
-        },
-    )
+    spawn_local(async move {
+        match open_webgpu().await {
+            Ok((gpu, adapter)) => {
+                kiln::set_default_device(Arc::new(gpu.clone()));
+                *worker.gpu.borrow_mut() = Some(gpu);
+                *worker.adapter.borrow_mut() = Some(adapter);
+            }
+            Err(reason) => *worker.unavailable.borrow_mut() = Some(reason),
+        }
+        worker.post(&Response::Ready {
+            backend: worker.status(),
+        });
+        answer_queued(worker).await;
+    });
+    Ok(())
 }
 
-fn post(scope: &DedicatedWorkerGlobalScope, response: &Response) -> Result<(), JsValue> {
-    let message = response.serialize(&serde_wasm_bindgen::Serializer::json_compatible())?;
-    scope.post_message(&message)
+/// Answers queued requests until none is left.
+async fn answer_queued(worker: Rc<Worker>) {
+    worker.busy.set(true);
+    loop {
+        let next = worker.queue.borrow_mut().pop_front();
+        let Some(request) = next else { break };
+        worker.answer(request).await;
+    }
+    worker.busy.set(false);
 }
 
-fn web_sys_console_error(message: &str) {
+impl Worker {
+    fn status(&self) -> BackendStatus {
+        let mut choices = Vec::new();
+        if self.gpu.borrow().is_some() {
+            choices.push(BackendChoice::Webgpu);
+        }
+        choices.push(BackendChoice::Cpu);
+        BackendStatus {
+            active: kiln::default_device().name().to_string(),
+            choices,
+            adapter: self.adapter.borrow().clone(),
+            unavailable: self.unavailable.borrow().clone(),
+        }
+    }
+
+    async fn answer(&self, request: Request) {
+        let Some(mut session) = self.session.borrow_mut().take() else {
+            console_error("kiln worker: the session is in use");
+            return;
+        };
+        let response = match request {
+            Request::Run { id, script } => Some(Response::Report {
+                id,
+                report: session.run_async(&script).await,
+            }),
+            Request::Compare { id, script } => Some(Response::Comparison {
+                id,
+                rows: session.compare(&script),
+            }),
+            Request::Verify { id, script } => {
+                let (report, verification) = session.verify(&script).await;
+                Some(Response::Verified {
+                    id,
+                    report,
+                    verification,
+                })
+            }
+            Request::SetBackend { backend } => {
+                let device: Arc<dyn Device> = match (backend, self.gpu.borrow().clone()) {
+                    (BackendChoice::Webgpu, Some(gpu)) => Arc::new(gpu),
+                    _ => Arc::new(CpuBackend),
+                };
+                kiln::set_default_device(device);
+                Some(Response::Ready {
+                    backend: self.status(),
+                })
+            }
+        };
+        *self.session.borrow_mut() = Some(session);
+        if let Some(response) = response {
+            self.post(&response);
+        }
+    }
+
+    fn post(&self, response: &Response) {
+        let sent = response
+            .serialize(&serde_wasm_bindgen::Serializer::json_compatible())
+            .map_err(JsValue::from)
+            .and_then(|message| self.scope.post_message(&message));
+        if let Err(e) = sent {
+            console_error(&format!("kiln worker: cannot post the answer: {e:?}"));
+        }
+    }
+}
+
+/// Kiln's wgpu backend on the browser's WebGPU, and what the browser says
+/// of its adapter; or why there is none.
+async fn open_webgpu() -> Result<(WgpuBackend, AdapterInfo), String> {
+    let global = js_sys::global();
+    let gpu = Reflect::get(&global, &"navigator".into())
+        .and_then(|navigator| Reflect::get(&navigator, &"gpu".into()))
+        .ok()
+        .filter(|gpu| !gpu.is_undefined() && !gpu.is_null())
+        .ok_or("this browser offers no WebGPU (navigator.gpu is missing)")?;
+    let request: Function = Reflect::get(&gpu, &"requestAdapter".into())
+        .ok()
+        .and_then(|f| f.dyn_into().ok())
+        .ok_or("navigator.gpu has no requestAdapter")?;
+    let promise: Promise = request
+        .call0(&gpu)
+        .ok()
+        .and_then(|p| p.dyn_into().ok())
+        .ok_or("requestAdapter did not return a promise")?;
+    let adapter = JsFuture::from(promise)
+        .await
+        .map_err(|e| format!("requestAdapter failed: {e:?}"))?;
+    if adapter.is_null() || adapter.is_undefined() {
+        return Err("the browser has no WebGPU adapter".to_string());
+    }
+    let info = Reflect::get(&adapter, &"info".into()).unwrap_or(JsValue::UNDEFINED);
+    let text = |name: &str| {
+        Reflect::get(&info, &name.into())
+            .ok()
+            .and_then(|v| v.as_string())
+            .unwrap_or_default()
+    };
+    // Newer browsers say it in the info, older ones on the adapter.
+    let fallback = |on: &JsValue| {
+        Reflect::get(on, &"isFallbackAdapter".into())
+            .ok()
+            .and_then(|v| v.as_bool())
+    };
+    let adapter_info = AdapterInfo {
+        vendor: text("vendor"),
+        architecture: text("architecture"),
+        device: text("device"),
+        description: text("description"),
+        is_fallback: fallback(&info)
+            .or_else(|| fallback(&adapter))
+            .unwrap_or(false),
+    };
+    let backend = WgpuBackend::new_async()
+        .await
+        .map_err(|e| format!("kiln-wgpu could not open the device: {e}"))?;
+    Ok((backend, adapter_info))
+}
+
+fn console_error(message: &str) {
     web_sys::console::error_1(&JsValue::from_str(message));
 }

@@ -4,7 +4,7 @@
 //! Every binding surfaces Kiln's errors at once, so a script error points
 //! at the line that made the bad array, not at a later use of it.
 
-use super::function::{Options, ScriptCompiled};
+use super::function::{Options, ScriptCompiled, Transform};
 use super::nodes::{register_node, NodeSpec, ScriptObject};
 use super::values::{checked, kiln_result, parse_dtype, runtime_error, ScriptResult};
 use super::{ScriptLimits, Shared};
@@ -70,9 +70,12 @@ pub(super) fn engine(shared: &Rc<Shared>, limits: &ScriptLimits) -> Engine {
     register_nodes(&mut engine);
     {
         let shared = shared.clone();
-        engine.register_fn("show", move |label: ImmutableString, value: Dynamic| {
-            shared.show(label.to_string(), &value)
-        });
+        engine.register_fn(
+            "show",
+            move |ctx: NativeCallContext, label: ImmutableString, value: Dynamic| {
+                shared.show(label.to_string(), value, ctx.call_position());
+            },
+        );
     }
     engine
 }
@@ -435,31 +438,102 @@ fn nn_module() -> Module {
 /// `compile(|args| ...)` and the methods of its handle.
 fn register_compile(engine: &mut Engine, shared: &Rc<Shared>) {
     engine.register_type_with_name::<ScriptCompiled>("Compiled");
-    {
+    let make = |shared: &Rc<Shared>, transform: Transform| {
         let shared = shared.clone();
+        move |ctx: &NativeCallContext, body: FnPtr| -> ScriptCompiled {
+            let script = shared.source.borrow().clone();
+            let position = ctx.call_position();
+            let line = position.line().unwrap_or(0);
+            // Falls back to the closure's name (a hash of its body) when
+            // the call is not written `compile(...)`.
+            let argument = position
+                .position()
+                .and_then(|column| offset_of(&script, line, column))
+                .and_then(|at| call_argument(&script, at))
+                .map(str::to_string)
+                .unwrap_or_else(|| body.fn_name().to_string());
+            let source = match transform {
+                Transform::None => argument,
+                _ => format!("{}({argument})", transform.name()),
+            };
+            ScriptCompiled {
+                source: Rc::from(source),
+                helpers: Rc::from(function_definitions(&script).join("\n")),
+                line,
+                body,
+                options: Options {
+                    transform: transform.clone(),
+                    ..Options::default()
+                },
+            }
+        }
+    };
+    {
+        let compile = make(shared, Transform::None);
+        engine.register_fn("compile", move |ctx: NativeCallContext, body: FnPtr| {
+            compile(&ctx, body)
+        });
+    }
+    // `compile(grad(f))` is `grad(f)`: a gradient is compiled already.
+    engine.register_fn("compile", |h: ScriptCompiled| h);
+    let first = vec![0];
+    for (name, transform) in [
+        (
+            "grad",
+            Transform::Grad {
+                argnums: first.clone(),
+            },
+        ),
+        (
+            "value_and_grad",
+            Transform::ValueAndGrad {
+                argnums: first.clone(),
+                has_aux: false,
+            },
+        ),
+    ] {
+        let plain = make(shared, transform.clone());
+        engine.register_fn(name, move |ctx: NativeCallContext, body: FnPtr| {
+            plain(&ctx, body)
+        });
+        let with_argnums = make(shared, transform);
         engine.register_fn(
-            "compile",
-            move |ctx: NativeCallContext, body: FnPtr| -> ScriptResult<ScriptCompiled> {
-                let script = shared.source.borrow().clone();
-                let position = ctx.call_position();
-                let line = position.line().unwrap_or(0);
-                // Falls back to the closure's name (a hash of its body) when
-                // the call is not written `compile(...)`.
-                let source = position
-                    .position()
-                    .and_then(|column| offset_of(&script, line, column))
-                    .and_then(|at| call_argument(&script, at))
-                    .unwrap_or_else(|| body.fn_name());
-                Ok(ScriptCompiled {
-                    source: Rc::from(source),
-                    helpers: Rc::from(function_definitions(&script).join("\n")),
-                    line,
-                    body,
-                    options: Options::default(),
-                })
+            name,
+            move |ctx: NativeCallContext, body: FnPtr, argnums: rhai::Array| {
+                let argnums = shape(&argnums).map_err(|_| {
+                    runtime_error(format!(
+                        "{name}(f, argnums) takes argument positions like [0, 1], got {argnums:?}"
+                    ))
+                })?;
+                if argnums.is_empty() {
+                    return Err(runtime_error(format!(
+                        "{name}(f, argnums) needs at least one argument position"
+                    )));
+                }
+                let mut h = with_argnums(&ctx, body);
+                match &mut h.options.transform {
+                    Transform::Grad { argnums: a } | Transform::ValueAndGrad { argnums: a, .. } => {
+                        *a = argnums
+                    }
+                    Transform::None => {}
+                }
+                Ok::<_, Box<rhai::EvalAltResult>>(h)
             },
         );
     }
+    engine.register_fn("has_aux", |h: &mut ScriptCompiled| {
+        let mut h = h.clone();
+        match &mut h.options.transform {
+            Transform::ValueAndGrad { has_aux, .. } => {
+                *has_aux = true;
+                Ok(h)
+            }
+            other => Err(runtime_error(format!(
+                ".has_aux() applies to value_and_grad(...), not to {}(...)",
+                other.name()
+            ))),
+        }
+    });
     engine
         .register_fn("shapeless", |h: &mut ScriptCompiled| {
             let mut h = h.clone();
@@ -488,7 +562,10 @@ fn register_compile(engine: &mut Engine, shared: &Rc<Shared>) {
             Ok::<_, Box<rhai::EvalAltResult>>(h)
         })
         .register_fn("to_string", |h: &mut ScriptCompiled| {
-            format!("compile({})", h.source)
+            match h.options.transform {
+                Transform::None => format!("compile({})", h.source),
+                _ => h.source.to_string(),
+            }
         });
     macro_rules! run_with {
         ($($arg:ident),*) => {{

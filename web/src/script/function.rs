@@ -4,13 +4,14 @@
 use super::values::{from_value, into_value, runtime_error, to_value, ScriptResult};
 use super::Shared;
 use crate::report::{CallTiming, FunctionReport};
-use kiln::{Compiled, Value};
+use kiln::{AnyBackend, Array, Compiled, DType, Function, Value};
 use rhai::{Dynamic, EvalAltResult, FnPtr};
 use std::cell::{Cell, RefCell};
 use std::collections::hash_map::DefaultHasher;
 use std::fmt::Write;
 use std::hash::{Hash, Hasher};
 use std::rc::{Rc, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
 use web_time::Instant;
 
 /// What `compile(f)` returns to a script: the function and its options.
@@ -29,6 +30,41 @@ pub struct ScriptCompiled {
     pub(super) options: Options,
 }
 
+/// The autodiff transformation a compiled script function applies to its
+/// closure: `grad(f)` and `value_and_grad(f)` in scripts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Transform {
+    /// The closure itself (`compile(f)`).
+    #[default]
+    None,
+    /// `grad(f)` or `grad(f, argnums)`: the gradient with respect to the
+    /// arguments at `argnums` (one gradient, or a list of them).
+    Grad {
+        /// The differentiated argument positions.
+        argnums: Vec<usize>,
+    },
+    /// `value_and_grad(f)`: `[loss, gradient]`; with `.has_aux()` the
+    /// closure returns `[loss, aux]` and the result is
+    /// `[[loss, aux], gradient]`.
+    ValueAndGrad {
+        /// The differentiated argument positions.
+        argnums: Vec<usize>,
+        /// Whether the closure returns `[loss, aux]`.
+        has_aux: bool,
+    },
+}
+
+impl Transform {
+    /// The name scripts call it by (`compile`, `grad`, `value_and_grad`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Transform::None => "compile",
+            Transform::Grad { .. } => "grad",
+            Transform::ValueAndGrad { .. } => "value_and_grad",
+        }
+    }
+}
+
 /// The options a script sets on a compiled function.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Options {
@@ -38,6 +74,8 @@ pub struct Options {
     pub fusion: bool,
     /// `.donate([...])`.
     pub donate: Vec<String>,
+    /// `grad(...)` or `value_and_grad(...)` instead of `compile(...)`.
+    pub transform: Transform,
 }
 
 /// Options forced on every compiled function of a run: the memory view's
@@ -99,6 +137,7 @@ impl WhatIf {
             } else {
                 options.donate.clone()
             },
+            transform: options.transform.clone(),
         }
     }
 }
@@ -109,6 +148,7 @@ impl Default for Options {
             shapeless: false,
             fusion: true,
             donate: Vec::new(),
+            transform: Transform::None,
         }
     }
 }
@@ -130,6 +170,18 @@ impl ScriptCompiled {
 /// A captured value as it enters a key: arrays by aval and content hash.
 fn render_captured(value: &Value, out: &mut String) {
     match value {
+        // Reading a value back from a GPU inside a run is not possible in
+        // a browser: such a capture makes a key of its own, so the
+        // function gets a fresh cache rather than another value's graph.
+        Value::Array(a) if a.device_name().is_some() => {
+            static UNIQUE: AtomicU64 = AtomicU64::new(0);
+            let _ = write!(
+                out,
+                "{}@device#{}",
+                a.aval(),
+                UNIQUE.fetch_add(1, Ordering::Relaxed)
+            );
+        }
         Value::Array(a) => match a.data() {
             Ok(data) if !a.is_tracer() => {
                 let mut hasher = DefaultHasher::new();
@@ -174,7 +226,9 @@ type Traced = Box<dyn Fn(Value) -> Value>;
 
 /// A compiled script function kept by a session across runs.
 pub(super) struct ScriptFunction {
-    compiled: Compiled<Value, Value, Traced>,
+    /// Runs on the default device the session had when it was made (the
+    /// device is part of the session's key for it).
+    compiled: Compiled<Value, Value, Traced, AnyBackend>,
     source: Rc<str>,
     options: Options,
     line: Cell<usize>,
@@ -192,22 +246,28 @@ impl ScriptFunction {
     pub(super) fn new(shared: &Rc<Shared>, handle: &ScriptCompiled) -> ScriptFunction {
         let body = Rc::new(RefCell::new(handle.body.clone()));
         let failure = Rc::new(RefCell::new(None));
+        let options = handle.options.clone();
         let traced: Traced = {
             let shared = Rc::downgrade(shared);
             let body = body.clone();
             let failure = failure.clone();
-            Box::new(move |args: Value| match invoke(&shared, &body, args) {
-                Ok(out) => out,
-                Err(e) => {
-                    *failure.borrow_mut() = Some(e);
-                    Value::Opaque {
-                        type_name: "failed script function".to_string(),
+            let transform = options.transform.clone();
+            Box::new(move |args: Value| {
+                let call = |args: Value| invoke(&shared, &body, args);
+                match transformed(&transform, args, call) {
+                    Ok(out) => out,
+                    Err(e) => {
+                        failure.borrow_mut().get_or_insert(e);
+                        Value::Opaque {
+                            type_name: "failed script function".to_string(),
+                        }
                     }
                 }
             })
         };
-        let options = handle.options.clone();
-        let mut compiled = kiln::compile::<Value, Value, Traced, _>(traced).fusion(options.fusion);
+        let mut compiled = kiln::compile::<Value, Value, Traced, _>(traced)
+            .fusion(options.fusion)
+            .with_backend(AnyBackend::default_device());
         if options.shapeless {
             compiled = compiled.shapeless();
         }
@@ -238,12 +298,14 @@ impl ScriptFunction {
     }
 
     /// Calls the compiled function on the script's arguments, which it
-    /// takes over (so a donated temporary is written in place).
+    /// takes over (so a donated temporary is written in place). The results
+    /// stay on the device until the run reads them (a GPU's readback
+    /// completes only after a browser worker yields).
     pub(super) fn call(&self, args: Vec<Dynamic>) -> ScriptResult<Dynamic> {
         let args = Value::Tuple(args.into_iter().map(into_value).collect());
         let misses = self.compiled.cache().misses;
         let start = Instant::now();
-        let result = self.compiled.call_owned(args);
+        let result = self.compiled.call_deferred(args);
         let ms = start.elapsed().as_secs_f64() * 1e3;
         let traced = self.compiled.cache().misses > misses;
         self.calls.borrow_mut().push(CallTiming { traced, ms });
@@ -268,6 +330,125 @@ impl ScriptFunction {
             cache: self.compiled.cache(),
             calls: self.calls.borrow().clone(),
         }
+    }
+}
+
+/// `call` (the script closure) under `transform`, on traced arguments.
+fn transformed(
+    transform: &Transform,
+    args: Value,
+    call: impl Fn(Value) -> ScriptResult<Value>,
+) -> ScriptResult<Value> {
+    let (argnums, has_aux) = match transform {
+        Transform::None => return call(args),
+        Transform::Grad { argnums } => (argnums, false),
+        Transform::ValueAndGrad { argnums, has_aux } => (argnums, *has_aux),
+    };
+    let name = transform.name();
+    // The first script error inside the differentiated closure; Kiln sees
+    // a stand-in loss meanwhile (its result is dropped for the error).
+    let failure = RefCell::new(None);
+    let fail = |e: Box<EvalAltResult>| -> Array {
+        failure.borrow_mut().get_or_insert(e);
+        Array::scalar(0.0, DType::F32)
+    };
+    let wrt: Vec<String> = argnums.iter().map(|i| format!("args[{i}]")).collect();
+    let result = match transform {
+        Transform::Grad { .. } => {
+            let loss = |args: Value| {
+                call(args)
+                    .and_then(|v| loss_array(name, v))
+                    .unwrap_or_else(fail)
+            };
+            kiln::grad(loss)
+                .wrt(wrt)
+                .apply(args)
+                .map(|g| pick(g, argnums))
+        }
+        _ if has_aux => {
+            let loss = |args: Value| match call(args).and_then(|v| loss_and_aux(name, v)) {
+                Ok(pair) => pair,
+                Err(e) => (fail(e), Value::None),
+            };
+            kiln::value_and_grad(loss)
+                .wrt(wrt)
+                .has_aux()
+                .apply(args)
+                .map(|((loss, aux), g)| {
+                    Value::List(vec![
+                        Value::List(vec![Value::Array(loss), aux]),
+                        pick(g, argnums),
+                    ])
+                })
+        }
+        _ => {
+            let loss = |args: Value| {
+                call(args)
+                    .and_then(|v| loss_array(name, v))
+                    .unwrap_or_else(fail)
+            };
+            kiln::value_and_grad(loss)
+                .wrt(wrt)
+                .apply(args)
+                .map(|(loss, g)| Value::List(vec![Value::Array(loss), pick(g, argnums)]))
+        }
+    };
+    if let Some(e) = failure.into_inner() {
+        return Err(e);
+    }
+    result.map_err(|e| runtime_error(format!("{name}: {e}")))
+}
+
+/// The gradients of the arguments at `argnums`: one, or a list.
+fn pick(mut gradient: Value, argnums: &[usize]) -> Value {
+    let Value::Tuple(items) = &mut gradient else {
+        return gradient;
+    };
+    let mut items = std::mem::take(items);
+    match argnums {
+        [one] if *one < items.len() => items.swap_remove(*one),
+        _ => {
+            let picked = argnums
+                .iter()
+                .filter_map(|&i| items.get_mut(i).map(|g| std::mem::replace(g, Value::None)))
+                .collect();
+            Value::List(picked)
+        }
+    }
+}
+
+/// The loss a differentiated closure returned: a scalar array.
+fn loss_array(name: &str, value: Value) -> ScriptResult<Array> {
+    match &value {
+        Value::Array(a) => Ok(a.clone()),
+        other => Err(runtime_error(format!(
+            "{name} differentiates a closure returning a scalar array, this one returned {}",
+            describe(&other)
+        ))),
+    }
+}
+
+/// The `[loss, aux]` a closure of `value_and_grad(...).has_aux()` returned.
+fn loss_and_aux(name: &str, mut value: Value) -> ScriptResult<(Array, Value)> {
+    if let Value::List(items) | Value::Tuple(items) = &mut value {
+        if let [Value::Array(loss), aux] = items.as_mut_slice() {
+            return Ok((loss.clone(), std::mem::replace(aux, Value::None)));
+        }
+    }
+    Err(runtime_error(format!(
+        "{name}(...).has_aux() needs a closure returning [loss, aux], this one returned {}",
+        describe(&value)
+    )))
+}
+
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Array(a) => format!("an array {}", a.aval()),
+        Value::List(items) | Value::Tuple(items) => format!("a list of {}", items.len()),
+        Value::Map(_) => "a map".to_string(),
+        Value::Object { class, .. } => format!("a `{class}`"),
+        Value::None => "nothing".to_string(),
+        other => format!("{other:?}"),
     }
 }
 

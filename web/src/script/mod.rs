@@ -18,16 +18,17 @@ mod function;
 mod nodes;
 mod values;
 
-pub use function::{Options, WhatIf};
+pub use function::{Options, Transform, WhatIf};
 pub use nodes::{register_node, NodeSpec, ScriptObject};
 
 use crate::format::numpy_repr;
-use crate::report::{Comparison, Output, RunReport, ScriptError, VariantFigures};
+use crate::report::{Comparison, Output, RunReport, ScriptError, VariantFigures, Verification};
 use function::ScriptFunction;
 use rhai::{Dynamic, Engine, EvalAltResult, ParseError, Position, Scope, AST};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::{Rc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 use values::{runtime_error, ScriptResult};
 use web_time::Instant;
@@ -113,13 +114,75 @@ pub(crate) struct Shared {
     functions: RefCell<HashMap<String, Rc<ScriptFunction>>>,
     /// Keys of the functions this run called, in order of first call.
     called: RefCell<Vec<String>>,
-    outputs: RefCell<Vec<Output>>,
+    /// Values shown so far, rendered when the run has read them back.
+    shown: RefCell<Vec<Shown>>,
     log: RefCell<Vec<String>>,
     nesting: Cell<usize>,
     max_nesting: usize,
     /// Options forced on this run's compiled functions.
     what_if: Cell<WhatIf>,
     deadline: Cell<Option<Instant>>,
+}
+
+/// A value a script showed, with where: rendered after the run, once
+/// every array in it is read back from the device.
+struct Shown {
+    label: String,
+    value: Dynamic,
+    line: Option<usize>,
+    column: Option<usize>,
+}
+
+impl Shown {
+    fn render(&self) -> Result<Output, ScriptError> {
+        render(&self.value)
+            .map(|text| Output {
+                label: self.label.clone(),
+                text,
+            })
+            .map_err(|e| ScriptError {
+                message: eval_error(&e).message,
+                line: self.line,
+                column: self.column,
+            })
+    }
+}
+
+/// Every array inside a shown value.
+fn arrays_in(value: &Dynamic, out: &mut Vec<kiln::Array>) {
+    if let Some(a) = value.read_lock::<kiln::Array>() {
+        out.push(a.clone());
+    } else if let Some(items) = value.read_lock::<rhai::Array>() {
+        items.iter().for_each(|i| arrays_in(i, out));
+    } else if let Some(map) = value.read_lock::<rhai::Map>() {
+        map.values().for_each(|v| arrays_in(v, out));
+    } else if let Some(object) = value.read_lock::<ScriptObject>() {
+        object.fields.values().for_each(|v| arrays_in(v, out));
+    }
+}
+
+/// Where a value was shown.
+struct At {
+    line: Option<usize>,
+    column: Option<usize>,
+}
+
+impl At {
+    /// `e`, which reading the value back gave, at this position.
+    fn error(&self, e: kiln::Error) -> ScriptError {
+        ScriptError {
+            message: e.to_string(),
+            line: self.line,
+            column: self.column,
+        }
+    }
+}
+
+/// A run whose script has finished and whose shown values may still be
+/// on the device.
+struct Executed {
+    start: Instant,
+    error: Option<ScriptError>,
 }
 
 /// Leaves a nested compiled call when dropped.
@@ -156,7 +219,9 @@ impl Shared {
         let mut forced = handle.clone();
         forced.options = self.what_if.get().apply(&handle.options);
         let handle = &forced;
-        let key = handle.key();
+        // A function runs on the device it was made for: another device
+        // is another function, with a cache of its own.
+        let key = format!("{}\n{}", kiln::default_device().name(), handle.key());
         let function = self
             .functions
             .borrow_mut()
@@ -171,10 +236,14 @@ impl Shared {
         function
     }
 
-    fn show(&self, label: String, value: &Dynamic) -> ScriptResult<()> {
-        let text = render(value)?;
-        self.outputs.borrow_mut().push(Output { label, text });
-        Ok(())
+    fn show(&self, label: String, value: Dynamic, position: Position) {
+        let (line, column) = position_parts(position);
+        self.shown.borrow_mut().push(Shown {
+            label,
+            value,
+            line,
+            column,
+        });
     }
 }
 
@@ -227,7 +296,7 @@ impl Session {
             run: Cell::new(0),
             functions: RefCell::default(),
             called: RefCell::default(),
-            outputs: RefCell::default(),
+            shown: RefCell::default(),
             log: RefCell::default(),
             nesting: Cell::new(0),
             max_nesting: limits.max_nested_compiled_calls,
@@ -245,20 +314,61 @@ impl Session {
 
     /// Runs `script` and reports what it did. A failed run reports its
     /// error with the line and column, and what it did before; the next
-    /// run starts afresh, with the caches of the compiled functions.
+    /// run starts afresh, with the caches of the compiled functions. Shown
+    /// values are read back blocking: in a browser, on WebGPU, use
+    /// [`Session::run_async`].
     pub fn run(&mut self, script: &str) -> RunReport {
         self.run_with(script, WhatIf::default())
+    }
+
+    /// Runs `script` like [`Session::run`], reading the shown values back
+    /// from the device without blocking: the way to run on WebGPU in a
+    /// browser, where the script's compiled calls and eager ops leave
+    /// their results on the GPU and a readback completes only after the
+    /// worker yields.
+    pub async fn run_async(&mut self, script: &str) -> RunReport {
+        let executed = self.execute(script, WhatIf::default());
+        let mut read_error = None;
+        for (arrays, at) in self.shown_groups() {
+            if let Err(e) = kiln::eval_async(&arrays).await {
+                read_error = Some(at.error(e));
+                break;
+            }
+        }
+        self.finish(executed, read_error)
+    }
+
+    /// Runs `script` on the default device, then again on the CPU
+    /// executor, and reports the device run with the largest difference
+    /// between the values the two runs showed.
+    pub async fn verify(&mut self, script: &str) -> (RunReport, Verification) {
+        let backend = kiln::default_device().name().to_string();
+        let report = self.run_async(script).await;
+        let on_device = self.shown_arrays();
+        let on_cpu = kiln::with_default_device(Arc::new(kiln::CpuBackend), || {
+            let cpu = self.run(script);
+            cpu.error
+                .map_or_else(|| Ok(self.shown_arrays()), |e| Err(e.to_string()))
+        });
+        let verification = match (&report.error, on_cpu) {
+            (Some(e), _) => Verification::failed(backend, format!("the run failed: {e}")),
+            (None, Err(e)) => Verification::failed(backend, format!("the CPU run failed: {e}")),
+            (None, Ok(on_cpu)) => Verification::compare(backend, &on_device, &on_cpu),
+        };
+        (report, verification)
     }
 
     /// Runs `script` once per [`WhatIf::VARIANTS`] and reports each
     /// variant's plan figures, for the memory view to show side by side.
     /// Each variant has caches of its own (options are part of a compiled
-    /// function's identity).
+    /// function's identity). Nothing is read back from the device.
     pub fn compare(&mut self, script: &str) -> Vec<Comparison> {
         WhatIf::VARIANTS
             .iter()
             .map(|&(variant, what_if)| {
-                let report = self.run_with(script, what_if);
+                let executed = self.execute(script, what_if);
+                self.shared.shown.borrow_mut().clear();
+                let report = self.finish(executed, None);
                 Comparison {
                     variant: variant.to_string(),
                     functions: report
@@ -279,15 +389,53 @@ impl Session {
             .collect()
     }
 
-    /// Runs `script` with `what_if` forced on its compiled functions.
+    /// Runs `script` with `what_if` forced on its compiled functions,
+    /// reading shown values back blocking.
     pub fn run_with(&mut self, script: &str, what_if: WhatIf) -> RunReport {
+        let executed = self.execute(script, what_if);
+        let read_error = self
+            .shown_groups()
+            .into_iter()
+            .find_map(|(arrays, at)| kiln::eval(&arrays).err().map(|e| at.error(e)));
+        self.finish(executed, read_error)
+    }
+
+    /// Per shown value, its arrays and where it was shown.
+    fn shown_groups(&self) -> Vec<(Vec<kiln::Array>, At)> {
+        self.shared
+            .shown
+            .borrow()
+            .iter()
+            .map(|shown| {
+                let mut arrays = Vec::new();
+                arrays_in(&shown.value, &mut arrays);
+                let at = At {
+                    line: shown.line,
+                    column: shown.column,
+                };
+                (arrays, at)
+            })
+            .collect()
+    }
+
+    /// The arrays of the last run's shown values, in order, flattened.
+    fn shown_arrays(&self) -> Vec<kiln::Array> {
+        let mut arrays = Vec::new();
+        for shown in self.shared.shown.borrow().iter() {
+            arrays_in(&shown.value, &mut arrays);
+        }
+        arrays
+    }
+
+    /// Runs the script itself; shown values are kept unrendered.
+    fn execute(&mut self, script: &str, what_if: WhatIf) -> Executed {
         self.shared.what_if.set(what_if);
         let start = Instant::now();
         let shared = &self.shared;
         shared.run.set(shared.run.get() + 1);
         *shared.source.borrow_mut() = Rc::from(script);
         shared.called.borrow_mut().clear();
-        shared.outputs.borrow_mut().clear();
+        shared.shown.borrow_mut().clear();
         shared.log.borrow_mut().clear();
         shared.nesting.set(0);
         shared.deadline.set(Some(start + self.limits.time_limit));
@@ -301,10 +449,10 @@ impl Session {
                     .eval_ast_with_scope::<Dynamic>(&mut Scope::new(), &ast);
                 let error = match result {
                     Ok(value) if value.is_unit() => None,
-                    Ok(value) => shared
-                        .show("result".to_string(), &value)
-                        .err()
-                        .map(|e| eval_error(&e)),
+                    Ok(value) => {
+                        shared.show("result".to_string(), value, Position::NONE);
+                        None
+                    }
                     Err(e) => Some(eval_error(&e)),
                 };
                 *shared.ast.borrow_mut() = None;
@@ -312,6 +460,32 @@ impl Session {
             }
         };
         shared.deadline.set(None);
+        Executed { start, error }
+    }
+
+    /// The report of an executed run whose shown values were read back
+    /// (or failed to be: `read_error`, a device's error such as an index
+    /// out of range found by a kernel).
+    fn finish(&mut self, executed: Executed, read_error: Option<ScriptError>) -> RunReport {
+        let shared = &self.shared;
+        let mut error = executed.error;
+        let mut outputs = Vec::new();
+        match read_error {
+            Some(e) => {
+                error.get_or_insert(e);
+            }
+            None => {
+                for shown in shared.shown.borrow().iter() {
+                    match shown.render() {
+                        Ok(output) => outputs.push(output),
+                        Err(e) => {
+                            error.get_or_insert(e);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
         let functions = {
             let all = shared.functions.borrow();
             shared
@@ -327,11 +501,11 @@ impl Session {
             .borrow_mut()
             .retain(|_, f| f.last_run.get() + KEEP_UNUSED_RUNS > run);
         RunReport {
-            outputs: shared.outputs.take(),
+            outputs,
             log: shared.log.take(),
             functions,
-            backend: "cpu".to_string(),
-            total_ms: start.elapsed().as_secs_f64() * 1e3,
+            backend: kiln::default_device().name().to_string(),
+            total_ms: executed.start.elapsed().as_secs_f64() * 1e3,
             error,
         }
     }

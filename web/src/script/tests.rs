@@ -315,3 +315,125 @@ fn the_readme_names_every_registered_function() {
         "not in README's script API: {missing:?}"
     );
 }
+
+#[test]
+fn grad_differentiates_argument_zero_and_argnums_choose_others() {
+    let mut s = Session::new();
+    let report = run_ok(
+        &mut s,
+        r#"
+        let f = |a, b| (a * a * b).sum();
+        let a = array([1.0, 2.0]);
+        let b = array([3.0, 5.0]);
+        show("da", grad(f).run(a, b));
+        show("both", grad(f, [0, 1]).run(a, b));
+        show("compiled", compile(grad(f)).run(a, b));
+        "#,
+    );
+    // d/da = 2 a b, d/db = a².
+    assert_eq!(text(&report, "da"), "array([ 6., 20.], dtype=float32)");
+    assert_eq!(
+        text(&report, "both"),
+        "[array([ 6., 20.], dtype=float32), array([1., 4.], dtype=float32)]"
+    );
+    assert_eq!(text(&report, "compiled"), text(&report, "da"));
+    assert_eq!(report.functions.len(), 2, "compile(grad(f)) is grad(f)");
+    assert!(report.functions[0].source.starts_with("grad("));
+}
+
+#[test]
+fn value_and_grad_returns_the_loss_beside_the_gradient_and_aux_with_has_aux() {
+    let mut s = Session::new();
+    let report = run_ok(
+        &mut s,
+        r#"
+        let x = array([1.0, -2.0]);
+        let vg = value_and_grad(|x| (x * x).sum()).run(x);
+        show("loss", vg[0]);
+        show("gradient", vg[1]);
+        let aux = value_and_grad(|x| [(x * x).sum(), x.max()]).has_aux().run(x);
+        show("aux", aux[0][1]);
+        show("aux gradient", aux[1]);
+        "#,
+    );
+    assert_eq!(text(&report, "loss"), "array(5., dtype=float32)");
+    assert_eq!(
+        text(&report, "gradient"),
+        "array([ 2., -4.], dtype=float32)"
+    );
+    assert_eq!(text(&report, "aux"), "array(1., dtype=float32)");
+    assert_eq!(text(&report, "aux gradient"), text(&report, "gradient"));
+}
+
+#[test]
+fn gradient_errors_name_the_problem_at_the_scripts_line() {
+    let mut s = Session::new();
+    let report = s.run("let x = ones([2]);\ngrad(|x| x * 2.0).run(x)");
+    let e = error(&report);
+    assert_eq!(e.line, Some(2), "{e:?}");
+    assert!(e.message.contains("grad"), "{e:?}");
+    let report = s.run("let x = ones([2]);\n\ngrad(|x| [x.sum()]).run(x)");
+    let e = error(&report);
+    assert_eq!(e.line, Some(3), "{e:?}");
+    assert!(e.message.contains("returning a scalar array"), "{e:?}");
+    let report = s.run("grad(|x| x.sum()).has_aux()");
+    assert!(
+        error(&report)
+            .message
+            .contains(".has_aux() applies to value_and_grad"),
+        "{report:?}"
+    );
+    let report = s.run("grad(|x| x.sum(), [])");
+    assert!(
+        error(&report)
+            .message
+            .contains("at least one argument position"),
+        "{report:?}"
+    );
+    // The next run works.
+    run_ok(&mut s, "show(\"ok\", grad(|x| x.sum()).run(ones([2])))");
+}
+
+#[test]
+fn an_error_found_while_reading_a_shown_value_is_reported_at_the_show() {
+    let mut s = Session::new();
+    let report = s.run("let x = ones([3]);\nshow(\"bad\", x.take(array([7], \"i32\"), 0));");
+    let e = error(&report);
+    assert_eq!(e.line, Some(2), "{e:?}");
+    assert!(e.message.contains("take"), "{e:?}");
+}
+
+#[test]
+fn verify_on_the_cpu_compares_every_shown_element_and_finds_no_difference() {
+    let mut s = Session::new();
+    let script = "let f = compile(|x| x.exp() * 2.0);\nshow(\"y\", f.run(arange(6)));\nshow(\"z\", [ones([2]), 3]);";
+    let (report, verification) = pollster::block_on(s.verify(script));
+    assert_eq!(report.error, None);
+    assert_eq!(report.backend, "cpu");
+    assert_eq!(
+        verification,
+        Verification {
+            backend: "cpu".to_string(),
+            compared: 8,
+            max_abs_diff: 0.0,
+            max_rel_diff: 0.0,
+            error: None,
+        }
+    );
+}
+
+#[test]
+fn verification_reports_the_largest_difference_and_mismatched_shapes() {
+    let a = kiln::Array::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
+    let b = kiln::Array::from_vec(vec![1.5f32, 4.0], &[2]).unwrap();
+    let v = Verification::compare("gpu".to_string(), &[a.clone()], &[b]);
+    assert_eq!((v.compared, v.max_abs_diff, v.error), (2, 2.0, None));
+    // |2 - 4| / 4 beats |1 - 1.5| / 1.
+    assert_eq!(v.max_rel_diff, 0.5);
+    let c = kiln::Array::from_vec(vec![1.0f32], &[1]).unwrap();
+    let v = Verification::compare("gpu".to_string(), &[a], &[c]);
+    assert!(v
+        .error
+        .unwrap()
+        .contains("f32[2] on the device, f32[1] on the CPU"));
+}

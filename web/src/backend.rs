@@ -1,0 +1,191 @@
+//! Which backend the playground's worker runs scripts on, what the
+//! browser says about its WebGPU adapter, and how the header words them.
+
+use crate::report::Verification;
+use serde::{Deserialize, Serialize};
+
+/// A backend the page can ask the worker for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendChoice {
+    /// `kiln-wgpu` on the browser's WebGPU adapter.
+    Webgpu,
+    /// Kiln's CPU executor (in WebAssembly).
+    Cpu,
+}
+
+impl BackendChoice {
+    /// The name the header shows.
+    pub fn label(self) -> &'static str {
+        match self {
+            BackendChoice::Webgpu => "WebGPU",
+            BackendChoice::Cpu => "CPU",
+        }
+    }
+
+    /// The choice a Kiln backend name belongs to (`wgpu:…` or `cpu`).
+    pub fn of_backend(name: &str) -> Option<BackendChoice> {
+        if name.starts_with("wgpu") {
+            Some(BackendChoice::Webgpu)
+        } else if name == "cpu" {
+            Some(BackendChoice::Cpu)
+        } else {
+            None
+        }
+    }
+}
+
+/// What the browser reports of its WebGPU adapter (`GPUAdapterInfo`;
+/// Chromium leaves the device name and description empty).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdapterInfo {
+    /// `vendor`, like `google`.
+    pub vendor: String,
+    /// `architecture`, like `swiftshader`.
+    pub architecture: String,
+    /// `device`.
+    pub device: String,
+    /// `description`.
+    pub description: String,
+    /// Whether it is a fallback (software) adapter.
+    pub is_fallback: bool,
+}
+
+impl AdapterInfo {
+    /// One line for the header: the fields the browser filled in, and
+    /// whether it is a fallback adapter.
+    pub fn summary(&self) -> String {
+        let mut parts: Vec<&str> = [
+            &self.vendor,
+            &self.architecture,
+            &self.device,
+            &self.description,
+        ]
+        .into_iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .collect();
+        parts.dedup();
+        let named = if parts.is_empty() {
+            "adapter without a name".to_string()
+        } else {
+            parts.join(" / ")
+        };
+        if self.is_fallback {
+            format!("{named} (fallback adapter)")
+        } else {
+            named
+        }
+    }
+}
+
+/// Where the worker stands: the backend it runs on, the ones it offers,
+/// and the adapter (or why there is no WebGPU).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BackendStatus {
+    /// The Kiln name of the backend scripts run on (`cpu`, `wgpu:…`).
+    pub active: String,
+    /// The backends the page may switch to.
+    pub choices: Vec<BackendChoice>,
+    /// The WebGPU adapter, when the browser gave one.
+    pub adapter: Option<AdapterInfo>,
+    /// Why WebGPU is not offered, when it is not.
+    pub unavailable: Option<String>,
+}
+
+impl BackendStatus {
+    /// The header's words for the active backend.
+    pub fn label(&self) -> String {
+        match BackendChoice::of_backend(&self.active) {
+            Some(BackendChoice::Webgpu) => match &self.adapter {
+                Some(adapter) => format!("WebGPU ({})", adapter.summary()),
+                None => "WebGPU".to_string(),
+            },
+            Some(BackendChoice::Cpu) if self.unavailable.is_some() => "CPU (no WebGPU)".to_string(),
+            Some(BackendChoice::Cpu) => "CPU".to_string(),
+            None => self.active.clone(),
+        }
+    }
+}
+
+impl Verification {
+    /// One line for the header: the largest difference to the CPU.
+    pub fn summary(&self) -> String {
+        let backend =
+            BackendChoice::of_backend(&self.backend).map_or(self.backend.as_str(), |c| c.label());
+        match &self.error {
+            Some(e) => format!("verify on {backend}: {e}"),
+            None => format!(
+                "verify on {backend}: largest difference to the CPU {:.3e} \
+                 (relative {:.3e}) over {} values",
+                self.max_abs_diff, self.max_rel_diff, self.compared
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_names_map_to_choices() {
+        assert_eq!(
+            BackendChoice::of_backend("wgpu:"),
+            Some(BackendChoice::Webgpu)
+        );
+        assert_eq!(BackendChoice::of_backend("cpu"), Some(BackendChoice::Cpu));
+        assert_eq!(BackendChoice::of_backend("metal"), None);
+        assert_eq!(
+            serde_json::to_value(BackendChoice::Webgpu).unwrap(),
+            serde_json::json!("webgpu")
+        );
+    }
+
+    #[test]
+    fn the_header_names_the_adapter_the_browser_describes() {
+        let status = BackendStatus {
+            active: "wgpu:".to_string(),
+            choices: vec![BackendChoice::Webgpu, BackendChoice::Cpu],
+            adapter: Some(AdapterInfo {
+                vendor: "google".to_string(),
+                architecture: "swiftshader".to_string(),
+                is_fallback: true,
+                ..AdapterInfo::default()
+            }),
+            unavailable: None,
+        };
+        assert_eq!(
+            status.label(),
+            "WebGPU (google / swiftshader (fallback adapter))"
+        );
+        assert_eq!(AdapterInfo::default().summary(), "adapter without a name");
+    }
+
+    #[test]
+    fn the_cpu_fallback_says_there_is_no_webgpu() {
+        let status = BackendStatus {
+            active: "cpu".to_string(),
+            choices: vec![BackendChoice::Cpu],
+            adapter: None,
+            unavailable: Some("navigator.gpu is missing".to_string()),
+        };
+        assert_eq!(status.label(), "CPU (no WebGPU)");
+    }
+
+    #[test]
+    fn a_verification_summary_gives_the_largest_difference() {
+        let v = Verification {
+            backend: "wgpu:".to_string(),
+            compared: 80,
+            max_abs_diff: 2.8e-6,
+            max_rel_diff: 1.4e-6,
+            error: None,
+        };
+        assert_eq!(
+            v.summary(),
+            "verify on WebGPU: largest difference to the CPU 2.800e-6 (relative 1.400e-6) \
+             over 80 values"
+        );
+    }
+}
