@@ -15,7 +15,15 @@ pub struct Example {
 }
 
 /// Every example, in gallery order.
-pub const EXAMPLES: [Example; 6] = [CUSTOM_NODE, SHAPELESS, READ_LATER, MLP, DONATION, GRADIENT];
+pub const EXAMPLES: [Example; 7] = [
+    CUSTOM_NODE,
+    SHAPELESS,
+    READ_LATER,
+    MLP,
+    DONATION,
+    GRADIENT,
+    CUSTOM_OP,
+];
 
 /// The example named `id`.
 pub fn example(id: &str) -> Option<&'static Example> {
@@ -160,6 +168,66 @@ show("loss after 40 steps", loss_and_grad.run(w, x, y)[0]);
 "#,
 };
 
+/// A custom op over a config map and a WGSL kernel with its shape rule
+/// (seeds magi #32 and mlx #3485).
+pub const CUSTOM_OP: Example = Example {
+    id: "custom-op",
+    title: "A custom op and a WGSL kernel",
+    explanation: "`attention` is one node in the graph, shown with its schema: the arrays \
+                  are operands, `cfg.scale` and `cfg.causal` attributes. They are part of the \
+                  cache key: the third call flips `causal` and the miss names it. \
+                  `scale_shift` is a WGSL kernel with a shape rule and a CPU reference; its \
+                  grid is computed from each call's shapes, so the shapeless function writes \
+                  every element at both sizes (one trace). On WebGPU the WGSL runs; on the \
+                  CPU the reference does.",
+    script: r#"// A custom op over a config map: arrays are operands; the fields listed
+// must be static (numbers, bools, strings) and are part of the cache key.
+let attention = custom_op("attention", |a| {
+    let s = (a.q @ a.k.transpose()) * a.cfg.scale;
+    let s = if a.cfg.causal { s + a.mask } else { s };
+    nn::softmax(s, -1) @ a.v
+}, ["cfg.scale", "cfg.causal"]);
+
+// A WGSL kernel: bindings 0 (sizes), 1 (output), 2.. (inputs); a shape rule
+// from the input shapes; a CPU reference; a grid from each call's shapes.
+let scale_shift = kernel(#{
+    name: "scale_shift",
+    inputs: ["x"],
+    templates: #{ SCALE: 2.0 },
+    shape: |shapes| shapes[0],
+    reference: |x| x * 2.0 + 1.0,
+    grid: |out| [(out[0] * out[1] + 63) / 64, 1, 1],
+    wgsl: `
+@group(0) @binding(0) var<storage, read> params: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    if id.x < params[0] { out[id.x] = x[id.x] * SCALE + 1.0; }
+}`,
+});
+
+let layer = compile(|q, k, v, mask, cfg| {
+    attention.apply(#{ q: q, k: k, v: v, mask: mask, cfg: cfg })
+});
+
+let q = random_normal(1, [4, 3]);
+let k = random_normal(2, [4, 3]);
+let v = random_normal(3, [4, 2]);
+let mask = array([[0.0, -1e9, -1e9, -1e9], [0.0, 0.0, -1e9, -1e9],
+                  [0.0, 0.0, 0.0, -1e9], [0.0, 0.0, 0.0, 0.0]]);
+
+show("causal", layer.run(q, k, v, mask, #{ scale: 0.5, causal: true }));
+show("causal again (a hit)", layer.run(q, k, v, mask, #{ scale: 0.5, causal: true }));
+show("not causal (a miss naming causal)", layer.run(q, k, v, mask, #{ scale: 0.5, causal: false }));
+
+let shift = compile(|x| scale_shift.apply(x)).shapeless();
+show("kernel, 5 x 3", shift.run(ones([5, 3])));
+show("kernel, 70 x 3", shift.run(ones([70, 3])));
+"#,
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,6 +264,74 @@ mod tests {
     fn only_report(report: &RunReport) -> &Report {
         assert_eq!(report.functions.len(), 1);
         &report.functions[0].cache.reports[0]
+    }
+
+    #[test]
+    fn custom_op_is_one_node_and_a_flipped_static_names_its_path() {
+        let report = run(&CUSTOM_OP);
+        let layer = &report.functions[0];
+        let cache = &layer.cache;
+        assert_eq!((cache.entries, cache.hits, cache.misses), (2, 1, 2));
+        let reasons: Vec<String> = cache.miss_log[1]
+            .reasons
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
+        assert!(
+            reasons.len() == 1 && reasons[0].contains("causal") && reasons[0].contains("true"),
+            "{reasons:?}"
+        );
+        let graph = &cache.reports[0];
+        let custom: Vec<&str> = graph
+            .nodes
+            .iter()
+            .map(|n| n.op.as_str())
+            .filter(|op| op.starts_with("attention("))
+            .collect();
+        assert_eq!(custom.len(), 1, "one node: {custom:?}");
+        assert!(
+            custom[0].contains("scale") && custom[0].contains("causal=true"),
+            "{}",
+            custom[0]
+        );
+        assert!(!graph.nodes.iter().any(|n| n.op.starts_with("matmul")));
+        // The kernel: one shapeless trace, every element written at both sizes.
+        let kernel = &report.functions[1].cache;
+        assert_eq!((kernel.entries, kernel.misses), (1, 1));
+        for label in ["kernel, 5 x 3", "kernel, 70 x 3"] {
+            let values = numbers(output(&report, label));
+            assert!(
+                !values.is_empty() && values.iter().all(|&v| v == 3.0),
+                "{label}: {values:?}"
+            );
+        }
+        assert_eq!(numbers(output(&report, "kernel, 70 x 3")).len(), 210);
+    }
+
+    #[test]
+    fn a_static_field_given_an_array_is_an_error_naming_it() {
+        let report = Session::new().run(
+            "let op = custom_op(\"twice\", |a| a.x * a.cfg.k, [\"cfg.k\"]);\n\
+             op.apply(#{ x: ones([2]), cfg: #{ k: ones([2]) } })",
+        );
+        let error = report.error.expect("the call fails");
+        assert!(
+            error.message.contains("`cfg.k` must be a static value") && error.line == Some(2),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn an_invalid_kernel_is_an_error_with_nagas_message() {
+        let report = Session::new().run(
+            "kernel(#{ name: \"bad\", inputs: [\"x\"], shape: |s| s[0], reference: |x| x,\n\
+             wgsl: \"fn main( {\" })",
+        );
+        let error = report.error.expect("the kernel is rejected");
+        assert!(
+            error.message.contains("kernel `bad`") && error.message.contains("does not validate"),
+            "{error:?}"
+        );
     }
 
     #[test]

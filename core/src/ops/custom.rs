@@ -28,7 +28,7 @@ use crate::graph::Graph;
 use crate::passes::{optimize, Passes};
 use crate::shape::{Aval, Shape};
 use crate::trace::{extract, Leaves};
-use crate::tree::{tree_flatten, tree_unflatten, KeyPath, Tree, TreeDef};
+use crate::tree::{tree_flatten, tree_unflatten, KeyPath, PathEntry, Tree, TreeDef};
 use crate::DType;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -200,6 +200,38 @@ impl fmt::Debug for CustomCall {
     }
 }
 
+/// A schema path: like [`KeyPath`]'s rendering, but map keys that are
+/// identifiers read as fields (`cfg.scale`, as a config map is written).
+fn schema_path(path: &KeyPath) -> String {
+    let mut out = String::new();
+    for entry in path.iter() {
+        match entry {
+            PathEntry::Field(name) if name.is_empty() => {}
+            PathEntry::Field(name) => {
+                out.push('.');
+                out.push_str(name);
+            }
+            PathEntry::Key(key)
+                if key
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_alphabetic() || c == '_')
+                    && key.chars().all(|c| c.is_alphanumeric() || c == '_') =>
+            {
+                out.push('.');
+                out.push_str(key);
+            }
+            PathEntry::Key(key) => out.push_str(&format!("[{key:?}]")),
+            PathEntry::Index(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    match out.strip_prefix('.') {
+        Some(rest) => rest.to_string(),
+        None if out.is_empty() => "<root>".to_string(),
+        None => out,
+    }
+}
+
 /// One entry of a custom op's flattened schema.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SchemaEntry {
@@ -255,11 +287,11 @@ impl CustomCall {
         while let Some((path, def)) = pending.pop() {
             match def {
                 TreeDef::Leaf => entries.push(SchemaEntry {
-                    path: path.to_string(),
+                    path: schema_path(&path),
                     attribute: None,
                 }),
                 TreeDef::Static(v) => entries.push(SchemaEntry {
-                    path: path.to_string(),
+                    path: schema_path(&path),
                     attribute: Some(format!("{v:?}")),
                 }),
                 TreeDef::Option(Some(inner)) => pending.push((path, inner)),

@@ -68,6 +68,7 @@ pub(super) fn engine(shared: &Rc<Shared>, limits: &ScriptLimits) -> Engine {
     engine.register_static_module("nn", nn_module().into());
     register_compile(&mut engine, shared);
     register_nodes(&mut engine);
+    super::custom::register(&mut engine, shared);
     {
         let shared = shared.clone();
         engine.register_fn(

@@ -14,6 +14,7 @@
 //! ```
 
 mod api;
+mod custom;
 mod function;
 mod nodes;
 mod values;
