@@ -692,7 +692,8 @@ impl Backend for WgpuBackend {
     fn download(&self, buffer: WgpuBuffer) -> Result<Arc<HostData>> {
         block_on(self.download_async(buffer)).unwrap_or_else(|| {
             Err(backend_err(
-                "blocking readback is not available in the browser; use `Compiled::call_async`",
+                "a blocking readback is not available in the browser: read values with \
+                 `kiln::eval_async` or call with `Compiled::call_async`",
             ))
         })
     }

@@ -1,8 +1,8 @@
 //! The default device, as MLX has one: where eager ops (those outside
-//! [`crate::compile`]) run, and where their results stay until read.
+//! [`crate::compile()`]) run, and where their results stay until read.
 //!
 //! A [`Device`] is any [`Backend`] seen through an object-safe interface
-//! whose buffers are type-erased ([`DeviceBuffer`]). [`crate::eval`] runs
+//! whose buffers are type-erased ([`DeviceBuffer`]). [`crate::eval()`] runs
 //! pending arrays on the default device; a result that is not host data
 //! (a GPU buffer) stays on the device, and a reader ([`Array::data`],
 //! [`Array::to_vec`]) or [`crate::eval_async`] copies it back when asked.

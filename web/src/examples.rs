@@ -141,10 +141,10 @@ pub const GRADIENT: Example = Example {
     id: "gradient",
     title: "Gradients: a linear regression fit",
     explanation: "`value_and_grad(f)` is one compiled function holding the forward pass and \
-                  the backward pass: the graph's backward nodes are marked, and the report \
-                  lists the residuals (forward values the backward pass reads). It traces \
-                  once; the 40 steps of the loop are cache hits, and w approaches the exact \
-                  solution [1, 2].",
+                  the backward pass: the graph has both (the second matmul is the gradient's \
+                  xᵀ·2r/n), and Kiln's report marks every backward node and lists the \
+                  residuals it reads (see Export report). It traces once; the 40 steps of \
+                  the loop are cache hits, and w approaches the exact solution [1, 2].",
     script: r#"// Least squares: the loss and its gradient with respect to w (argument 0).
 let loss_and_grad = value_and_grad(|w, x, y| {
     let r = x @ w - y;

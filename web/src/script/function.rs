@@ -423,7 +423,7 @@ fn loss_array(name: &str, value: Value) -> ScriptResult<Array> {
         Value::Array(a) => Ok(a.clone()),
         other => Err(runtime_error(format!(
             "{name} differentiates a closure returning a scalar array, this one returned {}",
-            describe(&other)
+            describe(other)
         ))),
     }
 }

@@ -426,7 +426,7 @@ fn verify_on_the_cpu_compares_every_shown_element_and_finds_no_difference() {
 fn verification_reports_the_largest_difference_and_mismatched_shapes() {
     let a = kiln::Array::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
     let b = kiln::Array::from_vec(vec![1.5f32, 4.0], &[2]).unwrap();
-    let v = Verification::compare("gpu".to_string(), &[a.clone()], &[b]);
+    let v = Verification::compare("gpu".to_string(), std::slice::from_ref(&a), &[b]);
     assert_eq!((v.compared, v.max_abs_diff, v.error), (2, 2.0, None));
     // |2 - 4| / 4 beats |1 - 1.5| / 1.
     assert_eq!(v.max_rel_diff, 0.5);
