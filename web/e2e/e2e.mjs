@@ -164,12 +164,29 @@ await check("gradient", async () => {
   if (Math.abs(values[0] - 1) > 1e-2 || Math.abs(values[1] - 2) > 1e-2) throw new Error(`w ${w}`);
 });
 
+await check("custom-op", async () => {
+  await runExample("custom-op", "kernel, 70 x 3");
+  // The custom op is one graph node showing its schema; the kernel wrote
+  // every element at both sizes (1 * 2 + 1 = 3 everywhere).
+  expectEqual(await text(".cache .summary"), "2 entries, 1 hits, 2 misses", "cache summary");
+  const miss = await page.locator(".miss").nth(1).innerText();
+  if (!miss.includes("causal")) throw new Error(`miss text: ${miss}`);
+  const node = page.locator("g[data-node] text", { hasText: "attention(" });
+  if ((await node.count()) < 1) throw new Error("no attention node in the graph");
+  for (const label of ["kernel, 5 x 3", "kernel, 70 x 3"]) {
+    const out = await page.locator(".output", { hasText: label }).locator("pre").innerText();
+    const values = out.replace(/dtype=\w+/, "").match(/-?\d+(\.\d*)?(e[-+]?\d+)?/g).map(Number);
+    if (values.length === 0 || values.some((v) => v !== 3)) throw new Error(`${label}: ${out}`);
+  }
+});
+
 if (mode === "webgpu") {
   // Every example once more, verified: the same script on the CPU, the
   // largest difference small.
   for (const [id, label] of [
     ["custom-node", "tanh (a miss: act differs)"], ["shapeless", "n = 9"], ["read-later", "out"],
     ["mlp", "row sums"], ["donation", "params"], ["gradient", "loss after 40 steps"],
+    ["custom-op", "kernel, 70 x 3"],
   ]) {
     await check(`verify-${id}`, async () => {
       await runExample(id, label);
