@@ -10,6 +10,7 @@ pub mod kernel;
 pub mod layout;
 pub mod matmul;
 pub mod pad;
+pub mod quant;
 pub mod reduce;
 pub mod scatter;
 pub mod select;
@@ -32,6 +33,7 @@ pub use custom::{CustomCall, CustomOp, SchemaEntry};
 pub use fused::{FusedArg, FusedKernel, FusedStep};
 pub use kernel::{Kernel, KernelCall, TemplateValue};
 pub use layout::SliceAxis;
+pub use quant::{QuantFormat, QuantKind, QuantOp, QuantPart};
 pub use reduce::ReduceOp;
 #[cfg(test)]
 pub(crate) use strided::proptest_config;
@@ -120,6 +122,9 @@ pub enum Op {
     Kernel(KernelCall),
     /// A custom op over a tree of arguments ([`custom::CustomOp`]).
     Custom(CustomCall),
+    /// Quantization: quantize, dequantize, quantized matmul and gather_qmm
+    /// ([`quant`]).
+    Quant(QuantOp),
 }
 
 impl Op {
@@ -146,6 +151,7 @@ impl Op {
             Op::Fused(_) => "fused",
             Op::Kernel(k) => k.kernel.name(),
             Op::Custom(c) => c.name(),
+            Op::Quant(q) => q.name(),
         }
     }
 
@@ -175,6 +181,7 @@ impl Op {
             Op::Fused(k) => k.describe(),
             Op::Kernel(k) => k.describe(),
             Op::Custom(c) => c.describe(),
+            Op::Quant(q) => q.describe(),
             other => other.name().to_string(),
         }
     }
@@ -229,6 +236,7 @@ impl Op {
             Op::Fused(k) => fused::shape_rule(k, inputs, cx),
             Op::Kernel(k) => k.shape_rule(inputs, cx),
             Op::Custom(c) => c.shape_rule(inputs, cx),
+            Op::Quant(q) => q.shape_rule(inputs, cx),
         }
     }
 
@@ -249,6 +257,7 @@ impl Op {
             Op::Binary(_) | Op::Matmul | Op::Take { .. } | Op::ScatterAdd { .. } => Some(2),
             Op::Select => Some(3),
             Op::Concat { .. } | Op::Fused(_) | Op::Kernel(_) | Op::Custom(_) => None,
+            Op::Quant(q) => Some(q.arity()),
             _ => Some(1),
         }
     }
@@ -310,6 +319,7 @@ impl Op {
             Op::Fused(k) => fused::eval(k, inputs, in_shapes, out_shape),
             Op::Kernel(k) => k.eval(inputs, in_shapes, out_shape),
             Op::Custom(c) => c.eval(inputs, in_shapes),
+            Op::Quant(q) => q.eval(inputs, in_shapes),
         }
     }
 
@@ -345,6 +355,7 @@ impl Op {
             Op::PadSlice { axes, .. } => vec![Some(pad::vjp(axes, g))],
             Op::ArgMax { .. } | Op::StopGradient => vec![None; inputs.len()],
             Op::Custom(c) => c.vjp(inputs, output, g)?,
+            Op::Quant(q) => q.vjp(inputs, g)?,
             Op::Kernel(_) => {
                 return Err(crate::error::arg_err(
                     self.name(),
