@@ -1294,6 +1294,58 @@ mod tests {
         }
     }
 
+    fn close(a: &Array, b: &Array) {
+        let (a, b) = (f32s(a), f32s(b));
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                "element {i}: {x} vs {y}"
+            );
+        }
+    }
+
+    #[test]
+    fn gradients_through_quantized_matmul_equal_those_through_the_dequantized_weight() {
+        type Args = (Array, Array, Array, Array);
+        for (format, transpose) in [
+            (QuantFormat::affine(4, 32), true),
+            (QuantFormat::affine(3, 32), false),
+            (QuantFormat::Nf4, false),
+            (QuantFormat::Int8, true),
+        ] {
+            let w = matrix(wavy(2 * 6 * 64, 21, 1.0), &[2, 6, 64]);
+            let q = quantize(&w, format);
+            let k = if transpose { 64 } else { 6 };
+            let x = matrix(wavy(3 * k, 22, 1.0), &[3, k]);
+            let biases = q.biases.clone().unwrap_or_else(|| q.scales.clone());
+            let args: Args = (x, q.packed.clone(), q.scales.clone(), biases);
+            let weight = move |(_, packed, scales, biases): &Args| Quantized {
+                packed: packed.clone(),
+                scales: scales.clone(),
+                biases: format.has_biases().then(|| biases.clone()),
+                format,
+            };
+            let loss_q =
+                move |a: Args| (quantized_matmul(&a.0, &weight(&a), transpose).sin()).sum_all();
+            let loss_d = move |a: Args| {
+                let w = weight(&a).dequantize();
+                let w = if transpose { w.swap_axes(-1, -2) } else { w };
+                a.0.matmul(&w).sin().sum_all()
+            };
+            let wrt = ["args[0]", "args[2]", "args[3]"];
+            let got = crate::grad(loss_q).wrt(wrt).call(&args).unwrap();
+            let want = crate::grad(loss_d).wrt(wrt).call(&args).unwrap();
+            close(&got.0, &want.0);
+            close(&got.2, &want.2);
+            close(&got.3, &want.3);
+            assert!(
+                f32s(&got.2).iter().any(|&v| v != 0.0),
+                "{format}: scales get a gradient"
+            );
+        }
+    }
+
     #[test]
     fn gather_qmm_matches_take_then_matmul_with_broadcast_indices() {
         let format = QuantFormat::affine(4, 32);
