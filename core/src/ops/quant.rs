@@ -405,13 +405,88 @@ impl QuantOp {
                 out.extend(weight_vjp(format, packed, scales, biases, &gw));
                 Ok(out)
             }
-            QuantKind::GatherMatmul { .. } => Err(arg_err(
-                "gather_qmm",
-                "has no vjp, so gradients cannot flow through it; use quantized_matmul on \
-                 the gathered operands",
-            )),
+            QuantKind::GatherMatmul { transpose } => {
+                let weight = 2 + usize::from(biases);
+                let (x, packed, scales) = (&inputs[0], &inputs[1], &inputs[2]);
+                let (lhs, rhs) = (&inputs[1 + weight], &inputs[2 + weight]);
+                Ok(gather_vjp(
+                    format,
+                    transpose,
+                    x,
+                    packed,
+                    scales,
+                    inputs.get(3).filter(|_| biases),
+                    lhs,
+                    rhs,
+                    g,
+                ))
+            }
         }
     }
+}
+
+/// `a` with its leading `lead` dims flattened into one.
+fn flatten_lead(a: &Array, lead: usize) -> Array {
+    let dims = a.shape().dims();
+    let count = dims[..lead].iter().fold(Dim::Known(1), |acc, d| acc.mul(d));
+    let mut flat = vec![count];
+    flat.extend(dims[lead..].iter().cloned());
+    a.reshape_to(Shape(flat))
+}
+
+/// The cotangents of `gather_qmm`'s operands: each output batch entry's
+/// share is computed on the gathered matrices and added back at the
+/// matrix its index named (x through `lhs`, the weight through `rhs`).
+#[allow(clippy::too_many_arguments)]
+fn gather_vjp(
+    format: QuantFormat,
+    transpose: bool,
+    x: &Array,
+    packed: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    lhs: &Array,
+    rhs: &Array,
+    g: &Array,
+) -> Vec<Option<Array>> {
+    let batch_rank = g.ndim() - 2;
+    let batch = Shape(g.shape().dims()[..batch_rank].to_vec());
+    let flat_index = |i: &Array| flatten_lead(&i.broadcast_to(batch.clone()), batch_rank);
+    let (lhs, rhs) = (flat_index(lhs), flat_index(rhs));
+    let g = flatten_lead(g, batch_rank);
+    let x_rank = x.ndim() - 2;
+    let w_rank = packed.ndim() - 2;
+    let xs = flatten_lead(x, x_rank);
+    let pick = |a: &Array| flatten_lead(a, w_rank).take(&rhs, 0);
+    let picked = Quantized {
+        packed: pick(packed),
+        scales: pick(scales),
+        biases: biases.map(pick),
+        format,
+    };
+    let gx = quantized_matmul(&g, &picked, !transpose)
+        .scatter_add(&lhs, 0, xs.shape().dims()[0].clone())
+        .reshape_to(x.shape().clone());
+    let xg = xs.take(&lhs, 0);
+    let gw = if transpose {
+        g.swap_axes(-1, -2).matmul(&xg)
+    } else {
+        xg.swap_axes(-1, -2).matmul(&g)
+    };
+    let w = Quantized {
+        packed: packed.clone(),
+        scales: scales.clone(),
+        biases: biases.cloned(),
+        format,
+    };
+    let w_flat = flatten_lead(&w.dequantize(), w_rank);
+    let gw = gw
+        .scatter_add(&rhs, 0, w_flat.shape().dims()[0].clone())
+        .reshape_to(w.dequantize().shape().clone());
+    let mut out = vec![Some(gx), None];
+    out.extend(weight_vjp(format, packed, scales, biases.is_some(), &gw));
+    out.extend([None, None]);
+    out
 }
 
 /// The cotangents of scales (and biases) of a dequantized weight whose
@@ -1344,6 +1419,45 @@ mod tests {
                 "{format}: scales get a gradient"
             );
         }
+    }
+
+    #[test]
+    fn gradients_through_gather_qmm_equal_those_through_take_and_matmul() {
+        type Args = (Array, Array, Array, Array);
+        let format = QuantFormat::affine(4, 32);
+        let w = matrix(wavy(3 * 5 * 64, 31, 1.0), &[3, 5, 64]);
+        let q = quantize(&w, format);
+        let x = matrix(wavy(2 * 2 * 64, 32, 1.0), &[2, 2, 64]);
+        let args: Args = (
+            x,
+            q.packed.clone(),
+            q.scales.clone(),
+            q.biases.clone().unwrap(),
+        );
+        let lhs = Array::from_vec(vec![1u32, 0, 1], &[3, 1]).unwrap();
+        let rhs = Array::from_vec(vec![2u32, 2], &[1, 2]).unwrap();
+        let weight = |a: &Args| Quantized {
+            packed: a.1.clone(),
+            scales: a.2.clone(),
+            biases: Some(a.3.clone()),
+            format,
+        };
+        let (l, r) = (lhs.clone(), rhs.clone());
+        let loss_q = move |a: Args| gather_qmm(&a.0, &weight(&a), &l, &r, true).sin().sum_all();
+        let loss_d = move |a: Args| {
+            let (l, r) = (
+                lhs.broadcast_to([3, 2]).reshape(&[-1]),
+                rhs.broadcast_to([3, 2]).reshape(&[-1]),
+            );
+            let w = weight(&a).dequantize().take(&r, 0).swap_axes(-1, -2);
+            a.0.take(&l, 0).matmul(&w).sin().sum_all()
+        };
+        let wrt = ["args[0]", "args[2]", "args[3]"];
+        let got = crate::grad(loss_q).wrt(wrt).call(&args).unwrap();
+        let want = crate::grad(loss_d).wrt(wrt).call(&args).unwrap();
+        close(&got.0, &want.0);
+        close(&got.2, &want.2);
+        close(&got.3, &want.3);
     }
 
     #[test]
