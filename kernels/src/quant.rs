@@ -15,8 +15,30 @@ const DEQUANTIZE: &str = include_str!("wgsl/dequantize.wgsl");
 const QUANTIZE: &str = include_str!("wgsl/quantize.wgsl");
 const QMM: &str = include_str!("wgsl/qmm.wgsl");
 
-/// Rows of one output block of the product kernel (`ROWS` in `qmm.wgsl`).
-const QMM_ROWS: usize = 4;
+/// ROWS of `qmm.wgsl` and its block types: four rows share each decoded
+/// weight, except for products of fewer rows (a matrix times a vector),
+/// which would load and multiply dead rows.
+fn block(m: usize) -> (usize, &'static str) {
+    if m >= 4 {
+        (
+            4,
+            "const ROWS: u32 = 4u;\nalias V = vec4<f32>;\nalias VU = vec4<u32>;\n\
+             fn block_rows(row0: u32, m: u32) -> VU {\n    \
+             return min(VU(row0, row0 + 1u, row0 + 2u, row0 + 3u), VU(m - 1u));\n}\n\
+             fn xs(i: VU) -> V {\n    \
+             return V(load_x(i.x), load_x(i.y), load_x(i.z), load_x(i.w));\n}\n\
+             fn lane(v: V, j: u32) -> f32 {\n    return v[j];\n}\n",
+        )
+    } else {
+        (
+            1,
+            "const ROWS: u32 = 1u;\nalias V = f32;\nalias VU = u32;\n\
+             fn block_rows(row0: u32, m: u32) -> VU {\n    return row0;\n}\n\
+             fn xs(i: VU) -> V {\n    return load_x(i);\n}\n\
+             fn lane(v: V, j: u32) -> f32 {\n    return v;\n}\n",
+        )
+    }
+}
 
 fn unsupported(op: &str, dtype: DType) -> KernelError {
     KernelError::Unsupported {
@@ -295,10 +317,8 @@ pub fn quantized_matmul(
     source.push_str(CODE_AT);
     source.push_str(&scale_loads(2, biases, dtype, target));
     source.push_str(&load_fn("load_x", "in_0", dtype, target, 1));
-    source.push_str(
-        "fn xs(i: vec4<u32>) -> vec4<f32> {\n    \
-         return vec4<f32>(load_x(i.x), load_x(i.y), load_x(i.z), load_x(i.w));\n}\n",
-    );
+    let (block_rows, block_part) = block(m);
+    source.push_str(block_part);
     let mut params = vec![
         0,
         param(op, m)?,
@@ -386,44 +406,44 @@ pub fn quantized_matmul(
         // Whole words of codes, each decoded once per block.
         let per_word = 32 / format.bits();
         format!(
-            "fn product(x_rows: vec4<u32>, w: u32, col: u32) -> vec4<f32> {{\n    \
+            "fn product(x_rows: VU, w: u32, col: u32) -> V {{\n    \
              let k = params[3];\n    let group = params[4];\n    let gpr = params[5];\n    \
              let row = w * params[2] + col;\n    var word_at = row * (k / {per_word}u);\n    \
-             var acc = vec4<f32>(0.0);\n    \
+             var acc = V(0.0);\n    \
              for (var g = 0u; g < gpr; g++) {{\n        \
              let scale = load_scale(row * gpr + g);\n        let bias = load_bias(row * gpr + g);\n        \
              for (var kk = g * group; kk < (g + 1u) * group; kk += {per_word}u) {{\n            \
              let word = in_1[word_at];\n            word_at++;\n            \
              for (var j = 0u; j < {per_word}u; j++) {{\n                \
              let v = decode((word >> (j * BITS)) & MASK, scale, bias);\n                \
-             acc += xs(x_rows + vec4<u32>(kk + j)) * v;\n            }}\n        }}\n    }}\n    \
+             acc += xs(x_rows + VU(kk + j)) * v;\n            }}\n        }}\n    }}\n    \
              return acc;\n}}\n"
         )
     } else if transpose {
-        "fn product(x_rows: vec4<u32>, w: u32, col: u32) -> vec4<f32> {\n    \
+        "fn product(x_rows: VU, w: u32, col: u32) -> V {\n    \
          let k = params[3];\n    let group = params[4];\n    let gpr = params[5];\n    \
-         let row = w * params[2] + col;\n    var acc = vec4<f32>(0.0);\n    \
+         let row = w * params[2] + col;\n    var acc = V(0.0);\n    \
          for (var g = 0u; g < gpr; g++) {\n        \
          let scale = load_scale(row * gpr + g);\n        let bias = load_bias(row * gpr + g);\n        \
          for (var kk = g * group; kk < (g + 1u) * group; kk++) {\n            \
          let v = decode(code_at((row * k + kk) * BITS), scale, bias);\n            \
-         acc += xs(x_rows + vec4<u32>(kk)) * v;\n        }\n    }\n    \
+         acc += xs(x_rows + VU(kk)) * v;\n        }\n    }\n    \
          return acc;\n}\n"
             .to_string()
     } else {
-        "fn product(x_rows: vec4<u32>, w: u32, col: u32) -> vec4<f32> {\n    \
+        "fn product(x_rows: VU, w: u32, col: u32) -> V {\n    \
          let n = params[2];\n    let k = params[3];\n    let group = params[4];\n    \
-         let gpr = params[5];\n    var acc = vec4<f32>(0.0);\n    \
+         let gpr = params[5];\n    var acc = V(0.0);\n    \
          for (var kk = 0u; kk < k; kk++) {\n        let row = w * k + kk;\n        \
          let g = row * gpr + col / group;\n        \
          let v = decode(code_at((row * n + col) * BITS), load_scale(g), load_bias(g));\n        \
-         acc += xs(x_rows + vec4<u32>(kk)) * v;\n    }\n    \
+         acc += xs(x_rows + VU(kk)) * v;\n    }\n    \
          return acc;\n}\n"
             .to_string()
     };
     source.push_str(&product);
     source.push_str(QMM);
-    let invocations = batches * m.div_ceil(QMM_ROWS) * n;
+    let invocations = batches * m.div_ceil(block_rows) * n;
     params[0] = param(op, invocations)?;
     param(op, batches * m * n)?;
     checked(
@@ -463,14 +483,14 @@ mod tests {
                         quantize(format, part, dtype, 256, 128, target).unwrap();
                     }
                     dequantize(format, dtype, 256, 128, target).unwrap();
-                    for transpose in [false, true] {
+                    for (m, transpose) in [(1, false), (5, false), (1, true), (5, true)] {
                         let batch = QmmBatch::Broadcast {
                             batch: vec![2],
                             x_batch: vec![1],
                             w_batch: vec![2],
                         };
                         let shape = QmmShape {
-                            m: 3,
+                            m,
                             n: 128,
                             k: 128,
                             transpose,

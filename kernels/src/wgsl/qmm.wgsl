@@ -1,13 +1,14 @@
 // Quantized matmul and gather_qmm: one invocation per output column and
 // block of ROWS rows of one output matrix, decoding each weight once for
 // the block and reading the packed codes directly (the dequantized matrix
-// never exists). The generated part above defines `matrices(batch)` (the
-// x and w matrix of an output batch entry), `product(...)` (the sum over k
-// for the block), the loads and `decode`.
+// never exists). The generated part above defines ROWS (4, or 1 for
+// fewer rows), the block's types V (ROWS f32s) and VU (ROWS u32s),
+// `block_rows(row0, m)` (the block's rows, those past m read as row m − 1),
+// `lane(v, j)`, `matrices(batch)` (the x and w matrix of an output batch
+// entry), `product(...)` (the sum over k for the block), the loads and
+// `decode`.
 //
 // params: [invocations, m, n, k, group, groups per row, ...matrices' own]
-
-const ROWS: u32 = 4u;
 
 @compute @workgroup_size(64)
 fn main(
@@ -28,12 +29,11 @@ fn main(
     let batch = o / (n * blocks);
     let mats = matrices(batch);
     let row0 = block * ROWS;
-    // Rows past m read row m - 1 and are not written.
-    let rows = min(vec4<u32>(row0, row0 + 1u, row0 + 2u, row0 + 3u), vec4<u32>(m - 1u));
-    let acc = product(mats.x * m * k + rows * k, mats.y, col);
+    // Rows past m are computed from row m - 1 and not written.
+    let acc = product(mats.x * m * k + block_rows(row0, m) * k, mats.y, col);
     for (var j = 0u; j < ROWS; j++) {
         if (row0 + j < m) {
-            out[(batch * m + row0 + j) * n + col] = bitcast<u32>(acc[j]);
+            out[(batch * m + row0 + j) * n + col] = bitcast<u32>(lane(acc, j));
         }
     }
 }
