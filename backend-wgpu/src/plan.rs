@@ -7,8 +7,10 @@ use crate::buffer::{byte_size, to_words};
 use crate::Shared;
 use kiln::ops::{FusedArg, FusedKernel};
 use kiln::plan::Home;
-use kiln::{CustomCall, DType, Error, Executable, HostData, Op, Result, ValueKind};
-use kiln_kernels::{KernelSpec, Launch, MatmulVariant, View};
+use kiln::{
+    CustomCall, DType, Error, Executable, HostData, Op, QuantKind, QuantOp, Result, ValueKind,
+};
+use kiln_kernels::{KernelSpec, Launch, MatmulVariant, QmmBatch, QmmShape, View};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -257,7 +259,10 @@ impl Builder<'_> {
         let op = self.op_name(v);
         let dtype = self.dtype(v);
         let packs = kiln_kernels::stores_f32(dtype)
-            && matches!(self.node_op(v), Some(Op::Reduce { .. } | Op::Matmul));
+            && matches!(
+                self.node_op(v),
+                Some(Op::Reduce { .. } | Op::Matmul | Op::Quant(_))
+            );
         let mut bound = Vec::with_capacity(spec.bound.len());
         for &k in &spec.bound {
             bound.push(*operands.get(k).ok_or_else(|| {
@@ -618,6 +623,10 @@ impl Builder<'_> {
                 let dtypes: Vec<DType> = (0..node.inputs.len()).map(in_dtype).collect();
                 kiln_kernels::user_kernel(call, &dtypes, &shapes, out_shape, dtype)
             }
+            Op::Quant(q) => {
+                let shapes: Vec<&[usize]> = (0..node.inputs.len()).map(in_shape).collect();
+                quant_spec(q, &shapes, in_dtype, out_shape, target)
+            }
             other => {
                 return Err(backend_err(format!(
                     "op `{}` has no wgpu kernel",
@@ -626,6 +635,84 @@ impl Builder<'_> {
             }
         };
         spec.map_err(kernel_err)
+    }
+}
+
+/// The kernel of quantization op `q` over contiguous operands of `shapes`
+/// (dtypes from `in_dtype`) into `out_shape`.
+fn quant_spec(
+    q: &QuantOp,
+    shapes: &[&[usize]],
+    in_dtype: impl Fn(usize) -> DType,
+    out_shape: &[usize],
+    target: kiln_kernels::Target,
+) -> std::result::Result<KernelSpec, kiln_kernels::KernelError> {
+    let numel = |s: &[usize]| s.iter().product::<usize>();
+    let last = |s: &[usize]| s.last().copied().unwrap_or(0);
+    let batch = |s: &[usize]| s[..s.len().saturating_sub(2)].to_vec();
+    let format = q.format;
+    let weight = 2 + usize::from(format.has_biases());
+    // The stored weight's [..., rows, cols] from packed codes and scales.
+    let cols = |packed: &[usize], scales: &[usize]| match format.group_size() {
+        Some(g) => last(scales) * g,
+        None => last(packed) * 4,
+    };
+    let product = |k_shapes: &[&[usize]], transpose: bool, batch| {
+        let (x, packed) = (k_shapes[0], k_shapes[1]);
+        let rank = packed.len();
+        let rows = packed.get(rank.wrapping_sub(2)).copied().unwrap_or(1);
+        let c = cols(packed, k_shapes[2]);
+        QmmShape {
+            m: x.get(x.len().wrapping_sub(2)).copied().unwrap_or(1),
+            k: last(x),
+            n: if transpose { rows } else { c },
+            transpose,
+            batch,
+        }
+    };
+    match q.kind {
+        QuantKind::Quantize(part) => kiln_kernels::quantize(
+            format,
+            part,
+            in_dtype(0),
+            numel(shapes[0]),
+            last(shapes[0]),
+            target,
+        ),
+        QuantKind::Dequantize => kiln_kernels::dequantize(
+            format,
+            in_dtype(1),
+            numel(out_shape),
+            cols(shapes[0], shapes[1]),
+            target,
+        ),
+        QuantKind::Matmul { transpose } => {
+            let out_batch = batch(out_shape);
+            let geometry = product(
+                shapes,
+                transpose,
+                QmmBatch::Broadcast {
+                    batch: out_batch,
+                    x_batch: batch(shapes[0]),
+                    w_batch: batch(shapes[1]),
+                },
+            );
+            kiln_kernels::quantized_matmul(format, in_dtype(0), &geometry, target)
+        }
+        QuantKind::GatherMatmul { transpose } => {
+            let geometry = product(
+                shapes,
+                transpose,
+                QmmBatch::Gather {
+                    batch: batch(out_shape),
+                    lhs: (shapes[weight + 1].to_vec(), in_dtype(weight + 1)),
+                    rhs: (shapes[weight + 2].to_vec(), in_dtype(weight + 2)),
+                    x_count: numel(&batch(shapes[0])),
+                    w_count: numel(&batch(shapes[1])),
+                },
+            );
+            kiln_kernels::quantized_matmul(format, in_dtype(0), &geometry, target)
+        }
     }
 }
 
@@ -792,7 +879,14 @@ pub(crate) fn build(shared: &Shared, exe: &Executable, shapes: &[Vec<usize>]) ->
                         continue;
                     }
                 }
-                let bad_input = b.indexed_axis(v, op).map(out_of_range);
+                let bad_input = match op {
+                    Op::Quant(q) if matches!(q.kind, QuantKind::GatherMatmul { .. }) => Some(
+                        "lhs_indices or rhs_indices name a matrix out of range for output \
+                         batch entry"
+                            .to_string(),
+                    ),
+                    _ => b.indexed_axis(v, op).map(out_of_range),
+                };
                 b.kernel(v, out, spec, operands, bad_input)?;
             }
         }

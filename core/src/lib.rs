@@ -48,6 +48,10 @@ pub use kiln_derive::Tree;
 pub use limits::Limits;
 pub use ops::binary::Operand;
 pub use ops::layout::concat;
+pub use ops::quant::{
+    dequantize, gather_qmm, quantize, quantized_matmul, QuantFormat, QuantKind, QuantOp, QuantPart,
+    Quantized,
+};
 pub use ops::select::select;
 pub use ops::{
     BinaryOp, Condition, CustomCall, CustomOp, Guard, Kernel, KernelCall, Op, ReduceOp,

@@ -10,6 +10,7 @@ pub mod kernel;
 pub mod layout;
 pub mod matmul;
 pub mod pad;
+pub mod quant;
 pub mod reduce;
 pub mod scatter;
 pub mod select;
@@ -33,6 +34,7 @@ pub use custom::{CustomCall, CustomOp, SchemaEntry};
 pub use fused::{FusedArg, FusedKernel, FusedStep};
 pub use kernel::{Kernel, KernelCall, TemplateValue};
 pub use layout::SliceAxis;
+pub use quant::{QuantFormat, QuantKind, QuantOp, QuantPart};
 pub use reduce::ReduceOp;
 #[cfg(test)]
 pub(crate) use strided::proptest_config;
@@ -124,6 +126,9 @@ pub enum Op {
     /// An implicit array ([`crate::implicit`]): a value of its own kind
     /// until the lowering pass resolves the ops that read it.
     Implicit(ImplicitCall),
+    /// Quantization: quantize, dequantize, quantized matmul and gather_qmm
+    /// ([`quant`]).
+    Quant(QuantOp),
 }
 
 impl Op {
@@ -151,6 +156,7 @@ impl Op {
             Op::Kernel(k) => k.kernel.name(),
             Op::Custom(c) => c.name(),
             Op::Implicit(i) => i.kind(),
+            Op::Quant(q) => q.name(),
         }
     }
 
@@ -181,6 +187,7 @@ impl Op {
             Op::Kernel(k) => k.describe(),
             Op::Custom(c) => c.describe(),
             Op::Implicit(i) => i.describe(),
+            Op::Quant(q) => q.describe(),
             other => other.name().to_string(),
         }
     }
@@ -236,6 +243,7 @@ impl Op {
             Op::Kernel(k) => k.shape_rule(inputs, cx),
             Op::Custom(c) => c.shape_rule(inputs, cx),
             Op::Implicit(i) => i.shape_rule(inputs, cx),
+            Op::Quant(q) => q.shape_rule(inputs, cx),
         }
     }
 
@@ -258,6 +266,7 @@ impl Op {
             Op::Concat { .. } | Op::Fused(_) | Op::Kernel(_) | Op::Custom(_) | Op::Implicit(_) => {
                 None
             }
+            Op::Quant(q) => Some(q.arity()),
             _ => Some(1),
         }
     }
@@ -320,6 +329,7 @@ impl Op {
             Op::Kernel(k) => k.eval(inputs, in_shapes, out_shape),
             Op::Custom(c) => c.eval(inputs, in_shapes),
             Op::Implicit(i) => i.eval(inputs, in_shapes),
+            Op::Quant(q) => q.eval(inputs, in_shapes),
         }
     }
 
@@ -356,6 +366,7 @@ impl Op {
             Op::ArgMax { .. } | Op::StopGradient => vec![None; inputs.len()],
             Op::Custom(c) => c.vjp(inputs, output, g)?,
             Op::Implicit(i) => i.vjp(inputs, g)?,
+            Op::Quant(q) => q.vjp(inputs, g)?,
             Op::Kernel(_) => {
                 return Err(crate::error::arg_err(
                     self.name(),

@@ -11,6 +11,9 @@ use kiln_wgpu::{MatmulVariant, WgpuBackend, WgpuBuffer};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+#[path = "kiln-bench/quant.rs"]
+mod quant;
+
 /// Ten (4,4) arrays in a derived struct.
 #[derive(Tree, Clone)]
 struct Ten {
@@ -374,6 +377,7 @@ fn main() {
     grad_benchmarks(&names, &mut report);
     custom_kernel_benchmarks(&names, &mut report);
     wgpu_benchmarks(&names, &mut report);
+    quant::benchmarks(&names, &mut report);
     println!("{}", report.to_json());
 }
 

@@ -1,0 +1,197 @@
+//! `cargo xtask bench quant`: the quantized product against dequantize then
+//! matmul on the CPU executor and on wgpu, and the 4-bit MLP's weight bytes
+//! and planned activation peak beside the f32 model's.
+
+use super::{device_ms, plan_memory, zeros};
+use kiln::{compile, nn, quantize, quantized_matmul, Array, QuantFormat, Quantized};
+use kiln_tests::bench::{median_micros, selected, BenchReport};
+use kiln_wgpu::WgpuBackend;
+
+/// The benchmarks' format: 4 bits, groups of 64.
+const FORMAT: QuantFormat = QuantFormat::Affine {
+    bits: 4,
+    group_size: 64,
+};
+
+/// Every benchmark of the group.
+const NAMES: [&str; 6] = [
+    "qmm_4bit_4096x4096",
+    "dequant_then_matmul_4096x4096",
+    "mlp4_q4_weight_bytes",
+    "mlp4_f32_weight_bytes",
+    "plan_mlp4_q4_peak_bytes",
+    "plan_mlp4_peak_bytes",
+];
+
+/// True when `name` runs: named by prefix, or the whole group by `quant`.
+fn wanted(name: &str, names: &[String]) -> bool {
+    names.iter().any(|n| n == "quant") || selected(name, names)
+}
+
+/// The weight of `args[1..]` in the benchmark format.
+fn weight(args: &[Array]) -> Quantized {
+    Quantized {
+        packed: args[1].clone(),
+        scales: args[2].clone(),
+        biases: Some(args[3].clone()),
+        format: FORMAT,
+    }
+}
+
+/// `x @ wᵀ` read from the packed codes.
+fn quantized(args: Vec<Array>) -> Array {
+    quantized_matmul(&args[0], &weight(&args), true)
+}
+
+/// The same product through the dequantized weight.
+fn dequantized(args: Vec<Array>) -> Array {
+    args[0].matmul(&weight(&args).dequantize().transpose())
+}
+
+/// `[x, packed, scales, biases]` of an `m`×4096 x and a 4096×4096 weight.
+fn arguments(m: usize) -> Vec<Array> {
+    let n = 4096;
+    let ramp = |len: usize, step: f32| (0..len).map(move |i| ((i % 1000) as f32 - 500.0) * step);
+    let w = Array::from_vec(ramp(n * n, 1e-3).collect(), &[n, n]).expect("sized");
+    let q = quantize(&w, FORMAT);
+    let mut args = vec![Array::from_vec(ramp(m * n, 1e-3).collect(), &[m, n]).expect("sized")];
+    args.extend([q.packed, q.scales, q.biases.expect("affine has biases")]);
+    for a in &args {
+        a.eval().expect("quantizes");
+    }
+    args
+}
+
+pub(crate) fn benchmarks(names: &[String], report: &mut BenchReport) {
+    if !NAMES.iter().any(|name| wanted(name, names)) {
+        return;
+    }
+    weight_bytes(names, report);
+    let products = ["qmm_4bit_4096x4096", "dequant_then_matmul_4096x4096"];
+    if !products.iter().any(|name| wanted(name, names)) {
+        return;
+    }
+    let gpu = WgpuBackend::new()
+        .map_err(|e| {
+            eprintln!("kiln-bench: no wgpu adapter ({e}); the wgpu qmm figures are left out")
+        })
+        .ok();
+    if let Some(gpu) = &gpu {
+        report.adapter = Some(gpu.adapter());
+    }
+    for (m, cpu_iterations, gpu_iterations) in [(1, 20, 10), (64, 3, 2)] {
+        let args = arguments(m);
+        let q = compile(quantized);
+        let d = compile(dequantized);
+        let time = |f: &dyn Fn() -> Array, iterations| {
+            median_micros(iterations, || {
+                std::hint::black_box(f().data().expect("runs"));
+            })
+        };
+        let cpu = (
+            time(&|| q.call(&args).expect("runs"), cpu_iterations),
+            time(&|| d.call(&args).expect("runs"), cpu_iterations),
+        );
+        record(report, m, "cpu", cpu);
+        if let Some(gpu) = &gpu {
+            let q = compile(quantized).with_backend(gpu.clone());
+            let d = compile(dequantized).with_backend(gpu.clone());
+            let us = (
+                device_ms(gpu, &q, args.clone(), gpu_iterations) * 1e3,
+                device_ms(gpu, &d, args.clone(), gpu_iterations) * 1e3,
+            );
+            record(report, m, "wgpu", us);
+        }
+    }
+}
+
+/// The two products' microseconds and their ratio (dequantize then matmul
+/// over quantized: above 1 when the quantized path is faster).
+fn record(report: &mut BenchReport, m: usize, backend: &str, (quantized, dequantized): (f64, f64)) {
+    report.record(
+        format!("qmm_4bit_4096x4096_m{m}_{backend}"),
+        quantized,
+        "us",
+    );
+    report.record(
+        format!("dequant_then_matmul_4096x4096_m{m}_{backend}"),
+        dequantized,
+        "us",
+    );
+    report.record(
+        format!("qmm_4bit_4096x4096_m{m}_{backend}_speedup"),
+        dequantized / quantized,
+        "x",
+    );
+}
+
+/// The MLP of `plan_mlp4` (x 256×1024, four 1024×1024 layers, gelu
+/// between) with 4-bit weights: its weight bytes against the f32 model's,
+/// and the planned peak of its computed values against the f32 model's.
+fn weight_bytes(names: &[String], report: &mut BenchReport) {
+    let wanted_any = [
+        "mlp4_q4_weight_bytes",
+        "mlp4_f32_weight_bytes",
+        "plan_mlp4_q4_peak_bytes",
+        "plan_mlp4_peak_bytes",
+    ]
+    .iter()
+    .any(|name| wanted(name, names));
+    if !wanted_any {
+        return;
+    }
+    let f32_weights: Vec<Array> = (0..4).map(|_| zeros(&[1024, 1024])).collect();
+    let mut q_args = vec![zeros(&[256, 1024])];
+    for w in &f32_weights {
+        // Stored [out, in] and multiplied transposed, as MLX lays it out.
+        let q = quantize(&w.transpose(), FORMAT);
+        q_args.extend([q.packed, q.scales, q.biases.expect("affine has biases")]);
+    }
+    for a in &q_args {
+        a.eval().expect("quantizes");
+    }
+    let bytes = |arrays: &[Array]| -> usize {
+        arrays
+            .iter()
+            .map(|a| a.data().expect("data").size_bytes())
+            .sum()
+    };
+    report.record("mlp4_f32_weight_bytes", bytes(&f32_weights) as f64, "bytes");
+    report.record("mlp4_q4_weight_bytes", bytes(&q_args[1..]) as f64, "bytes");
+    let layers = |h0: &Array, layer: &dyn Fn(usize, &Array) -> Array| {
+        (0..4).fold(h0.clone(), |h, i| {
+            let h = layer(i, &h);
+            if i < 3 {
+                nn::gelu(&h)
+            } else {
+                h
+            }
+        })
+    };
+    let q4 = compile(move |args: Vec<Array>| {
+        layers(&args[0], &|i, h| {
+            let w = Quantized {
+                packed: args[1 + 3 * i].clone(),
+                scales: args[2 + 3 * i].clone(),
+                biases: Some(args[3 + 3 * i].clone()),
+                format: FORMAT,
+            };
+            quantized_matmul(h, &w, true)
+        })
+    });
+    let exe = q4.executable(&q_args).expect("compiles");
+    report.record(
+        "plan_mlp4_q4_peak_bytes",
+        plan_memory(&exe, &q_args).peak_bytes as f64,
+        "bytes",
+    );
+    let mut f32_args = vec![zeros(&[256, 1024])];
+    f32_args.extend(f32_weights);
+    let f = compile(move |args: Vec<Array>| layers(&args[0], &|i, h| h.matmul(&args[1 + i])));
+    let exe = f.executable(&f32_args).expect("compiles");
+    report.record(
+        "plan_mlp4_peak_bytes",
+        plan_memory(&exe, &f32_args).peak_bytes as f64,
+        "bytes",
+    );
+}
