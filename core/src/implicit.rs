@@ -27,6 +27,7 @@ use crate::compile::next_trace_id;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, GraphNode, ValueId, ValueKind};
 use crate::ops::custom::{CustomCall, CustomDef, ForwardFn};
+use crate::ops::quant::{quantize, quantized_matmul, QuantFormat, Quantized};
 use crate::ops::{Op, ShapeCx};
 use crate::shape::Aval;
 use crate::trace::{extract, Leaves};
@@ -662,22 +663,151 @@ impl ImplicitArray for LowRank {
     }
 }
 
-/// The handlers Kiln registers itself.
-fn builtin_handlers() -> Vec<Handler> {
-    vec![Handler::new(
-        "matmul_low_rank",
+/// Declares a quantized weight kind standing for a `[k, n]` matrix `w`:
+/// its codes hold `wᵀ` (`[n, k]`, quantized along `k`, the layout MLX and
+/// QLoRA keep weights in), so `x @ w` runs as [`quantized_matmul`] with
+/// `transpose` straight from the packed codes.
+macro_rules! quantized_kind {
+    ($(#[$doc:meta])* $name:ident, $kind:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, crate::Tree)]
+        pub struct $name {
+            /// Packed codes of `wᵀ`, `u32[n, k·bits/32]`.
+            pub packed: Array,
+            /// One scale per group of a row of `wᵀ`.
+            pub scales: Array,
+            /// One bias per group (affine only).
+            pub biases: Option<Array>,
+            /// The format (bits, group size): a static, part of the cache key.
+            #[tree(static)]
+            pub format: QuantFormat,
+        }
+
+        impl $name {
+            /// The codes as the quantization ops take them.
+            pub fn quantized(&self) -> Quantized {
+                Quantized {
+                    packed: self.packed.clone(),
+                    scales: self.scales.clone(),
+                    biases: self.biases.clone(),
+                    format: self.format,
+                }
+            }
+
+            fn of(w: &Array, format: QuantFormat) -> $name {
+                let q = quantize(&w.transpose(), format);
+                $name {
+                    packed: q.packed,
+                    scales: q.scales,
+                    biases: q.biases,
+                    format: q.format,
+                }
+            }
+
+            /// The bytes its buffers take (known shapes), to set beside the
+            /// `k·n·4` of the f32 weight it stands for.
+            pub fn bytes(&self) -> usize {
+                [Some(&self.packed), Some(&self.scales), self.biases.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .map(|a| {
+                        a.dims().map_or(0, |d| d.iter().product::<usize>()) * a.dtype().size_bytes()
+                    })
+                    .sum()
+            }
+        }
+
+        impl ImplicitArray for $name {
+            const KIND: &'static str = $kind;
+
+            fn materialize(&self) -> Result<Array> {
+                Ok(self.quantized().dequantize().transpose())
+            }
+        }
+    };
+}
+
+quantized_kind!(
+    /// A weight in MLX's affine format (2–8 bits, groups of 32, 64 or 128).
+    AffineQuantized,
+    "affine_quantized"
+);
+quantized_kind!(
+    /// A weight in QLoRA's NF4 (16 normal-float levels, absmax per 64).
+    Nf4,
+    "nf4"
+);
+quantized_kind!(
+    /// A weight in symmetric int8 with one scale per output channel.
+    Int8,
+    "int8"
+);
+
+impl AffineQuantized {
+    /// `w` (`[k, n]`) quantized to `bits` per value in groups of
+    /// `group_size` along `k`.
+    pub fn quantize(w: &Array, bits: u32, group_size: usize) -> AffineQuantized {
+        AffineQuantized::of(w, QuantFormat::affine(bits, group_size))
+    }
+}
+
+impl Nf4 {
+    /// `w` (`[k, n]`) in NF4 along `k`.
+    pub fn quantize(w: &Array) -> Nf4 {
+        Nf4::of(w, QuantFormat::Nf4)
+    }
+}
+
+impl Int8 {
+    /// `w` (`[k, n]`) in int8, one scale per output channel.
+    pub fn quantize(w: &Array) -> Int8 {
+        Int8::of(w, QuantFormat::Int8)
+    }
+}
+
+/// `x @ w` for a quantized `w` of kind `T`, from the packed codes.
+fn quantized_matmul_handler<T: ImplicitArray>(
+    name: &'static str,
+    quantized: fn(&T) -> Quantized,
+) -> Handler {
+    Handler::new(
+        name,
         "matmul",
-        [OperandKind::Dense, OperandKind::Implicit(LowRank::KIND)],
+        [OperandKind::Dense, OperandKind::Implicit(T::KIND)],
         0,
-        |_, operands| {
-            let (Some(x), Some(w)) = (operands[0].dense(), operands[1].implicit::<LowRank>())
-            else {
+        move |_, operands| {
+            let (Some(x), Some(w)) = (operands[0].dense(), operands[1].implicit::<T>()) else {
                 return Err(Error::InvalidArgument {
                     op: "matmul".into(),
-                    detail: "matmul_low_rank expects a dense array and a low-rank value".into(),
+                    detail: format!("{name} expects a dense array and a {} weight", T::KIND),
                 });
             };
-            Ok(x.matmul(&w.base) + x.matmul(&w.a).matmul(&w.b))
+            Ok(quantized_matmul(x, &quantized(&w), true))
         },
-    )]
+    )
+}
+
+/// The handlers Kiln registers itself.
+fn builtin_handlers() -> Vec<Handler> {
+    vec![
+        quantized_matmul_handler("matmul_affine_quantized", AffineQuantized::quantized),
+        quantized_matmul_handler("matmul_nf4", Nf4::quantized),
+        quantized_matmul_handler("matmul_int8", Int8::quantized),
+        Handler::new(
+            "matmul_low_rank",
+            "matmul",
+            [OperandKind::Dense, OperandKind::Implicit(LowRank::KIND)],
+            0,
+            |_, operands| {
+                let (Some(x), Some(w)) = (operands[0].dense(), operands[1].implicit::<LowRank>())
+                else {
+                    return Err(Error::InvalidArgument {
+                        op: "matmul".into(),
+                        detail: "matmul_low_rank expects a dense array and a low-rank value".into(),
+                    });
+                };
+                Ok(x.matmul(&w.base) + x.matmul(&w.a).matmul(&w.b))
+            },
+        ),
+    ]
 }

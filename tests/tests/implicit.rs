@@ -337,3 +337,98 @@ fn eager_ops_on_implicit_values_go_through_the_same_lowering() {
         1e-5,
     );
 }
+
+mod quantized {
+    use super::*;
+    use kiln::implicit::{AffineQuantized, Int8, Nf4};
+
+    #[test]
+    fn x_at_an_nf4_weight_runs_the_quantized_kernel_and_materializes_nothing() {
+        let (x, w) = (normal(200, &[3, 128]), normal(201, &[128, 16]) * 0.1);
+        let q = Nf4::quantize(&w);
+        let f = compile(|(x, w): (Array, Nf4)| x.matmul(&w.array()));
+        let y = f.call(&(x.clone(), q.clone())).unwrap();
+        close(&y, &x.matmul(&q.materialize().unwrap()), 1e-4);
+        let report = f.cache().reports[0].clone();
+        assert_eq!(report.materializations(), 0);
+        assert!(matches!(
+            &report.implicit[..],
+            [ImplicitDecision::Handled { handler, .. }] if handler == "matmul_nf4"
+        ));
+        // Quantized: 4 bits a value plus one f32 scale per 64 (vs 32 bits).
+        assert_eq!(q.bytes(), 128 * 16 / 2 + 16 * 2 * 4);
+        if let Some(gpu) = kiln_tests::gpu::backend() {
+            let on_gpu = compile(|(x, w): (Array, Nf4)| x.matmul(&w.array())).with_backend(gpu);
+            close(&on_gpu.call(&(x.clone(), q)).unwrap(), &y, 1e-4);
+        }
+    }
+
+    #[test]
+    fn affine_and_int8_weights_match_their_dequantized_products() {
+        let (x, w) = (normal(210, &[5, 64]), normal(211, &[64, 8]));
+        let affine = AffineQuantized::quantize(&w, 4, 32);
+        let f = compile(|(x, w): (Array, AffineQuantized)| x.matmul(&w.array()));
+        let y = f.call(&(x.clone(), affine.clone())).unwrap();
+        close(&y, &x.matmul(&affine.materialize().unwrap()), 1e-4);
+        assert_eq!(f.cache().reports[0].materializations(), 0);
+        // Another bit width is another format (and wider codes): a miss
+        // naming both.
+        f.call(&(x.clone(), AffineQuantized::quantize(&w, 8, 32)))
+            .unwrap();
+        let reasons = f.cache().last_miss().unwrap().reasons.clone();
+        assert!(
+            matches!(&reasons[..], [MissReason::Static { path, .. }, MissReason::Aval { path: codes, .. }]
+                if path == "args[1].format" && codes == "args[1].packed"),
+            "{reasons:?}"
+        );
+        let int8 = Int8::quantize(&w);
+        let g = compile(|(x, w): (Array, Int8)| x.matmul(&w.array()));
+        close(
+            &g.call(&(x.clone(), int8.clone())).unwrap(),
+            &x.matmul(&int8.materialize().unwrap()),
+            1e-4,
+        );
+        // The quantization itself stays within half a step of each weight.
+        let dequantized = int8.materialize().unwrap().to_vec::<f32>().unwrap();
+        let original = w.to_vec::<f32>().unwrap();
+        let worst = original
+            .iter()
+            .zip(&dequantized)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(worst < 0.05, "{worst}");
+    }
+
+    #[test]
+    fn a_shapeless_quantized_layer_traces_once_for_every_batch() {
+        let q = Nf4::quantize(&normal(220, &[64, 8]));
+        let f = compile(|(x, w): (Array, Nf4)| x.matmul(&w.array()).relu()).shapeless();
+        for batch in [2, 7, 40] {
+            let x = normal(batch as u64, &[batch, 64]);
+            let y = f.call(&(x.clone(), q.clone())).unwrap();
+            assert_eq!(y.dims().unwrap(), vec![batch, 8]);
+            close(&y, &x.matmul(&q.materialize().unwrap()).relu(), 1e-4);
+        }
+        assert_eq!(f.cache().misses, 1);
+        assert_eq!(f.cache().reports[0].materializations(), 0);
+    }
+
+    #[test]
+    fn straight_through_nf4_gives_the_gradient_through_the_dequantized_weight() {
+        let x = normal(230, &[4, 64]);
+        let loss = {
+            let x = x.clone();
+            move |master: Array| {
+                let q = Nf4::quantize(&master).straight_through(&master);
+                x.matmul(&q).tanh().sum_all()
+            }
+        };
+        let master = normal(231, &[64, 8]) * 0.2;
+        let g = grad(loss).call(&master).unwrap();
+        let dequantized = Nf4::quantize(&master).materialize().unwrap();
+        let want = grad(move |w: Array| x.matmul(&w).tanh().sum_all())
+            .call(&dequantized)
+            .unwrap();
+        close(&g, &want, 1e-4);
+    }
+}
