@@ -180,13 +180,27 @@ await check("custom-op", async () => {
   }
 });
 
+await check("quantized", async () => {
+  await runExample("quantized", "squared norm of W1, materialized");
+  const summaries = await page.locator(".implicit-summary").allInnerTexts();
+  expectEqual(summaries.join("|"), "2 handled, 0 materialized|0 handled, 1 materialized", "implicit");
+  const decisions = await page.locator(".implicit .decision").allInnerTexts();
+  if (!decisions[0].includes("handler `matmul_affine_quantized`")) throw new Error(decisions[0]);
+  if (!decisions[2].includes("materialized, forced by `mul`")) throw new Error(decisions[2]);
+  const bytes = async (label) => Number(
+    (await page.locator(".output", { hasText: label }).locator("pre").innerText()).trim());
+  const small = await bytes("weight bytes, 4-bit");
+  const large = await bytes("weight bytes, f32");
+  if (!(small * 5 < large)) throw new Error(`bytes ${small} vs ${large}`);
+});
+
 if (mode === "webgpu") {
   // Every example once more, verified: the same script on the CPU, the
   // largest difference small.
   for (const [id, label] of [
     ["custom-node", "tanh (a miss: act differs)"], ["shapeless", "n = 9"], ["read-later", "out"],
     ["mlp", "row sums"], ["donation", "params"], ["gradient", "loss after 40 steps"],
-    ["custom-op", "kernel, 70 x 3"],
+    ["custom-op", "kernel, 70 x 3"], ["quantized", "squared norm of W1, materialized"],
   ]) {
     await check(`verify-${id}`, async () => {
       await runExample(id, label);

@@ -15,7 +15,7 @@ pub struct Example {
 }
 
 /// Every example, in gallery order.
-pub const EXAMPLES: [Example; 7] = [
+pub const EXAMPLES: [Example; 8] = [
     CUSTOM_NODE,
     SHAPELESS,
     READ_LATER,
@@ -23,6 +23,7 @@ pub const EXAMPLES: [Example; 7] = [
     DONATION,
     GRADIENT,
     CUSTOM_OP,
+    QUANTIZED,
 ];
 
 /// The example named `id`.
@@ -228,6 +229,43 @@ show("kernel, 70 x 3", shift.run(ones([70, 3])));
 "#,
 };
 
+/// An MLP with 4-bit weights: implicit arrays resolved by handlers
+/// (seed eformer/jaximus).
+pub const QUANTIZED: Example = Example {
+    id: "quantized",
+    title: "4-bit weights: implicit arrays",
+    explanation: "The weights are quantized to 4 bits (MLX's affine format): objects whose \
+                  codes, scales and biases pass through `compile` as leaves and whose format \
+                  is part of the cache key. `x @ q` is an implicit array: the lowering pass \
+                  picks the handler `matmul_affine_quantized`, which runs the quantized \
+                  matmul straight from the packed codes (the Implicit view lists it; nothing \
+                  is materialized). The weights take about a sixth of the f32 bytes. The last \
+                  function squares the weight itself: no handler matches, so it is \
+                  materialized and the view names the op that forced it.",
+    script: r#"// Quantize two f32 weights to 4 bits, groups of 32 along the input axis.
+let w1 = random_normal(1, [64, 32]) * 0.2;
+let w2 = random_normal(2, [32, 8]) * 0.2;
+let q1 = quantize_affine(w1, 4, 32);
+let q2 = quantize_affine(w2, 4, 32);
+
+// `x @ q` runs the quantized matmul from the packed codes.
+let mlp = compile(|x, l1, l2| (x @ l1).relu() @ l2);
+let x = random_normal(3, [16, 64]);
+let y = mlp.run(x, q1, q2);
+show("4-bit output", y);
+show("largest difference to the f32 model", ((x @ w1).relu() @ w2 - y).abs().max());
+show("weight bytes, 4-bit", nbytes(q1) + nbytes(q2));
+show("weight bytes, f32", nbytes(w1) + nbytes(w2));
+
+// No handler squares a quantized weight: it is materialized.
+let norm = compile(|l1| {
+    let w = implicit(l1);
+    (w * w).sum()
+});
+show("squared norm of W1, materialized", norm.run(q1));
+"#,
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,6 +369,40 @@ mod tests {
         assert!(
             error.message.contains("kernel `bad`") && error.message.contains("does not validate"),
             "{error:?}"
+        );
+    }
+
+    #[test]
+    fn quantized_runs_the_handler_and_names_the_forced_materialization() {
+        use kiln::ImplicitDecision;
+        let report = run(&QUANTIZED);
+        let mlp = &report.functions[0].cache.reports[0];
+        assert_eq!(mlp.materializations(), 0);
+        let handlers: Vec<&str> = mlp
+            .implicit
+            .iter()
+            .filter_map(|d| match d {
+                ImplicitDecision::Handled { handler, .. } => Some(handler.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(handlers, vec!["matmul_affine_quantized"; 2]);
+        let difference = numbers(output(&report, "largest difference to the f32 model"));
+        // 4-bit rounding of both layers: close to the f32 model, not equal.
+        assert!(difference[0] > 0.0 && difference[0] < 0.5, "{difference:?}");
+        let small = numbers(output(&report, "weight bytes, 4-bit"))[0];
+        let large = numbers(output(&report, "weight bytes, f32"))[0];
+        assert_eq!(large, ((64 * 32 + 32 * 8) * 4) as f64);
+        assert!(small * 5.0 < large, "{small} vs {large}");
+        let norm = &report.functions[1].cache.reports[0];
+        assert!(
+            matches!(
+                &norm.implicit[..],
+                [ImplicitDecision::Materialized { kind, forced_by, .. }]
+                    if kind == "affine_quantized" && forced_by == "mul"
+            ),
+            "{:?}",
+            norm.implicit
         );
     }
 

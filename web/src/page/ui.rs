@@ -571,10 +571,31 @@ fn cache_view(function: &FunctionReport) -> impl IntoView {
 
 fn entry_views(page: Page, report: Report) -> impl IntoView {
     view! {
+        {implicit_view(&report)}
         {graph_view(page, &report)}
         {reinplace_view(page, &report)}
         {memory_view(page, &report)}
     }
+}
+
+/// How implicit lowering resolved each op reading an implicit array: the
+/// handler chosen, or the op that forced a materialization.
+fn implicit_view(report: &Report) -> Option<impl IntoView> {
+    if report.implicit.is_empty() {
+        return None;
+    }
+    let materialized = report.materializations();
+    let handled = report.implicit.len() - materialized;
+    let lines: Vec<String> = report.implicit.iter().map(ToString::to_string).collect();
+    Some(view! {
+        <div class="view implicit">
+            <h3>"Implicit arrays"</h3>
+            <p class="implicit-summary">
+                {format!("{handled} handled, {materialized} materialized")}
+            </p>
+            <ul>{lines.into_iter().map(|l| view! { <li class="decision">{l}</li> }).collect_view()}</ul>
+        </div>
+    })
 }
 
 /// Box size and spacing of the graph drawing.

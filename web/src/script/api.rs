@@ -69,6 +69,7 @@ pub(super) fn engine(shared: &Rc<Shared>, limits: &ScriptLimits) -> Engine {
     register_compile(&mut engine, shared);
     register_nodes(&mut engine);
     super::custom::register(&mut engine, shared);
+    super::quant::register(&mut engine);
     {
         let shared = shared.clone();
         engine.register_fn(

@@ -17,6 +17,7 @@ mod api;
 mod custom;
 mod function;
 mod nodes;
+mod quant;
 mod values;
 
 pub use function::{Options, Transform, WhatIf};
