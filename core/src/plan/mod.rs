@@ -1,7 +1,7 @@
 //! Reinplacing and buffer-slot planning.
 //!
-//! [`Plan::build`] decides, per elementwise node, whether its output takes
-//! an operand's buffer ([`reinplace`]), then gives every computed value a
+//! [`Plan::build`] decides, per elementwise node (and kernel with an
+//! in-place input), whether its output takes an operand's buffer ([`reinplace`]), then gives every computed value a
 //! slot and a lifetime (`plan::slots`). Backends run through the plan; the
 //! independent [`verify_plan`] checks every plan in debug builds and tests.
 
@@ -90,7 +90,8 @@ impl Plan {
         }
     }
 
-    /// The reinplace decision of every elementwise node, in schedule order.
+    /// The reinplace decision of every node that may write over an operand,
+    /// in schedule order.
     pub fn decisions(&self) -> &[ReinplaceDecision] {
         &self.decisions
     }

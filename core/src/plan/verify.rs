@@ -39,8 +39,8 @@ pub enum PlanViolation {
         holds: Option<ValueId>,
     },
     /// A step writes its output over an operand it reads, but is not an
-    /// elementwise op whose output has that operand's dtype and provably
-    /// equal shape.
+    /// op that may write over it (elementwise, or a kernel's in-place
+    /// input) with that operand's dtype and a provably equal shape.
     InvalidInPlace {
         /// The writing step.
         step: usize,
@@ -131,7 +131,8 @@ enum Buffer {
 /// against `graph` run on values of `shapes`, replaying the schedule: every
 /// read (and every output at the end) finds its value still in its buffer,
 /// so no two live values ever share one; a step writes over an operand it
-/// reads only as a valid elementwise in-place continuation; only `donated`
+/// reads only as a valid in-place continuation (elementwise, or a kernel's
+/// declared in-place input); only `donated`
 /// arguments are written; every value fits its slot; and values live at a
 /// common step in different slots never share arena bytes.
 pub fn verify_plan(
