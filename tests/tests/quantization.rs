@@ -531,3 +531,17 @@ fn dequantize_of_mismatched_parts_is_an_error_naming_the_shapes() {
         "{err}"
     );
 }
+
+#[test]
+fn wgpu_with_f16_packed_in_words_matches_the_cpu_executor() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let packed = gpu.with_packed_f16();
+    assert!(!packed.has_shader_f16());
+    let ran = run_cases(&packed).unwrap_or_else(|e| panic!("on {}: {e}", packed.adapter()));
+    assert!(ran >= 60, "only {ran} runs");
+    let ran = check_quantize_and_dequantize(&packed)
+        .unwrap_or_else(|e| panic!("on {}: {e}", packed.adapter()));
+    assert_eq!(ran, 24);
+}

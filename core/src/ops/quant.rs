@@ -860,7 +860,9 @@ impl<'a> Weight<'a> {
             true => Some(to_f32(op, parts[2])?),
             false => None,
         };
-        let fits = rows * cols * format.bits() as usize == words.len() * 32
+        let fits = words.len() == numel(ps)
+            && scales.len() == numel(ss)
+            && rows * cols * format.bits() as usize == words.len() * 32
             && scales.len() == rows * groups_per_row
             && biases.as_ref().is_none_or(|b| b.len() == scales.len());
         if !fits {
@@ -946,6 +948,9 @@ struct Lhs {
 impl Lhs {
     fn new(op: &str, x: &HostData, shape: &[usize], w: &Weight, transpose: bool) -> Result<Lhs> {
         let rank = shape.len();
+        if rank < 2 {
+            return Err(arg_err(op, format!("x {shape:?} needs rank >= 2")));
+        }
         let (m, k) = (shape[rank - 2], shape[rank - 1]);
         let wk = if transpose { w.cols } else { w.rows_per_matrix };
         if k != wk || x.dtype() != w.dtype {
@@ -1029,6 +1034,12 @@ fn quantize_eval(
 ) -> Result<HostData> {
     let values = to_f32(op, w)?;
     let cols = shape.last().copied().unwrap_or(0);
+    if cols % format.column_multiple() != 0 || values.len() != numel(shape) {
+        return Err(arg_err(
+            op,
+            format!("{shape:?} does not split into whole {format} groups"),
+        ));
+    }
     let group = format.group_size().unwrap_or(cols).max(1);
     let bits = format.bits();
     let round = rounding(w.dtype());
@@ -1583,6 +1594,42 @@ mod tests {
         let err = Array::apply(part, vec![w]).data().unwrap_err();
         assert!(
             err.to_string().contains("int8 format has no biases"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn direct_evaluation_of_unfitting_shapes_is_an_error_not_a_panic() {
+        let format = QuantFormat::affine(4, 32);
+        let op = |kind| Op::Quant(QuantOp { kind, format });
+        let w = HostData::F32(vec![0.5; 40]);
+        let err = op(QuantKind::Quantize(QuantPart::Packed))
+            .eval(&[&w], &[&[1, 40]], &[1, 5])
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("whole affine(bits=4, group_size=32) groups"),
+            "{err}"
+        );
+        let (packed, scales) = (HostData::U32(vec![0; 4]), HostData::F32(vec![1.0]));
+        let x = HostData::F32(vec![1.0; 32]);
+        let err = op(QuantKind::Matmul { transpose: true })
+            .eval(
+                &[&x, &packed, &scales, &scales],
+                &[&[32], &[1, 4], &[1, 1], &[1, 1]],
+                &[1],
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("needs rank >= 2"), "{err}");
+        let err = op(QuantKind::Dequantize)
+            .eval(
+                &[&packed, &scales, &scales],
+                &[&[1, 3], &[1, 1], &[1, 1]],
+                &[1, 32],
+            )
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("do not describe one weight"),
             "{err}"
         );
     }
