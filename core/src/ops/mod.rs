@@ -6,6 +6,7 @@ pub mod cast;
 pub mod fused;
 pub mod index;
 pub mod layout;
+pub mod math;
 pub mod matmul;
 pub mod pad;
 pub mod reduce;

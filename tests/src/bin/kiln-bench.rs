@@ -2,7 +2,7 @@
 //! `cargo xtask bench [NAME...]` runs it in release mode.
 
 use kiln::{compile, nn, Array, Backend, DType, Executable, Plan, PlanMemory, Tree};
-use kiln_tests::bench::{median_micros, selected, time_once_ms, BenchReport};
+use kiln_tests::bench::{median_cpu_micros, median_micros, selected, time_once_ms, BenchReport};
 use kiln_tests::rss::resident_bytes;
 use kiln_tests::value_shapes;
 use kiln_wgpu::{MatmulVariant, WgpuBackend, WgpuBuffer};
@@ -345,9 +345,21 @@ fn grad_benchmarks(names: &[String], report: &mut BenchReport) {
     );
 }
 
+/// The hidden first argument under which the program re-runs itself with
+/// `KILN_THREADS=1` to take the single-thread CPU figures.
+const CPU_CHILD: &str = "--cpu-single-thread";
+
 fn main() {
-    let names: Vec<String> = std::env::args().skip(1).collect();
+    let mut names: Vec<String> = std::env::args().skip(1).collect();
+    if names.first().map(String::as_str) == Some(CPU_CHILD) {
+        names.remove(0);
+        let mut report = BenchReport::new();
+        cpu_figures(&names, &mut report);
+        println!("{}", report.to_json());
+        return;
+    }
     let mut report = BenchReport::new();
+    cpu_benchmarks(&names, &mut report);
     if selected("dispatch_10", &names) {
         report.record("dispatch_10", dispatch_10(), "us");
     }
@@ -511,4 +523,131 @@ fn host_overhead_10op(gpu: &WgpuBackend) -> f64 {
     }
     samples.sort_by(f64::total_cmp);
     samples[samples.len() / 2]
+}
+
+/// The CPU executor's single-thread throughput figures (`cpu_unary_<op>_ns`,
+/// `cpu_chain_<n>`), taken in a child process with `KILN_THREADS=1`: the
+/// thread count is read once per process, and the other figures keep every
+/// core.
+fn cpu_benchmarks(names: &[String], report: &mut BenchReport) {
+    let wanted = CPU_UNARY
+        .iter()
+        .map(|(op, _)| format!("cpu_unary_{op}_ns"))
+        .chain(CPU_CHAINS.iter().map(|n| format!("cpu_chain_{n}")))
+        .chain(["cpu_scalar_chain_100".to_string()]);
+    if !wanted.into_iter().any(|name| selected(&name, names)) {
+        return;
+    }
+    let child = std::env::current_exe().and_then(|exe| {
+        std::process::Command::new(exe)
+            .arg(CPU_CHILD)
+            .args(names)
+            .env("KILN_THREADS", "1")
+            .stderr(std::process::Stdio::inherit())
+            .output()
+    });
+    let parsed = child.map_err(|e| e.to_string()).and_then(|out| {
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).map_err(|e| e.to_string())
+    });
+    let results = match parsed {
+        Ok(document) => document["results"].clone(),
+        Err(reason) => {
+            eprintln!(
+                "kiln-bench: the single-thread CPU run failed ({reason}); its figures are left out"
+            );
+            return;
+        }
+    };
+    for (name, figure) in results.as_object().into_iter().flatten() {
+        if let (Some(value), Some(unit)) = (figure["value"].as_f64(), figure["unit"].as_str()) {
+            report.record(name.clone(), value, unit);
+        }
+    }
+}
+
+/// The unary benchmarks: name and the op as a function of the input.
+const CPU_UNARY: [(&str, fn(&Array) -> Array); 10] = [
+    ("mul", |x| x * 1.0001),
+    ("exp", Array::exp),
+    ("tanh", Array::tanh),
+    ("log", Array::log),
+    ("sigmoid", Array::sigmoid),
+    ("erf", Array::erf),
+    ("sin", Array::sin),
+    ("cos", Array::cos),
+    ("sqrt", Array::sqrt),
+    ("rsqrt", Array::rsqrt),
+];
+
+/// Lengths of the anchors' chain benchmark.
+const CPU_CHAINS: [usize; 3] = [10, 100, 1000];
+
+/// The anchors' chain: exp, ×c, +c, tanh repeated to `n` ops.
+fn anchor_chain(x: Array, n: usize) -> Array {
+    (0..n).fold(x, |x, i| match i % 4 {
+        0 => x.exp(),
+        1 => x * 0.5,
+        2 => x + 0.25,
+        _ => x.tanh(),
+    })
+}
+
+/// One op per cached compiled call on a 256×256 f32 array with values in
+/// (−1, 1) (`log`, `sqrt` and `rsqrt` read |x| + 0.5), in ns per element;
+/// and the anchors' chain in ms. Runs in the `KILN_THREADS=1` child, timed
+/// in the thread's CPU time (all the work runs on it), so other processes
+/// on the machine do not inflate the figures.
+fn cpu_figures(names: &[String], report: &mut BenchReport) {
+    const N: usize = 256 * 256;
+    let x = Array::random_uniform(
+        kiln::random::Key::new(7),
+        &[256, 256],
+        -1.0,
+        1.0,
+        DType::F32,
+    )
+    .expect("input");
+    x.eval().expect("input ready");
+    let positive = x.abs() + 0.5;
+    positive.eval().expect("input ready");
+    for (op, f) in CPU_UNARY {
+        let name = format!("cpu_unary_{op}_ns");
+        if !selected(&name, names) {
+            continue;
+        }
+        let input = if matches!(op, "log" | "sqrt" | "rsqrt") {
+            &positive
+        } else {
+            &x
+        };
+        let compiled = compile(move |x: Array| f(&x));
+        compiled.call(input).expect("first call");
+        let micros = median_cpu_micros(400, || {
+            std::hint::black_box(compiled.call(input).expect("cached call"));
+        });
+        report.record(name, micros * 1e3 / N as f64, "ns");
+    }
+    for n in CPU_CHAINS {
+        let name = format!("cpu_chain_{n}");
+        if !selected(&name, names) {
+            continue;
+        }
+        let compiled = compile(move |x: Array| anchor_chain(x, n));
+        compiled.call(&x).expect("first call");
+        let iterations = (2000 / n).max(7);
+        let micros = median_cpu_micros(iterations, || {
+            std::hint::black_box(compiled.call(&x).expect("cached call"));
+        });
+        report.record(name, micros / 1e3, "ms");
+    }
+    if selected("cpu_scalar_chain_100", names) {
+        // The cheap chain (×c, +c, −c, max c repeated): what folding scalar
+        // runs into epilogues saves, with no transcendental to hide it.
+        let compiled = compile(move |x: Array| chain(x, 100));
+        compiled.call(&x).expect("first call");
+        let micros = median_cpu_micros(200, || {
+            std::hint::black_box(compiled.call(&x).expect("cached call"));
+        });
+        report.record("cpu_scalar_chain_100", micros / 1e3, "ms");
+    }
 }
