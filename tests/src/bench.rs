@@ -194,7 +194,7 @@ fn thread_cpu_seconds() -> Option<f64> {
         // SAFETY: clock_gettime writes one timespec through the pointer,
         // which points at a live local.
         let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time) };
-        (status == 0).then(|| time.tv_sec as f64 + time.tv_nsec as f64 * 1e-9)
+        (status == 0).then_some(time.tv_sec as f64 + time.tv_nsec as f64 * 1e-9)
     }
     #[cfg(not(unix))]
     {

@@ -451,6 +451,25 @@ mod tests {
     }
 
     #[test]
+    fn the_widest_simd_build_gives_the_baseline_bits() {
+        // float_map_into here is compiled for the test's baseline target;
+        // float_map_into_simd runs the AVX-512 or AVX2 copy where the CPU
+        // has one. Every float op, over every binade and the specials.
+        let src: Vec<f32> = (0..=u32::MAX)
+            .step_by(65_537)
+            .map(f32::from_bits)
+            .chain((-3000..3000).map(|i| i as f32 * 0.005))
+            .collect();
+        for op in UnaryOp::ALL {
+            let (mut base, mut wide) = (vec![0f32; src.len()], vec![0f32; src.len()]);
+            float_map_into(op, &src, &mut base);
+            float_map_into_simd(op, &src, &mut wide);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&base), bits(&wide), "{}", op.name());
+        }
+    }
+
+    #[test]
     fn relu_keeps_nan() {
         assert!(f32s(UnaryOp::Relu, &[f32::NAN])[0].is_nan());
     }

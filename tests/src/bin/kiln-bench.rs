@@ -2,6 +2,9 @@
 //! `cargo xtask bench [NAME...]` runs it in release mode.
 
 use kiln::{compile, nn, Array, Backend, DType, Executable, Plan, PlanMemory, Tree};
+use kiln_cpu_bench::{
+    anchor_chain, input, scalar_chain, unary_input, CHAINS, ELEMENTS, SCALAR_CHAIN, UNARY,
+};
 use kiln_tests::bench::{median_cpu_micros, median_micros, selected, time_once_ms, BenchReport};
 use kiln_tests::rss::resident_bytes;
 use kiln_tests::value_shapes;
@@ -41,12 +44,7 @@ fn sum_of_leaves<'a>(leaves: impl Iterator<Item = &'a Array>) -> Array {
 
 /// A chain of `n` cheap elementwise ops.
 fn chain(x: Array, n: usize) -> Array {
-    (0..n).fold(x, |x, i| match i % 4 {
-        0 => x * 1.0001,
-        1 => x + 0.001,
-        2 => x - 0.0005,
-        _ => x.maximum(-10.0),
-    })
+    scalar_chain(x, n)
 }
 
 fn dispatch_10() -> f64 {
@@ -530,11 +528,11 @@ fn host_overhead_10op(gpu: &WgpuBackend) -> f64 {
 /// thread count is read once per process, and the other figures keep every
 /// core.
 fn cpu_benchmarks(names: &[String], report: &mut BenchReport) {
-    let wanted = CPU_UNARY
+    let wanted = UNARY
         .iter()
         .map(|(op, _)| format!("cpu_unary_{op}_ns"))
-        .chain(CPU_CHAINS.iter().map(|n| format!("cpu_chain_{n}")))
-        .chain(["cpu_scalar_chain_100".to_string()]);
+        .chain(CHAINS.iter().map(|n| format!("cpu_chain_{n}")))
+        .chain([format!("cpu_scalar_chain_{SCALAR_CHAIN}")]);
     if !wanted.into_iter().any(|name| selected(&name, names)) {
         return;
     }
@@ -565,69 +563,27 @@ fn cpu_benchmarks(names: &[String], report: &mut BenchReport) {
     }
 }
 
-/// The unary benchmarks: name and the op as a function of the input.
-const CPU_UNARY: [(&str, fn(&Array) -> Array); 10] = [
-    ("mul", |x| x * 1.0001),
-    ("exp", Array::exp),
-    ("tanh", Array::tanh),
-    ("log", Array::log),
-    ("sigmoid", Array::sigmoid),
-    ("erf", Array::erf),
-    ("sin", Array::sin),
-    ("cos", Array::cos),
-    ("sqrt", Array::sqrt),
-    ("rsqrt", Array::rsqrt),
-];
-
-/// Lengths of the anchors' chain benchmark.
-const CPU_CHAINS: [usize; 3] = [10, 100, 1000];
-
-/// The anchors' chain: exp, ×c, +c, tanh repeated to `n` ops.
-fn anchor_chain(x: Array, n: usize) -> Array {
-    (0..n).fold(x, |x, i| match i % 4 {
-        0 => x.exp(),
-        1 => x * 0.5,
-        2 => x + 0.25,
-        _ => x.tanh(),
-    })
-}
-
 /// One op per cached compiled call on a 256×256 f32 array with values in
 /// (−1, 1) (`log`, `sqrt` and `rsqrt` read |x| + 0.5), in ns per element;
 /// and the anchors' chain in ms. Runs in the `KILN_THREADS=1` child, timed
 /// in the thread's CPU time (all the work runs on it), so other processes
 /// on the machine do not inflate the figures.
 fn cpu_figures(names: &[String], report: &mut BenchReport) {
-    const N: usize = 256 * 256;
-    let x = Array::random_uniform(
-        kiln::random::Key::new(7),
-        &[256, 256],
-        -1.0,
-        1.0,
-        DType::F32,
-    )
-    .expect("input");
-    x.eval().expect("input ready");
-    let positive = x.abs() + 0.5;
-    positive.eval().expect("input ready");
-    for (op, f) in CPU_UNARY {
+    let x = input();
+    for (op, f) in UNARY {
         let name = format!("cpu_unary_{op}_ns");
         if !selected(&name, names) {
             continue;
         }
-        let input = if matches!(op, "log" | "sqrt" | "rsqrt") {
-            &positive
-        } else {
-            &x
-        };
+        let input = unary_input(op, &x);
         let compiled = compile(move |x: Array| f(&x));
-        compiled.call(input).expect("first call");
+        compiled.call(&input).expect("first call");
         let micros = median_cpu_micros(400, || {
-            std::hint::black_box(compiled.call(input).expect("cached call"));
+            std::hint::black_box(compiled.call(&input).expect("cached call"));
         });
-        report.record(name, micros * 1e3 / N as f64, "ns");
+        report.record(name, micros * 1e3 / ELEMENTS as f64, "ns");
     }
-    for n in CPU_CHAINS {
+    for n in CHAINS {
         let name = format!("cpu_chain_{n}");
         if !selected(&name, names) {
             continue;
@@ -640,14 +596,15 @@ fn cpu_figures(names: &[String], report: &mut BenchReport) {
         });
         report.record(name, micros / 1e3, "ms");
     }
-    if selected("cpu_scalar_chain_100", names) {
+    let name = format!("cpu_scalar_chain_{SCALAR_CHAIN}");
+    if selected(&name, names) {
         // The cheap chain (×c, +c, −c, max c repeated): what folding scalar
         // runs into epilogues saves, with no transcendental to hide it.
-        let compiled = compile(move |x: Array| chain(x, 100));
+        let compiled = compile(move |x: Array| scalar_chain(x, SCALAR_CHAIN));
         compiled.call(&x).expect("first call");
         let micros = median_cpu_micros(200, || {
             std::hint::black_box(compiled.call(&x).expect("cached call"));
         });
-        report.record("cpu_scalar_chain_100", micros / 1e3, "ms");
+        report.record(name, micros / 1e3, "ms");
     }
 }
