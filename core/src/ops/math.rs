@@ -79,6 +79,22 @@ fn poly64<const N: usize>(x: f64, c: [f64; N]) -> f64 {
     rest.iter().rev().fold(*last, |acc, &k| acc * x + k)
 }
 
+/// `if take_a { a } else { b }` with both computed and the choice made on
+/// the bits, so LLVM keeps one straight-line (vectorizable) body instead
+/// of sinking each side into a branch of its own when a side is large.
+#[inline(always)]
+fn select(take_a: bool, a: f32, b: f32) -> f32 {
+    let mask = 0u32.wrapping_sub(u32::from(take_a));
+    f32::from_bits((a.to_bits() & mask) | (b.to_bits() & !mask))
+}
+
+/// [`select`] on f64.
+#[inline(always)]
+fn select64(take_a: bool, a: f64, b: f64) -> f64 {
+    let mask = 0u64.wrapping_sub(u64::from(take_a));
+    f64::from_bits((a.to_bits() & mask) | (b.to_bits() & !mask))
+}
+
 /// Elements per chunk of the chunked loops: a whole number of SIMD
 /// vectors on every target (4 SSE2 or `simd128` vectors, 2 AVX2 ones).
 pub(crate) const LANES: usize = 16;
@@ -160,15 +176,10 @@ pub fn log_f32(x: f32) -> f32 {
     let e = e as f32;
     let y = p + LN2_LO * e - 0.5 * z;
     let ln = f + y + LN2_HI * e;
-    if x == 0.0 {
-        f32::NEG_INFINITY
-    } else if x < 0.0 || x.is_nan() {
-        f32::NAN
-    } else if x == f32::INFINITY {
-        x
-    } else {
-        ln
-    }
+    // The special inputs, last to first so the earlier ones win.
+    let ln = select(x == f32::INFINITY, x, ln);
+    let ln = select((x < 0.0) | x.is_nan(), f32::NAN, ln);
+    select(x == 0.0, f32::NEG_INFINITY, ln)
 }
 
 /// `tanh` on |x| < 1: x + x·x²·P(x²), P fitted (weighted least squares to
@@ -206,11 +217,7 @@ fn tanh_large(x: f32) -> f32 {
 #[inline(always)]
 pub fn tanh_f32(x: f32) -> f32 {
     // NaN takes the small branch and stays NaN.
-    if tanh_takes_small(x) {
-        tanh_small(x)
-    } else {
-        tanh_large(x)
-    }
+    select(tanh_takes_small(x), tanh_small(x), tanh_large(x))
 }
 
 /// Whether `tanh_f32(x)` is the polynomial of |x| < 1.
@@ -289,11 +296,7 @@ fn erf_large(x: f32) -> f32 {
 #[inline(always)]
 pub fn erf_f32(x: f32) -> f32 {
     // NaN takes the small branch and stays NaN.
-    if erf_takes_small(x) {
-        erf_small(x)
-    } else {
-        erf_large(x)
-    }
+    select(erf_takes_small(x), erf_small(x), erf_large(x))
 }
 
 /// Below this magnitude `sin` and `cos` reduce their argument with a
@@ -446,38 +449,22 @@ pub fn pow_f32(x: f32, y: f32) -> f32 {
     let is_integer = (ay >= TWO_23) | ((ay + TWO_23) - TWO_23 == ay);
     let is_odd = is_integer & (ay < 2.0 * TWO_23) & ((ay as i32) & 1 == 1);
     let ax = x.abs();
-    let ln = if ax == 0.0 {
-        f64::NEG_INFINITY
-    } else if ax == f32::INFINITY {
-        f64::INFINITY
-    } else if ax.is_nan() {
-        f64::NAN
-    } else {
-        log_abs_f64(f64::from(ax))
-    };
+    // ln|x| is ±inf at 0 and inf, and NaN for NaN: f64 arithmetic carries
+    // these through y·ln|x| below, so the limits come out of exp.
+    let ln = log_abs_f64(f64::from(ax));
+    let ln = select64(ax == f32::INFINITY, f64::INFINITY, ln);
+    let ln = select64(ax.is_nan(), f64::NAN, ln);
+    let ln = select64(ax == 0.0, f64::NEG_INFINITY, ln);
     let t = f64::from(y) * ln;
     // exp_f64 clamps its argument; ±inf and NaN are placed explicitly.
-    let magnitude = if t == f64::INFINITY {
-        f32::INFINITY
-    } else if t == f64::NEG_INFINITY {
-        0.0
-    } else if t.is_nan() {
-        f32::NAN
-    } else {
-        exp_f64(t) as f32
-    };
-    let signed = if is_odd && x.is_sign_negative() {
-        -magnitude
-    } else {
-        magnitude
-    };
-    if y == 0.0 || x == 1.0 || (x == -1.0 && ay == f32::INFINITY) {
-        1.0
-    } else if x < 0.0 && x.is_finite() && y.is_finite() && !is_integer {
-        f32::NAN
-    } else {
-        signed
-    }
+    let magnitude = exp_f64(t) as f32;
+    let magnitude = select(t.is_nan(), f32::NAN, magnitude);
+    let magnitude = select(t == f64::NEG_INFINITY, 0.0, magnitude);
+    let magnitude = select(t == f64::INFINITY, f32::INFINITY, magnitude);
+    let signed = select(is_odd & x.is_sign_negative(), -magnitude, magnitude);
+    let one = (y == 0.0) | (x == 1.0) | ((x == -1.0) & (ay == f32::INFINITY));
+    let negative_base_fraction = (x < 0.0) & x.is_finite() & y.is_finite() & !is_integer;
+    select(one, 1.0, select(negative_base_fraction, f32::NAN, signed))
 }
 
 /// Maps `f` over `src` into `dst` (equal lengths): an indexed loop over

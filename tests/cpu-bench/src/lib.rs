@@ -39,6 +39,12 @@ pub const UNARY: [(&str, UnaryProgram); 10] = [
     ("rsqrt", Array::rsqrt),
 ];
 
+/// The ops whose loops skip a branch in chunks that do not select it
+/// (tanh and erf take a polynomial alone where |x| < 1), timed again on
+/// inputs in (−3, 3) as `cpu_unary_<name>_wide_ns`: the cost when both
+/// branches are live.
+pub const WIDE: [(&str, UnaryProgram); 2] = [("tanh", Array::tanh), ("erf", Array::erf)];
+
 /// Lengths of the anchors' chain (`cpu_chain_<n>`).
 pub const CHAINS: [usize; 3] = [10, 100, 1000];
 

@@ -3,7 +3,7 @@
 
 use kiln::{compile, nn, Array, Backend, DType, Executable, Plan, PlanMemory, Tree};
 use kiln_cpu_bench::{
-    anchor_chain, input, scalar_chain, unary_input, CHAINS, ELEMENTS, SCALAR_CHAIN, UNARY,
+    anchor_chain, input, scalar_chain, unary_input, CHAINS, ELEMENTS, SCALAR_CHAIN, UNARY, WIDE,
 };
 use kiln_tests::bench::{median_cpu_micros, median_micros, selected, time_once_ms, BenchReport};
 use kiln_tests::rss::resident_bytes;
@@ -531,6 +531,7 @@ fn cpu_benchmarks(names: &[String], report: &mut BenchReport) {
     let wanted = UNARY
         .iter()
         .map(|(op, _)| format!("cpu_unary_{op}_ns"))
+        .chain(WIDE.iter().map(|(op, _)| format!("cpu_unary_{op}_wide_ns")))
         .chain(CHAINS.iter().map(|n| format!("cpu_chain_{n}")))
         .chain([format!("cpu_scalar_chain_{SCALAR_CHAIN}")]);
     if !wanted.into_iter().any(|name| selected(&name, names)) {
@@ -580,6 +581,20 @@ fn cpu_figures(names: &[String], report: &mut BenchReport) {
         compiled.call(&input).expect("first call");
         let micros = median_cpu_micros(400, || {
             std::hint::black_box(compiled.call(&input).expect("cached call"));
+        });
+        report.record(name, micros * 1e3 / ELEMENTS as f64, "ns");
+    }
+    let wide = x.clone() * 3.0;
+    wide.eval().expect("the input evaluates");
+    for (op, f) in WIDE {
+        let name = format!("cpu_unary_{op}_wide_ns");
+        if !selected(&name, names) {
+            continue;
+        }
+        let compiled = compile(move |x: Array| f(&x));
+        compiled.call(&wide).expect("first call");
+        let micros = median_cpu_micros(400, || {
+            std::hint::black_box(compiled.call(&wide).expect("cached call"));
         });
         report.record(name, micros * 1e3 / ELEMENTS as f64, "ns");
     }
