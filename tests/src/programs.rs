@@ -40,7 +40,7 @@ pub enum Instr {
 pub fn instr() -> impl Strategy<Value = Instr> {
     let i = 0usize..64;
     prop_oneof![
-        4 => (0u8..9, i.clone()).prop_map(|(o, a)| Instr::Unary(o, a)),
+        4 => (0u8..12, i.clone()).prop_map(|(o, a)| Instr::Unary(o, a)),
         5 => (0u8..6, i.clone(), i.clone()).prop_map(|(o, a, b)| Instr::Binary(o, a, b)),
         1 => (0u8..3, i.clone()).prop_map(|(o, a)| Instr::Repeat(o, a)),
         1 => i.clone().prop_map(Instr::Fan),
@@ -72,7 +72,12 @@ pub fn run(program: &[Instr], inputs: Vec<Array>) -> Vec<Array> {
                     5 => x.cos(),
                     6 => x.relu(),
                     7 => (x.abs() + 1.0).log(),
-                    _ => x.minimum(3.0).exp(),
+                    8 => x.minimum(3.0).exp(),
+                    9 => x.erf(),
+                    // Runs of scalar ops, which the fused executor folds
+                    // into epilogues.
+                    10 => x * 0.75 + 0.25,
+                    _ => (0.5 + x * -1.5).tanh() - 0.125,
                 }
             }
             Instr::Binary(op, a, b) => {

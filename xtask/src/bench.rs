@@ -1,7 +1,7 @@
 //! `cargo xtask bench [NAME...]`: the benchmark program's JSON, to stdout and a file.
 
 use crate::process::{self, cargo, workspace_root};
-use crate::web;
+use crate::{cpu_wasm, web};
 use std::fs;
 use std::process::Stdio;
 
@@ -52,9 +52,10 @@ pub fn run(names: &[String]) -> Result<(), String> {
         .ok_or_else(|| {
             format!("`{line}` did not print one JSON object on stdout; it printed:\n{json}")
         })?;
-    // The playground's figures come from its wasm build and a browser, not
-    // from the benchmark program.
-    let figures = web::bench_figures(names)?;
+    // The playground's figures and the CPU executor's wasm32 ones come from
+    // wasm builds and a browser, not from the benchmark program.
+    let mut figures = web::bench_figures(names)?;
+    figures.extend(cpu_wasm::bench_figures(names)?);
     let json = if figures.is_empty() {
         json
     } else {

@@ -3,6 +3,7 @@
 mod apt;
 mod bench;
 mod ci;
+mod cpu_wasm;
 mod process;
 mod wasm;
 mod web;
@@ -18,6 +19,8 @@ commands:
                     a subset (steps: fmt clippy doc lavapipe test wasm32 web)
   bench [NAME...]   run the benchmarks in release mode, print their JSON and write it
                     to target/kiln-bench.json; NAMEs select benchmarks by name or prefix
+                    (`cpu` the CPU executor's figures, native and, as cpu_wasm_*, wasm32
+                    in headless Chromium)
   wasm [--debian]   build `kiln` for wasm32-unknown-unknown (rustup target if it can be
                     installed, else Debian's rustc-web with build-std; --debian forces it)
   web [--e2e]       build the playground into target/web/ (a static site): kiln-web for

@@ -25,6 +25,14 @@ const PACKAGES: &[&str] = &[
 ];
 /// The libraries the build must leave behind.
 const RLIBS: &[&str] = &["libkiln.rlib", "libkiln_wgpu.rlib"];
+/// Target-specific flags of every wasm32 build: the `simd128` proposal, so
+/// the CPU executor's loops (tiles, transcendental maps) vectorize to
+/// 128-bit lanes in the browser. Set as `target.wasm32-….rustflags`, which
+/// build scripts and proc macros (host artifacts) never see.
+const TARGET_RUSTFLAGS: (&str, &str) = (
+    "CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS",
+    "-C target-feature=+simd128",
+);
 /// How long `rustup target add` may try to download before we fall back.
 const RUSTUP_ADD_LIMIT: Duration = Duration::from_secs(180);
 
@@ -99,7 +107,12 @@ pub fn cargo_build(route: Route, args: &[&str]) -> Result<PathBuf, String> {
     match route {
         Route::Auto if rustup_target_available() => {
             eprintln!("  using rustup's {TARGET} target");
-            process::run(cargo().args(["build", "--target", TARGET]).args(args))?;
+            process::run(
+                cargo()
+                    .env(TARGET_RUSTFLAGS.0, TARGET_RUSTFLAGS.1)
+                    .args(["build", "--target", TARGET])
+                    .args(args),
+            )?;
             Ok(target_dir())
         }
         Route::Auto => {
@@ -166,6 +179,7 @@ fn build_with_debian(args: &[&str]) -> Result<PathBuf, String> {
         .env("RUSTC", DEBIAN_RUSTC)
         .env("RUSTC_BOOTSTRAP", "1")
         .env("CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER", "wasm-ld")
+        .env(TARGET_RUSTFLAGS.0, TARGET_RUSTFLAGS.1)
         .env("CARGO_TARGET_DIR", &target_root)
         .args([
             "build",

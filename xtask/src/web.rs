@@ -252,6 +252,8 @@ const WASM_FEATURES: &[&str] = &[
     "--enable-sign-ext",
     "--enable-reference-types",
     "--enable-multivalue",
+    // The `simd128` loops of the CPU executor (see wasm.rs).
+    "--enable-simd",
 ];
 
 /// Shrinks the module in place with binaryen's `wasm-opt` (npm's: Debian's

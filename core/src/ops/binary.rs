@@ -338,7 +338,7 @@ macro_rules! with_f32_arithmetic {
                 $body
             }
             BinaryOp::Pow => {
-                let $f = f32::powf;
+                let $f = super::math::pow_f32;
                 $body
             }
             BinaryOp::Maximum => {

@@ -8,11 +8,15 @@
 //! registers rather than whole arrays.
 
 use super::binary::{float_zip_into, Lane};
+use super::math::map_into;
+use super::math::simd_dispatch;
 use super::strided::numel;
-use super::unary::float_map_into;
+use super::unary::float_map_into_then;
 use super::{BinaryOp, Op, ShapeCx, UnaryOp};
 use crate::data::HostData;
 use crate::error::{Error, Result};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::exec::cpu_threads;
 use crate::shape::Aval;
 use smallvec::SmallVec;
 use std::cell::RefCell;
@@ -47,12 +51,77 @@ enum TileSource {
     Register(usize),
 }
 
-/// One step of the tiled program: the op, its operands, and the register it
-/// writes (`None`: the output).
+/// The cheap ops with a scalar operand folded onto a tiled step, applied
+/// to its value while it is still in registers: an optional
+/// multiplication, then an optional addition or subtraction. Each names
+/// the external operand that holds the scalar.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Epilogue {
+    mul: Option<usize>,
+    /// The operand, and whether it is subtracted.
+    add: Option<(usize, bool)>,
+}
+
+impl Epilogue {
+    /// The epilogue followed by `op` with scalar operand `k` (on the right
+    /// for a subtraction), if the form (mul?)(add|sub)? still holds it.
+    fn then(self, op: BinaryOp, k: usize) -> Option<Epilogue> {
+        match (op, self.mul, self.add) {
+            (BinaryOp::Mul, None, None) => Some(Epilogue {
+                mul: Some(k),
+                ..self
+            }),
+            (BinaryOp::Add | BinaryOp::Sub, _, None) => Some(Epilogue {
+                add: Some((k, op == BinaryOp::Sub)),
+                ..self
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// One step of the tiled program: the op, its operands, the epilogue
+/// applied to its value before it is stored, and the register it writes
+/// (`None`: the output).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum TileStep {
-    Unary(UnaryOp, TileSource, Option<usize>),
+    Unary(UnaryOp, TileSource, Epilogue, Option<usize>),
     Binary(BinaryOp, TileSource, TileSource, Option<usize>),
+    /// The operand itself through the epilogue: a run of cheap scalar ops
+    /// whose first op had nothing to fold onto.
+    Affine(TileSource, Epilogue, Option<usize>),
+}
+
+/// A tiled program and the tile registers it needs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct TileProgram {
+    steps: Vec<TileStep>,
+    num_registers: usize,
+}
+
+/// A step of the folded program before registers are assigned: what
+/// produces the value, the epilogue, and the original step whose value it
+/// is.
+struct FoldedGroup {
+    producer: Producer,
+    epilogue: Epilogue,
+    output: usize,
+}
+
+/// What produces a folded group's value, reading original operands.
+enum Producer {
+    Unary(UnaryOp, FusedArg),
+    Binary(BinaryOp, FusedArg, FusedArg),
+    Identity(FusedArg),
+}
+
+impl Producer {
+    fn args(&self) -> SmallVec<[FusedArg; 2]> {
+        match *self {
+            Producer::Unary(_, a) | Producer::Identity(a) => smallvec::smallvec![a],
+            Producer::Binary(_, a, b) => smallvec::smallvec![a, b],
+        }
+    }
 }
 
 /// A fused group: its steps in order; the last step's value is the result.
@@ -60,12 +129,15 @@ enum TileStep {
 pub struct FusedKernel {
     steps: Vec<FusedStep>,
     num_inputs: usize,
-    num_registers: usize,
     /// Steps after which a step's value is dead, for the replay path.
     last_use: Vec<usize>,
     /// The steps as a tiled program, when every step is f32-capable
     /// arithmetic (no comparison, select or cast).
-    program: Option<Vec<TileStep>>,
+    program: Option<TileProgram>,
+    /// The tiled program with runs of cheap scalar ops folded into
+    /// epilogues, when that folds anything; it runs when every operand an
+    /// epilogue names is a scalar.
+    folded: Option<TileProgram>,
 }
 
 impl FusedKernel {
@@ -100,50 +172,37 @@ impl FusedKernel {
                 }
             }
         }
-        // Allocate the destination before freeing the operands, so a step
-        // never writes the register it reads.
-        let mut registers = Vec::with_capacity(steps.len());
-        let mut free = Vec::new();
-        let mut num_registers = 0;
-        for (i, step) in steps.iter().enumerate() {
-            let reg = free.pop().unwrap_or_else(|| {
-                num_registers += 1;
-                num_registers - 1
-            });
-            registers.push(reg);
-            for arg in &step.args {
-                if let FusedArg::Step(j) = *arg {
-                    if last_use[j] == i && !free.contains(&registers[j]) {
-                        free.push(registers[j]);
-                    }
-                }
-            }
-        }
-        let last = steps.len() - 1;
-        let source = |arg: &FusedArg| match *arg {
-            FusedArg::Input(k) => TileSource::Input(k),
-            FusedArg::Step(j) => TileSource::Register(registers[j]),
-        };
         let program = steps
             .iter()
-            .enumerate()
-            .map(|(i, step)| {
-                let dst = (i != last).then_some(registers[i]);
-                match (&step.op, step.args.as_slice()) {
-                    (Op::Unary(u), [a]) => Some(TileStep::Unary(*u, source(a), dst)),
-                    (Op::Binary(b), [a, c]) if !b.is_comparison() => {
-                        Some(TileStep::Binary(*b, source(a), source(c), dst))
-                    }
-                    _ => None,
-                }
+            .map(|step| match (&step.op, step.args.as_slice()) {
+                (Op::Unary(u), [a]) => Some(Producer::Unary(*u, *a)),
+                (Op::Binary(b), [a, c]) if !b.is_comparison() => Some(Producer::Binary(*b, *a, *c)),
+                _ => None,
             })
-            .collect::<Option<Vec<_>>>();
+            .collect::<Option<Vec<_>>>()
+            .map(|producers| {
+                producers
+                    .into_iter()
+                    .enumerate()
+                    .map(|(output, producer)| FoldedGroup {
+                        producer,
+                        epilogue: Epilogue::default(),
+                        output,
+                    })
+                    .collect::<Vec<_>>()
+            });
+        let folded = program
+            .as_ref()
+            .map(|_| fold_scalar_runs(&steps))
+            .filter(|groups| groups.len() < steps.len())
+            .map(|groups| assign_registers(&groups, steps.len()));
+        let program = program.map(|groups| assign_registers(&groups, steps.len()));
         Ok(FusedKernel {
             steps,
             num_inputs,
-            num_registers,
             last_use,
             program,
+            folded,
         })
     }
 
@@ -166,6 +225,138 @@ impl FusedKernel {
         } else {
             format!("fused({})", names.join(", "))
         }
+    }
+}
+
+/// Whether `step` is a cheap op with a scalar candidate: `x * k`, `k * x`,
+/// `x + k`, `k + x` or `x - k`, with `k` an external operand. Returns the
+/// op, `x` and `k`.
+fn cheap_scalar_step(step: &FusedStep) -> Option<(BinaryOp, FusedArg, usize)> {
+    let Op::Binary(op) = step.op else {
+        return None;
+    };
+    match (op, step.args.as_slice()) {
+        (BinaryOp::Mul | BinaryOp::Add | BinaryOp::Sub, [x, FusedArg::Input(k)]) => {
+            Some((op, *x, *k))
+        }
+        (BinaryOp::Mul | BinaryOp::Add, [FusedArg::Input(k), x]) => Some((op, *x, *k)),
+        _ => None,
+    }
+}
+
+/// Groups the steps (all tiled-capable) so that each cheap scalar step
+/// reading only the step just before it, which nothing else reads, joins
+/// that step's epilogue (while its form allows); one with nothing to join
+/// starts an `Identity` group. Multiplication and addition commute
+/// bitwise, and `x − k` is `x + (−k)` bitwise, so every group computes its
+/// members' values exactly.
+fn fold_scalar_runs(steps: &[FusedStep]) -> Vec<FoldedGroup> {
+    let mut readers = vec![0usize; steps.len()];
+    for step in steps {
+        for arg in &step.args {
+            if let FusedArg::Step(j) = *arg {
+                readers[j] += 1;
+            }
+        }
+    }
+    let mut groups: Vec<FoldedGroup> = Vec::with_capacity(steps.len());
+    for (i, step) in steps.iter().enumerate() {
+        if let Some((op, x, k)) = cheap_scalar_step(step) {
+            let joins = |g: &FoldedGroup| {
+                x == FusedArg::Step(i.wrapping_sub(1))
+                    && g.output + 1 == i
+                    && readers[g.output] == 1
+            };
+            if let Some(last) = groups.last_mut().filter(|g| joins(g)) {
+                if !matches!(last.producer, Producer::Binary(..)) {
+                    if let Some(epilogue) = last.epilogue.then(op, k) {
+                        last.epilogue = epilogue;
+                        last.output = i;
+                        continue;
+                    }
+                }
+            }
+            if let Some(epilogue) = Epilogue::default().then(op, k) {
+                groups.push(FoldedGroup {
+                    producer: Producer::Identity(x),
+                    epilogue,
+                    output: i,
+                });
+                continue;
+            }
+        }
+        let producer = match (&step.op, step.args.as_slice()) {
+            (Op::Unary(u), [a]) => Producer::Unary(*u, *a),
+            (Op::Binary(b), [a, c]) => Producer::Binary(*b, *a, *c),
+            _ => unreachable!("fold_scalar_runs takes tiled-capable steps only"),
+        };
+        groups.push(FoldedGroup {
+            producer,
+            epilogue: Epilogue::default(),
+            output: i,
+        });
+    }
+    groups
+}
+
+/// Assigns tile registers to `groups` (whose operands name original steps,
+/// `num_steps` of them) and builds the tiled program. A register is
+/// reused once its value's last reader has run; the destination is
+/// allocated before the operands are freed, so a step never writes the
+/// register it reads.
+fn assign_registers(groups: &[FoldedGroup], num_steps: usize) -> TileProgram {
+    // The group holding each original step's value (folded intermediates
+    // are read only inside their group).
+    let mut group_of = vec![usize::MAX; num_steps];
+    for (g, group) in groups.iter().enumerate() {
+        group_of[group.output] = g;
+    }
+    let mut last_use = vec![0usize; groups.len()];
+    for (g, group) in groups.iter().enumerate() {
+        for arg in group.producer.args() {
+            if let FusedArg::Step(j) = arg {
+                last_use[group_of[j]] = g;
+            }
+        }
+    }
+    let mut registers = Vec::with_capacity(groups.len());
+    let mut free: Vec<usize> = Vec::new();
+    let mut num_registers = 0;
+    for (g, group) in groups.iter().enumerate() {
+        let reg = free.pop().unwrap_or_else(|| {
+            num_registers += 1;
+            num_registers - 1
+        });
+        registers.push(reg);
+        for arg in group.producer.args() {
+            if let FusedArg::Step(j) = arg {
+                let source = group_of[j];
+                if last_use[source] == g && !free.contains(&registers[source]) {
+                    free.push(registers[source]);
+                }
+            }
+        }
+    }
+    let last = groups.len() - 1;
+    let source = |arg: FusedArg| match arg {
+        FusedArg::Input(k) => TileSource::Input(k),
+        FusedArg::Step(j) => TileSource::Register(registers[group_of[j]]),
+    };
+    let steps = groups
+        .iter()
+        .enumerate()
+        .map(|(g, group)| {
+            let dst = (g != last).then_some(registers[g]);
+            match group.producer {
+                Producer::Unary(u, a) => TileStep::Unary(u, source(a), group.epilogue, dst),
+                Producer::Binary(b, a, c) => TileStep::Binary(b, source(a), source(c), dst),
+                Producer::Identity(a) => TileStep::Affine(source(a), group.epilogue, dst),
+            }
+        })
+        .collect();
+    TileProgram {
+        steps,
+        num_registers,
     }
 }
 
@@ -308,30 +499,128 @@ fn eval_tiled_f32(
     Some(HostData::F32(out))
 }
 
-/// Runs the tiles, split across the machine's cores when the group is big
-/// enough (tiles are independent, so the result is the same). wasm32 runs on
-/// one thread.
+/// An epilogue with its scalars read: what happens to a step's value
+/// before it is stored.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Post {
+    None,
+    Mul(f32),
+    Add(f32),
+    MulAdd(f32, f32),
+}
+
+impl Post {
+    /// `epilogue` over `sources`; `None` when an operand it names is not a
+    /// scalar (the unfolded program runs then).
+    fn resolve(epilogue: Epilogue, sources: &[Source<'_>]) -> Option<Post> {
+        let scalar = |k: usize| match sources[k] {
+            Source::Scalar(x) => Some(x),
+            Source::Full(_) | Source::Aliased => None,
+        };
+        // x − k is x + (−k) bitwise (IEEE 754 defines subtraction so).
+        let add = match epilogue.add {
+            Some((k, subtract)) => Some(if subtract { -scalar(k)? } else { scalar(k)? }),
+            None => None,
+        };
+        Some(match (epilogue.mul.map(scalar), add) {
+            (None, None) => Post::None,
+            (Some(a), None) => Post::Mul(a?),
+            (None, Some(b)) => Post::Add(b),
+            (Some(a), Some(b)) => Post::MulAdd(a?, b),
+        })
+    }
+}
+
+/// Binds `$g` to the function `post` applies and evaluates `$body`, so
+/// each epilogue form gets its own loop with the scalars in registers.
+macro_rules! with_post {
+    ($post:expr, $g:ident => $body:expr) => {
+        match $post {
+            Post::None => {
+                let $g = |y: f32| y;
+                $body
+            }
+            Post::Mul(a) => {
+                let $g = move |y: f32| y * a;
+                $body
+            }
+            Post::Add(b) => {
+                let $g = move |y: f32| y + b;
+                $body
+            }
+            Post::MulAdd(a, b) => {
+                let $g = move |y: f32| y * a + b;
+                $body
+            }
+        }
+    };
+}
+
+/// The program to run over `sources` and each step's resolved epilogue:
+/// the folded one when every scalar it folds is a scalar here.
+fn choose_program<'k>(
+    kernel: &'k FusedKernel,
+    sources: &[Source<'_>],
+) -> Option<(&'k TileProgram, SmallVec<[Post; 16]>)> {
+    let resolve = |program: &'k TileProgram| {
+        program
+            .steps
+            .iter()
+            .map(|step| match *step {
+                TileStep::Unary(_, _, e, _) | TileStep::Affine(_, e, _) => {
+                    Post::resolve(e, sources)
+                }
+                TileStep::Binary(..) => Some(Post::None),
+            })
+            .collect::<Option<SmallVec<[Post; 16]>>>()
+            .map(|posts| (program, posts))
+    };
+    kernel
+        .folded
+        .as_ref()
+        .and_then(resolve)
+        .or_else(|| kernel.program.as_ref().and_then(resolve))
+}
+
+/// Runs the tiles, split across [`crate::exec::cpu_threads`] threads when
+/// the group is big enough (tiles are independent, so the result is the
+/// same). wasm32 runs on one thread.
 fn run_split(kernel: &FusedKernel, sources: &[Source<'_>], out: &mut [f32]) {
+    let Some((program, posts)) = choose_program(kernel, sources) else {
+        return;
+    };
+    let tiles = Tiles {
+        program,
+        posts: &posts,
+        sources,
+    };
     #[cfg(not(target_arch = "wasm32"))]
     {
         /// Element-ops (elements × steps) below which splitting the output
         /// across threads costs more in spawning than it saves.
         const PARALLEL_MIN_WORK: usize = 1 << 20;
-        static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        let cores =
-            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let cores = cpu_threads();
         let n = out.len();
         if cores > 1 && n >= 2 * TILE && n.saturating_mul(kernel.steps.len()) >= PARALLEL_MIN_WORK {
             let per_thread = n.div_ceil(cores).div_ceil(TILE) * TILE;
+            let tiles = &tiles;
             std::thread::scope(|scope| {
                 for (k, chunk) in out.chunks_mut(per_thread).enumerate() {
-                    scope.spawn(move || run_tiles(kernel, sources, chunk, k * per_thread));
+                    scope.spawn(move || run_tiles(tiles, chunk, k * per_thread));
                 }
             });
             return;
         }
     }
-    run_tiles(kernel, sources, out, 0);
+    run_tiles(&tiles, out, 0);
+}
+
+/// One run of a tiled program: the program, its resolved epilogues and
+/// its external operands.
+struct Tiles<'a> {
+    program: &'a TileProgram,
+    posts: &'a [Post],
+    sources: &'a [Source<'a>],
 }
 
 thread_local! {
@@ -364,57 +653,39 @@ fn return_registers(buffer: Vec<f32>) {
     });
 }
 
-/// Runs the kernel over `out`, which holds output elements from `offset`
-/// on, tile by tile; on x86_64 with AVX2, through a
-/// copy of the loop compiled for AVX2 (twice the lanes of the SSE2
-/// baseline). Neither build contracts into FMA, so both give the same bits.
-fn run_tiles(kernel: &FusedKernel, sources: &[Source<'_>], out: &mut [f32], offset: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2")]
-        fn run_tiles_avx2(
-            kernel: &FusedKernel,
-            sources: &[Source<'_>],
-            out: &mut [f32],
-            offset: usize,
-        ) {
-            run_tiles_portable(kernel, sources, out, offset);
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2, checked just above.
-            unsafe { run_tiles_avx2(kernel, sources, out, offset) };
-            return;
-        }
+simd_dispatch! {
+    /// Runs the program over `out`, which holds output elements from
+    /// `offset` on, tile by tile, in the widest SIMD build the CPU runs.
+    fn run_tiles(tiles: &Tiles<'_>, out: &mut [f32], offset: usize) {
+        run_tiles_portable(tiles, out, offset)
     }
-    run_tiles_portable(kernel, sources, out, offset);
 }
 
 #[inline(always)]
-fn run_tiles_portable(
-    kernel: &FusedKernel,
-    sources: &[Source<'_>],
-    out: &mut [f32],
-    offset: usize,
-) {
-    let Some(program) = kernel.program.as_deref() else {
-        return;
-    };
+fn run_tiles_portable(tiles: &Tiles<'_>, out: &mut [f32], offset: usize) {
+    let Tiles {
+        program,
+        posts,
+        sources,
+    } = *tiles;
     let n = out.len();
     let tile = TILE.min(n.max(1));
     // An aliased operand is copied tile by tile into one extra register
     // before the tile's steps run, since the last step overwrites it.
     let aliased = sources.iter().any(|s| matches!(s, Source::Aliased));
-    let alias_register = kernel.num_registers;
-    let mut registers = take_registers((kernel.num_registers + usize::from(aliased)) * tile);
+    let alias_register = program.num_registers;
+    let mut registers = take_registers((program.num_registers + usize::from(aliased)) * tile);
     for start in (0..n).step_by(tile) {
         let len = tile.min(n - start);
         if aliased {
             let at = alias_register * tile;
             registers[at..at + len].copy_from_slice(&out[start..start + len]);
         }
-        for step in program {
+        for (step, &post) in program.steps.iter().zip(posts) {
             let dst_register = match *step {
-                TileStep::Unary(_, _, dst) | TileStep::Binary(_, _, _, dst) => dst,
+                TileStep::Unary(.., dst)
+                | TileStep::Binary(.., dst)
+                | TileStep::Affine(.., dst) => dst,
             };
             // The destination register is split off the buffer, so sources
             // (other registers) are read while it is written.
@@ -444,14 +715,18 @@ fn run_tiles_portable(
                 TileSource::Register(r) => register(r),
             };
             match *step {
-                TileStep::Unary(u, a, _) => match lane(a) {
-                    Lane::Run(src) => float_map_into(u, src, dst),
+                TileStep::Unary(u, a, _, _) => with_post!(post, g => match lane(a) {
+                    Lane::Run(src) => float_map_into_then(u, src, dst, g),
                     Lane::Splat(x) => {
                         let mut one = [0f32];
-                        float_map_into(u, &[x], &mut one);
+                        float_map_into_then(u, &[x], &mut one, g);
                         dst.fill(one[0]);
                     }
-                },
+                }),
+                TileStep::Affine(a, _, _) => with_post!(post, g => match lane(a) {
+                    Lane::Run(src) => map_into(src, dst, g),
+                    Lane::Splat(x) => dst.fill(g(x)),
+                }),
                 TileStep::Binary(b, a, c, _) => float_zip_into(b, lane(a), lane(c), dst),
             }
         }
@@ -462,7 +737,7 @@ fn run_tiles_portable(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::unary::exp_f32;
+    use crate::ops::math::exp_f32;
     use crate::ops::{BinaryOp, UnaryOp};
 
     fn chain_kernel() -> FusedKernel {
@@ -542,7 +817,195 @@ mod tests {
             })
             .collect();
         let kernel = FusedKernel::new(steps, 2).unwrap();
-        assert_eq!(kernel.num_registers, 2);
+        assert_eq!(kernel.program.map(|p| p.num_registers), Some(2));
+    }
+
+    fn unary(op: UnaryOp, arg: FusedArg) -> FusedStep {
+        FusedStep {
+            op: Op::Unary(op),
+            args: vec![arg],
+        }
+    }
+
+    fn binary(op: BinaryOp, a: FusedArg, b: FusedArg) -> FusedStep {
+        FusedStep {
+            op: Op::Binary(op),
+            args: vec![a, b],
+        }
+    }
+
+    /// exp, ×k, +k, tanh repeated `n` times over input 0, with the scalars
+    /// in inputs 1 and 2.
+    fn anchor_chain(n: usize) -> FusedKernel {
+        let mut steps = Vec::new();
+        for i in 0..4 * n {
+            let x = if i == 0 {
+                FusedArg::Input(0)
+            } else {
+                FusedArg::Step(i - 1)
+            };
+            steps.push(match i % 4 {
+                0 => unary(UnaryOp::Exp, x),
+                1 => binary(BinaryOp::Mul, x, FusedArg::Input(1)),
+                // k + x: the scalar on the left.
+                2 => binary(BinaryOp::Add, FusedArg::Input(2), x),
+                _ => unary(UnaryOp::Tanh, x),
+            });
+        }
+        FusedKernel::new(steps, 3).unwrap()
+    }
+
+    /// The kernel's members evaluated one by one, as unfused execution does.
+    fn member_by_member(kernel: &FusedKernel, inputs: &[&HostData], n: usize) -> HostData {
+        let mut values: Vec<HostData> = Vec::new();
+        for step in kernel.steps() {
+            let operands: Vec<&HostData> = step
+                .args
+                .iter()
+                .map(|a| match *a {
+                    FusedArg::Input(k) => inputs[k],
+                    FusedArg::Step(j) => &values[j],
+                })
+                .collect();
+            let (one, full) = ([1usize], [n]);
+            let shapes: Vec<&[usize]> = operands
+                .iter()
+                .map(|d| if d.len() == 1 { &one[..] } else { &full[..] })
+                .collect();
+            values.push(step.op.eval(&operands, &shapes, &[n]).unwrap());
+        }
+        values.pop().unwrap()
+    }
+
+    #[test]
+    fn scalar_runs_fold_into_the_epilogue_of_the_step_before() {
+        let kernel = anchor_chain(3);
+        let folded = kernel.folded.as_ref().expect("the chain folds");
+        // exp with (×k, +k) in its epilogue, then tanh: two steps per four.
+        assert_eq!(folded.steps.len(), 6);
+        let epilogue = Epilogue {
+            mul: Some(1),
+            add: Some((2, false)),
+        };
+        assert!(matches!(
+            folded.steps[0],
+            TileStep::Unary(UnaryOp::Exp, TileSource::Input(0), e, Some(_)) if e == epilogue
+        ));
+        assert!(matches!(
+            folded.steps[5],
+            TileStep::Unary(UnaryOp::Tanh, TileSource::Register(_), e, None) if e == Epilogue::default()
+        ));
+    }
+
+    #[test]
+    fn folded_chains_equal_member_by_member_evaluation_bitwise() {
+        let n = 2 * TILE + 45;
+        let x: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.37).sin() * 1.6).collect();
+        let kernel = anchor_chain(5);
+        for (a, b) in [(0.5f32, 0.25f32), (-1.25, -0.0), (0.0, f32::NAN)] {
+            let inputs = [
+                &HostData::F32(x.clone()),
+                &HostData::F32(vec![a]),
+                &HostData::F32(vec![b]),
+            ];
+            let want = member_by_member(&kernel, &inputs, n);
+            let got = eval(&kernel, &inputs, &[&[n], &[1], &[1]], &[n]).unwrap();
+            assert_eq!(
+                got.to_f64_vec()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>(),
+                want.to_f64_vec()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>(),
+                "k = {a}, {b}"
+            );
+        }
+    }
+
+    #[test]
+    fn full_size_operands_of_an_epilogue_take_the_unfolded_program() {
+        let n = TILE + 3;
+        let x: Vec<f32> = (0..n).map(|i| i as f32 * 1e-3 - 0.5).collect();
+        let k: Vec<f32> = (0..n).map(|i| 1.0 + i as f32 * 1e-4).collect();
+        let kernel = anchor_chain(2);
+        let inputs = [
+            &HostData::F32(x),
+            &HostData::F32(k),
+            &HostData::F32(vec![0.125]),
+        ];
+        let want = member_by_member(&kernel, &inputs, n);
+        let got = eval(&kernel, &inputs, &[&[n], &[n], &[1]], &[n]).unwrap();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn runs_without_a_producer_start_an_affine_step_and_subtraction_folds() {
+        // ((in0 − k) · k2 ... : x − k has no step before it to join, so it
+        // starts an affine step; x·k2 cannot follow an addition, so it
+        // starts another, which the final + k joins; the max ends the run.
+        let steps = vec![
+            binary(BinaryOp::Sub, FusedArg::Input(0), FusedArg::Input(1)),
+            binary(BinaryOp::Mul, FusedArg::Input(2), FusedArg::Step(0)),
+            binary(BinaryOp::Add, FusedArg::Step(1), FusedArg::Input(1)),
+            binary(BinaryOp::Maximum, FusedArg::Step(2), FusedArg::Input(2)),
+        ];
+        let kernel = FusedKernel::new(steps, 3).unwrap();
+        let folded = kernel.folded.as_ref().expect("folds");
+        assert_eq!(folded.steps.len(), 3);
+        assert!(matches!(
+            folded.steps[0],
+            TileStep::Affine(
+                TileSource::Input(0),
+                Epilogue {
+                    mul: None,
+                    add: Some((1, true))
+                },
+                _
+            )
+        ));
+        assert!(matches!(
+            folded.steps[1],
+            TileStep::Affine(
+                TileSource::Register(_),
+                Epilogue {
+                    mul: Some(2),
+                    add: Some((1, false))
+                },
+                _
+            )
+        ));
+        let n = 300;
+        let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.01 - 1.5).collect();
+        let inputs = [
+            &HostData::F32(x),
+            &HostData::F32(vec![0.3]),
+            &HostData::F32(vec![-0.7]),
+        ];
+        let want = member_by_member(&kernel, &inputs, n);
+        assert_eq!(
+            eval(&kernel, &inputs, &[&[n], &[1], &[1]], &[n]).unwrap(),
+            want
+        );
+    }
+
+    #[test]
+    fn a_value_read_twice_is_not_folded_away() {
+        // t = exp(x); (t · k) + t: t has two readers, so the product
+        // cannot join its step, and nothing else folds.
+        let steps = vec![
+            unary(UnaryOp::Exp, FusedArg::Input(0)),
+            binary(BinaryOp::Mul, FusedArg::Step(0), FusedArg::Input(1)),
+            binary(BinaryOp::Add, FusedArg::Step(1), FusedArg::Step(0)),
+        ];
+        let kernel = FusedKernel::new(steps, 2).unwrap();
+        assert_eq!(kernel.folded, None);
+        let n = 50;
+        let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.05).collect();
+        let inputs = [&HostData::F32(x), &HostData::F32(vec![3.0])];
+        let want = member_by_member(&kernel, &inputs, n);
+        assert_eq!(eval(&kernel, &inputs, &[&[n], &[1]], &[n]).unwrap(), want);
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod fused;
 pub mod index;
 pub mod kernel;
 pub mod layout;
+pub mod math;
 pub mod matmul;
 pub mod pad;
 pub mod quant;

@@ -1,5 +1,10 @@
 //! Elementwise one-operand math: shape rule and reference evaluation.
 
+use super::math::{
+    cos_f32, cos_reduced_f32, erf_f32, erf_small_f32, erf_takes_small, exp_f32, log_f32,
+    map_chunked_in_place, map_chunked_into, map_into, sigmoid_f32, simd_dispatch, sin_f32,
+    sin_reduced_f32, tanh_f32, tanh_small_f32, tanh_takes_small, trig_takes_reduced,
+};
 use super::strided::{eval_dtype_err, narrow, widen, HalfFloat};
 use crate::array::Array;
 use crate::data::HostData;
@@ -204,39 +209,6 @@ pub fn eval(op: UnaryOp, data: &HostData) -> Result<HostData> {
     })
 }
 
-/// `e^x` in f32, within 2 ulp of the exact value (1 denormal ulp below
-/// f32's normal range), with `exp(0) == 1`, overflow to `inf`, underflow to
-/// `0` and NaN kept. Branch-free, so loops over it vectorize: this is Kiln's
-/// one definition of `exp` (and of the exponential inside `sigmoid`) on the
-/// CPU, whichever path evaluates it.
-#[inline(always)]
-pub fn exp_f32(x: f32) -> f32 {
-    // Cephes-style: x = n·ln2 + r with |r| <= ln2/2, e^r by a degree-6
-    // polynomial, then scaling by 2^n.
-    const LN2_HI: f32 = 0.693_359_4; // few mantissa bits: n·LN2_HI is exact
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // Adding and removing 1.5·2^23 rounds to the nearest integer (ties to
-    // even) with plain arithmetic, which vectorizes on every target.
-    const ROUND: f32 = 12_582_912.0;
-    let x = x.clamp(-104.0, 89.0); // keeps NaN; outside, e^x is 0 or inf
-    let biased = x * std::f32::consts::LOG2_E + ROUND;
-    let n = biased - ROUND;
-    let r = x - n * LN2_HI - n * LN2_LO;
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 1.666_666_5e-1)
-        * r
-        + 0.5;
-    let e = p * (r * r) + r + 1.0;
-    // n as an integer, read off the low mantissa bits of `biased` (exact for
-    // |n| < 2^22; a NaN input gives garbage here, but `e` is NaN anyway).
-    let n = (biased.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
-    // 2^n as two normal powers of two, so results in the denormal range are
-    // rounded once, by the second multiplication.
-    let half = n >> 1;
-    let scale = |k: i32| f32::from_bits((k.wrapping_add(127) as u32) << 23);
-    e * scale(half) * scale(n - half)
-}
-
 /// Binds `$f` to the f32 function of a float unary op and evaluates
 /// `$body`: the one definition of each op's element semantics, shared by
 /// the plain and the fused evaluation so both give the same bits.
@@ -256,19 +228,19 @@ macro_rules! with_f32_unary {
                 $body
             }
             UnaryOp::Log => {
-                let $f = f32::ln;
+                let $f = log_f32;
                 $body
             }
             UnaryOp::Sin => {
-                let $f = f32::sin;
+                let $f = sin_f32;
                 $body
             }
             UnaryOp::Cos => {
-                let $f = f32::cos;
+                let $f = cos_f32;
                 $body
             }
             UnaryOp::Tanh => {
-                let $f = f32::tanh;
+                let $f = tanh_f32;
                 $body
             }
             UnaryOp::Sqrt => {
@@ -280,7 +252,7 @@ macro_rules! with_f32_unary {
                 $body
             }
             UnaryOp::Sigmoid => {
-                let $f = |x: f32| 1.0 / (1.0 + exp_f32(-x));
+                let $f = sigmoid_f32;
                 $body
             }
             UnaryOp::Relu => {
@@ -288,28 +260,82 @@ macro_rules! with_f32_unary {
                 $body
             }
             UnaryOp::Erf => {
-                let $f = |x: f32| libm::erf(f64::from(x)) as f32;
+                let $f = erf_f32;
                 $body
             }
         }
     };
 }
 
-/// The op's f32 function mapped over `v` (matched once, then a
-/// monomorphized loop).
+/// The op's f32 function mapped over `v`.
 fn float_map(op: UnaryOp, v: &[f32]) -> Vec<f32> {
-    with_f32_unary!(op, f => v.iter().map(|&x| f(x)).collect())
+    let mut out = vec![0f32; v.len()];
+    float_map_into_simd(op, v, &mut out);
+    out
+}
+
+simd_dispatch! {
+    /// [`float_map_into`] in the widest SIMD build the CPU runs.
+    fn float_map_into_simd(op: UnaryOp, src: &[f32], dst: &mut [f32]) {
+        float_map_into(op, src, dst)
+    }
+}
+
+simd_dispatch! {
+    /// [`float_map_in_place`] in the widest SIMD build the CPU runs.
+    fn float_map_in_place_simd(op: UnaryOp, v: &mut [f32]) {
+        float_map_in_place(op, v)
+    }
 }
 
 /// The op's f32 function from `src` into `dst` (equal lengths).
 #[inline(always)]
 pub(crate) fn float_map_into(op: UnaryOp, src: &[f32], dst: &mut [f32]) {
-    let src = &src[..dst.len()];
-    with_f32_unary!(op, f => {
-        for i in 0..dst.len() {
-            dst[i] = f(src[i]);
-        }
-    })
+    float_map_into_then(op, src, dst, |y| y)
+}
+
+/// The op's f32 function from `src` into `dst` (equal lengths), each
+/// result passed through `then` before it is stored (the fused executor's
+/// epilogues). `tanh`, `erf`, `sin` and `cos` go chunk by chunk, skipping
+/// the far branch in chunks that do not select it (see
+/// [`map_chunked_into`]).
+#[inline(always)]
+pub(crate) fn float_map_into_then(
+    op: UnaryOp,
+    src: &[f32],
+    dst: &mut [f32],
+    then: impl Fn(f32) -> f32,
+) {
+    macro_rules! chunked {
+        ($takes_fast:expr, $fast:expr, $full:expr) => {
+            map_chunked_into(
+                src,
+                dst,
+                $takes_fast,
+                |x| then($fast(x)),
+                |x| then($full(x)),
+            )
+        };
+    }
+    match op {
+        UnaryOp::Tanh => chunked!(tanh_takes_small, tanh_small_f32, tanh_f32),
+        UnaryOp::Erf => chunked!(erf_takes_small, erf_small_f32, erf_f32),
+        UnaryOp::Sin => chunked!(trig_takes_reduced, sin_reduced_f32, sin_f32),
+        UnaryOp::Cos => chunked!(trig_takes_reduced, cos_reduced_f32, cos_f32),
+        _ => with_f32_unary!(op, f => map_into(src, dst, |x| then(f(x)))),
+    }
+}
+
+/// [`float_map_into`] with `v` as source and destination.
+#[inline(always)]
+fn float_map_in_place(op: UnaryOp, v: &mut [f32]) {
+    match op {
+        UnaryOp::Tanh => map_chunked_in_place(v, tanh_takes_small, tanh_small_f32, tanh_f32),
+        UnaryOp::Erf => map_chunked_in_place(v, erf_takes_small, erf_small_f32, erf_f32),
+        UnaryOp::Sin => map_chunked_in_place(v, trig_takes_reduced, sin_reduced_f32, sin_f32),
+        UnaryOp::Cos => map_chunked_in_place(v, trig_takes_reduced, cos_reduced_f32, cos_f32),
+        _ => with_f32_unary!(op, f => v.iter_mut().for_each(|x| *x = f(*x))),
+    }
 }
 
 /// Evaluates in place: each element of `data` is replaced by the op's
@@ -323,7 +349,7 @@ pub fn eval_in_place(op: UnaryOp, data: &mut HostData) -> Result<()> {
         ));
     }
     match data {
-        HostData::F32(v) => with_f32_unary!(op, f => v.iter_mut().for_each(|x| *x = f(*x))),
+        HostData::F32(v) => float_map_in_place_simd(op, v),
         HostData::F16(v) => map_half_in_place(op, v),
         HostData::BF16(v) => map_half_in_place(op, v),
         HostData::I32(v) => match op {
@@ -424,43 +450,23 @@ mod tests {
         );
     }
 
-    /// Distance in units in the last place between an f32 and the exact value.
-    fn ulps(got: f32, exact: f64) -> f64 {
-        let rounded = exact as f32;
-        let ulp = (f32::from_bits(rounded.abs().to_bits() + 1) - rounded.abs()) as f64;
-        (got as f64 - exact).abs() / ulp
-    }
-
     #[test]
-    fn exp_is_within_two_ulp_across_the_finite_range() {
-        let mut worst = 0f64;
-        let mut x = -103.0f32;
-        while x < 88.7 {
-            let exact = (x as f64).exp();
-            let err = if exact < f32::MIN_POSITIVE as f64 {
-                // Denormal results: absolute error in denormal steps.
-                ((exp_f32(x) as f64 - exact).abs() / 1.401_298_464_324_817e-45) / 2.0
-            } else {
-                ulps(exp_f32(x), exact)
-            };
-            worst = worst.max(err);
-            x += 0.000_731;
+    fn the_widest_simd_build_gives_the_baseline_bits() {
+        // float_map_into here is compiled for the test's baseline target;
+        // float_map_into_simd runs the AVX-512 or AVX2 copy where the CPU
+        // has one. Every float op, over every binade and the specials.
+        let src: Vec<f32> = (0..=u32::MAX)
+            .step_by(65_537)
+            .map(f32::from_bits)
+            .chain((-3000..3000).map(|i| i as f32 * 0.005))
+            .collect();
+        for op in UnaryOp::ALL {
+            let (mut base, mut wide) = (vec![0f32; src.len()], vec![0f32; src.len()]);
+            float_map_into(op, &src, &mut base);
+            float_map_into_simd(op, &src, &mut wide);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&base), bits(&wide), "{}", op.name());
         }
-        assert!(worst <= 2.0, "worst error {worst} ulp");
-    }
-
-    #[test]
-    fn exp_special_values() {
-        assert_eq!(exp_f32(0.0), 1.0);
-        assert_eq!(exp_f32(-0.0), 1.0);
-        assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
-        assert_eq!(exp_f32(89.0), f32::INFINITY);
-        assert!(exp_f32(88.72).is_finite());
-        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp_f32(-110.0), 0.0);
-        assert!(exp_f32(-100.0) > 0.0 && exp_f32(-100.0) < f32::MIN_POSITIVE);
-        assert!(exp_f32(f32::NAN).is_nan());
-        assert_eq!(exp_f32(1.0), std::f32::consts::E);
     }
 
     #[test]

@@ -4,7 +4,10 @@
 use kiln::{
     compile, nn, Array, Backend, DType, Executable, HostData, Kernel, Plan, PlanMemory, Tree,
 };
-use kiln_tests::bench::{median_micros, selected, time_once_ms, BenchReport};
+use kiln_cpu_bench::{
+    anchor_chain, input, scalar_chain, unary_input, CHAINS, ELEMENTS, SCALAR_CHAIN, UNARY, WIDE,
+};
+use kiln_tests::bench::{median_cpu_micros, median_micros, selected, time_once_ms, BenchReport};
 use kiln_tests::rss::resident_bytes;
 use kiln_tests::value_shapes;
 use kiln_wgpu::{MatmulVariant, WgpuBackend, WgpuBuffer};
@@ -46,12 +49,7 @@ fn sum_of_leaves<'a>(leaves: impl Iterator<Item = &'a Array>) -> Array {
 
 /// A chain of `n` cheap elementwise ops.
 fn chain(x: Array, n: usize) -> Array {
-    (0..n).fold(x, |x, i| match i % 4 {
-        0 => x * 1.0001,
-        1 => x + 0.001,
-        2 => x - 0.0005,
-        _ => x.maximum(-10.0),
-    })
+    scalar_chain(x, n)
 }
 
 fn dispatch_10() -> f64 {
@@ -350,9 +348,21 @@ fn grad_benchmarks(names: &[String], report: &mut BenchReport) {
     );
 }
 
+/// The hidden first argument under which the program re-runs itself with
+/// `KILN_THREADS=1` to take the single-thread CPU figures.
+const CPU_CHILD: &str = "--cpu-single-thread";
+
 fn main() {
-    let names: Vec<String> = std::env::args().skip(1).collect();
+    let mut names: Vec<String> = std::env::args().skip(1).collect();
+    if names.first().map(String::as_str) == Some(CPU_CHILD) {
+        names.remove(0);
+        let mut report = BenchReport::new();
+        cpu_figures(&names, &mut report);
+        println!("{}", report.to_json());
+        return;
+    }
     let mut report = BenchReport::new();
+    cpu_benchmarks(&names, &mut report);
     if selected("dispatch_10", &names) {
         report.record("dispatch_10", dispatch_10(), "us");
     }
@@ -518,6 +528,107 @@ fn host_overhead_10op(gpu: &WgpuBackend) -> f64 {
     }
     samples.sort_by(f64::total_cmp);
     samples[samples.len() / 2]
+}
+
+/// The CPU executor's single-thread throughput figures (`cpu_unary_<op>_ns`,
+/// `cpu_chain_<n>`), taken in a child process with `KILN_THREADS=1`: the
+/// thread count is read once per process, and the other figures keep every
+/// core.
+fn cpu_benchmarks(names: &[String], report: &mut BenchReport) {
+    let wanted = UNARY
+        .iter()
+        .map(|(op, _)| format!("cpu_unary_{op}_ns"))
+        .chain(WIDE.iter().map(|(op, _)| format!("cpu_unary_{op}_wide_ns")))
+        .chain(CHAINS.iter().map(|n| format!("cpu_chain_{n}")))
+        .chain([format!("cpu_scalar_chain_{SCALAR_CHAIN}")]);
+    if !wanted.into_iter().any(|name| selected(&name, names)) {
+        return;
+    }
+    let child = std::env::current_exe().and_then(|exe| {
+        std::process::Command::new(exe)
+            .arg(CPU_CHILD)
+            .args(names)
+            .env("KILN_THREADS", "1")
+            .stderr(std::process::Stdio::inherit())
+            .output()
+    });
+    let parsed = child.map_err(|e| e.to_string()).and_then(|out| {
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).map_err(|e| e.to_string())
+    });
+    let results = match parsed {
+        Ok(document) => document["results"].clone(),
+        Err(reason) => {
+            eprintln!(
+                "kiln-bench: the single-thread CPU run failed ({reason}); its figures are left out"
+            );
+            return;
+        }
+    };
+    for (name, figure) in results.as_object().into_iter().flatten() {
+        if let (Some(value), Some(unit)) = (figure["value"].as_f64(), figure["unit"].as_str()) {
+            report.record(name.clone(), value, unit);
+        }
+    }
+}
+
+/// One op per cached compiled call on a 256×256 f32 array with values in
+/// (−1, 1) (`log`, `sqrt` and `rsqrt` read |x| + 0.5), in ns per element;
+/// and the anchors' chain in ms. Runs in the `KILN_THREADS=1` child, timed
+/// in the thread's CPU time (all the work runs on it), so other processes
+/// on the machine do not inflate the figures.
+fn cpu_figures(names: &[String], report: &mut BenchReport) {
+    let x = input();
+    for (op, f) in UNARY {
+        let name = format!("cpu_unary_{op}_ns");
+        if !selected(&name, names) {
+            continue;
+        }
+        let input = unary_input(op, &x);
+        let compiled = compile(move |x: Array| f(&x));
+        compiled.call(&input).expect("first call");
+        let micros = median_cpu_micros(400, || {
+            std::hint::black_box(compiled.call(&input).expect("cached call"));
+        });
+        report.record(name, micros * 1e3 / ELEMENTS as f64, "ns");
+    }
+    let wide = x.clone() * 3.0;
+    wide.eval().expect("the input evaluates");
+    for (op, f) in WIDE {
+        let name = format!("cpu_unary_{op}_wide_ns");
+        if !selected(&name, names) {
+            continue;
+        }
+        let compiled = compile(move |x: Array| f(&x));
+        compiled.call(&wide).expect("first call");
+        let micros = median_cpu_micros(400, || {
+            std::hint::black_box(compiled.call(&wide).expect("cached call"));
+        });
+        report.record(name, micros * 1e3 / ELEMENTS as f64, "ns");
+    }
+    for n in CHAINS {
+        let name = format!("cpu_chain_{n}");
+        if !selected(&name, names) {
+            continue;
+        }
+        let compiled = compile(move |x: Array| anchor_chain(x, n));
+        compiled.call(&x).expect("first call");
+        let iterations = (2000 / n).max(7);
+        let micros = median_cpu_micros(iterations, || {
+            std::hint::black_box(compiled.call(&x).expect("cached call"));
+        });
+        report.record(name, micros / 1e3, "ms");
+    }
+    let name = format!("cpu_scalar_chain_{SCALAR_CHAIN}");
+    if selected(&name, names) {
+        // The cheap chain (×c, +c, −c, max c repeated): what folding scalar
+        // runs into epilogues saves, with no transcendental to hide it.
+        let compiled = compile(move |x: Array| scalar_chain(x, SCALAR_CHAIN));
+        compiled.call(&x).expect("first call");
+        let micros = median_cpu_micros(200, || {
+            std::hint::black_box(compiled.call(&x).expect("cached call"));
+        });
+        report.record(name, micros / 1e3, "ms");
+    }
 }
 
 /// `x * 2 + 1` as a user kernel, with a reference as direct as the

@@ -1,0 +1,63 @@
+// The CPU throughput programs in the browser, for `cargo xtask bench`:
+// loads kiln_cpu_bench.wasm (the wasm32 build of tests/cpu-bench, with
+// simd128) in headless Chromium and times cached calls of each program.
+// Usage: node browser.mjs URL; prints one JSON object of figures.
+import { chromium } from "playwright-core";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+const [url] = process.argv.slice(2);
+const context = await chromium.launchPersistentContext(
+  mkdtempSync(join(tmpdir(), "kiln-cpu-bench-")),
+  {
+    executablePath: process.env.KILN_CHROMIUM ?? "/usr/bin/chromium",
+    headless: true,
+    args: [
+      "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    ],
+  },
+);
+const page = context.pages()[0] ?? (await context.newPage());
+await page.goto(url);
+const figures = await page.evaluate(async () => {
+  const { instance } = await WebAssembly.instantiateStreaming(fetch("kiln_cpu_bench.wasm"), {});
+  const e = instance.exports;
+  // Calls first: building the names may grow (and so detach) the memory.
+  const [at, len] = [e.kiln_bench_names(), e.kiln_bench_names_len()];
+  const names = new TextDecoder().decode(new Uint8Array(e.memory.buffer, at, len)).split(",");
+  const elements = 256 * 256;
+  // Milliseconds of one call: batches of calls long enough for the
+  // browser's coarse clock, and the fastest of them. The browser has no
+  // per-thread CPU clock, and on a shared machine other processes only
+  // ever make a batch slower, so the fastest is the least disturbed.
+  const perCall = (program, length) => {
+    if (!e.kiln_bench_prepare(program, length)) throw new Error(`program ${program} failed`);
+    // Enough calls that even an undisturbed batch takes 10 ms: the least
+    // of three trials decides, since a disturbed one only looks longer.
+    const batch = (calls) => {
+      const start = performance.now();
+      e.kiln_bench_run(calls);
+      return performance.now() - start;
+    };
+    let calls = 1;
+    while (calls < 1 << 16 && Math.min(batch(calls), batch(calls), batch(calls)) < 10) calls *= 2;
+    let fastest = Infinity;
+    for (let i = 0; i < 30; i++) {
+      const start = performance.now();
+      if (!e.kiln_bench_run(calls)) throw new Error(`program ${program} failed`);
+      fastest = Math.min(fastest, (performance.now() - start) / calls);
+    }
+    return fastest;
+  };
+  const out = {};
+  names.forEach((name, k) => {
+    out[`cpu_wasm_unary_${name}_ns`] = (perCall(k, 0) * 1e6) / elements;
+  });
+  for (const n of [10, 100, 1000]) out[`cpu_wasm_chain_${n}`] = perCall(100, n);
+  out.cpu_wasm_scalar_chain_100 = perCall(101, 100);
+  return out;
+});
+await context.close();
+console.log(JSON.stringify(figures));

@@ -1,0 +1,173 @@
+//! The programs behind Kiln's CPU throughput figures (`cargo xtask bench
+//! cpu`): one unary op per call on a 256×256 f32 array with values in
+//! (−1, 1), the anchors' chain (exp, ×c, +c, tanh repeated) and a chain of
+//! cheap scalar ops. The native benchmark program times them directly; on
+//! wasm32 this crate is a module of its own whose exports the browser
+//! harness (`browser.mjs`) calls and times.
+//!
+//! ```
+//! use kiln_cpu_bench::{anchor_chain, input, UNARY};
+//! let x = input();
+//! let (name, op) = UNARY[1];
+//! assert_eq!(name, "exp");
+//! assert_eq!(op(&x).shape(), x.shape());
+//! assert_eq!(anchor_chain(x.clone(), 8).shape(), x.shape());
+//! ```
+
+use kiln::{Array, DType};
+
+/// Rows and columns of every benchmark input.
+pub const SIDE: usize = 256;
+
+/// Elements of every benchmark input.
+pub const ELEMENTS: usize = SIDE * SIDE;
+
+/// A benchmarked op as a function of the input.
+pub type UnaryProgram = fn(&Array) -> Array;
+
+/// The unary programs: the name in `cpu_unary_<name>_ns`, and the op.
+pub const UNARY: [(&str, UnaryProgram); 10] = [
+    ("mul", |x| x * 1.0001),
+    ("exp", Array::exp),
+    ("tanh", Array::tanh),
+    ("log", Array::log),
+    ("sigmoid", Array::sigmoid),
+    ("erf", Array::erf),
+    ("sin", Array::sin),
+    ("cos", Array::cos),
+    ("sqrt", Array::sqrt),
+    ("rsqrt", Array::rsqrt),
+];
+
+/// The ops whose loops skip a branch in chunks that do not select it
+/// (tanh and erf take a polynomial alone where |x| < 1), timed again on
+/// inputs in (−3, 3) as `cpu_unary_<name>_wide_ns`: the cost when both
+/// branches are live.
+pub const WIDE: [(&str, UnaryProgram); 2] = [("tanh", Array::tanh), ("erf", Array::erf)];
+
+/// Lengths of the anchors' chain (`cpu_chain_<n>`).
+pub const CHAINS: [usize; 3] = [10, 100, 1000];
+
+/// Length of the cheap chain (`cpu_scalar_chain_100`).
+pub const SCALAR_CHAIN: usize = 100;
+
+/// The 256×256 f32 input with values uniform in (−1, 1), evaluated.
+pub fn input() -> Array {
+    let x = Array::random_uniform(
+        kiln::random::Key::new(7),
+        &[SIDE, SIDE],
+        -1.0,
+        1.0,
+        DType::F32,
+    )
+    .expect("a 256×256 f32 array is within every limit");
+    x.eval().expect("the input evaluates");
+    x
+}
+
+/// The input the unary program `name` reads: |x| + 0.5 for the ops that
+/// need a positive operand (`log`, `sqrt`, `rsqrt`), else `x`.
+pub fn unary_input(name: &str, x: &Array) -> Array {
+    if matches!(name, "log" | "sqrt" | "rsqrt") {
+        let positive = x.abs() + 0.5;
+        positive.eval().expect("the input evaluates");
+        positive
+    } else {
+        x.clone()
+    }
+}
+
+/// The anchors' chain: exp, ×c, +c, tanh repeated to `n` ops.
+pub fn anchor_chain(x: Array, n: usize) -> Array {
+    (0..n).fold(x, |x, i| match i % 4 {
+        0 => x.exp(),
+        1 => x * 0.5,
+        2 => x + 0.25,
+        _ => x.tanh(),
+    })
+}
+
+/// A chain of `n` cheap elementwise ops: ×c, +c, −c, max c repeated.
+pub fn scalar_chain(x: Array, n: usize) -> Array {
+    (0..n).fold(x, |x, i| match i % 4 {
+        0 => x * 1.0001,
+        1 => x + 0.001,
+        2 => x - 0.0005,
+        _ => x.maximum(-10.0),
+    })
+}
+
+#[cfg(target_arch = "wasm32")]
+mod wasm {
+    //! The module's exports. The harness reads the unary names, prepares
+    //! one program at a time (its first call compiles it) and times
+    //! batches of cached calls.
+
+    use super::{anchor_chain, input, scalar_chain, unary_input, UNARY};
+    use kiln::{compile, Array};
+    use std::cell::RefCell;
+    use std::sync::OnceLock;
+
+    thread_local! {
+        /// One cached call of the prepared program; `false` when it fails.
+        static PREPARED: RefCell<Option<Box<dyn Fn() -> bool>>> = RefCell::new(None);
+    }
+
+    /// The unary names, comma-separated, for the harness.
+    fn names() -> &'static str {
+        static NAMES: OnceLock<String> = OnceLock::new();
+        NAMES.get_or_init(|| UNARY.map(|(name, _)| name).join(","))
+    }
+
+    /// Address of the comma-separated unary names in linear memory.
+    #[no_mangle]
+    pub extern "C" fn kiln_bench_names() -> *const u8 {
+        names().as_ptr()
+    }
+
+    /// Length in bytes of the names at [`kiln_bench_names`].
+    #[no_mangle]
+    pub extern "C" fn kiln_bench_names_len() -> usize {
+        names().len()
+    }
+
+    /// Prepares a program: `0..UNARY.len()` a unary op, `100` the anchors'
+    /// chain of `length` ops, `101` the cheap chain of `length` ops. Makes
+    /// its first call; returns 1 when that succeeded, 0 otherwise.
+    #[no_mangle]
+    pub extern "C" fn kiln_bench_prepare(program: u32, length: u32) -> u32 {
+        let x = input();
+        let n = length as usize;
+        let call: Box<dyn Fn() -> bool> = match program {
+            100 => {
+                let f = compile(move |x: Array| anchor_chain(x, n));
+                Box::new(move || f.call(&x).is_ok())
+            }
+            101 => {
+                let f = compile(move |x: Array| scalar_chain(x, n));
+                Box::new(move || f.call(&x).is_ok())
+            }
+            k => match UNARY.get(k as usize) {
+                Some(&(name, op)) => {
+                    let x = unary_input(name, &x);
+                    let f = compile(move |x: Array| op(&x));
+                    Box::new(move || f.call(&x).is_ok())
+                }
+                None => return 0,
+            },
+        };
+        let ok = call();
+        PREPARED.with(|p| *p.borrow_mut() = Some(call));
+        u32::from(ok)
+    }
+
+    /// Makes `calls` cached calls of the prepared program; returns 1 when
+    /// all succeeded, 0 otherwise (or with nothing prepared).
+    #[no_mangle]
+    pub extern "C" fn kiln_bench_run(calls: u32) -> u32 {
+        PREPARED.with(|p| match p.borrow().as_ref() {
+            Some(call) => u32::from((0..calls).all(|_| call())),
+            None => 0,
+        })
+    }
+}
