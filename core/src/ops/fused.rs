@@ -5,7 +5,12 @@
 //! the same bits as its members run one by one. Groups of f32 arithmetic on
 //! full-size or scalar operands take a tiled path instead: each member runs
 //! over a cache-sized tile, and intermediates live in a few reused tile
-//! registers rather than whole arrays.
+//! registers rather than whole arrays. Runs of cheap ops with a scalar
+//! operand (`x·a + b`, `x − c`) fold into the step before them as an
+//! epilogue, applied while its value is still in registers: on the
+//! anchors' chain (exp, ×c, +c, tanh) that halves the tile passes, and a
+//! chain of cheap scalar ops runs about a third faster than with one pass
+//! per op (`cpu_scalar_chain_100`, 0.22 → 0.15 ms).
 
 use super::binary::{float_zip_into, Lane};
 use super::math::map_into;
@@ -193,7 +198,7 @@ impl FusedKernel {
             });
         let folded = program
             .as_ref()
-            .map(|_| fold_scalar_runs(&steps))
+            .and_then(|_| fold_scalar_runs(&steps))
             .filter(|groups| groups.len() < steps.len())
             .map(|groups| assign_registers(&groups, steps.len()));
         let program = program.map(|groups| assign_registers(&groups, steps.len()));
@@ -244,13 +249,13 @@ fn cheap_scalar_step(step: &FusedStep) -> Option<(BinaryOp, FusedArg, usize)> {
     }
 }
 
-/// Groups the steps (all tiled-capable) so that each cheap scalar step
+/// Groups the steps so that each cheap scalar step
 /// reading only the step just before it, which nothing else reads, joins
 /// that step's epilogue (while its form allows); one with nothing to join
 /// starts an `Identity` group. Multiplication and addition commute
 /// bitwise, and `x − k` is `x + (−k)` bitwise, so every group computes its
-/// members' values exactly.
-fn fold_scalar_runs(steps: &[FusedStep]) -> Vec<FoldedGroup> {
+/// members' values exactly. `None` when a step has no tiled form.
+fn fold_scalar_runs(steps: &[FusedStep]) -> Option<Vec<FoldedGroup>> {
     let mut readers = vec![0usize; steps.len()];
     for step in steps {
         for arg in &step.args {
@@ -288,7 +293,7 @@ fn fold_scalar_runs(steps: &[FusedStep]) -> Vec<FoldedGroup> {
         let producer = match (&step.op, step.args.as_slice()) {
             (Op::Unary(u), [a]) => Producer::Unary(*u, *a),
             (Op::Binary(b), [a, c]) => Producer::Binary(*b, *a, *c),
-            _ => unreachable!("fold_scalar_runs takes tiled-capable steps only"),
+            _ => return None,
         };
         groups.push(FoldedGroup {
             producer,
@@ -296,7 +301,7 @@ fn fold_scalar_runs(steps: &[FusedStep]) -> Vec<FoldedGroup> {
             output: i,
         });
     }
-    groups
+    Some(groups)
 }
 
 /// Assigns tile registers to `groups` (whose operands name original steps,
