@@ -9,6 +9,7 @@
 use crate::data::{HostData, HostElement};
 use crate::error::{arg_err, Error, Result};
 use crate::limits::check_aval;
+use crate::location::{current_location, SourceLocation};
 use crate::ops::{Guard, Op, ShapeCx};
 use crate::shape::{Aval, Shape};
 use crate::DType;
@@ -34,6 +35,8 @@ pub(crate) struct Node {
     pub(crate) kind: NodeKind,
     /// The value once computed (always set for `Data`).
     pub(crate) value: OnceLock<Arc<HostData>>,
+    /// Where the user's program made it, when a front end said.
+    pub(crate) location: Option<SourceLocation>,
 }
 
 pub(crate) enum NodeKind {
@@ -80,6 +83,7 @@ impl Array {
                 aval,
                 kind,
                 value: cell,
+                location: current_location(),
             }),
         }
     }
@@ -156,6 +160,12 @@ impl Array {
     /// The dtype.
     pub fn dtype(&self) -> DType {
         self.node.aval.dtype
+    }
+
+    /// Where the user's program made this array, if the front end set a
+    /// location while it was built (see [`crate::at_location`]).
+    pub fn location(&self) -> Option<SourceLocation> {
+        self.node.location
     }
 
     /// The error this array carries, if an op that built it failed.
