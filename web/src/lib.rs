@@ -8,6 +8,7 @@
 
 pub mod examples;
 pub mod format;
+pub mod graph;
 #[cfg(target_arch = "wasm32")]
 mod page;
 pub mod protocol;
