@@ -297,7 +297,7 @@ pub fn details(report: &Report, model: &GraphModel, index: usize) -> Vec<(&'stat
     };
     let mut rows = vec![("op", b.label.clone()), ("aval", b.aval.clone())];
     let node = b.node.and_then(|n| report.nodes.get(n));
-    if let Some(t) = b.traced {
+    if b.traced.is_some() {
         rows.push((
             "after passes",
             match node {
