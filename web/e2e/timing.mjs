@@ -45,20 +45,8 @@ for (let i = 0; i < 10; i++) {
 }
 runs.sort((a, b) => a - b);
 
-// A 2,000-node graph: from Ctrl+Enter to the layout drawn.
-const graphStart = await page.evaluate(() => {
-  const editor = window.kilnEditor;
-  const text = "let f = compile(|x| {\n  let y = x;\n  for i in 0..1000 { y = (y * 1.5).sin(); }\n  y\n}).fusion(false);\nf.run(ones([4]))";
-  editor.view.dispatch({ changes: { from: 0, to: editor.view.state.doc.length, insert: text } });
-  document.querySelector("#editor .cm-content").dispatchEvent(
-    new KeyboardEvent("keydown", { key: "Enter", ctrlKey: true, bubbles: true, cancelable: true }));
-  return performance.now();
-});
-await page.locator("#graph-layout", { hasText: "2001 boxes" }).waitFor({ timeout: 120000 });
-const graphMs = (await page.evaluate(() => performance.now())) - graphStart;
 await context.close();
 console.log(JSON.stringify({
   web_first_render_ms: Math.round(firstRender * 10) / 10,
   web_rerun_ms: Math.round(runs[Math.floor(runs.length / 2)] * 10) / 10,
-  web_graph_2000_ms: Math.round(graphMs),
 }));

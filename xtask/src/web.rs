@@ -71,13 +71,12 @@ pub fn e2e() -> Result<(), String> {
 }
 
 /// The playground's benchmark figures, by name.
-const FIGURES: [&str; 6] = [
+const FIGURES: [&str; 5] = [
     "web_wasm_bytes",
     "web_wasm_gzip_bytes",
     "web_site_gzip_bytes",
     "web_first_render_ms",
     "web_rerun_ms",
-    "web_graph_2000_ms",
 ];
 
 /// The playground's figures `selection` asks for (all when it is empty, as
@@ -106,7 +105,7 @@ pub fn bench_figures(selection: &[String]) -> Result<Vec<(String, f64, &'static 
         site_gzip += gzip_size(&path).ok_or_else(|| format!("cannot gzip {}", path.display()))?;
     }
     figures.push(("web_site_gzip_bytes".to_string(), site_gzip as f64, "bytes"));
-    if wanted("web_first_render_ms") || wanted("web_rerun_ms") || wanted("web_graph_2000_ms") {
+    if wanted("web_first_render_ms") || wanted("web_rerun_ms") {
         let (tools, script, port) = browser_script("timing.mjs", site)?;
         let out = process::stdout_of(
             Command::new("node")
@@ -117,7 +116,7 @@ pub fn bench_figures(selection: &[String]) -> Result<Vec<(String, f64, &'static 
         .ok_or("the playground timing script failed")?;
         let timings: serde_json::Value = serde_json::from_str(out.trim())
             .map_err(|e| format!("the timing script printed no JSON ({e}): {out}"))?;
-        for name in ["web_first_render_ms", "web_rerun_ms", "web_graph_2000_ms"] {
+        for name in ["web_first_render_ms", "web_rerun_ms"] {
             let value = timings[name]
                 .as_f64()
                 .ok_or_else(|| format!("the timing script gave no {name}: {out}"))?;
