@@ -10,6 +10,7 @@ use crate::data::{HostData, HostElement};
 use crate::device::{host_data, Device, DeviceBuffer};
 use crate::error::{arg_err, Error, Result};
 use crate::limits::check_aval;
+use crate::location::{current_location, SourceLocation};
 use crate::ops::{Guard, Op, ShapeCx};
 use crate::shape::{Aval, Shape};
 use crate::DType;
@@ -39,6 +40,8 @@ pub(crate) struct Node {
     /// The value once computed on a device that keeps it (a GPU buffer):
     /// read back into `value` when someone reads it.
     pub(crate) resident: OnceLock<Resident>,
+    /// Where the user's program made it, when a front end said.
+    pub(crate) location: Option<SourceLocation>,
 }
 
 /// A value kept on the device that computed it.
@@ -92,6 +95,7 @@ impl Array {
                 kind,
                 value: cell,
                 resident: OnceLock::new(),
+                location: current_location(),
             }),
         }
     }
@@ -184,6 +188,12 @@ impl Array {
     /// The dtype.
     pub fn dtype(&self) -> DType {
         self.node.aval.dtype
+    }
+
+    /// Where the user's program made this array, if the front end set a
+    /// location while it was built (see [`crate::at_location`]).
+    pub fn location(&self) -> Option<SourceLocation> {
+        self.node.location
     }
 
     /// The error this array carries, if an op that built it failed.

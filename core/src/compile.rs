@@ -216,7 +216,8 @@ impl KeyView<'_> {
 struct Traced {
     exe: Arc<Executable>,
     output_tree: TreeDef,
-    traced_nodes: usize,
+    /// The graph before the passes, for the report.
+    traced: crate::graph::Graph,
     passes: Vec<PassRecord>,
     symbols: Vec<(Symbol, SymbolSource)>,
 }
@@ -621,7 +622,7 @@ where
         let Traced {
             exe,
             output_tree,
-            traced_nodes,
+            traced,
             passes,
             symbols,
         } = traced;
@@ -647,7 +648,7 @@ where
             exe.is_shapeless(),
             &key.tree,
             &output_tree,
-            traced_nodes,
+            &traced,
             passes,
             &exe,
             &symbols,
@@ -693,8 +694,7 @@ where
             },
             &backward,
         )?;
-        let traced_nodes = graph.nodes.len();
-        let (graph, passes) = optimize(&graph, self.passes)?;
+        let (optimized, passes) = optimize(&graph, self.passes)?;
         let donated = self.donated_leaves(tree)?;
         let input_shapes: Vec<Vec<usize>> = leaves
             .iter()
@@ -703,13 +703,13 @@ where
         let input_refs: Vec<&[usize]> = input_shapes.iter().map(Vec::as_slice).collect();
         Ok(Traced {
             exe: Arc::new(Executable::new(
-                graph,
+                optimized,
                 symbols.clone(),
                 &donated,
                 &input_refs,
             )?),
             output_tree,
-            traced_nodes,
+            traced: graph,
             passes,
             symbols,
         })

@@ -3,6 +3,7 @@
 
 use crate::data::HostData;
 use crate::implicit::ImplicitDecision;
+use crate::location::SourceLocation;
 use crate::ops::{Guard, Op};
 use crate::shape::Aval;
 use smallvec::SmallVec;
@@ -96,6 +97,63 @@ pub struct Graph {
     /// How implicit lowering resolved the ops reading implicit values
     /// (empty before it runs, and for graphs without them).
     pub implicit: Vec<ImplicitDecision>,
+    /// Per value, where it came from. Graph equality and hashing ignore it.
+    pub provenance: Provenance,
+}
+
+/// Where one value of a graph came from: the values of the traced graph
+/// (before the passes) it computes, and the program location that made it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// The traced values this value computes: itself in a traced graph;
+    /// after the passes, every value CSE merged into it or an identity op
+    /// forwarded to it, and for a fused op all of its members'.
+    pub traced: SmallVec<[ValueId; 1]>,
+    /// For a fused op, per step (in step order), the traced values that
+    /// step computes; empty for any other value.
+    pub steps: Vec<SmallVec<[ValueId; 1]>>,
+    /// Where the user's program made it (for a merged value, the first
+    /// made; for a fused op, its root's), when the front end said.
+    pub location: Option<SourceLocation>,
+}
+
+impl Origin {
+    /// The origin of traced value `id`, made at `location`.
+    pub fn traced(id: ValueId, location: Option<SourceLocation>) -> Origin {
+        Origin {
+            traced: SmallVec::from_elem(id, 1),
+            steps: Vec::new(),
+            location,
+        }
+    }
+
+    /// Adds the traced values of `other` (a value merged into this one).
+    pub fn absorb(&mut self, other: &Origin) {
+        self.traced.extend(other.traced.iter().copied());
+        self.location = self.location.or(other.location);
+    }
+}
+
+/// The [`Origin`] of every value of a graph, in schedule order (shorter
+/// than the graph when values were added without one).
+///
+/// It records history, not meaning: two graphs computing the same thing
+/// are equal however they were written, which is what lets the eager cache
+/// find a graph built from another line of a program. So every
+/// `Provenance` compares equal and hashes to nothing.
+#[derive(Clone, Debug, Default)]
+pub struct Provenance(pub Vec<Origin>);
+
+impl PartialEq for Provenance {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Provenance {}
+
+impl Hash for Provenance {
+    fn hash<H: Hasher>(&self, _: &mut H) {}
 }
 
 impl Graph {
@@ -104,15 +162,72 @@ impl Graph {
         self.backward.get(v).copied().unwrap_or(false)
     }
 
+    /// Where value `v` came from, when recorded.
+    pub fn origin(&self, v: ValueId) -> Option<&Origin> {
+        self.provenance.0.get(v)
+    }
+
     /// Appends `node`, of the backward pass when `backward` (the flags stay
-    /// empty until a backward value arrives).
-    pub(crate) fn push_node(&mut self, node: GraphNode, backward: bool) {
+    /// empty until a backward value arrives), coming from `origin`.
+    pub(crate) fn push_node(&mut self, node: GraphNode, backward: bool, origin: Origin) {
         if backward && self.backward.is_empty() {
             self.backward = vec![false; self.nodes.len()];
         }
         if !self.backward.is_empty() {
             self.backward.push(backward);
         }
+        // Values pushed without an origin (hand-built graphs) leave gaps.
+        self.provenance
+            .0
+            .resize_with(self.nodes.len(), Origin::default);
+        self.provenance.0.push(origin);
         self.nodes.push(node);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::FastHasher;
+    use crate::location::SourceLocation;
+    use crate::shape::Shape;
+    use crate::DType;
+
+    fn input_graph(location: Option<SourceLocation>) -> Graph {
+        let mut graph = Graph {
+            num_inputs: 1,
+            ..Graph::default()
+        };
+        let node = GraphNode {
+            kind: ValueKind::Input(0),
+            inputs: Operands::new(),
+            aval: Aval::new(Shape::from(vec![2]), DType::F32),
+        };
+        graph.push_node(node, false, Origin::traced(0, location));
+        graph.outputs = vec![0];
+        graph
+    }
+
+    #[test]
+    fn graphs_made_at_different_lines_are_equal_and_hash_alike() {
+        let here = input_graph(Some(SourceLocation { line: 1, column: 1 }));
+        let there = input_graph(Some(SourceLocation { line: 9, column: 4 }));
+        assert_ne!(here.origin(0), there.origin(0));
+        assert_eq!(here, there);
+        let hash = |g: &Graph| {
+            let mut state = FastHasher::default();
+            g.hash(&mut state);
+            state.finish()
+        };
+        assert_eq!(hash(&here), hash(&there));
+    }
+
+    #[test]
+    fn an_absorbed_origin_adds_its_traced_values_and_fills_a_missing_location() {
+        let line = Some(SourceLocation { line: 3, column: 2 });
+        let mut kept = Origin::traced(1, None);
+        kept.absorb(&Origin::traced(4, line));
+        assert_eq!(kept.traced.to_vec(), vec![1, 4]);
+        assert_eq!(kept.location, line);
     }
 }

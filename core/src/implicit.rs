@@ -25,7 +25,7 @@ use crate::array::Array;
 use crate::autodiff::backward;
 use crate::compile::next_trace_id;
 use crate::error::{Error, Result};
-use crate::graph::{Graph, GraphNode, ValueId, ValueKind};
+use crate::graph::{Graph, GraphNode, Origin, ValueId, ValueKind};
 use crate::ops::custom::{CustomCall, CustomDef, ForwardFn};
 use crate::ops::quant::{quantize, quantized_matmul, QuantFormat, Quantized};
 use crate::ops::{Op, ShapeCx};
@@ -492,6 +492,11 @@ impl Lowering<'_> {
         self.remap[v].ok_or_else(|| unresolved(v))
     }
 
+    /// Where traced value `v` came from.
+    fn origin(&self, v: ValueId) -> Origin {
+        self.graph.provenance.0.get(v).cloned().unwrap_or_default()
+    }
+
     /// Emits traced node `i` with its operands remapped.
     fn copy(&mut self, i: ValueId, backward: bool) {
         let node = &self.graph.nodes[i];
@@ -507,6 +512,7 @@ impl Lowering<'_> {
                 aval: node.aval.clone(),
             },
             backward,
+            self.origin(i),
         );
         self.remap[i] = Some(self.out.nodes.len() - 1);
     }
@@ -536,7 +542,7 @@ impl Lowering<'_> {
             .map(|&j| &self.graph.nodes[j].aval)
             .collect();
         let body = call.body.forward_graph(&avals)?;
-        let value = self.splice(&body, &inputs, self.graph.is_backward(v));
+        let value = self.splice(&body, &inputs, self.graph.is_backward(v), &self.origin(v));
         self.remap[v] = Some(value);
         self.out.implicit.push(ImplicitDecision::Materialized {
             node: v,
@@ -616,12 +622,19 @@ impl Lowering<'_> {
             },
             other => other,
         })?;
-        Ok(self.splice(&sub, &params, backward))
+        Ok(self.splice(&sub, &params, backward, &self.origin(i)))
     }
 
     /// Appends `sub`'s computed values with its inputs bound to `inputs`
     /// and returns the value of its (first) output.
-    fn splice(&mut self, sub: &Graph, inputs: &[ValueId], backward: bool) -> ValueId {
+    /// Every spliced value has `origin`, the replaced value's.
+    fn splice(
+        &mut self,
+        sub: &Graph,
+        inputs: &[ValueId],
+        backward: bool,
+        origin: &Origin,
+    ) -> ValueId {
         let mut map = Vec::with_capacity(sub.nodes.len());
         for node in &sub.nodes {
             match node.kind {
@@ -632,7 +645,7 @@ impl Lowering<'_> {
                         inputs: node.inputs.iter().map(|&j| map[j]).collect(),
                         aval: node.aval.clone(),
                     };
-                    self.out.push_node(node, backward);
+                    self.out.push_node(node, backward, origin.clone());
                     map.push(self.out.nodes.len() - 1);
                 }
             }

@@ -19,6 +19,7 @@ pub mod graph;
 pub mod hash;
 pub mod implicit;
 pub mod limits;
+pub mod location;
 pub mod nn;
 pub mod ops;
 pub mod passes;
@@ -42,10 +43,12 @@ pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use eval::{eval, eval_async, eval_cache_stats, EvalCacheStats};
 pub use exec::{Backend, CpuBackend, Executable};
-pub use graph::{Graph, GraphNode, ValueKind};
+
+pub use graph::{Graph, GraphNode, Origin, Provenance, ValueKind};
 pub use implicit::{ImplicitArray, ImplicitDecision};
 pub use kiln_derive::Tree;
 pub use limits::Limits;
+pub use location::{at_location, current_location, SourceLocation};
 pub use ops::binary::Operand;
 pub use ops::layout::concat;
 pub use ops::quant::{

@@ -3,7 +3,7 @@
 
 use crate::data::HostData;
 use crate::error::Result;
-use crate::graph::{Graph, GraphNode, Literal, Operands, ValueId, ValueKind};
+use crate::graph::{Graph, GraphNode, Literal, Operands, Origin, ValueId, ValueKind};
 use crate::hash::{fast_map, FastHasher, FastMap};
 use crate::ops::{FusedArg, FusedKernel, FusedStep, Op};
 use crate::shape::Aval;
@@ -56,15 +56,18 @@ pub fn optimize(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<PassRecord>
     // in place against `out.nodes` so no node is copied into the table.
     let mut seen: FastMap<u64, SmallVec<[ValueId; 1]>> = fast_map(graph.nodes.len());
     let (mut simplified, mut folded, mut merged) = (0, 0, 0);
+    let no_origin = Origin::default();
     for node in &graph.nodes {
         let inputs: Operands = node.inputs.iter().map(|&i| remap[i]).collect();
         let backward = graph.is_backward(remap.len());
+        let origin = graph.origin(remap.len()).unwrap_or(&no_origin);
         if let ValueKind::Op(op) = &node.kind {
             if let Some(&alias) = inputs
                 .first()
                 .filter(|_| is_identity(op, &node.aval, &out, &inputs))
             {
                 simplified += 1;
+                absorb_origin(&mut out, alias, origin);
                 remap.push(alias);
                 continue;
             }
@@ -95,12 +98,13 @@ pub fn optimize(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<PassRecord>
                 if !backward && out.is_backward(existing) {
                     out.backward[existing] = false;
                 }
+                absorb_origin(&mut out, existing, origin);
                 remap.push(existing);
             }
             None => {
                 let id = out.nodes.len();
                 same.push(id);
-                out.push_node(candidate, backward);
+                out.push_node(candidate, backward, origin.clone());
                 remap.push(id);
             }
         }
@@ -207,6 +211,7 @@ pub fn fuse(graph: Graph) -> Result<(Graph, usize)> {
         implicit: graph.implicit.clone(),
         ..Graph::default()
     };
+    let origin_of = |v: ValueId| graph.origin(v).cloned().unwrap_or_default();
     let mut remap = vec![usize::MAX; n];
     let mut step_of: Vec<Option<usize>> = vec![None; n];
     let mut absorbed = 0;
@@ -223,7 +228,7 @@ pub fn fuse(graph: Graph) -> Result<(Graph, usize)> {
                 inputs,
                 aval: node.aval.clone(),
             };
-            out.push_node(copy, graph.is_backward(v));
+            out.push_node(copy, graph.is_backward(v), origin_of(v));
             continue;
         }
         absorbed += members[v].len() - 1;
@@ -258,11 +263,34 @@ pub fn fuse(graph: Graph) -> Result<(Graph, usize)> {
             inputs: external.iter().map(|&e| remap[e]).collect(),
             aval: node.aval.clone(),
         };
+        // The group computes every member's traced values; the root's
+        // location is where the program asked for the group's result.
+        let mut origin = Origin {
+            location: origin_of(v).location,
+            ..Origin::default()
+        };
+        for &m in &members[v] {
+            let member = origin_of(m);
+            origin.traced.extend(member.traced.iter().copied());
+            origin.steps.push(member.traced);
+        }
         // A group computing any backward value runs in the backward pass.
-        out.push_node(fused, members[v].iter().any(|&m| graph.is_backward(m)));
+        out.push_node(
+            fused,
+            members[v].iter().any(|&m| graph.is_backward(m)),
+            origin,
+        );
     }
     out.outputs = graph.outputs.iter().map(|&o| remap[o]).collect();
     Ok((out, absorbed))
+}
+
+/// Records that value `into` of `graph` now also computes what `origin`
+/// did (CSE merged it, or an identity op forwarded it).
+fn absorb_origin(graph: &mut Graph, into: ValueId, origin: &Origin) {
+    if let Some(kept) = graph.provenance.0.get_mut(into) {
+        kept.absorb(origin);
+    }
 }
 
 /// True when `op` returns its first operand unchanged.
@@ -352,11 +380,17 @@ pub fn dce(graph: Graph) -> (Graph, usize) {
         ..Graph::default()
     };
     let backward = graph.backward;
+    let mut origins = graph.provenance.0.into_iter();
     for (i, node) in graph.nodes.into_iter().enumerate() {
+        let origin = origins.next().unwrap_or_default();
         if live[i] {
             remap[i] = out.nodes.len();
             let inputs = node.inputs.iter().map(|&j| remap[j]).collect();
-            out.push_node(GraphNode { inputs, ..node }, backward.get(i) == Some(&true));
+            out.push_node(
+                GraphNode { inputs, ..node },
+                backward.get(i) == Some(&true),
+                origin,
+            );
         }
     }
     out.outputs = graph.outputs.iter().map(|&o| remap[o]).collect();

@@ -5,8 +5,10 @@
 
 use crate::compile::CacheKey;
 use crate::exec::{Executable, SymbolSource};
-use crate::graph::{Graph, ValueKind};
+use crate::graph::{Graph, GraphNode, Origin, ValueKind};
 use crate::implicit::ImplicitDecision;
+use crate::location::SourceLocation;
+use crate::ops::{FusedArg, Op};
 use crate::passes::PassRecord;
 use crate::plan::{Home, PlanMemory, ReinplaceDecision};
 use crate::shape::Symbol;
@@ -119,6 +121,60 @@ pub struct ReportNode {
     pub reinplace: Option<ReinplaceDecision>,
     /// Whether it belongs to a gradient's backward pass.
     pub backward: bool,
+    /// The nodes of [`Report::traced`] it computes: one, several once CSE
+    /// merged them, all of a fused group's members.
+    pub traced: Vec<usize>,
+    /// Where the program made it, when the front end said (see
+    /// [`crate::at_location`]).
+    pub location: Option<SourceLocation>,
+    /// For a fused op, its member ops in evaluation order (the last one is
+    /// the result); empty for any other node.
+    pub group: Vec<GroupStep>,
+}
+
+/// One member op of a fused group, as the report shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupStep {
+    /// The op with parameters.
+    pub op: String,
+    /// What it reads.
+    pub args: Vec<GroupArg>,
+    /// Its shape and dtype.
+    pub aval: String,
+    /// The nodes of [`Report::traced`] it computes.
+    pub traced: Vec<usize>,
+    /// Where the program made it.
+    pub location: Option<SourceLocation>,
+}
+
+/// What a member of a fused group reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "id", rename_all = "snake_case")]
+pub enum GroupArg {
+    /// A node of the optimized graph (an operand of the fused op).
+    Node(usize),
+    /// An earlier member of the group, by its position.
+    Step(usize),
+}
+
+/// A node of the traced graph, before any pass.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TracedNode {
+    /// Position in the traced graph.
+    pub id: usize,
+    /// The op with parameters, `input args.a` or `constant`.
+    pub op: String,
+    /// Operand ids.
+    pub inputs: Vec<usize>,
+    /// Shape and dtype, like `f32[s0,4]`.
+    pub aval: String,
+    /// Where the program made it, when the front end said.
+    pub location: Option<SourceLocation>,
+    /// Whether it belongs to a gradient's backward pass.
+    pub backward: bool,
+    /// The node of [`Report::nodes`] that computes it, if one still does
+    /// (simplification and DCE drop some).
+    pub optimized: Option<usize>,
 }
 
 /// One value held by a slot, with its lifetime.
@@ -173,6 +229,8 @@ pub struct Report {
     pub output_tree: String,
     /// The traced graph before the passes.
     pub traced_nodes: usize,
+    /// Its nodes, in trace order.
+    pub traced: Vec<TracedNode>,
     /// The optimized graph, in schedule order.
     pub nodes: Vec<ReportNode>,
     /// Ids of the returned values.
@@ -336,7 +394,7 @@ pub(crate) fn build_report(
     shapeless: bool,
     input_tree: &TreeDef,
     output_tree: &TreeDef,
-    traced_nodes: usize,
+    traced: &Graph,
     passes: Vec<PassRecord>,
     exe: &Executable,
     symbols: &[(Symbol, SymbolSource)],
@@ -390,24 +448,53 @@ pub(crate) fn build_report(
             .filter(|d| d.target().is_some())
             .count(),
     };
+    let describe = |kind: &ValueKind| match kind {
+        ValueKind::Input(i) => format!("input {}", leaf_name(*i)),
+        ValueKind::Constant(_) => "constant".to_string(),
+        ValueKind::Op(op) => op.describe(),
+    };
+    let no_origin = Origin::default();
+    let origin = |id: usize| graph.origin(id).unwrap_or(&no_origin);
+    let mut optimized_of = vec![None; traced.nodes.len()];
+    for id in 0..graph.nodes.len() {
+        for &t in &origin(id).traced {
+            if let Some(slot) = optimized_of.get_mut(t) {
+                // A value merged into another keeps its first computer.
+                slot.get_or_insert(id);
+            }
+        }
+    }
     Report {
         implicit: graph.implicit.clone(),
         entry,
         shapeless,
         input_tree: input_tree.to_string(),
         output_tree: output_tree.to_string(),
-        traced_nodes,
+        traced_nodes: traced.nodes.len(),
+        traced: traced
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(id, node)| TracedNode {
+                id,
+                op: describe(&node.kind),
+                inputs: node.inputs.to_vec(),
+                aval: node.aval.to_string(),
+                location: traced.origin(id).and_then(|o| o.location),
+                backward: traced.is_backward(id),
+                optimized: optimized_of[id],
+            })
+            .collect(),
         nodes: graph
             .nodes
             .iter()
             .enumerate()
             .map(|(id, node)| ReportNode {
                 id,
-                op: match &node.kind {
-                    ValueKind::Input(i) => format!("input {}", leaf_name(*i)),
-                    ValueKind::Constant(_) => "constant".to_string(),
-                    ValueKind::Op(op) => op.describe(),
-                },
+                op: describe(&node.kind),
+                traced: origin(id).traced.to_vec(),
+                location: origin(id).location,
+                group: group_steps(node, origin(id), traced),
                 inputs: node.inputs.to_vec(),
                 aval: node.aval.to_string(),
                 home: match plan.home(id) {
@@ -434,6 +521,40 @@ pub(crate) fn build_report(
         residual_bytes: residuals.iter().map(|r| r.bytes).sum(),
         residuals,
     }
+}
+
+/// The members of fused node `node` (none for another node), with the
+/// traced values each computes (from `origin`) and their avals and
+/// locations (from the `traced` graph).
+fn group_steps(node: &GraphNode, origin: &Origin, traced: &Graph) -> Vec<GroupStep> {
+    let ValueKind::Op(Op::Fused(kernel)) = &node.kind else {
+        return Vec::new();
+    };
+    kernel
+        .steps()
+        .iter()
+        .enumerate()
+        .map(|(k, step)| {
+            let computes: Vec<usize> = origin.steps.get(k).map(|t| t.to_vec()).unwrap_or_default();
+            let first = computes.first().and_then(|&t| traced.nodes.get(t));
+            GroupStep {
+                op: step.op.describe(),
+                args: step
+                    .args
+                    .iter()
+                    .map(|arg| match *arg {
+                        FusedArg::Input(i) => GroupArg::Node(node.inputs[i]),
+                        FusedArg::Step(s) => GroupArg::Step(s),
+                    })
+                    .collect(),
+                aval: first.map_or_else(|| node.aval.to_string(), |n| n.aval.to_string()),
+                location: computes
+                    .iter()
+                    .find_map(|&t| traced.origin(t).and_then(|o| o.location)),
+                traced: computes,
+            }
+        })
+        .collect()
 }
 
 /// The computed forward values of `graph` that a backward value reads.

@@ -2,7 +2,7 @@
 
 use crate::array::{Array, NodeKind};
 use crate::error::{Error, Result};
-use crate::graph::{Graph, GraphNode, Literal, Operands, ValueId, ValueKind};
+use crate::graph::{Graph, GraphNode, Literal, Operands, Origin, ValueId, ValueKind};
 use crate::hash::{fast_map, FastMap};
 use std::collections::HashSet;
 
@@ -121,11 +121,13 @@ fn push(
     inputs: Operands,
     backward: &HashSet<usize>,
 ) {
-    ids.insert(array.id(), graph.nodes.len());
+    let id = graph.nodes.len();
+    ids.insert(array.id(), id);
     let node = GraphNode {
         kind,
         inputs,
         aval: array.aval().clone(),
     };
-    graph.push_node(node, backward.contains(&array.id()));
+    let origin = Origin::traced(id, array.location());
+    graph.push_node(node, backward.contains(&array.id()), origin);
 }

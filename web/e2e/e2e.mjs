@@ -86,11 +86,16 @@ async function runExample(id, label) {
   await page.locator("#status", { hasText: "ready" }).waitFor({ timeout: 30000 });
 }
 
-/// Replaces the editor's script and runs it with Ctrl+Enter.
+/// Replaces the editor's script (as typing does) and runs it with Ctrl+Enter.
 async function runScript(script) {
-  await page.fill("#editor", script);
-  await page.press("#editor", "Control+Enter");
+  await page.evaluate((text) => {
+    const view = window.kilnEditor.view;
+    view.dispatch({ changes: { from: 0, to: view.state.doc.length, insert: text } });
+  }, script);
+  await page.press("#editor .cm-content", "Control+Enter");
 }
+
+const editorText = (p) => p.evaluate(() => window.kilnEditor.text());
 
 await check("loads-and-runs-the-first-example", async () => {
   await page.goto(url);
@@ -131,10 +136,10 @@ await check("read-later", async () => {
   expectEqual(await readers.count(), 1, "ReadLater refusals");
   const reader = await readers.getAttribute("data-reader");
   expectEqual(await readers.innerText(), `ReadLater: read later by %${reader}`, "refusal text");
-  const readerNode = await page.locator(`g[data-node="${reader}"] text`).first().textContent();
+  const readerNode = await page.locator(`.graph g.box[data-node="${reader}"] text`).first().textContent();
   expectEqual(readerNode, `%${reader} add`, "the reader is the second add");
   await readers.click();
-  expectEqual(await page.locator(`g.selected[data-node="${reader}"]`).count(), 1, "reader highlighted");
+  expectEqual(await page.locator(`.graph g.box.selected[data-node="${reader}"]`).count(), 1, "reader highlighted");
 });
 
 await check("mlp", async () => {
@@ -240,11 +245,17 @@ await check("a-script-error-shows-its-line-and-the-next-run-works", async () => 
   await page.locator("#error").waitFor({ timeout: 30000 });
   const error = await text("#error");
   if (!error.startsWith("line 2, column")) throw new Error(`error text: ${error}`);
-  expectEqual(await text("#gutter .error-line"), "2", "the error's line marked in the editor");
+  await page.locator("#editor .cm-error-line").waitFor({ timeout: 5000 });
+  const marked = await page.evaluate(() => {
+    const line = document.querySelector("#editor .cm-error-line");
+    return [...document.querySelectorAll("#editor .cm-line")].indexOf(line) + 1;
+  });
+  expectEqual(marked, 2, "the error's line marked in the editor");
+  expectEqual(await page.locator("#editor .cm-lintRange-error").count(), 1, "the error's column marked");
   await runScript("ones([2]) * 3.0");
   await page.locator(".output .label", { hasText: "result" }).waitFor({ timeout: 30000 });
   expectEqual(await page.locator("#error").count(), 0, "error cleared");
-  expectEqual(await page.locator("#gutter .error-line").count(), 0, "mark cleared");
+  expectEqual(await page.locator("#editor .cm-error-line").count(), 0, "mark cleared");
   expectEqual(await text(".output pre"), "array([3., 3.], dtype=float32)", "result");
 });
 
@@ -257,7 +268,7 @@ await check("a-share-link-round-trips", async () => {
   const fresh = await context.newPage();
   await fresh.goto(link);
   await fresh.locator(".output .label", { hasText: "shared" }).waitFor({ timeout: 60000 });
-  expectEqual(await fresh.locator("#editor").inputValue(), script, "restored program");
+  expectEqual(await editorText(fresh), script, "restored program");
   expectEqual(await fresh.locator(".output pre").first().innerText(),
     "array([0., 2., 4.], dtype=float32)", "restored output");
   await fresh.close();
@@ -274,6 +285,48 @@ await check("an-exported-report-re-opens", async () => {
   await page.locator("#status", { hasText: "showing an imported report" }).waitFor({ timeout: 10000 });
   await page.locator(".output .label", { hasText: "row sums" }).waitFor({ timeout: 10000 });
   expectEqual(await text(".peak"), peak, "imported peak");
+});
+
+await check("the-editor-runs-on-ctrl-enter-and-highlights-the-script", async () => {
+  await runScript('show("typed", ones([2]) + 1.0)');
+  await page.locator(".output .label", { hasText: "typed" }).waitFor({ timeout: 30000 });
+  expectEqual(await page.locator("#editor .cm-content").count(), 1, "a CodeMirror editor");
+  if ((await page.locator("#editor .cm-line span").count()) < 2) throw new Error("no highlighting");
+});
+
+const FUSED = "let f = compile(|x| {\n  let e = x.exp();\n  let t = e.tanh() * x;\n  t.sum()\n});\nf.run(ones([4]))";
+
+await check("the-graph-draws-fused-groups-as-clusters-with-script-lines", async () => {
+  await runScript(FUSED);
+  await page.locator(".graph .cluster").first().waitFor({ timeout: 30000 });
+  expectEqual(await page.locator(".graph .cluster").count(), 1, "one fused group");
+  const members = await page.locator(".graph g.box.member, .graph g.box.taken, .graph g.box.refused").count();
+  if (members < 3) throw new Error(`${members} boxes in the group`);
+  await page.locator('.graph g.box[data-op="tanh"]').click();
+  const script = await page.locator('#graph-details tr[data-field="script"] td').innerText();
+  expectEqual(script, "line 3, column 13", "the tanh's script position");
+  const layout = await text("#graph-layout");
+  if (!layout.includes("laid out by dagre")) throw new Error(layout);
+});
+
+await check("the-graph-toggles-to-the-traced-graph-and-back", async () => {
+  const optimized = await page.locator(".graph g.box").count();
+  await page.click("#graph-traced");
+  await page.locator(".graph g.box.dropped, .graph g.box.plain").first().waitFor({ timeout: 10000 });
+  expectEqual(await page.locator(".graph .cluster").count(), 0, "no clusters before the passes");
+  const traced = await page.locator(".graph g.box").count();
+  if (!(traced >= optimized)) throw new Error(`traced ${traced} < optimized ${optimized}`);
+  await page.click("#graph-optimized");
+  await page.locator(".graph .cluster").first().waitFor({ timeout: 10000 });
+});
+
+await check("the-graph-search-finds-ops-by-name", async () => {
+  await page.fill("#graph-search", "EXP");
+  expectEqual(await text("#graph-matches"), "1 found", "matches");
+  expectEqual(await page.locator(".graph g.box.match").count(), 1, "marked");
+  await page.click("#graph-next");
+  expectEqual(await page.locator('#graph-details tr[data-field="op"] td').innerText(), "%1.0 exp", "focused");
+  await page.fill("#graph-search", "");
 });
 
 await check("an-endless-loop-is-stopped-and-the-page-responds", async () => {

@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod examples;
 pub mod format;
+pub mod graph;
 #[cfg(target_arch = "wasm32")]
 mod page;
 pub mod protocol;

@@ -145,26 +145,6 @@ pub fn miss_lines(cache: &CacheInfo) -> Vec<String> {
         .collect()
 }
 
-/// Layers of the graph view: a node sits one layer below its deepest
-/// input, so every edge points down.
-pub fn graph_layers(report: &Report) -> Vec<Vec<usize>> {
-    let mut depth = vec![0usize; report.nodes.len()];
-    for node in &report.nodes {
-        // The schedule is topological: inputs come first.
-        depth[node.id] = node
-            .inputs
-            .iter()
-            .filter_map(|&i| depth.get(i).map(|d| d + 1))
-            .max()
-            .unwrap_or(0);
-    }
-    let mut layers = vec![Vec::new(); depth.iter().max().map_or(0, |d| d + 1)];
-    for (id, &d) in depth.iter().enumerate() {
-        layers[d].push(id);
-    }
-    layers
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,22 +198,5 @@ mod tests {
                 "call 2: aval differs at leaf args[0]: f32[2] → f32[3]".to_string()
             ]
         );
-    }
-
-    #[test]
-    fn graph_layers_put_every_node_below_its_inputs() {
-        let report = first_report(READ_LATER.script);
-        let layers = graph_layers(&report);
-        let layer_of = |id: usize| layers.iter().position(|l| l.contains(&id));
-        assert_eq!(
-            layers.iter().map(Vec::len).sum::<usize>(),
-            report.nodes.len()
-        );
-        for node in &report.nodes {
-            for &input in &node.inputs {
-                assert!(layer_of(input) < layer_of(node.id), "{node:?}");
-            }
-        }
-        assert_eq!(layers[0].len(), 1, "the input alone starts the graph");
     }
 }

@@ -2,7 +2,8 @@
 //! site); `cargo xtask serve [--port N]` builds it and serves it on
 //! 127.0.0.1. Everything they need is installed on first use: the wasm32
 //! target (see [`wasm`]), the `wasm-bindgen` CLI at the crate's pinned
-//! version, and npm's `binaryen` (for `wasm-opt`) from `web/tools`'
+//! version, and npm's `binaryen` (for `wasm-opt`) and `esbuild` (which
+//! bundles the page's script with CodeMirror and dagre) from `web/tools`'
 //! lockfile.
 
 use crate::apt;
@@ -76,9 +77,10 @@ pub fn e2e() -> Result<(), String> {
 }
 
 /// The playground's benchmark figures, by name.
-const FIGURES: [&str; 4] = [
+const FIGURES: [&str; 5] = [
     "web_wasm_bytes",
     "web_wasm_gzip_bytes",
+    "web_site_gzip_bytes",
     "web_first_render_ms",
     "web_rerun_ms",
 ];
@@ -102,6 +104,13 @@ pub fn bench_figures(selection: &[String]) -> Result<Vec<(String, f64, &'static 
     figures.push(("web_wasm_bytes".to_string(), bytes as f64, "bytes"));
     let gzipped = gzip_size(&module).ok_or("cannot gzip the module (is gzip installed?)")?;
     figures.push(("web_wasm_gzip_bytes".to_string(), gzipped as f64, "bytes"));
+    // The whole playground: module, bundled script, page files.
+    let mut site_gzip = 0;
+    for entry in fs::read_dir(&site).map_err(|e| format!("cannot list {}: {e}", site.display()))? {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        site_gzip += gzip_size(&path).ok_or_else(|| format!("cannot gzip {}", path.display()))?;
+    }
+    figures.push(("web_site_gzip_bytes".to_string(), site_gzip as f64, "bytes"));
     if wanted("web_first_render_ms") || wanted("web_rerun_ms") {
         let (tools, script, port) = browser_script("timing.mjs", site)?;
         let out = process::stdout_of(
@@ -181,6 +190,7 @@ pub fn build() -> Result<PathBuf, String> {
         fs::copy(sources.join(name), site.join(name))
             .map_err(|e| format!("cannot copy web/static/{name}: {e}"))?;
     }
+    bundle_views(&site)?;
     let raw = fs::metadata(&bound).map(|m| m.len()).unwrap_or(0);
     eprintln!(
         "  built {}: kiln_web_bg.wasm {raw} bytes, {} gzipped",
@@ -188,6 +198,29 @@ pub fn build() -> Result<PathBuf, String> {
         gzip_size(&bound).map_or_else(|| "?".to_string(), |n| format!("{n} bytes"))
     );
     Ok(site)
+}
+
+/// Bundles `web/js/views.js` with the npm packages it imports (CodeMirror,
+/// dagre) into `views.js` of the site, minified, with npm's esbuild.
+fn bundle_views(site: &Path) -> Result<(), String> {
+    let tools = ensure_npm_tools()?;
+    let esbuild = tools.join("node_modules").join(".bin").join("esbuild");
+    process::run(
+        Command::new(esbuild)
+            .arg(workspace_root().join("web").join("js").join("views.js"))
+            .args([
+                "--bundle",
+                "--format=iife",
+                "--global-name=kilnViews",
+                "--minify",
+                "--legal-comments=none",
+                "--log-level=warning",
+            ])
+            .arg(format!("--outfile={}", site.join("views.js").display()))
+            // The entry lives in the source tree, its packages in the tools'
+            // install directory.
+            .env("NODE_PATH", tools.join("node_modules")),
+    )
 }
 
 /// The `wasm-bindgen` CLI at [`WASM_BINDGEN_VERSION`], installed with

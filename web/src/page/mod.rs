@@ -2,5 +2,8 @@
 //! Leptos app on the main thread. Both live in one module; `index.html`
 //! calls `start_ui`, `worker.js` calls `start_worker`.
 
+mod editor;
+mod graph;
 mod ui;
+mod views;
 mod worker;

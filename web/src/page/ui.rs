@@ -2,12 +2,14 @@
 //! the [`RunReport`]s it gets back. It derives nothing itself: every figure
 //! comes from the report, arranged by [`crate::view`].
 
+use super::editor::{editor_view, EditorHandle};
+use super::graph::graph_view;
 use crate::backend::{BackendChoice, BackendStatus};
 use crate::examples::{Example, EXAMPLES};
 use crate::protocol::{Request, Response};
 use crate::report::{Comparison, FunctionReport, RunReport, Verification};
 use crate::share::{decode_fragment, encode_fragment, export_report, import_report};
-use crate::view::{graph_layers, miss_lines, reinplace_rows, timeline};
+use crate::view::{miss_lines, reinplace_rows, timeline};
 use kiln::Report;
 use leptos::prelude::*;
 use serde::Serialize;
@@ -17,9 +19,6 @@ use web_sys::{
     Blob, BlobPropertyBag, HtmlAnchorElement, HtmlInputElement, MessageEvent, Url, Worker,
     WorkerOptions, WorkerType,
 };
-
-/// Milliseconds of quiet typing before the script re-runs.
-const RUN_AFTER_MS: u64 = 600;
 
 /// Mounts the app; called by `index.html` once the module is loaded.
 #[wasm_bindgen]
@@ -63,6 +62,7 @@ struct Page {
     ready: RwSignal<bool>,
     /// Whether a run waits for the worker to be ready.
     pending: RwSignal<bool>,
+    editor: EditorHandle,
 }
 
 impl Page {
@@ -270,6 +270,7 @@ impl Page {
     fn load_example(self, example: &'static Example) {
         self.example.set(example.id);
         self.script.set(example.script.to_string());
+        self.editor.set_text(example.script);
         self.run();
     }
 }
@@ -301,29 +302,9 @@ fn App() -> impl IntoView {
         worker: StoredValue::new_local(None),
         ready: RwSignal::new(false),
         pending: RwSignal::new(false),
+        editor: EditorHandle::new(),
     };
     page.spawn_worker();
-    let typed = RwSignal::new(0u64);
-    let on_input = move |ev: leptos::ev::Event| {
-        page.script.set(event_target_value(&ev));
-        // Runs after a pause in typing: only the last keystroke's timer runs.
-        let generation = typed.get_untracked() + 1;
-        typed.set(generation);
-        set_timeout(
-            move || {
-                if typed.get_untracked() == generation {
-                    page.run();
-                }
-            },
-            std::time::Duration::from_millis(RUN_AFTER_MS),
-        );
-    };
-    let on_key = move |ev: leptos::ev::KeyboardEvent| {
-        if ev.key() == "Enter" && (ev.ctrl_key() || ev.meta_key()) {
-            ev.prevent_default();
-            page.run();
-        }
-    };
     let status_text = move || match page.status.get() {
         Status::Loading => "loading".to_string(),
         Status::Ready => "ready".to_string(),
@@ -332,24 +313,13 @@ fn App() -> impl IntoView {
         Status::Imported => "showing an imported report".to_string(),
         Status::Failed(e) => format!("failed: {e}"),
     };
-    // The line of the last run's error, marked in the gutter.
-    let error_line = move || {
+    // The last run's error is marked in the editor.
+    Effect::new(move |_| {
         page.report.with(|r| {
-            r.as_ref()
-                .and_then(|r| r.error.as_ref())
-                .and_then(|e| e.line)
-        })
-    };
-    let gutter = NodeRef::<leptos::html::Pre>::new();
-    let gutter_lines = move || {
-        let marked = error_line();
-        let count = page.script.with(|s| s.lines().count().max(1));
-        (1..=count)
-            .map(|n| {
-                view! { <span class="line" class:error-line=marked == Some(n)>{n}</span> }
-            })
-            .collect_view()
-    };
+            page.editor
+                .show_error(r.as_ref().and_then(|r| r.error.as_ref()))
+        });
+    });
     let explanation = move || {
         EXAMPLES
             .iter()
@@ -410,24 +380,7 @@ fn App() -> impl IntoView {
                         .collect_view()}
                 </nav>
                 <p id="explanation">{explanation}</p>
-                <div class="editor-wrap">
-                    <pre id="gutter" node_ref=gutter>{gutter_lines}</pre>
-                    <textarea
-                        id="editor"
-                        spellcheck="false"
-                        wrap="off"
-                        prop:value=move || page.script.get()
-                        on:input=on_input
-                        on:keydown=on_key
-                        on:scroll=move |ev| {
-                            // The gutter follows the editor's scrolling.
-                            let top = event_target::<web_sys::HtmlTextAreaElement>(&ev).scroll_top();
-                            if let Some(gutter) = gutter.get() {
-                                gutter.set_scroll_top(top);
-                            }
-                        }
-                    ></textarea>
-                </div>
+                {editor_view(page.editor, page.script, move || page.run())}
             </section>
             <section id="right">
                 {move || page.report.get().map(|r| report_view(page, r))}
@@ -572,7 +525,7 @@ fn cache_view(function: &FunctionReport) -> impl IntoView {
 fn entry_views(page: Page, report: Report) -> impl IntoView {
     view! {
         {implicit_view(&report)}
-        {graph_view(page, &report)}
+        {graph_view(page.selected, report.clone(), move |line| page.editor.reveal_line(line))}
         {reinplace_view(page, &report)}
         {memory_view(page, &report)}
     }
@@ -596,85 +549,6 @@ fn implicit_view(report: &Report) -> Option<impl IntoView> {
             <ul>{lines.into_iter().map(|l| view! { <li class="decision">{l}</li> }).collect_view()}</ul>
         </div>
     })
-}
-
-/// Box size and spacing of the graph drawing.
-const NODE_W: usize = 170;
-const NODE_H: usize = 40;
-const GAP_X: usize = 20;
-const GAP_Y: usize = 40;
-
-fn graph_view(page: Page, report: &Report) -> impl IntoView {
-    let layers = graph_layers(report);
-    let mut at = vec![(0usize, 0usize); report.nodes.len()];
-    for (row, layer) in layers.iter().enumerate() {
-        for (col, &id) in layer.iter().enumerate() {
-            at[id] = (col * (NODE_W + GAP_X) + 10, row * (NODE_H + GAP_Y) + 10);
-        }
-    }
-    let width = layers.iter().map(Vec::len).max().unwrap_or(1) * (NODE_W + GAP_X) + 20;
-    let height = layers.len() * (NODE_H + GAP_Y) + 20;
-    let edges: Vec<(usize, usize, usize, usize)> = report
-        .nodes
-        .iter()
-        .flat_map(|n| {
-            n.inputs.iter().map(|&i| {
-                let (x1, y1) = at[i];
-                let (x2, y2) = at[n.id];
-                (x1 + NODE_W / 2, y1 + NODE_H, x2 + NODE_W / 2, y2)
-            })
-        })
-        .collect();
-    let nodes = report.nodes.clone();
-    let detail = report.nodes.clone();
-    view! {
-        <div class="view graph">
-            <h3>{format!("Graph ({} nodes after passes, {} traced)", report.nodes.len(), report.traced_nodes)}</h3>
-            <svg width=width height=height>
-                {edges
-                    .into_iter()
-                    .map(|(x1, y1, x2, y2)| view! { <line x1=x1 y1=y1 x2=x2 y2=y2 class="edge"></line> })
-                    .collect_view()}
-                {nodes
-                    .into_iter()
-                    .map(|n| {
-                        let (x, y) = at[n.id];
-                        let class = match &n.reinplace {
-                            Some(d) if d.target().is_some() => "node taken",
-                            Some(_) => "node refused",
-                            None => "node",
-                        };
-                        let id = n.id;
-                        view! {
-                            <g
-                                class=class
-                                class:selected=move || page.selected.get() == Some(id)
-                                data-node=id
-                                on:click=move |_| page.selected.set(Some(id))
-                            >
-                                <rect x=x y=y width=NODE_W height=NODE_H rx=4></rect>
-                                <text x=x + 6 y=y + 16>{format!("%{} {}", n.id, n.op)}</text>
-                                <text x=x + 6 y=y + 32 class="aval">{format!("{} · {}", n.aval, n.home)}</text>
-                            </g>
-                        }
-                    })
-                    .collect_view()}
-            </svg>
-            {move || {
-                page.selected.get().and_then(|id| detail.get(id).map(|n| {
-                    let decision = n
-                        .reinplace
-                        .as_ref()
-                        .map_or_else(|| "not elementwise".to_string(), |d| d.summary());
-                    view! {
-                        <p class="selected-node">
-                            {format!("%{} {}: {} in {}; {decision}", n.id, n.op, n.aval, n.home)}
-                        </p>
-                    }
-                }))
-            }}
-        </div>
-    }
 }
 
 fn reinplace_view(page: Page, report: &Report) -> impl IntoView {

@@ -11,7 +11,7 @@ use super::{ScriptLimits, Shared};
 use crate::format::numpy_repr;
 use crate::source::{call_argument, function_definitions, offset_of};
 use kiln::random::Key;
-use kiln::{nn, Array, DType, HostData};
+use kiln::{at_location, nn, Array, DType, HostData, SourceLocation};
 use rhai::module_resolvers::DummyModuleResolver;
 use rhai::{Dynamic, Engine, FnPtr, ImmutableString, Module, NativeCallContext, FLOAT, INT};
 use std::rc::Rc;
@@ -80,6 +80,21 @@ pub(super) fn engine(shared: &Rc<Shared>, limits: &ScriptLimits) -> Engine {
         );
     }
     engine
+}
+
+/// Runs `build` with the script position of the call `ctx` describes as
+/// Kiln's current location, so the arrays it makes (and, in a trace, their
+/// graph nodes) name the script line and column that asked for them.
+fn at<T>(ctx: &NativeCallContext, build: impl FnOnce() -> T) -> T {
+    let position = ctx.call_position();
+    let location = position
+        .line()
+        .zip(position.position())
+        .map(|(line, column)| SourceLocation {
+            line: line as u32,
+            column: column as u32,
+        });
+    at_location(location, build)
 }
 
 /// A shape from a script array of non-negative integers.
@@ -179,54 +194,88 @@ fn register_arrays(engine: &mut Engine) {
     engine.register_type_with_name::<Array>("Array");
     let f32 = DType::F32;
     engine
-        .register_fn("zeros", move |s: rhai::Array| {
-            checked(Array::zeros(&shape(&s)?, f32))
+        .register_fn("zeros", move |ctx: NativeCallContext, s: rhai::Array| {
+            at(&ctx, || checked(Array::zeros(&shape(&s)?, f32)))
         })
-        .register_fn("zeros", |s: rhai::Array, d: &str| {
-            checked(Array::zeros(&shape(&s)?, parse_dtype(d)?))
+        .register_fn(
+            "zeros",
+            |ctx: NativeCallContext, s: rhai::Array, d: &str| {
+                at(&ctx, || checked(Array::zeros(&shape(&s)?, parse_dtype(d)?)))
+            },
+        )
+        .register_fn("ones", move |ctx: NativeCallContext, s: rhai::Array| {
+            at(&ctx, || checked(Array::ones(&shape(&s)?, f32)))
         })
-        .register_fn("ones", move |s: rhai::Array| {
-            checked(Array::ones(&shape(&s)?, f32))
+        .register_fn("ones", |ctx: NativeCallContext, s: rhai::Array, d: &str| {
+            at(&ctx, || checked(Array::ones(&shape(&s)?, parse_dtype(d)?)))
         })
-        .register_fn("ones", |s: rhai::Array, d: &str| {
-            checked(Array::ones(&shape(&s)?, parse_dtype(d)?))
-        })
-        .register_fn("full", move |s: rhai::Array, v: FLOAT| {
-            checked(Array::full(&shape(&s)?, v, f32))
-        })
-        .register_fn("full", |s: rhai::Array, v: FLOAT, d: &str| {
-            checked(Array::full(&shape(&s)?, v, parse_dtype(d)?))
-        })
-        .register_fn("arange", move |stop: INT| {
-            kiln_result("arange", Array::arange(0.0, stop as f64, 1.0, f32))
-        })
-        .register_fn("arange", move |start: FLOAT, stop: FLOAT, step: FLOAT| {
-            kiln_result("arange", Array::arange(start, stop, step, f32))
+        .register_fn(
+            "full",
+            move |ctx: NativeCallContext, s: rhai::Array, v: FLOAT| {
+                at(&ctx, || checked(Array::full(&shape(&s)?, v, f32)))
+            },
+        )
+        .register_fn(
+            "full",
+            |ctx: NativeCallContext, s: rhai::Array, v: FLOAT, d: &str| {
+                at(&ctx, || {
+                    checked(Array::full(&shape(&s)?, v, parse_dtype(d)?))
+                })
+            },
+        )
+        .register_fn("arange", move |ctx: NativeCallContext, stop: INT| {
+            at(&ctx, || {
+                kiln_result("arange", Array::arange(0.0, stop as f64, 1.0, f32))
+            })
         })
         .register_fn(
             "arange",
-            |start: FLOAT, stop: FLOAT, step: FLOAT, d: &str| {
-                kiln_result("arange", Array::arange(start, stop, step, parse_dtype(d)?))
+            move |ctx: NativeCallContext, start: FLOAT, stop: FLOAT, step: FLOAT| {
+                at(&ctx, || {
+                    kiln_result("arange", Array::arange(start, stop, step, f32))
+                })
             },
         )
-        .register_fn("array", move |l: rhai::Array| array_from_list(&l, f32))
-        .register_fn("array", |l: rhai::Array, d: &str| {
-            array_from_list(&l, parse_dtype(d)?)
-        })
-        .register_fn("scalar", move |v: FLOAT| checked(Array::scalar(v, f32)))
-        .register_fn("random_normal", move |seed: INT, s: rhai::Array| {
-            kiln_result(
-                "random_normal",
-                Array::random_normal(Key::new(seed as u64), &shape(&s)?, f32),
-            )
+        .register_fn(
+            "arange",
+            |ctx: NativeCallContext, start: FLOAT, stop: FLOAT, step: FLOAT, d: &str| {
+                at(&ctx, || {
+                    kiln_result("arange", Array::arange(start, stop, step, parse_dtype(d)?))
+                })
+            },
+        )
+        .register_fn("array", move |ctx: NativeCallContext, l: rhai::Array| {
+            at(&ctx, || array_from_list(&l, f32))
         })
         .register_fn(
+            "array",
+            |ctx: NativeCallContext, l: rhai::Array, d: &str| {
+                at(&ctx, || array_from_list(&l, parse_dtype(d)?))
+            },
+        )
+        .register_fn("scalar", move |ctx: NativeCallContext, v: FLOAT| {
+            at(&ctx, || checked(Array::scalar(v, f32)))
+        })
+        .register_fn(
+            "random_normal",
+            move |ctx: NativeCallContext, seed: INT, s: rhai::Array| {
+                at(&ctx, || {
+                    kiln_result(
+                        "random_normal",
+                        Array::random_normal(Key::new(seed as u64), &shape(&s)?, f32),
+                    )
+                })
+            },
+        )
+        .register_fn(
             "random_uniform",
-            move |seed: INT, s: rhai::Array, low: FLOAT, high: FLOAT| {
-                kiln_result(
-                    "random_uniform",
-                    Array::random_uniform(Key::new(seed as u64), &shape(&s)?, low, high, f32),
-                )
+            move |ctx: NativeCallContext, seed: INT, s: rhai::Array, low: FLOAT, high: FLOAT| {
+                at(&ctx, || {
+                    kiln_result(
+                        "random_uniform",
+                        Array::random_uniform(Key::new(seed as u64), &shape(&s)?, low, high, f32),
+                    )
+                })
             },
         )
         .register_get("shape", |a: &mut Array| -> rhai::Array {
@@ -263,18 +312,27 @@ type Binary = fn(&Array, &Array) -> Array;
 fn register_binary(engine: &mut Engine, name: &str, op: Binary) {
     let scalar_like = |v: f64, other: &Array| Array::scalar(v, other.dtype());
     engine
-        .register_fn(name, move |a: &mut Array, b: Array| checked(op(a, &b)))
-        .register_fn(name, move |a: &mut Array, b: FLOAT| {
-            checked(op(a, &scalar_like(b, a)))
+        .register_fn(
+            name,
+            move |ctx: NativeCallContext, a: &mut Array, b: Array| at(&ctx, || checked(op(a, &b))),
+        )
+        .register_fn(
+            name,
+            move |ctx: NativeCallContext, a: &mut Array, b: FLOAT| {
+                at(&ctx, || checked(op(a, &scalar_like(b, a))))
+            },
+        )
+        .register_fn(
+            name,
+            move |ctx: NativeCallContext, a: &mut Array, b: INT| {
+                at(&ctx, || checked(op(a, &scalar_like(b as f64, a))))
+            },
+        )
+        .register_fn(name, move |ctx: NativeCallContext, a: FLOAT, b: Array| {
+            at(&ctx, || checked(op(&scalar_like(a, &b), &b)))
         })
-        .register_fn(name, move |a: &mut Array, b: INT| {
-            checked(op(a, &scalar_like(b as f64, a)))
-        })
-        .register_fn(name, move |a: FLOAT, b: Array| {
-            checked(op(&scalar_like(a, &b), &b))
-        })
-        .register_fn(name, move |a: INT, b: Array| {
-            checked(op(&scalar_like(a as f64, &b), &b))
+        .register_fn(name, move |ctx: NativeCallContext, a: INT, b: Array| {
+            at(&ctx, || checked(op(&scalar_like(a as f64, &b), &b)))
         });
 }
 
@@ -295,9 +353,13 @@ fn register_ops(engine: &mut Engine) {
         ("erf", Array::erf),
     ];
     for (name, op) in unary {
-        engine.register_fn(name, move |a: &mut Array| checked(op(a)));
+        engine.register_fn(name, move |ctx: NativeCallContext, a: &mut Array| {
+            at(&ctx, || checked(op(a)))
+        });
     }
-    engine.register_fn("-", |a: &mut Array| checked(Array::neg(a)));
+    engine.register_fn("-", |ctx: NativeCallContext, a: &mut Array| {
+        at(&ctx, || checked(Array::neg(a)))
+    });
     let binary: [(&str, Binary); 22] = [
         ("+", |a, b| a + b),
         ("-", |a, b| a - b),
@@ -330,14 +392,20 @@ fn register_ops(engine: &mut Engine) {
         .map(|_| ())
         .unwrap_or_else(|e| unreachable!("`@` is a reserved symbol Rhai lets operators take: {e}"));
     engine
-        .register_fn("select", |c: Array, t: Array, f: Array| {
-            checked(kiln::select(&c, &t, &f))
-        })
-        .register_fn("select", |c: Array, t: FLOAT, f: FLOAT| {
-            checked(kiln::select(&c, t, f))
-        })
-        .register_fn("cast", |a: &mut Array, d: &str| {
-            checked(a.cast(parse_dtype(d)?))
+        .register_fn(
+            "select",
+            |ctx: NativeCallContext, c: Array, t: Array, f: Array| {
+                at(&ctx, || checked(kiln::select(&c, &t, &f)))
+            },
+        )
+        .register_fn(
+            "select",
+            |ctx: NativeCallContext, c: Array, t: FLOAT, f: FLOAT| {
+                at(&ctx, || checked(kiln::select(&c, t, f)))
+            },
+        )
+        .register_fn("cast", |ctx: NativeCallContext, a: &mut Array, d: &str| {
+            at(&ctx, || checked(a.cast(parse_dtype(d)?)))
         });
     type Reduce = fn(&Array, &[isize], bool) -> Array;
     let reductions: [(&str, Reduce); 4] = [
@@ -348,92 +416,160 @@ fn register_ops(engine: &mut Engine) {
     ];
     for (name, op) in reductions {
         engine
-            .register_fn(name, move |a: &mut Array| {
-                let all: Vec<isize> = (0..a.ndim() as isize).collect();
-                checked(op(a, &all, false))
+            .register_fn(name, move |ctx: NativeCallContext, a: &mut Array| {
+                at(&ctx, || {
+                    let all: Vec<isize> = (0..a.ndim() as isize).collect();
+                    checked(op(a, &all, false))
+                })
             })
-            .register_fn(name, move |a: &mut Array, ax: rhai::Array| {
-                checked(op(a, &axes(&ax)?, false))
-            })
-            .register_fn(name, move |a: &mut Array, ax: rhai::Array, keep: bool| {
-                checked(op(a, &axes(&ax)?, keep))
-            })
-            .register_fn(name, move |a: &mut Array, ax: INT| {
-                checked(op(a, &[ax as isize], false))
-            });
+            .register_fn(
+                name,
+                move |ctx: NativeCallContext, a: &mut Array, ax: rhai::Array| {
+                    at(&ctx, || checked(op(a, &axes(&ax)?, false)))
+                },
+            )
+            .register_fn(
+                name,
+                move |ctx: NativeCallContext, a: &mut Array, ax: rhai::Array, keep: bool| {
+                    at(&ctx, || checked(op(a, &axes(&ax)?, keep)))
+                },
+            )
+            .register_fn(
+                name,
+                move |ctx: NativeCallContext, a: &mut Array, ax: INT| {
+                    at(&ctx, || checked(op(a, &[ax as isize], false)))
+                },
+            );
     }
     engine
-        .register_fn("argmax", |a: &mut Array, axis: INT| {
-            checked(a.argmax(axis as isize, false))
-        })
-        .register_fn("argmax", |a: &mut Array, axis: INT, keep: bool| {
-            checked(a.argmax(axis as isize, keep))
-        })
-        .register_fn("reshape", |a: &mut Array, s: rhai::Array| {
-            checked(a.reshape(&integers(&s, "a reshape target")?))
-        })
-        .register_fn("permute", |a: &mut Array, p: rhai::Array| {
-            checked(a.permute(&shape(&p)?))
-        })
-        .register_fn("transpose", |a: &mut Array| checked(a.transpose()))
-        .register_get("T", |a: &mut Array| checked(a.transpose()))
-        .register_fn("swap_axes", |a: &mut Array, x: INT, y: INT| {
-            checked(a.swap_axes(x as isize, y as isize))
-        })
-        .register_fn("broadcast_to", |a: &mut Array, s: rhai::Array| {
-            checked(a.broadcast_to(shape(&s)?.as_slice()))
-        })
         .register_fn(
-            "slice",
-            |a: &mut Array, axis: INT, start: INT, stop: INT| {
-                checked(a.slice_axis(axis as isize, start, Some(stop), 1))
+            "argmax",
+            |ctx: NativeCallContext, a: &mut Array, axis: INT| {
+                at(&ctx, || checked(a.argmax(axis as isize, false)))
             },
         )
         .register_fn(
-            "slice",
-            |a: &mut Array, axis: INT, start: INT, stop: INT, step: INT| {
-                checked(a.slice_axis(axis as isize, start, Some(stop), step))
+            "argmax",
+            |ctx: NativeCallContext, a: &mut Array, axis: INT, keep: bool| {
+                at(&ctx, || checked(a.argmax(axis as isize, keep)))
             },
         )
-        .register_fn("expand_dims", |a: &mut Array, axis: INT| {
-            checked(a.expand_dims(axis as isize))
-        })
-        .register_fn("squeeze", |a: &mut Array, ax: rhai::Array| {
-            checked(a.squeeze(&axes(&ax)?))
-        })
-        .register_fn("take", |a: &mut Array, i: Array, axis: INT| {
-            checked(a.take(&i, axis as isize))
-        })
-        .register_fn("concat", |items: rhai::Array, axis: INT| {
-            let arrays = items
-                .into_iter()
-                .map(|i| {
-                    let name = i.type_name();
-                    i.try_cast::<Array>().ok_or_else(|| {
-                        runtime_error(format!("concat takes a list of arrays, got a {name}"))
-                    })
+        .register_fn(
+            "reshape",
+            |ctx: NativeCallContext, a: &mut Array, s: rhai::Array| {
+                at(&ctx, || {
+                    checked(a.reshape(&integers(&s, "a reshape target")?))
                 })
-                .collect::<ScriptResult<Vec<_>>>()?;
-            checked(kiln::concat(&arrays, axis as isize))
-        });
+            },
+        )
+        .register_fn(
+            "permute",
+            |ctx: NativeCallContext, a: &mut Array, p: rhai::Array| {
+                at(&ctx, || checked(a.permute(&shape(&p)?)))
+            },
+        )
+        .register_fn("transpose", |ctx: NativeCallContext, a: &mut Array| {
+            at(&ctx, || checked(a.transpose()))
+        })
+        .register_get("T", |a: &mut Array| checked(a.transpose()))
+        .register_fn(
+            "swap_axes",
+            |ctx: NativeCallContext, a: &mut Array, x: INT, y: INT| {
+                at(&ctx, || checked(a.swap_axes(x as isize, y as isize)))
+            },
+        )
+        .register_fn(
+            "broadcast_to",
+            |ctx: NativeCallContext, a: &mut Array, s: rhai::Array| {
+                at(&ctx, || checked(a.broadcast_to(shape(&s)?.as_slice())))
+            },
+        )
+        .register_fn(
+            "slice",
+            |ctx: NativeCallContext, a: &mut Array, axis: INT, start: INT, stop: INT| {
+                at(&ctx, || {
+                    checked(a.slice_axis(axis as isize, start, Some(stop), 1))
+                })
+            },
+        )
+        .register_fn(
+            "slice",
+            |ctx: NativeCallContext, a: &mut Array, axis: INT, start: INT, stop: INT, step: INT| {
+                at(&ctx, || {
+                    checked(a.slice_axis(axis as isize, start, Some(stop), step))
+                })
+            },
+        )
+        .register_fn(
+            "expand_dims",
+            |ctx: NativeCallContext, a: &mut Array, axis: INT| {
+                at(&ctx, || checked(a.expand_dims(axis as isize)))
+            },
+        )
+        .register_fn(
+            "squeeze",
+            |ctx: NativeCallContext, a: &mut Array, ax: rhai::Array| {
+                at(&ctx, || checked(a.squeeze(&axes(&ax)?)))
+            },
+        )
+        .register_fn(
+            "take",
+            |ctx: NativeCallContext, a: &mut Array, i: Array, axis: INT| {
+                at(&ctx, || checked(a.take(&i, axis as isize)))
+            },
+        )
+        .register_fn(
+            "concat",
+            |ctx: NativeCallContext, items: rhai::Array, axis: INT| {
+                at(&ctx, || {
+                    let arrays = items
+                        .into_iter()
+                        .map(|i| {
+                            let name = i.type_name();
+                            i.try_cast::<Array>().ok_or_else(|| {
+                                runtime_error(format!(
+                                    "concat takes a list of arrays, got a {name}"
+                                ))
+                            })
+                        })
+                        .collect::<ScriptResult<Vec<_>>>()?;
+                    checked(kiln::concat(&arrays, axis as isize))
+                })
+            },
+        );
 }
 
 fn nn_module() -> Module {
     let mut module = Module::new();
-    module.set_native_fn("softmax", |x: Array, axis: INT| {
-        checked(nn::softmax(&x, axis as isize))
+    module.set_native_fn("softmax", |ctx: NativeCallContext, x: Array, axis: INT| {
+        at(&ctx, || checked(nn::softmax(&x, axis as isize)))
     });
-    module.set_native_fn("log_softmax", |x: Array, axis: INT| {
-        checked(nn::log_softmax(&x, axis as isize))
+    module.set_native_fn(
+        "log_softmax",
+        |ctx: NativeCallContext, x: Array, axis: INT| {
+            at(&ctx, || checked(nn::log_softmax(&x, axis as isize)))
+        },
+    );
+    module.set_native_fn("gelu", |ctx: NativeCallContext, x: Array| {
+        at(&ctx, || checked(nn::gelu(&x)))
     });
-    module.set_native_fn("gelu", |x: Array| checked(nn::gelu(&x)));
-    module.set_native_fn("gelu_tanh", |x: Array| checked(nn::gelu_tanh(&x)));
-    module.set_native_fn("layer_norm", |x: Array, eps: FLOAT| {
-        checked(nn::layer_norm(&x, None, None, eps))
+    module.set_native_fn("gelu_tanh", |ctx: NativeCallContext, x: Array| {
+        at(&ctx, || checked(nn::gelu_tanh(&x)))
     });
-    module.set_native_fn("layer_norm", |x: Array, w: Array, b: Array, eps: FLOAT| {
-        checked(nn::layer_norm(&x, Some(&w), Some(&b), eps))
-    });
+    module.set_native_fn(
+        "layer_norm",
+        |ctx: NativeCallContext, x: Array, eps: FLOAT| {
+            at(&ctx, || checked(nn::layer_norm(&x, None, None, eps)))
+        },
+    );
+    module.set_native_fn(
+        "layer_norm",
+        |ctx: NativeCallContext, x: Array, w: Array, b: Array, eps: FLOAT| {
+            at(&ctx, || {
+                checked(nn::layer_norm(&x, Some(&w), Some(&b), eps))
+            })
+        },
+    );
     module
 }
 

@@ -437,3 +437,40 @@ fn verification_reports_the_largest_difference_and_mismatched_shapes() {
         .unwrap()
         .contains("f32[2] on the device, f32[1] on the CPU"));
 }
+
+#[test]
+fn every_traced_node_names_the_script_line_and_column_that_made_it() {
+    let mut s = Session::new();
+    let script = "let f = compile(|x| {\n    let e = x.exp();\n    nn::gelu(e) + x\n}).fusion(false);\nf.run(ones([3]))";
+    let report = run_ok(&mut s, script);
+    let entry = &report.functions[0].cache.reports[0];
+    let at = |op: &str| {
+        let node = entry.nodes.iter().find(|n| n.op == op);
+        node.and_then(|n| n.location).map(|l| (l.line, l.column))
+    };
+    assert_eq!(at("exp"), Some((2, 15)), "{entry:?}");
+    // The last add of the line is the script's `+`, at its column; gelu's
+    // own ops are all made by the `nn::gelu` call (Rhai places a call of a
+    // module's function at the function's name).
+    let line_3: Vec<(String, u32)> = entry
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            n.location
+                .filter(|l| l.line == 3)
+                .map(|l| (n.op.clone(), l.column))
+        })
+        .collect();
+    assert_eq!(line_3.last(), Some(&("add".to_string(), 17)), "{line_3:?}");
+    assert!(
+        line_3[..line_3.len() - 1]
+            .iter()
+            .all(|(_, column)| *column == 9),
+        "{line_3:?}"
+    );
+    assert_eq!(
+        at("input args[0]"),
+        None,
+        "inputs are the caller's, not the script's"
+    );
+}

@@ -1,0 +1,569 @@
+//! The graph view's model: a [`Report`]'s optimized graph (fused groups
+//! opened into clusters of their member ops) or its traced graph before
+//! the passes, as boxes and edges for a layout library to place, and the
+//! SVG drawn from the placed boxes. Every fact shown — ops, avals, homes,
+//! reinplace decisions, group members, script lines — is the report's.
+
+use kiln::report::GroupArg;
+use kiln::{Report, SourceLocation};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write;
+
+/// Which graph the view draws.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GraphMode {
+    /// The graph after the passes, as it runs.
+    Optimized,
+    /// The graph as traced, before any pass.
+    Traced,
+}
+
+/// How a box is coloured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BoxKind {
+    /// An elementwise node written in place of an operand.
+    Taken,
+    /// An elementwise node whose every operand was refused.
+    Refused,
+    /// A member of a fused group other than its result.
+    Member,
+    /// A traced node no optimized node computes (simplified away or dead).
+    Dropped,
+    /// Anything else.
+    Plain,
+}
+
+impl BoxKind {
+    /// The CSS class the page styles it with.
+    pub fn class(self) -> &'static str {
+        match self {
+            BoxKind::Taken => "taken",
+            BoxKind::Refused => "refused",
+            BoxKind::Member => "member",
+            BoxKind::Dropped => "dropped",
+            BoxKind::Plain => "plain",
+        }
+    }
+}
+
+/// One box of the drawing: a node, or one member op of a fused group.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GraphBox {
+    /// `%4 exp`, or `%5.1 tanh` for member 1 of fused node 5.
+    pub label: String,
+    /// The op's name, what search matches: `exp`, `input`, `matmul`.
+    pub op: String,
+    /// Shape and dtype, symbolic dims as their symbols.
+    pub aval: String,
+    /// Its colour.
+    pub kind: BoxKind,
+    /// The optimized node it belongs to (what selecting it selects).
+    pub node: Option<usize>,
+    /// In the traced graph, the traced node it is.
+    pub traced: Option<usize>,
+    /// For a fused group's member, its position in the group.
+    pub step: Option<usize>,
+    /// The script position that made it.
+    pub location: Option<SourceLocation>,
+    /// The cluster it is drawn in.
+    pub cluster: Option<usize>,
+    /// Its size in pixels.
+    pub width: f64,
+    /// Its height in pixels.
+    pub height: f64,
+}
+
+/// A fused group, drawn as a frame around its members.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cluster {
+    /// The fused node.
+    pub node: usize,
+    /// `fused %5: 3 ops`.
+    pub label: String,
+    /// The group's reinplace colour.
+    pub kind: BoxKind,
+}
+
+/// A graph ready for layout.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GraphModel {
+    /// Which graph it is.
+    pub mode: GraphMode,
+    /// The boxes.
+    pub boxes: Vec<GraphBox>,
+    /// The fused groups.
+    pub clusters: Vec<Cluster>,
+    /// Data edges, as (from box, to box), each pair once.
+    pub edges: Vec<(usize, usize)>,
+}
+
+/// Where a layout library placed a [`GraphModel`]'s parts: box centres,
+/// cluster frames (centre, width, height) and one polyline per edge, in
+/// model order.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GraphLayout {
+    /// The drawing's width.
+    pub width: f64,
+    /// The drawing's height.
+    pub height: f64,
+    /// Each box's centre.
+    pub boxes: Vec<(f64, f64)>,
+    /// Each cluster's centre, width and height.
+    pub clusters: Vec<(f64, f64, f64, f64)>,
+    /// Each edge's points.
+    pub edges: Vec<Vec<(f64, f64)>>,
+}
+
+/// Box height, and the width of one character of the labels' monospace
+/// font (11 px): boxes are sized to their text.
+const BOX_HEIGHT: f64 = 34.0;
+const CHAR_WIDTH: f64 = 6.7;
+const MIN_WIDTH: f64 = 60.0;
+/// Labels longer than this are cut (the details panel has them whole).
+const MAX_LABEL: usize = 40;
+
+fn op_name(op: &str) -> String {
+    op.split(['(', '[', ' '])
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn cut(text: &str) -> String {
+    if text.chars().count() <= MAX_LABEL {
+        text.to_string()
+    } else {
+        let kept: String = text.chars().take(MAX_LABEL - 1).collect();
+        format!("{kept}…")
+    }
+}
+
+fn sized(mut b: GraphBox) -> GraphBox {
+    let chars = cut(&b.label)
+        .chars()
+        .count()
+        .max(b.aval.chars().count() + 8);
+    b.width = (chars as f64 * CHAR_WIDTH + 12.0).max(MIN_WIDTH);
+    b.height = BOX_HEIGHT;
+    b
+}
+
+fn decision_kind(report: &Report, node: usize) -> BoxKind {
+    match report.nodes.get(node).and_then(|n| n.reinplace.as_ref()) {
+        Some(d) if d.target().is_some() => BoxKind::Taken,
+        Some(_) => BoxKind::Refused,
+        None => BoxKind::Plain,
+    }
+}
+
+/// The boxes and edges of `report`'s graph in `mode`.
+pub fn graph_model(report: &Report, mode: GraphMode) -> GraphModel {
+    match mode {
+        GraphMode::Optimized => optimized_model(report),
+        GraphMode::Traced => traced_model(report),
+    }
+}
+
+fn optimized_model(report: &Report) -> GraphModel {
+    let mut boxes = Vec::with_capacity(report.nodes.len());
+    let mut clusters = Vec::new();
+    let mut edges = Vec::new();
+    // The box holding each node's value: a fused node's is its last member.
+    let mut output_box = vec![0usize; report.nodes.len()];
+    for node in &report.nodes {
+        let kind = decision_kind(report, node.id);
+        if node.group.is_empty() {
+            for &input in &node.inputs {
+                edges.push((output_box[input], boxes.len()));
+            }
+            output_box[node.id] = boxes.len();
+            boxes.push(sized(GraphBox {
+                label: format!("%{} {}", node.id, node.op),
+                op: op_name(&node.op),
+                aval: node.aval.clone(),
+                kind,
+                node: Some(node.id),
+                traced: None,
+                step: None,
+                location: node.location,
+                cluster: None,
+                width: 0.0,
+                height: 0.0,
+            }));
+            continue;
+        }
+        let cluster = clusters.len();
+        clusters.push(Cluster {
+            node: node.id,
+            label: format!("fused %{}: {} ops", node.id, node.group.len()),
+            kind,
+        });
+        let first = boxes.len();
+        let last = node.group.len() - 1;
+        for (k, step) in node.group.iter().enumerate() {
+            for arg in &step.args {
+                let from = match *arg {
+                    GroupArg::Node(input) => output_box[input],
+                    GroupArg::Step(s) => first + s,
+                };
+                edges.push((from, boxes.len()));
+            }
+            boxes.push(sized(GraphBox {
+                label: format!("%{}.{k} {}", node.id, step.op),
+                op: op_name(&step.op),
+                aval: step.aval.clone(),
+                kind: if k == last { kind } else { BoxKind::Member },
+                node: Some(node.id),
+                traced: None,
+                step: Some(k),
+                location: step.location,
+                cluster: Some(cluster),
+                width: 0.0,
+                height: 0.0,
+            }));
+        }
+        output_box[node.id] = first + last;
+    }
+    edges.sort_unstable();
+    edges.dedup();
+    GraphModel {
+        mode: GraphMode::Optimized,
+        boxes,
+        clusters,
+        edges,
+    }
+}
+
+fn traced_model(report: &Report) -> GraphModel {
+    let boxes = report
+        .traced
+        .iter()
+        .map(|t| {
+            sized(GraphBox {
+                label: format!("%{} {}", t.id, t.op),
+                op: op_name(&t.op),
+                aval: t.aval.clone(),
+                kind: if t.optimized.is_some() {
+                    BoxKind::Plain
+                } else {
+                    BoxKind::Dropped
+                },
+                node: t.optimized,
+                traced: Some(t.id),
+                step: None,
+                location: t.location,
+                cluster: None,
+                width: 0.0,
+                height: 0.0,
+            })
+        })
+        .collect();
+    let mut edges: Vec<(usize, usize)> = report
+        .traced
+        .iter()
+        .flat_map(|t| t.inputs.iter().map(move |&i| (i, t.id)))
+        .collect();
+    edges.sort_unstable();
+    edges.dedup();
+    GraphModel {
+        mode: GraphMode::Traced,
+        boxes,
+        clusters: Vec::new(),
+        edges,
+    }
+}
+
+/// The boxes whose op name contains `query` (ignoring case); none for an
+/// empty query.
+pub fn search(model: &GraphModel, query: &str) -> Vec<usize> {
+    let query = query.trim().to_lowercase();
+    if query.is_empty() {
+        return Vec::new();
+    }
+    model
+        .boxes
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.op.to_lowercase().contains(&query))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// The details panel of box `index`: (field, value) rows for its op,
+/// aval, home, reinplace decision and reason, group and script line.
+pub fn details(report: &Report, model: &GraphModel, index: usize) -> Vec<(&'static str, String)> {
+    let Some(b) = model.boxes.get(index) else {
+        return Vec::new();
+    };
+    let mut rows = vec![("op", b.label.clone()), ("aval", b.aval.clone())];
+    let node = b.node.and_then(|n| report.nodes.get(n));
+    if b.traced.is_some() {
+        rows.push((
+            "after passes",
+            match node {
+                Some(n) => format!("computed by %{} {}", n.id, n.op),
+                None => "removed by the passes".to_string(),
+            },
+        ));
+    }
+    if let Some(n) = node {
+        if b.step.is_some() {
+            rows.push(("group", format!("member of fused %{} ({})", n.id, n.op)));
+        }
+        rows.push(("home", n.home.clone()));
+        rows.push((
+            "reinplace",
+            n.reinplace
+                .as_ref()
+                .map_or_else(|| "not elementwise".to_string(), |d| d.summary()),
+        ));
+        if n.backward {
+            rows.push(("pass", "backward (gradient)".to_string()));
+        }
+        if b.traced.is_none() && b.step.is_none() && n.traced.len() > 1 {
+            let merged: Vec<String> = n.traced.iter().map(|t| format!("%{t}")).collect();
+            rows.push(("traced", format!("computes {}", merged.join(", "))));
+        }
+    }
+    rows.push((
+        "script",
+        b.location
+            .map_or_else(|| "no script position".to_string(), |l| l.to_string()),
+    ));
+    rows
+}
+
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// The SVG elements (clusters, then edges, then boxes) of `model` placed
+/// by `layout`, to go inside the view's `<svg>`. Boxes carry `data-box`
+/// (their index) and `data-node` (the node they select), so the page finds
+/// them without a handler per box.
+pub fn render_svg(model: &GraphModel, layout: &GraphLayout) -> String {
+    let mut svg = String::with_capacity(model.boxes.len() * 300);
+    for (cluster, &(x, y, w, h)) in model.clusters.iter().zip(&layout.clusters) {
+        let _ = write!(
+            svg,
+            r#"<g class="cluster {}" data-node="{}"><rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" rx="6"></rect><text x="{:.1}" y="{:.1}">{}</text></g>"#,
+            cluster.kind.class(),
+            cluster.node,
+            x - w / 2.0,
+            y - h / 2.0,
+            w,
+            h,
+            x - w / 2.0 + 6.0,
+            y - h / 2.0 + 12.0,
+            escape(&cluster.label),
+        );
+    }
+    for points in &layout.edges {
+        let mut d = String::new();
+        for (k, (x, y)) in points.iter().enumerate() {
+            let _ = write!(d, "{}{x:.1} {y:.1}", if k == 0 { "M" } else { " L" });
+        }
+        let _ = write!(svg, r#"<path class="edge" d="{d}"></path>"#);
+    }
+    for (index, (b, &(x, y))) in model.boxes.iter().zip(&layout.boxes).enumerate() {
+        let (left, top) = (x - b.width / 2.0, y - b.height / 2.0);
+        let node = b
+            .node
+            .map_or_else(String::new, |n| format!(r#" data-node="{n}""#));
+        let line = b
+            .location
+            .map_or_else(String::new, |l| format!(" · line {}", l.line));
+        let _ = write!(
+            svg,
+            r#"<g class="box {}" data-box="{index}"{node} data-op="{}"><rect x="{left:.1}" y="{top:.1}" width="{:.1}" height="{:.1}" rx="4"></rect><text x="{:.1}" y="{:.1}">{}</text><text class="aval" x="{:.1}" y="{:.1}">{}{line}</text></g>"#,
+            b.kind.class(),
+            escape(&b.op),
+            b.width,
+            b.height,
+            left + 6.0,
+            top + 14.0,
+            escape(&cut(&b.label)),
+            left + 6.0,
+            top + 28.0,
+            escape(&b.aval),
+        );
+    }
+    svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::script::Session;
+
+    fn report_of(script: &str) -> Report {
+        let run = Session::new().run(script);
+        assert_eq!(run.error, None, "{script}");
+        (*run.functions[0].cache.reports[0]).clone()
+    }
+
+    const FUSED: &str = "let f = compile(|x| {\n  let e = x.exp();\n  let t = e.tanh() * x;\n  t.sum()\n});\nf.run(ones([4]))";
+
+    #[test]
+    fn a_fused_group_becomes_a_cluster_of_its_member_ops() {
+        let report = report_of(FUSED);
+        let model = graph_model(&report, GraphMode::Optimized);
+        assert_eq!(model.clusters.len(), 1, "{model:?}");
+        let fused = model.clusters[0].node;
+        let members: Vec<&str> = model
+            .boxes
+            .iter()
+            .filter(|b| b.cluster == Some(0))
+            .map(|b| b.op.as_str())
+            .collect();
+        assert_eq!(members, ["exp", "tanh", "mul"]);
+        assert!(model
+            .boxes
+            .iter()
+            .filter(|b| b.cluster == Some(0))
+            .all(|b| b.node == Some(fused)));
+        let lines: Vec<Option<u32>> = model
+            .boxes
+            .iter()
+            .map(|b| b.location.map(|l| l.line))
+            .collect();
+        assert_eq!(lines, [None, Some(2), Some(3), Some(3), Some(4)]);
+    }
+
+    #[test]
+    fn edges_run_from_the_box_holding_each_value() {
+        let report = report_of(FUSED);
+        let model = graph_model(&report, GraphMode::Optimized);
+        let index = |op: &str| model.boxes.iter().position(|b| b.op == op);
+        let (input, exp, tanh, mul, sum) = (
+            index("input"),
+            index("exp"),
+            index("tanh"),
+            index("mul"),
+            index("sum"),
+        );
+        let edge = |a: Option<usize>, b: Option<usize>| a.zip(b).map(|e| model.edges.contains(&e));
+        assert_eq!(edge(input, exp), Some(true));
+        assert_eq!(edge(exp, tanh), Some(true));
+        assert_eq!(edge(tanh, mul), Some(true));
+        assert_eq!(edge(input, mul), Some(true));
+        assert_eq!(
+            edge(mul, sum),
+            Some(true),
+            "the group's value is its last member's"
+        );
+        assert_eq!(model.edges.len(), 5);
+    }
+
+    #[test]
+    fn the_traced_graph_has_a_box_per_traced_node_and_marks_the_dropped_ones() {
+        let report = report_of("let f = compile(|x| (x.exp() + x.exp()).reshape([4]).reshape([2, 2])).fusion(false);\nf.run(ones([2, 2]))");
+        let model = graph_model(&report, GraphMode::Traced);
+        assert_eq!(model.boxes.len(), report.traced.len());
+        assert!(model.clusters.is_empty());
+        let exps: Vec<Option<usize>> = model
+            .boxes
+            .iter()
+            .filter(|b| b.op == "exp")
+            .map(|b| b.node)
+            .collect();
+        assert_eq!(exps.len(), 2);
+        assert_eq!(exps[0], exps[1], "CSE merged both into one node");
+        let optimized = graph_model(&report, GraphMode::Optimized);
+        assert!(optimized.boxes.len() < model.boxes.len());
+    }
+
+    #[test]
+    fn boxes_are_coloured_by_their_reinplace_decision() {
+        // The exp cannot take the caller's input; the sin takes the exp's.
+        let report =
+            report_of("let f = compile(|x| x.exp().sin().sum()).fusion(false);\nf.run(ones([4]))");
+        let model = graph_model(&report, GraphMode::Optimized);
+        let kinds: Vec<(&str, BoxKind)> = model
+            .boxes
+            .iter()
+            .map(|b| (b.op.as_str(), b.kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("input", BoxKind::Plain),
+                ("exp", BoxKind::Refused),
+                ("sin", BoxKind::Taken),
+                ("sum", BoxKind::Plain)
+            ]
+        );
+    }
+
+    #[test]
+    fn search_finds_boxes_by_op_name_ignoring_case() {
+        let report = report_of(FUSED);
+        let model = graph_model(&report, GraphMode::Optimized);
+        let found: Vec<&str> = search(&model, "TAN")
+            .into_iter()
+            .map(|i| model.boxes[i].label.as_str())
+            .collect();
+        assert_eq!(found.len(), 1);
+        assert!(found[0].ends_with(".1 tanh"), "{found:?}");
+        assert!(search(&model, "  ").is_empty());
+        assert!(search(&model, "matmul").is_empty());
+    }
+
+    #[test]
+    fn details_name_the_decision_the_home_and_the_script_line() {
+        let report = report_of(FUSED);
+        let model = graph_model(&report, GraphMode::Optimized);
+        let tanh = search(&model, "tanh")[0];
+        let rows = details(&report, &model, tanh);
+        let row = |field: &str| {
+            rows.iter()
+                .find(|(f, _)| *f == field)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(row("aval"), Some("f32[4]"));
+        assert!(row("group").is_some_and(|g| g.starts_with("member of fused %1")));
+        assert_eq!(row("home"), Some("slot 0"));
+        assert_eq!(row("script"), Some("line 3, column 13"));
+        assert!(row("reinplace").is_some());
+        assert!(details(&report, &model, model.boxes.len()).is_empty());
+    }
+
+    #[test]
+    fn the_svg_holds_every_box_edge_and_cluster_with_escaped_text() {
+        let report = report_of(FUSED);
+        let model = graph_model(&report, GraphMode::Optimized);
+        let layout = GraphLayout {
+            width: 400.0,
+            height: 400.0,
+            boxes: (0..model.boxes.len())
+                .map(|i| (100.0, 50.0 * i as f64 + 20.0))
+                .collect(),
+            clusters: vec![(100.0, 120.0, 200.0, 180.0)],
+            edges: model
+                .edges
+                .iter()
+                .map(|_| vec![(0.0, 0.0), (1.0, 1.5)])
+                .collect(),
+        };
+        let svg = render_svg(&model, &layout);
+        assert_eq!(svg.matches("data-box=").count(), model.boxes.len());
+        assert_eq!(svg.matches(r#"class="edge""#).count(), model.edges.len());
+        assert_eq!(svg.matches(r#"class="cluster"#).count(), 1);
+        assert!(svg.contains(r#"d="M0.0 0.0 L1.0 1.5""#), "{svg}");
+        assert!(!svg.contains("<script"));
+        assert_eq!(
+            escape(r#"input args["a"] <b>"#),
+            "input args[&quot;a&quot;] &lt;b&gt;"
+        );
+    }
+}
