@@ -190,6 +190,15 @@ impl Array {
         self.node.aval.dtype
     }
 
+    /// The bytes its elements take, when every dim is known.
+    pub fn nbytes(&self) -> Option<usize> {
+        self.node
+            .aval
+            .shape
+            .numel_known()
+            .map(|n| n * self.dtype().size_bytes())
+    }
+
     /// Where the user's program made this array, if the front end set a
     /// location while it was built (see [`crate::at_location`]).
     pub fn location(&self) -> Option<SourceLocation> {

@@ -723,9 +723,7 @@ macro_rules! quantized_kind {
                 [Some(&self.packed), Some(&self.scales), self.biases.as_ref()]
                     .into_iter()
                     .flatten()
-                    .map(|a| {
-                        a.dims().map_or(0, |d| d.iter().product::<usize>()) * a.dtype().size_bytes()
-                    })
+                    .filter_map(Array::nbytes)
                     .sum()
             }
         }

@@ -3,14 +3,11 @@
 //! Chromium by `tests/cpu-bench/browser.mjs`. Figures `cpu_wasm_*`, beside
 //! the native `cpu_*` ones of the benchmark program.
 
-use crate::apt;
-use crate::process::{self, target_dir, workspace_root};
+use crate::process::{self, target_dir};
 use crate::wasm::{self, Route};
 use crate::web;
 use std::fs;
-use std::net::TcpListener;
 use std::process::Command;
-use std::thread;
 
 /// Every figure this module reports starts with this.
 const PREFIX: &str = "cpu_wasm_";
@@ -35,22 +32,8 @@ pub fn bench_figures(selection: &[String]) -> Result<Vec<(String, f64, &'static 
     )
     .map_err(|e| format!("cannot write the benchmark page: {e}"))?;
 
-    apt::ensure_installed(&["chromium"])?;
-    let tools = web::ensure_npm_tools()?;
-    // node resolves playwright-core from the script's directory.
-    let script = tools.join("cpu-bench.mjs");
-    fs::copy(
-        workspace_root().join("tests/cpu-bench/browser.mjs"),
-        &script,
-    )
-    .map_err(|e| format!("cannot copy tests/cpu-bench/browser.mjs: {e}"))?;
-    let listener = TcpListener::bind(("127.0.0.1", 0))
-        .map_err(|e| format!("cannot listen on 127.0.0.1: {e}"))?;
-    let port = listener
-        .local_addr()
-        .map_err(|e| format!("no local address: {e}"))?
-        .port();
-    thread::spawn(move || web::serve_forever(listener, site));
+    let (tools, script, port) =
+        web::browser_script("tests/cpu-bench/browser.mjs", "cpu-bench.mjs", site)?;
     let out = process::stdout_of(
         Command::new("node")
             .arg(&script)

@@ -61,7 +61,7 @@ pub fn serve(args: &[String]) -> Result<(), String> {
 /// `target/web-e2e/webgpu/` and `target/web-e2e/cpu/`.
 pub fn e2e() -> Result<(), String> {
     let site = build()?;
-    let (tools, script, port) = browser_script("e2e.mjs", site)?;
+    let (tools, script, port) = browser_script("web/e2e/e2e.mjs", "e2e.mjs", site)?;
     let shots = target_dir().join("web-e2e");
     for mode in ["webgpu", "cpu"] {
         process::run(
@@ -112,7 +112,7 @@ pub fn bench_figures(selection: &[String]) -> Result<Vec<(String, f64, &'static 
     }
     figures.push(("web_site_gzip_bytes".to_string(), site_gzip as f64, "bytes"));
     if wanted("web_first_render_ms") || wanted("web_rerun_ms") {
-        let (tools, script, port) = browser_script("timing.mjs", site)?;
+        let (tools, script, port) = browser_script("web/e2e/timing.mjs", "timing.mjs", site)?;
         let out = process::stdout_of(
             Command::new("node")
                 .arg(&script)
@@ -133,17 +133,23 @@ pub fn bench_figures(selection: &[String]) -> Result<Vec<(String, f64, &'static 
     Ok(figures)
 }
 
-/// Readies `web/e2e/<name>` to drive Chromium over `site`: installs chromium
+/// Readies the browser script `source` (workspace-relative, copied as
+/// `copy_as`) to drive Chromium over `site`: installs chromium
 /// and the npm tools, copies the script next to their node_modules (node
 /// resolves its imports there, so it runs from that directory) and serves
 /// the site from a free port of 127.0.0.1. Returns the tools directory, the
 /// script and the port.
-fn browser_script(name: &str, site: PathBuf) -> Result<(PathBuf, PathBuf, u16), String> {
+pub fn browser_script(
+    source: &str,
+    copy_as: &str,
+    site: PathBuf,
+) -> Result<(PathBuf, PathBuf, u16), String> {
     apt::ensure_installed(&["chromium"])?;
     let tools = ensure_npm_tools()?;
-    let script = tools.join(name);
-    fs::copy(workspace_root().join("web/e2e").join(name), &script)
-        .map_err(|e| format!("cannot copy web/e2e/{name}: {e}"))?;
+    // node resolves playwright-core from the script's directory.
+    let script = tools.join(copy_as);
+    fs::copy(workspace_root().join(source), &script)
+        .map_err(|e| format!("cannot copy {source}: {e}"))?;
     let listener = TcpListener::bind(("127.0.0.1", 0))
         .map_err(|e| format!("cannot listen on 127.0.0.1: {e}"))?;
     let port = listener
@@ -252,7 +258,7 @@ fn cargo_home() -> PathBuf {
 /// Installs `web/tools`' npm packages (binaryen, playwright-core) into
 /// `target/web-tools/` from the committed lockfile, unless that lockfile
 /// is already installed there; returns the install directory.
-pub fn ensure_npm_tools() -> Result<PathBuf, String> {
+fn ensure_npm_tools() -> Result<PathBuf, String> {
     let sources = workspace_root().join("web").join("tools");
     let tools = target_dir().join("web-tools");
     let lock = fs::read(sources.join("package-lock.json"))
@@ -317,7 +323,7 @@ fn gzip_size(path: &Path) -> Option<u64> {
 }
 
 /// Serves `site` until the process ends, one thread per connection.
-pub fn serve_forever(listener: TcpListener, site: PathBuf) {
+fn serve_forever(listener: TcpListener, site: PathBuf) {
     for stream in listener.incoming().flatten() {
         let site = site.clone();
         thread::spawn(move || {

@@ -122,7 +122,7 @@ fn implicit(object: &ScriptObject) -> ScriptResult<Array> {
 
 /// The bytes of an array's elements (known shapes).
 fn bytes_of(a: &Array) -> INT {
-    (a.dims().map_or(0, |d| d.iter().product::<usize>()) * a.dtype().size_bytes()) as INT
+    a.nbytes().unwrap_or(0) as INT
 }
 
 /// Registers the quantization functions and the `@` of quantized weights.
