@@ -120,6 +120,12 @@ await check("custom-node", async () => {
     'call 3: static/aux differs at node args[0]: before {act: "relu"}, now {act: "tanh"}',
     "miss text",
   );
+  // The latest entry's views are shown; clicking the other entry shows its.
+  expectEqual(await page.locator(".cache li.entry.selected").getAttribute("data-entry"), "1", "shown entry");
+  await page.locator('.cache li.entry[data-entry="0"]').click();
+  await page.locator(".shown-entry", { hasText: "entry 0" }).waitFor({ timeout: 10000 });
+  await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 10000 });
+  expectEqual(await page.locator(".cache li.entry.selected").getAttribute("data-entry"), "0", "picked entry");
 });
 
 await check("shapeless", async () => {
@@ -151,6 +157,28 @@ await check("mlp", async () => {
   const values = sums.replace(/dtype=\w+/, "").match(/-?\d+(\.\d*)?(e[-+]?\d+)?/g).map(Number);
   expectEqual(values.length, 8, "rows");
   if (values.some((v) => Math.abs(v - 1) > 1e-5)) throw new Error(`row sums ${sums}`);
+  // Selecting a slot selects the values it holds in every view, and
+  // selecting a value selects its slot.
+  await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 10000 });
+  const shared = await page.evaluate(() => {
+    const held = {};
+    for (const bar of document.querySelectorAll(".memory rect.bar")) {
+      const slot = bar.getAttribute("data-slot");
+      held[slot] = (held[slot] ?? 0) + 1;
+    }
+    return Object.keys(held).find((slot) => held[slot] > 1);
+  });
+  if (shared === undefined) throw new Error("no slot holds two values");
+  await page.locator(`.memory .slot-label[data-slot="${shared}"]`).click();
+  expectEqual(await page.locator(`.memory .slot-label.selected`).getAttribute("data-slot"), shared, "slot marked");
+  const held = await page.locator(".memory rect.bar.selected").evaluateAll((bars) => bars.map((b) => b.getAttribute("data-value")));
+  if (held.length < 2) throw new Error(`${held.length} values marked`);
+  for (const value of held) {
+    expectEqual(await page.locator(`.graph g.box.selected[data-node="${value}"], .graph .cluster.selected[data-node="${value}"]`).count() > 0, true, `box of %${value} marked`);
+  }
+  await page.locator(`.memory rect.bar[data-value="${held[1]}"]`).click();
+  expectEqual(await page.locator(".memory rect.bar.selected").count(), 1, "one value marked");
+  expectEqual(await page.locator(`.memory .slot-label.selected`).getAttribute("data-slot"), shared, "its slot marked");
 });
 
 await check("donation", async () => {
@@ -312,12 +340,13 @@ await check("the-graph-draws-fused-groups-as-clusters-with-script-lines", async 
 await check("the-graph-toggles-to-the-traced-graph-and-back", async () => {
   const optimized = await page.locator(".graph g.box").count();
   await page.click("#graph-traced");
-  await page.locator(".graph g.box.dropped, .graph g.box.plain").first().waitFor({ timeout: 10000 });
+  await page.locator('.graph svg[data-drawn="traced"]').waitFor({ timeout: 10000 });
   expectEqual(await page.locator(".graph .cluster").count(), 0, "no clusters before the passes");
   const traced = await page.locator(".graph g.box").count();
   if (!(traced >= optimized)) throw new Error(`traced ${traced} < optimized ${optimized}`);
   await page.click("#graph-optimized");
-  await page.locator(".graph .cluster").first().waitFor({ timeout: 10000 });
+  await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 10000 });
+  expectEqual(await page.locator(".graph .cluster").count(), 1, "the fused group again");
 });
 
 await check("the-graph-search-finds-ops-by-name", async () => {
@@ -326,6 +355,29 @@ await check("the-graph-search-finds-ops-by-name", async () => {
   expectEqual(await page.locator(".graph g.box.match").count(), 1, "marked");
   await page.click("#graph-next");
   expectEqual(await page.locator('#graph-details tr[data-field="op"] td').innerText(), "%1.0 exp", "focused");
+  await page.fill("#graph-search", "");
+});
+
+const CHAIN_2000 = "let f = compile(|x| {\n  let y = x;\n  for i in 0..1000 { y = (y * 1.5).sin(); }\n  y\n}).fusion(false);\nf.run(ones([4]))";
+
+await check("a-2000-node-graph-is-laid-out-and-searchable", async () => {
+  await runScript(CHAIN_2000);
+  const laidOut = /^(\d+) boxes laid out by dagre/;
+  // The previous graph stays until the new report comes.
+  await page.locator(".graph h3", { hasText: /\(\d{4,} nodes after passes/ }).waitFor({ timeout: 120000 });
+  await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 120000 });
+  await page.click("#graph-traced");
+  await page.locator('.graph svg[data-drawn="traced"]').waitFor({ timeout: 120000 });
+  const boxes = Number((await text("#graph-layout")).match(laidOut)[1]);
+  // The input, 1,000 multiplications, 1,000 sines (and the constant).
+  if (boxes < 2001) throw new Error(`${boxes} boxes`);
+  expectEqual(await page.locator(".graph g.box").count(), boxes, "boxes drawn");
+  await page.fill("#graph-search", "sin");
+  expectEqual(await text("#graph-matches"), "1000 found", "matches");
+  await page.click("#graph-next");
+  const op = await page.locator('#graph-details tr[data-field="op"] td').innerText();
+  if (!op.endsWith(" sin")) throw new Error(`focused ${op}`);
+  console.log(`     ${await text("#graph-layout")}`);
   await page.fill("#graph-search", "");
 });
 

@@ -2,7 +2,8 @@
 // the npm packages it imports into one file, `views.js`, that index.html
 // loads before the wasm module. It does what libraries do best and Rust's
 // UI calls it: the code editor (CodeMirror 6), the graph's layered layout
-// (dagre), pan and zoom of the drawing, and marking boxes by class. It
+// (dagre, in a worker: see layout.js), pan and zoom of the drawing, and
+// marking boxes by class. It
 // holds no compiler facts: the Rust side hands it boxes and sizes.
 import { EditorState, StateEffect, StateField, Prec, Annotation } from "@codemirror/state";
 import {
@@ -16,7 +17,6 @@ import {
 import { javascript } from "@codemirror/lang-javascript";
 import { setDiagnostics, lintGutter } from "@codemirror/lint";
 import { searchKeymap, highlightSelectionMatches } from "@codemirror/search";
-import dagre from "@dagrejs/dagre";
 
 // ----- editor ---------------------------------------------------------
 
@@ -131,89 +131,43 @@ export function createEditor(parent, doc, onChange, onRun) {
 
 // ----- graph ----------------------------------------------------------
 
-// Past this many boxes dagre's iterative crossing reduction takes longer
-// than a page may freeze (over a minute at 2,000 boxes of a wide graph):
-// large graphs keep the order of its first sweep.
-const LARGE = 400;
+// The layout worker, started on first use, and the layouts it owes.
+let layoutWorker = null;
+let nextLayout = 0;
+const pendingLayouts = new Map();
 
-// One dagre layout of `ids` (with sizes from `size`) and `edges` between
-// them; returns dagre's graph.
-function layered(ids, size, edges, large) {
-  const g = new dagre.graphlib.Graph({ multigraph: false });
-  g.setGraph({ rankdir: "TB", nodesep: 14, ranksep: 34, edgesep: 6, marginx: 12, marginy: 12 });
-  g.setDefaultEdgeLabel(() => ({}));
-  for (const id of ids) g.setNode(id, size(id));
-  for (const [from, to] of edges) if (from !== to) g.setEdge(from, to);
-  dagre.layout(g, large ? { disableOptimalOrderHeuristic: true } : {});
-  return g;
+function startLayoutWorker() {
+  layoutWorker = new Worker("./layout.js");
+  layoutWorker.onmessage = ({ data }) => {
+    const pending = pendingLayouts.get(data.id);
+    pendingLayouts.delete(data.id);
+    if (!pending) return;
+    if (data.error !== undefined) pending.reject(new Error(data.error));
+    else pending.resolve(data.layout);
+  };
+  // A worker that fails to load fails every layout it owes; the next
+  // request starts a fresh one.
+  layoutWorker.onerror = (event) => {
+    event.preventDefault();
+    for (const pending of pendingLayouts.values()) {
+      pending.reject(new Error(event.message || "the layout worker failed"));
+    }
+    pendingLayouts.clear();
+    layoutWorker.terminate();
+    layoutWorker = null;
+  };
 }
 
-// Places a graph with dagre's layered (Sugiyama) layout. `input` is
-// { boxes: [{ width, height, cluster }], clusters: count, edges: [[from, to]] };
-// returns { width, height, boxes: [[x, y]], clusters: [[x, y, w, h]],
-// edges: [[[x, y], ...]] } in input order (x, y are centres).
-//
-// Clusters are laid out in two levels, each by dagre: a cluster's members
-// first, on their own, then the whole graph with each cluster as one box
-// of the size its members took (dagre's compound layout needs minutes and
-// gigabytes for the hundreds of clusters of a large graph).
+// Lays a graph out in the layout worker: a promise of `layoutGraph`'s
+// result (see layout.js) for the same input.
 export function layoutGraph(input) {
-  const large = input.boxes.length > LARGE;
-  const members = Array.from({ length: input.clusters }, () => []);
-  input.boxes.forEach((b, i) => {
-    if (b.cluster !== null && b.cluster !== undefined) members[b.cluster].push(i);
+  if (!layoutWorker) startLayoutWorker();
+  const id = nextLayout;
+  nextLayout += 1;
+  return new Promise((resolve, reject) => {
+    pendingLayouts.set(id, { resolve, reject });
+    layoutWorker.postMessage({ id, input });
   });
-  const inner = members.map((ids) => {
-    const inside = new Set(ids);
-    const edges = input.edges.filter(([f, t]) => inside.has(f) && inside.has(t));
-    const g = layered(ids.map(String), (id) => input.boxes[Number(id)], edges.map(([f, t]) => [String(f), String(t)]), false);
-    const label = g.graph();
-    // Room for the cluster's title above its members.
-    return { g, width: label.width, height: label.height + 16 };
-  });
-  const outerId = (i) => {
-    const c = input.boxes[i].cluster;
-    return c === null || c === undefined ? `b${i}` : `c${c}`;
-  };
-  const ids = [];
-  input.boxes.forEach((b, i) => {
-    if (b.cluster === null || b.cluster === undefined) ids.push(`b${i}`);
-  });
-  for (let c = 0; c < input.clusters; c += 1) ids.push(`c${c}`);
-  const size = (id) => (id[0] === "c" ? inner[Number(id.slice(1))] : input.boxes[Number(id.slice(1))]);
-  const outer = layered(ids, size, input.edges.map(([f, t]) => [outerId(f), outerId(t)]), large);
-  const clusters = inner.map((c, k) => {
-    const n = outer.node(`c${k}`);
-    return [n.x, n.y, c.width, c.height];
-  });
-  // Where a cluster's member lands: its place inside, moved with the frame.
-  const place = (i) => {
-    const c = input.boxes[i].cluster;
-    if (c === null || c === undefined) {
-      const n = outer.node(`b${i}`);
-      return [n.x, n.y];
-    }
-    const [x, y, w, h] = clusters[c];
-    const n = inner[c].g.node(String(i));
-    return [x - w / 2 + n.x, y - h / 2 + 16 + n.y];
-  };
-  const boxes = input.boxes.map((_, i) => place(i));
-  const edges = input.edges.map(([from, to]) => {
-    const a = input.boxes[from].cluster;
-    const b = input.boxes[to].cluster;
-    if (a !== null && a !== undefined && a === b) {
-      const [x, y, w, h] = clusters[a];
-      const e = inner[a].g.edge(String(from), String(to));
-      if (e) return e.points.map((p) => [x - w / 2 + p.x, y - h / 2 + 16 + p.y]);
-    } else {
-      const e = outer.edge(outerId(from), outerId(to));
-      // The outer edge ends on the frame; draw it on to the member box.
-      if (e) return [boxes[from], ...e.points.slice(1, -1).map((p) => [p.x, p.y]), boxes[to]];
-    }
-    return [boxes[from], boxes[to]];
-  });
-  const graph = outer.graph();
-  return { width: graph.width ?? 0, height: graph.height ?? 0, boxes, clusters, edges };
 }
 
 // Pan (drag the background) and zoom (wheel, about the pointer) of the

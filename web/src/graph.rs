@@ -18,6 +18,16 @@ pub enum GraphMode {
     Traced,
 }
 
+impl GraphMode {
+    /// `optimized` or `traced`.
+    pub fn name(self) -> &'static str {
+        match self {
+            GraphMode::Optimized => "optimized",
+            GraphMode::Traced => "traced",
+        }
+    }
+}
+
 /// How a box is coloured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BoxKind {
@@ -112,6 +122,10 @@ pub struct GraphLayout {
     pub clusters: Vec<(f64, f64, f64, f64)>,
     /// Each edge's points.
     pub edges: Vec<Vec<(f64, f64)>>,
+    /// The edges drawn straight instead of routed around boxes (in a large
+    /// graph, those spanning many ranks), by index, ascending.
+    #[serde(default)]
+    pub long: Vec<usize>,
 }
 
 /// Box height, and the width of one character of the labels' monospace
@@ -368,12 +382,18 @@ pub fn render_svg(model: &GraphModel, layout: &GraphLayout) -> String {
             escape(&cluster.label),
         );
     }
-    for points in &layout.edges {
+    for (index, points) in layout.edges.iter().enumerate() {
         let mut d = String::new();
         for (k, (x, y)) in points.iter().enumerate() {
             let _ = write!(d, "{}{x:.1} {y:.1}", if k == 0 { "M" } else { " L" });
         }
-        let _ = write!(svg, r#"<path class="edge" d="{d}"></path>"#);
+        // `long` comes in ascending order.
+        let class = if layout.long.binary_search(&index).is_ok() {
+            "edge long"
+        } else {
+            "edge"
+        };
+        let _ = write!(svg, r#"<path class="{class}" d="{d}"></path>"#);
     }
     for (index, (b, &(x, y))) in model.boxes.iter().zip(&layout.boxes).enumerate() {
         let (left, top) = (x - b.width / 2.0, y - b.height / 2.0);
@@ -554,10 +574,15 @@ mod tests {
                 .iter()
                 .map(|_| vec![(0.0, 0.0), (1.0, 1.5)])
                 .collect(),
+            long: vec![0],
         };
         let svg = render_svg(&model, &layout);
         assert_eq!(svg.matches("data-box=").count(), model.boxes.len());
-        assert_eq!(svg.matches(r#"class="edge""#).count(), model.edges.len());
+        assert_eq!(
+            svg.matches(r#"class="edge""#).count(),
+            model.edges.len() - 1
+        );
+        assert_eq!(svg.matches(r#"class="edge long""#).count(), 1);
         assert_eq!(svg.matches(r#"class="cluster"#).count(), 1);
         assert!(svg.contains(r#"d="M0.0 0.0 L1.0 1.5""#), "{svg}");
         assert!(!svg.contains("<script"));

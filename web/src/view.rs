@@ -145,6 +145,58 @@ pub fn miss_lines(cache: &CacheInfo) -> Vec<String> {
         .collect()
 }
 
+/// Which compiled function's which cache entry a view shows: a selection
+/// holds in the views of that entry only (node ids of other entries name
+/// other nodes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct EntryScope {
+    /// The script line of the function's `compile`.
+    pub line: usize,
+    /// The cache entry.
+    pub entry: usize,
+}
+
+/// What is selected in one entry's views. Every view highlights its part
+/// of it: the graph the boxes, the reinplace table the rows, the memory
+/// timeline the bars and the slot row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Selection {
+    /// A node, that is the value it computes.
+    Node(usize),
+    /// A slot, with every value it holds.
+    Slot(usize),
+}
+
+impl Selection {
+    /// The nodes highlighted: the node, or the values the slot holds.
+    pub fn nodes(self, report: &Report) -> Vec<usize> {
+        match self {
+            Selection::Node(node) => vec![node],
+            Selection::Slot(slot) => report
+                .plan
+                .slots
+                .iter()
+                .filter(|s| s.slot == slot)
+                .flat_map(|s| s.values.iter().map(|v| v.value))
+                .collect(),
+        }
+    }
+
+    /// The slot row highlighted: the slot, or the one holding the node's
+    /// value (none for a value outside the plan, such as an argument).
+    pub fn slot(self, report: &Report) -> Option<usize> {
+        match self {
+            Selection::Slot(slot) => Some(slot),
+            Selection::Node(node) => report
+                .plan
+                .slots
+                .iter()
+                .find(|s| s.values.iter().any(|v| v.value == node))
+                .map(|s| s.slot),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +236,30 @@ mod tests {
             .iter()
             .flat_map(|r| &r.bars)
             .all(|b| b.def <= b.last && b.last <= t.steps));
+    }
+
+    #[test]
+    fn selecting_a_slot_selects_every_value_it_holds_and_back() {
+        let report = first_report(MLP.script);
+        let shared = report
+            .plan
+            .slots
+            .iter()
+            .find(|s| s.values.len() > 1)
+            .expect("the MLP reuses a slot");
+        let values: Vec<usize> = shared.values.iter().map(|v| v.value).collect();
+        let slot = Selection::Slot(shared.slot);
+        assert_eq!(slot.nodes(&report), values);
+        assert_eq!(slot.slot(&report), Some(shared.slot));
+        for &value in &values {
+            let node = Selection::Node(value);
+            assert_eq!(node.nodes(&report), vec![value]);
+            assert_eq!(node.slot(&report), Some(shared.slot), "%{value}");
+        }
+        assert_eq!(
+            Selection::Slot(usize::MAX).nodes(&report),
+            Vec::<usize>::new()
+        );
     }
 
     #[test]

@@ -77,12 +77,13 @@ pub fn e2e() -> Result<(), String> {
 }
 
 /// The playground's benchmark figures, by name.
-const FIGURES: [&str; 5] = [
+const FIGURES: [&str; 6] = [
     "web_wasm_bytes",
     "web_wasm_gzip_bytes",
     "web_site_gzip_bytes",
     "web_first_render_ms",
     "web_rerun_ms",
+    "web_graph_2000_ms",
 ];
 
 /// The playground's figures `selection` asks for (all when it is empty, as
@@ -111,7 +112,8 @@ pub fn bench_figures(selection: &[String]) -> Result<Vec<(String, f64, &'static 
         site_gzip += gzip_size(&path).ok_or_else(|| format!("cannot gzip {}", path.display()))?;
     }
     figures.push(("web_site_gzip_bytes".to_string(), site_gzip as f64, "bytes"));
-    if wanted("web_first_render_ms") || wanted("web_rerun_ms") {
+    const TIMINGS: [&str; 3] = ["web_first_render_ms", "web_rerun_ms", "web_graph_2000_ms"];
+    if TIMINGS.iter().any(|name| wanted(name)) {
         let (tools, script, port) = browser_script("web/e2e/timing.mjs", "timing.mjs", site)?;
         let out = process::stdout_of(
             Command::new("node")
@@ -122,7 +124,7 @@ pub fn bench_figures(selection: &[String]) -> Result<Vec<(String, f64, &'static 
         .ok_or("the playground timing script failed")?;
         let timings: serde_json::Value = serde_json::from_str(out.trim())
             .map_err(|e| format!("the timing script printed no JSON ({e}): {out}"))?;
-        for name in ["web_first_render_ms", "web_rerun_ms"] {
+        for name in TIMINGS {
             let value = timings[name]
                 .as_f64()
                 .ok_or_else(|| format!("the timing script gave no {name}: {out}"))?;
@@ -206,27 +208,38 @@ pub fn build() -> Result<PathBuf, String> {
     Ok(site)
 }
 
-/// Bundles `web/js/views.js` with the npm packages it imports (CodeMirror,
-/// dagre) into `views.js` of the site, minified, with npm's esbuild.
+/// Bundles the page's scripts with the npm packages they import, minified,
+/// with npm's esbuild: `web/js/views.js` (CodeMirror, pan and zoom) into
+/// `views.js`, and `web/js/layout-worker.js` (dagre) into `layout.js`, the
+/// graph layout's worker.
 fn bundle_views(site: &Path) -> Result<(), String> {
     let tools = ensure_npm_tools()?;
     let esbuild = tools.join("node_modules").join(".bin").join("esbuild");
-    process::run(
-        Command::new(esbuild)
-            .arg(workspace_root().join("web").join("js").join("views.js"))
-            .args([
-                "--bundle",
-                "--format=iife",
-                "--global-name=kilnViews",
-                "--minify",
-                "--legal-comments=none",
-                "--log-level=warning",
-            ])
-            .arg(format!("--outfile={}", site.join("views.js").display()))
-            // The entry lives in the source tree, its packages in the tools'
-            // install directory.
-            .env("NODE_PATH", tools.join("node_modules")),
-    )
+    let sources = workspace_root().join("web").join("js");
+    for (entry, output, global) in [
+        ("views.js", "views.js", Some("kilnViews")),
+        ("layout-worker.js", "layout.js", None),
+    ] {
+        let mut command = Command::new(&esbuild);
+        command.arg(sources.join(entry)).args([
+            "--bundle",
+            "--format=iife",
+            "--minify",
+            "--legal-comments=none",
+            "--log-level=warning",
+        ]);
+        if let Some(global) = global {
+            command.arg(format!("--global-name={global}"));
+        }
+        process::run(
+            command
+                .arg(format!("--outfile={}", site.join(output).display()))
+                // The entries live in the source tree, their packages in
+                // the tools' install directory.
+                .env("NODE_PATH", tools.join("node_modules")),
+        )?;
+    }
+    Ok(())
 }
 
 /// The `wasm-bindgen` CLI at [`WASM_BINDGEN_VERSION`], installed with

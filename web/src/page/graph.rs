@@ -1,13 +1,16 @@
 //! The graph view: the optimized graph (fused groups as clusters) or the
-//! traced one, laid out by dagre, drawn as SVG, with pan, zoom, search by
-//! op name and a details panel. The boxes and the SVG come from
+//! traced one, laid out by dagre in a worker (the page stays responsive
+//! while thousands of boxes are placed), drawn as SVG, with pan, zoom,
+//! search by op name and a details panel. The boxes and the SVG come from
 //! [`crate::graph`]; this module only wires them to the DOM.
 
 use super::views::{box_at, fit_graph, focus_graph, layout_graph, mark_only};
 use crate::graph::{details, graph_model, render_svg, search, GraphLayout, GraphMode, GraphModel};
+use crate::view::{EntryScope, Selection};
 use kiln::Report;
 use leptos::prelude::*;
 use serde::Serialize;
+use std::rc::Rc;
 use std::sync::Arc;
 
 /// What `layoutGraph` takes.
@@ -25,9 +28,9 @@ struct LayoutBox {
     cluster: Option<usize>,
 }
 
-/// Lays `model` out with dagre; returns the layout and the milliseconds
-/// it took.
-fn lay_out(model: &GraphModel) -> Result<(GraphLayout, f64), String> {
+/// Lays `model` out with dagre in the layout worker; returns the layout
+/// and the milliseconds it took.
+async fn lay_out(model: &GraphModel) -> Result<(GraphLayout, f64), String> {
     let input = LayoutInput {
         boxes: model
             .boxes
@@ -45,7 +48,14 @@ fn lay_out(model: &GraphModel) -> Result<(GraphLayout, f64), String> {
         .serialize(&serde_wasm_bindgen::Serializer::json_compatible())
         .map_err(|e| e.to_string())?;
     let start = js_sys::Date::now();
-    let placed = layout_graph(&input).map_err(|e| format!("{e:?}"))?;
+    let placed = wasm_bindgen_futures::JsFuture::from(layout_graph(&input))
+        .await
+        .map_err(|e| {
+            js_sys::Error::from(e)
+                .message()
+                .as_string()
+                .unwrap_or_default()
+        })?;
     let ms = js_sys::Date::now() - start;
     let layout = serde_wasm_bindgen::from_value(placed).map_err(|e| e.to_string())?;
     Ok((layout, ms))
@@ -60,14 +70,16 @@ fn boxes_selector(indexes: &[usize]) -> String {
         .join(",")
 }
 
-/// The graph view of `report`. `selected` is the node selected in any
-/// view; `reveal` shows a script line in the editor.
+/// The graph view of `report`, the entry `scope` names. `selected` is
+/// what is selected in any view (marked here when it is this entry's: its
+/// node, or the values of its slot); `reveal` shows a script line in the
+/// editor.
 pub fn graph_view(
-    selected: RwSignal<Option<usize>>,
-    report: Report,
+    selected: RwSignal<Option<(EntryScope, Selection)>>,
+    scope: EntryScope,
+    report: Arc<Report>,
     reveal: impl Fn(u32) + Copy + Send + Sync + 'static,
 ) -> impl IntoView {
-    let report = Arc::new(report);
     let mode = RwSignal::new(GraphMode::Optimized);
     let query = RwSignal::new(String::new());
     let detail = RwSignal::new(None::<usize>);
@@ -79,18 +91,55 @@ pub fn graph_view(
     let drawn = StoredValue::new_local(None::<GraphMode>);
     let svg = NodeRef::<leptos::svg::Svg>::new();
     let viewport = NodeRef::<leptos::svg::G>::new();
+    // Counts layouts asked for: a layout that comes back after a newer
+    // one was asked for is dropped.
+    let asked = StoredValue::new_local(0u64);
+    let marks_report = report.clone();
+    let refresh_marks = Rc::new(move || {
+        let Some(svg) = svg.get_untracked() else {
+            return;
+        };
+        let found = model.with_value(|m| search(m, &query.get_untracked()));
+        mark_only(&svg, "match", &boxes_selector(&found));
+        matches.set(found);
+        next_match.set(0);
+        let chosen = match selected.get_untracked() {
+            Some((at, selection)) if at == scope => selection.nodes(&marks_report),
+            _ => Vec::new(),
+        };
+        let chosen: Vec<String> = chosen
+            .iter()
+            .map(|n| format!("[data-node=\"{n}\"]"))
+            .collect();
+        mark_only(&svg, "selected", &chosen.join(","));
+    });
     {
         let report = report.clone();
+        let refresh_marks = refresh_marks.clone();
         Effect::new(move |_| {
             let mode = mode.get();
             let (Some(svg), Some(viewport)) = (svg.get(), viewport.get()) else {
                 return;
             };
-            if drawn.get_value() != Some(mode) {
-                let fresh = graph_model(&report, mode);
-                match lay_out(&fresh) {
+            if drawn.get_value() == Some(mode) {
+                return;
+            }
+            drawn.set_value(Some(mode));
+            let fresh = graph_model(&report, mode);
+            let ticket = asked.get_value() + 1;
+            asked.set_value(ticket);
+            laid_out.set(format!("laying out {} boxes…", fresh.boxes.len()));
+            let refresh_marks = refresh_marks.clone();
+            leptos::task::spawn_local(async move {
+                let placed = lay_out(&fresh).await;
+                if asked.try_get_value() != Some(ticket) {
+                    return;
+                }
+                match placed {
                     Ok((placed, ms)) => {
                         viewport.set_inner_html(&render_svg(&fresh, &placed));
+                        // What the browser tests wait for.
+                        let _ = svg.set_attribute("data-drawn", mode.name());
                         laid_out.set(format!(
                             "{} boxes laid out by dagre in {ms:.0} ms",
                             fresh.boxes.len()
@@ -104,26 +153,22 @@ pub fn graph_view(
                     }
                 }
                 model.set_value(fresh);
-                drawn.set_value(Some(mode));
                 detail.set(None);
-            }
-            let found = model.with_value(|m| search(m, &query.get()));
-            mark_only(&svg, "match", &boxes_selector(&found));
-            matches.set(found);
-            next_match.set(0);
-            let chosen = selected
-                .get()
-                .map(|n| format!("[data-node=\"{n}\"]"))
-                .unwrap_or_default();
-            mark_only(&svg, "selected", &chosen);
+                refresh_marks();
+            });
         });
     }
+    Effect::new(move |_| {
+        query.track();
+        selected.track();
+        refresh_marks();
+    });
     let on_click = move |ev: leptos::ev::MouseEvent| {
         let index = box_at(&ev);
         if let Ok(index) = usize::try_from(index) {
             detail.set(Some(index));
             if let Some(node) = model.with_value(|m| m.boxes.get(index).and_then(|b| b.node)) {
-                selected.set(Some(node));
+                selected.set(Some((scope, Selection::Node(node))));
             }
         }
     };

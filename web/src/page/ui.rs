@@ -9,10 +9,11 @@ use crate::examples::{Example, EXAMPLES};
 use crate::protocol::{Request, Response};
 use crate::report::{Comparison, FunctionReport, RunReport, Verification};
 use crate::share::{decode_fragment, encode_fragment, export_report, import_report};
-use crate::view::{miss_lines, reinplace_rows, timeline};
+use crate::view::{miss_lines, reinplace_rows, timeline, EntryScope, Selection};
 use kiln::Report;
 use leptos::prelude::*;
 use serde::Serialize;
+use std::sync::Arc;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{
@@ -55,8 +56,9 @@ struct Page {
     verification: RwSignal<Option<Verification>>,
     /// The id of the latest request: older reports are stale.
     latest: RwSignal<u64>,
-    /// The node selected in any view, highlighted in all of them.
-    selected: RwSignal<Option<usize>>,
+    /// The node or slot selected in any view of an entry, highlighted in
+    /// all of that entry's views.
+    selected: RwSignal<Option<(EntryScope, Selection)>>,
     worker: StoredValue<Option<Worker>, LocalStorage>,
     /// Whether the worker has said Ready (its handler is installed).
     ready: RwSignal<bool>,
@@ -479,7 +481,11 @@ fn function_view(page: Page, function: FunctionReport) -> impl IntoView {
             format!("call {}: {} ms ({kind})", i + 1, round(c.ms))
         })
         .collect();
-    let latest = function.cache.reports.last().map(|r| (**r).clone());
+    // The entry whose views are shown: the latest, or the one picked in
+    // the cache view.
+    let reports = function.cache.reports.clone();
+    let shown = RwSignal::new(reports.len().checked_sub(1));
+    let line = function.line;
     view! {
         <div class="function">
             <h2>{format!("compile(…) at line {}", function.line)}</h2>
@@ -493,13 +499,18 @@ fn function_view(page: Page, function: FunctionReport) -> impl IntoView {
                 )}
             </p>
             <ul class="calls">{calls.into_iter().map(|c| view! { <li>{c}</li> }).collect_view()}</ul>
-            {cache_view(&function)}
-            {latest.map(|r| entry_views(page, r))}
+            {cache_view(&function, shown)}
+            {move || {
+                let report = (**reports.get(shown.get()?)?).clone();
+                let scope = EntryScope { line, entry: report.entry };
+                Some(entry_views(page, scope, report))
+            }}
         </div>
     }
 }
 
-fn cache_view(function: &FunctionReport) -> impl IntoView {
+/// The cache view; clicking an entry shows its views (`shown`).
+fn cache_view(function: &FunctionReport, shown: RwSignal<Option<usize>>) -> impl IntoView {
     let cache = &function.cache;
     view! {
         <div class="view cache">
@@ -509,9 +520,16 @@ fn cache_view(function: &FunctionReport) -> impl IntoView {
                 {cache
                     .reports
                     .iter()
-                    .map(|r| {
+                    .enumerate()
+                    .map(|(index, r)| {
                         let kind = if r.shapeless { "shapeless" } else { "static" };
-                        view! { <li>{format!("entry {} ({kind}): {}", r.entry, r.input_tree)}</li> }
+                        view! {
+                            <li class="entry" data-entry=r.entry
+                                class:selected=move || shown.get() == Some(index)
+                                on:click=move |_| shown.set(Some(index))>
+                                {format!("entry {} ({kind}): {}", r.entry, r.input_tree)}
+                            </li>
+                        }
                     })
                     .collect_view()}
             </ol>
@@ -522,13 +540,31 @@ fn cache_view(function: &FunctionReport) -> impl IntoView {
     }
 }
 
-fn entry_views(page: Page, report: Report) -> impl IntoView {
+fn entry_views(page: Page, scope: EntryScope, report: Report) -> impl IntoView {
+    let report = Arc::new(report);
     view! {
+        <p class="shown-entry meta">
+            {format!("entry {}: its graph, reinplace decisions and memory", scope.entry)}
+        </p>
         {implicit_view(&report)}
-        {graph_view(page.selected, report.clone(), move |line| page.editor.reveal_line(line))}
-        {reinplace_view(page, &report)}
-        {memory_view(page, &report)}
+        {graph_view(page.selected, scope, report.clone(), move |line| page.editor.reveal_line(line))}
+        {reinplace_view(page, scope, &report)}
+        {memory_view(page, scope, &report)}
     }
+}
+
+/// The nodes and the slot `page`'s selection highlights in the views of
+/// `scope`'s entry: a memo, so each view's marks follow it.
+fn highlighted(
+    page: Page,
+    scope: EntryScope,
+    report: &Arc<Report>,
+) -> Memo<(Vec<usize>, Option<usize>)> {
+    let report = report.clone();
+    Memo::new(move |_| match page.selected.get() {
+        Some((at, selection)) if at == scope => (selection.nodes(&report), selection.slot(&report)),
+        _ => (Vec::new(), None),
+    })
 }
 
 /// How implicit lowering resolved each op reading an implicit array: the
@@ -551,8 +587,9 @@ fn implicit_view(report: &Report) -> Option<impl IntoView> {
     })
 }
 
-fn reinplace_view(page: Page, report: &Report) -> impl IntoView {
+fn reinplace_view(page: Page, scope: EntryScope, report: &Arc<Report>) -> impl IntoView {
     let rows = reinplace_rows(report);
+    let marked = highlighted(page, scope, report);
     view! {
         <div class="view reinplace">
             <h3>"Reinplace decisions"</h3>
@@ -565,14 +602,21 @@ fn reinplace_view(page: Page, report: &Report) -> impl IntoView {
                         let verdict = match r.reader {
                             Some(reader) => view! {
                                 <a class="reader" href="#" data-reader=reader
-                                    on:click=move |ev| { ev.prevent_default(); page.selected.set(Some(reader)); }>
+                                    on:click=move |ev| {
+                                        ev.prevent_default();
+                                        // Not the row's own selection.
+                                        ev.stop_propagation();
+                                        page.selected.set(Some((scope, Selection::Node(reader))));
+                                    }>
                                     {format!("ReadLater: {}", r.verdict)}
                                 </a>
                             }.into_any(),
                             None => view! { <span>{r.verdict.clone()}</span> }.into_any(),
                         };
                         view! {
-                            <tr class:selected=move || page.selected.get() == Some(node)>
+                            <tr data-node=node
+                                class:selected=move || marked.with(|(nodes, _)| nodes.contains(&node))
+                                on:click=move |_| page.selected.set(Some((scope, Selection::Node(node))))>
                                 <td>{format!("%{} {}", r.node, r.op)}</td>
                                 <td>{format!("%{} {}", r.operand, r.operand_op)}</td>
                                 <td>{verdict}</td>
@@ -589,8 +633,9 @@ fn reinplace_view(page: Page, report: &Report) -> impl IntoView {
 const STEP_W: usize = 28;
 const ROW_H: usize = 22;
 
-fn memory_view(page: Page, report: &Report) -> impl IntoView {
+fn memory_view(page: Page, scope: EntryScope, report: &Arc<Report>) -> impl IntoView {
     let t = timeline(report);
+    let marked = highlighted(page, scope, report);
     let width = (t.steps + 1) * STEP_W + 80;
     let height = t.rows.len() * ROW_H + 10;
     view! {
@@ -610,8 +655,13 @@ fn memory_view(page: Page, report: &Report) -> impl IntoView {
                     .enumerate()
                     .map(|(row, slot)| {
                         let y = row * ROW_H + 5;
+                        let index = slot.slot;
                         view! {
-                            <text x=0 y=y + 15 class="slot-label">{format!("slot {} ({} B)", slot.slot, slot.bytes)}</text>
+                            <text x=0 y=y + 15 class="slot-label" data-slot=index
+                                class:selected=move || marked.with(|(_, s)| *s == Some(index))
+                                on:click=move |_| page.selected.set(Some((scope, Selection::Slot(index))))>
+                                {format!("slot {} ({} B)", slot.slot, slot.bytes)}
+                            </text>
                             {slot
                                 .bars
                                 .into_iter()
@@ -623,9 +673,11 @@ fn memory_view(page: Page, report: &Report) -> impl IntoView {
                                         <rect
                                             class="bar"
                                             class:in-place=b.in_place
-                                            class:selected=move || page.selected.get() == Some(value)
+                                            class:selected=move || marked.with(|(nodes, _)| nodes.contains(&value))
+                                            data-value=value
+                                            data-slot=index
                                             x=x y=y width=w height=ROW_H - 4
-                                            on:click=move |_| page.selected.set(Some(value))
+                                            on:click=move |_| page.selected.set(Some((scope, Selection::Node(value))))
                                         >
                                             <title>{format!("%{} {} [{}, {}]", b.value, b.op, b.def, b.last)}</title>
                                         </rect>

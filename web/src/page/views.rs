@@ -1,5 +1,6 @@
 //! The page's JavaScript half (`web/js/views.js`, bundled into `views.js`
-//! as the global `kilnViews`): CodeMirror, dagre, pan and zoom.
+//! as the global `kilnViews`): CodeMirror, the layout worker (dagre), pan
+//! and zoom.
 
 use wasm_bindgen::prelude::*;
 
@@ -34,9 +35,10 @@ extern "C" {
     #[wasm_bindgen(method, js_name = revealLine)]
     pub fn reveal_line(this: &Editor, line: u32);
 
-    /// Lays a graph out with dagre (see `layoutGraph` in views.js).
-    #[wasm_bindgen(catch, js_namespace = kilnViews, js_name = layoutGraph)]
-    pub fn layout_graph(input: &JsValue) -> Result<JsValue, JsValue>;
+    /// Lays a graph out with dagre in the layout worker: a promise of the
+    /// placed graph (see `layoutGraph` in layout.js).
+    #[wasm_bindgen(js_namespace = kilnViews, js_name = layoutGraph)]
+    pub fn layout_graph(input: &JsValue) -> js_sys::Promise;
 
     /// Centres a point of the drawing in the view.
     #[wasm_bindgen(js_namespace = kilnViews, js_name = focusGraph)]

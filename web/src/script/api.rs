@@ -191,7 +191,7 @@ fn array_from_list(list: &rhai::Array, dtype: DType) -> ScriptResult<Array> {
 }
 
 fn register_arrays(engine: &mut Engine) {
-    engine.register_type_with_name::<Array>("Array");
+    engine.register_type_with_name::<Array>("ndarray");
     let f32 = DType::F32;
     engine
         .register_fn("zeros", move |ctx: NativeCallContext, s: rhai::Array| {

@@ -561,4 +561,6 @@ fn eval_error(e: &EvalAltResult) -> ScriptError {
 }
 
 #[cfg(test)]
+mod reference;
+#[cfg(test)]
 mod tests;
