@@ -120,6 +120,8 @@ await check("custom-node", async () => {
     'call 3: static/aux differs at node args[0]: before {act: "relu"}, now {act: "tanh"}',
     "miss text",
   );
+  // Each entry shows its leaves' avals.
+  expectEqual(await text('.cache li.entry[data-entry="0"] .leaves'), "args[0].0: f32[2,2], args[0].1: f32[2], args[1]: f32[2,2]", "entry leaves");
   // The latest entry's views are shown; clicking the other entry shows its.
   expectEqual(await page.locator(".cache li.entry.selected").getAttribute("data-entry"), "1", "shown entry");
   await page.locator('.cache li.entry[data-entry="0"]').click();

@@ -145,6 +145,46 @@ pub fn miss_lines(cache: &CacheInfo) -> Vec<String> {
         .collect()
 }
 
+/// A cache entry's argument leaves as the cache keys them: `args[0].w:
+/// f32[2,2]` (symbolic dims as symbols for a shapeless entry), in leaf
+/// order, then where each symbol comes from.
+pub fn entry_leaves(report: &Report) -> Vec<String> {
+    // The trace meets the inputs in the order the function reads them.
+    let mut leaves: Vec<(&str, &str)> = report
+        .traced
+        .iter()
+        .filter_map(|t| Some((t.op.strip_prefix("input ")?, t.aval.as_str())))
+        .collect();
+    leaves.sort_by_key(|(path, _)| path_order(path));
+    leaves
+        .into_iter()
+        .map(|(path, aval)| format!("{path}: {aval}"))
+        .chain(report.symbols.iter().cloned())
+        .collect()
+}
+
+/// A tree path's sort key: its text with every run of digits read as a
+/// number, so `args[2]` comes before `args[10]`.
+fn path_order(path: &str) -> Vec<(String, u64)> {
+    let mut key = Vec::new();
+    let mut text = String::new();
+    let mut chars = path.chars().peekable();
+    while let Some(c) = chars.next() {
+        if let Some(digit) = c.to_digit(10) {
+            let mut number = u64::from(digit);
+            while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
+                number = number.saturating_mul(10).saturating_add(u64::from(d));
+                chars.next();
+            }
+            key.push((std::mem::take(&mut text), number));
+        } else {
+            text.push(c);
+        }
+    }
+    key.push((text, 0));
+    key
+}
+
 /// Which compiled function's which cache entry a view shows: a selection
 /// holds in the views of that entry only (node ids of other entries name
 /// other nodes).
@@ -260,6 +300,24 @@ mod tests {
             Selection::Slot(usize::MAX).nodes(&report),
             Vec::<usize>::new()
         );
+    }
+
+    #[test]
+    fn entry_leaves_give_each_leafs_path_and_aval() {
+        let report =
+            first_report("let f = compile(|p, x| p.w * x); f.run(#{ w: ones([2, 3]) }, ones([3]))");
+        assert_eq!(
+            entry_leaves(&report),
+            vec![
+                r#"args[0]["w"]: f32[2,3]"#.to_string(),
+                "args[1]: f32[3]".to_string()
+            ]
+        );
+        let shapeless =
+            first_report("let f = compile(|x| x.exp()).shapeless(); f.run(ones([5, 3]))");
+        let leaves = entry_leaves(&shapeless);
+        assert_eq!(leaves.len(), 1 + shapeless.symbols.len(), "{leaves:?}");
+        assert!(leaves[0].starts_with("args[0]: f32[s"), "{leaves:?}");
     }
 
     #[test]

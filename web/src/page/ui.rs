@@ -9,7 +9,7 @@ use crate::examples::{Example, EXAMPLES};
 use crate::protocol::{Request, Response};
 use crate::report::{Comparison, FunctionReport, RunReport, Verification};
 use crate::share::{decode_fragment, encode_fragment, export_report, import_report};
-use crate::view::{miss_lines, reinplace_rows, timeline, EntryScope, Selection};
+use crate::view::{entry_leaves, miss_lines, reinplace_rows, timeline, EntryScope, Selection};
 use kiln::Report;
 use leptos::prelude::*;
 use serde::Serialize;
@@ -528,6 +528,7 @@ fn cache_view(function: &FunctionReport, shown: RwSignal<Option<usize>>) -> impl
                                 class:selected=move || shown.get() == Some(index)
                                 on:click=move |_| shown.set(Some(index))>
                                 {format!("entry {} ({kind}): {}", r.entry, r.input_tree)}
+                                <span class="leaves">{entry_leaves(r).join(", ")}</span>
                             </li>
                         }
                     })
