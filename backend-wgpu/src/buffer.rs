@@ -2,9 +2,8 @@
 //! pool that hands freed buffers to later calls so steady-state calls
 //! allocate nothing.
 
-use crate::plan::Check;
-use half::{bf16, f16};
-use kiln::{DType, HostData};
+use kiln::DType;
+use kiln_kernels::program::Check;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -167,12 +166,6 @@ impl Pool {
     }
 }
 
-/// Bytes of a buffer holding `len` elements of `dtype` (at least one word:
-/// wgpu binds no empty buffer).
-pub(crate) fn byte_size(dtype: DType, len: usize) -> u64 {
-    (kiln_kernels::words(dtype, len).max(1) as u64) * 4
-}
-
 /// Storage that goes back to its pool when the last handle to it drops.
 struct Held {
     buffer: wgpu::Buffer,
@@ -186,13 +179,13 @@ impl Drop for Held {
 }
 
 /// One call's status words (see [`kiln_kernels::KernelSpec::status`]),
-/// copied out of the plan as the call ran, with what each one reports. The
+/// copied out of the program's arena as the call ran, with what each one reports. The
 /// call's outputs carry them and downloading an output reads them with its
 /// data, so a call never waits for the device to learn whether its input
 /// was bad: the browser, which cannot wait, reports it too.
 pub(crate) struct StatusWords {
     held: Held,
-    /// Per word, the plan's check: the op, and what its bad input means.
+    /// Per word, the program's check: the op, and what its bad input means.
     checks: Arc<[Check]>,
 }
 
@@ -214,13 +207,12 @@ impl StatusWords {
         4 * self.checks.len() as u64
     }
 
-    /// The first bad input the read-back `words` report: a word starts at
-    /// `u32::MAX` and a kernel lowers it to the first offending position.
+    /// The first bad input the read-back `words` report.
     pub(crate) fn error(&self, words: &[u32]) -> Option<kiln::Error> {
         self.checks
             .iter()
             .zip(words)
-            .find(|(_, &position)| position != u32::MAX)
+            .find_map(|(check, &word)| Some((check, kiln_kernels::bad_input_position(word)?)))
             .map(|(check, position)| kiln::Error::Runtime {
                 op: check.op.clone(),
                 detail: format!("{} (at position {position} of the indices)", check.detail),
@@ -288,48 +280,6 @@ impl std::fmt::Debug for WgpuBuffer {
     }
 }
 
-/// The words of `data` as the kernels read them.
-pub(crate) fn to_words(data: &HostData) -> Vec<u32> {
-    fn pairs(bits: impl ExactSizeIterator<Item = u16>) -> Vec<u32> {
-        let mut words = Vec::with_capacity(bits.len().div_ceil(2));
-        let mut bits = bits.peekable();
-        while let Some(low) = bits.next() {
-            let high = bits.next().unwrap_or(0);
-            words.push(u32::from(low) | (u32::from(high) << 16));
-        }
-        words
-    }
-    match data {
-        HostData::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
-        HostData::I32(v) => v.iter().map(|&x| x as u32).collect(),
-        HostData::U32(v) => v.clone(),
-        HostData::Bool(v) => v.iter().map(|&x| u32::from(x)).collect(),
-        HostData::U8(v) => v.iter().map(|&x| u32::from(x)).collect(),
-        HostData::F16(v) => pairs(v.iter().map(|x| x.to_bits())),
-        HostData::BF16(v) => pairs(v.iter().map(|x| x.to_bits())),
-    }
-}
-
-/// `len` elements of `dtype` from the words the kernels wrote.
-pub(crate) fn from_words(dtype: DType, len: usize, words: &[u32]) -> HostData {
-    let halves = || {
-        words
-            .iter()
-            .flat_map(|&w| [w as u16, (w >> 16) as u16])
-            .take(len)
-    };
-    let words = &words[..len.min(words.len())];
-    match dtype {
-        DType::F32 => HostData::F32(words.iter().map(|&w| f32::from_bits(w)).collect()),
-        DType::I32 => HostData::I32(words.iter().map(|&w| w as i32).collect()),
-        DType::U32 => HostData::U32(words.to_vec()),
-        DType::Bool => HostData::Bool(words.iter().map(|&w| w != 0).collect()),
-        DType::U8 => HostData::U8(words.iter().map(|&w| w as u8).collect()),
-        DType::F16 => HostData::F16(halves().map(f16::from_bits).collect()),
-        DType::BF16 => HostData::BF16(halves().map(bf16::from_bits).collect()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,28 +322,5 @@ mod tests {
         assert_eq!(idle.take((16, false)), Some(2));
         assert_eq!(idle.take((16, false)), Some(1));
         assert_eq!(idle.bytes, 16);
-    }
-
-    #[test]
-    fn every_dtype_survives_the_word_layout() {
-        let cases = [
-            HostData::F32(vec![1.5, -0.0, f32::NAN, f32::INFINITY]),
-            HostData::I32(vec![i32::MIN, -1, 0, 7]),
-            HostData::U32(vec![u32::MAX, 0, 3]),
-            HostData::Bool(vec![true, false, true]),
-            HostData::U8(vec![0, 255, 17]),
-            HostData::F16(vec![
-                f16::from_f32(1.5),
-                f16::NEG_INFINITY,
-                f16::from_f32(-2.0),
-            ]),
-            HostData::BF16(vec![bf16::from_f32(3.25), bf16::from_f32(-7.0)]),
-        ];
-        for data in cases {
-            let words = to_words(&data);
-            assert_eq!(words.len(), kiln_kernels::words(data.dtype(), data.len()));
-            let back = from_words(data.dtype(), data.len(), &words);
-            assert_eq!(format!("{back:?}"), format!("{data:?}"));
-        }
     }
 }

@@ -1,15 +1,18 @@
 //! Kiln's wgpu backend: runs executables on Vulkan, Metal, DX12 and, in the
 //! browser, WebGPU.
 //!
-//! Every op value of an executable becomes one dispatch of a kernel from
-//! `kiln-kernels` (a fused elementwise group is one kernel). The first call
-//! with a set of shapes builds a plan: pipelines (cached by
-//! source across executables), parameter buffers and the buffers of every
-//! intermediate value. Later calls with those shapes record the same
-//! commands into one command encoder; buffers for arguments and outputs
-//! come from a pool that freed buffers return to, so a steady-state call
-//! creates neither pipelines nor buffers (see [`WgpuBackend::counters`]);
-//! the pool keeps at most [`MAX_IDLE_BUFFERS`] and [`MAX_IDLE_BYTES`] idle.
+//! A thin executor of the programs `kiln-kernels` lowers: the first call
+//! of an executable with a set of shapes lowers it
+//! ([`kiln_kernels::lower`]) and prepares the [`Program`]: one arena buffer
+//! (the executable's slot plan, plus constants, parameter words and status
+//! words) with its initial data, pipelines (cached by source across
+//! executables) and the bind groups of dispatches that bind only the arena.
+//! Every call records the program's steps into one command encoder; buffers
+//! for arguments and outputs come from a pool that freed buffers return to,
+//! so a steady-state call creates neither pipelines nor buffers (see
+//! [`WgpuBackend::counters`]); the pool keeps at most [`MAX_IDLE_BUFFERS`]
+//! and [`MAX_IDLE_BYTES`] idle. Which kernel serves an op is decided by the
+//! lowering, never here.
 //!
 //! ```no_run
 //! use kiln::{Array, Backend};
@@ -20,17 +23,19 @@
 
 mod buffer;
 mod device;
-mod plan;
+mod program;
 mod wait;
 
 pub use buffer::{PoolStats, WgpuBuffer, MAX_IDLE_BUFFERS, MAX_IDLE_BYTES};
 pub use device::{DeviceError, BACKEND_ENV};
 pub use kiln_kernels::{MatmulVariant, Target};
 
-use buffer::{byte_size, from_words, to_words, Pool, StatusWords};
+use buffer::{Pool, StatusWords};
 use device::{block_on, Gpu};
 use kiln::{Backend, Error, Executable, HostData, Result};
-use plan::{Command, Loc, Plan};
+use kiln_kernels::program::{Buffer, Caps, Program, Step};
+use kiln_kernels::{from_words, storage_bytes, to_words};
+use program::{binding, Pipeline, Prepared};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -43,8 +48,8 @@ pub struct Counters {
     pub pipelines: u64,
     /// Buffers of any kind (storage, parameters, readback).
     pub buffers: u64,
-    /// Plans (one per executable and shape set).
-    pub plans: u64,
+    /// Programs lowered and prepared (one per executable and shape set).
+    pub programs: u64,
     /// Compute dispatches submitted (a call submits one per kernel).
     pub dispatches: u64,
 }
@@ -55,29 +60,26 @@ pub struct WgpuBackend {
     shared: Arc<Shared>,
 }
 
-/// A compute pipeline and the layout of its one bind group.
-type Pipeline = (Arc<wgpu::ComputePipeline>, Arc<wgpu::BindGroupLayout>);
-
 /// The bind group layout and pipeline layout of kernels with a given
-/// number of bound operands.
+/// number of bindings.
 type Layouts = (Arc<wgpu::BindGroupLayout>, Arc<wgpu::PipelineLayout>);
 
-/// The plans built for one executable (known by [`Executable::id`]).
-struct ExePlans {
-    plans: Vec<Arc<Plan>>,
-    /// When a call last used one of them (a tick of `plan_clock`).
+/// The programs prepared for one executable (known by [`Executable::id`]).
+struct ExePrograms {
+    programs: Vec<Arc<Prepared>>,
+    /// When a call last used one of them (a tick of `program_clock`).
     last_used: u64,
 }
 
-/// Executables whose plans (and so buffers) are kept; beyond it the least
+/// Executables whose programs (and so arenas) are kept; beyond it the least
 /// recently used one's are released.
-const MAX_PLANNED_EXECUTABLES: usize = 64;
+const MAX_PREPARED_EXECUTABLES: usize = 64;
 
 /// Shape sets kept per executable (a shapeless one sees many); beyond it
-/// the oldest plan is released.
+/// the oldest program is released.
 const MAX_SHAPE_SETS: usize = 16;
 
-/// Bind groups over call buffers kept per plan before they are all
+/// Bind groups over call buffers kept per program before they are all
 /// released (each holds its buffers).
 const MAX_CACHED_BIND_GROUPS: usize = 256;
 
@@ -86,52 +88,44 @@ pub(crate) struct Shared {
     gpu: Gpu,
     pool: Arc<Pool>,
     pipelines: Mutex<HashMap<String, Pipeline>>,
-    layouts: Mutex<HashMap<(usize, bool), Layouts>>,
-    plans: Mutex<HashMap<u64, ExePlans>>,
+    layouts: Mutex<HashMap<usize, Layouts>>,
+    programs: Mutex<HashMap<u64, ExePrograms>>,
     pipelines_created: AtomicU64,
     other_buffers: AtomicU64,
-    plans_built: AtomicU64,
-    plan_clock: AtomicU64,
+    programs_built: AtomicU64,
+    program_clock: AtomicU64,
     dispatches: AtomicU64,
-    /// Forces one matmul kernel (benchmarks compare them).
-    matmul_variant: Option<MatmulVariant>,
-    /// What the kernels may use (native f16).
-    target: Target,
+    /// What programs are lowered within.
+    caps: Caps,
 }
 
-fn backend_err(detail: impl Into<String>) -> Error {
+pub(crate) fn backend_err(detail: impl Into<String>) -> Error {
     Error::Backend {
         backend: "wgpu".into(),
         detail: detail.into(),
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Shared {
     /// A backend's state on `gpu` with empty caches, pool and counters.
-    fn new(
-        name: String,
-        gpu: Gpu,
-        matmul_variant: Option<MatmulVariant>,
-        target: Target,
-    ) -> Shared {
+    fn new(name: String, gpu: Gpu, caps: Caps) -> Shared {
         Shared {
             name,
             gpu,
             pool: Arc::new(Pool::default()),
             pipelines: Mutex::default(),
             layouts: Mutex::default(),
-            plans: Mutex::default(),
+            programs: Mutex::default(),
             pipelines_created: AtomicU64::new(0),
             other_buffers: AtomicU64::new(0),
-            plans_built: AtomicU64::new(0),
-            plan_clock: AtomicU64::new(0),
+            programs_built: AtomicU64::new(0),
+            program_clock: AtomicU64::new(0),
             dispatches: AtomicU64::new(0),
-            matmul_variant,
-            target,
+            caps,
         }
     }
 
@@ -151,11 +145,11 @@ impl Shared {
         Ok(())
     }
 
-    /// A plan-owned storage buffer (counted).
+    /// A program's arena (counted).
     fn new_buffer(&self, bytes: u64) -> wgpu::Buffer {
         self.other_buffers.fetch_add(1, Ordering::Relaxed);
         self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kiln plan"),
+            label: Some("kiln arena"),
             size: bytes,
             usage: wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::COPY_SRC
@@ -164,20 +158,18 @@ impl Shared {
         })
     }
 
-    /// The bind group layout of kernels with `operands` operands:
-    /// parameters, output, the operands, then (with `status`) a status word.
-    fn layout(&self, operands: usize, status: bool) -> Layouts {
+    /// The bind group layout of kernels with `count` bindings: all
+    /// writable storage (see `kiln_kernels::abi`), so one dispatch may
+    /// bind several ranges of the arena.
+    fn layout(&self, count: usize) -> Layouts {
         let mut layouts = lock(&self.layouts);
-        let entry = layouts.entry((operands, status)).or_insert_with(|| {
-            let count = operands + 2 + usize::from(status);
+        let entry = layouts.entry(count).or_insert_with(|| {
             let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..count)
                 .map(|binding| wgpu::BindGroupLayoutEntry {
                     binding: binding as u32,
                     visibility: wgpu::ShaderStages::COMPUTE,
                     ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Storage {
-                            read_only: binding != 1 && binding != operands + 2,
-                        },
+                        ty: wgpu::BufferBindingType::Storage { read_only: false },
                         has_dynamic_offset: false,
                         min_binding_size: None,
                     },
@@ -210,8 +202,7 @@ impl Shared {
         op: &str,
         source: &str,
         entry_point: &str,
-        operands: usize,
-        status: bool,
+        bindings: usize,
     ) -> Result<Pipeline> {
         // Keyed by entry point and source, never by name: two user kernels
         // with one name and different sources are different pipelines.
@@ -229,7 +220,7 @@ impl Shared {
                 .to_string(),
             )
         })?;
-        let (group, layout) = self.layout(operands, status);
+        let (group, layout) = self.layout(bindings);
         let device = &self.gpu.device;
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -258,15 +249,14 @@ impl Shared {
     fn bind_group(
         &self,
         layout: &wgpu::BindGroupLayout,
-        params: &wgpu::Buffer,
-        buffers: &[&wgpu::Buffer],
+        bindings: Vec<wgpu::BufferBinding<'_>>,
     ) -> wgpu::BindGroup {
-        let entries: Vec<wgpu::BindGroupEntry> = std::iter::once(params)
-            .chain(buffers.iter().copied())
+        let entries: Vec<wgpu::BindGroupEntry> = bindings
+            .into_iter()
             .enumerate()
             .map(|(binding, buffer)| wgpu::BindGroupEntry {
                 binding: binding as u32,
-                resource: buffer.as_entire_binding(),
+                resource: wgpu::BindingResource::Buffer(buffer),
             })
             .collect();
         self.gpu
@@ -299,43 +289,65 @@ impl Shared {
         }
     }
 
-    /// The plan of `exe` for `shapes`, built on first use.
-    fn plan(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Result<Arc<Plan>> {
+    /// The prepared program of `exe` for `shapes`, lowered on first use.
+    fn prepared(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Result<Arc<Prepared>> {
         let key = exe.id();
-        let tick = self.plan_clock.fetch_add(1, Ordering::Relaxed);
+        let tick = self.program_clock.fetch_add(1, Ordering::Relaxed);
         {
-            let mut plans = lock(&self.plans);
-            if let Some(entry) = plans.get_mut(&key) {
-                if let Some(plan) = entry.plans.iter().find(|p| p.shapes == shapes) {
+            let mut programs = lock(&self.programs);
+            if let Some(entry) = programs.get_mut(&key) {
+                if let Some(found) = entry.programs.iter().find(|p| p.program.shapes == shapes) {
                     entry.last_used = tick;
-                    return Ok(plan.clone());
+                    return Ok(found.clone());
                 }
             }
         }
-        let plan = Arc::new(plan::build(self, exe, shapes)?);
-        self.plans_built.fetch_add(1, Ordering::Relaxed);
-        let mut plans = lock(&self.plans);
-        if !plans.contains_key(&key) && plans.len() >= MAX_PLANNED_EXECUTABLES {
+        let program = kiln_kernels::lower(exe, shapes, &self.caps)?;
+        let prepared = Arc::new(Prepared::new(self, program)?);
+        self.programs_built.fetch_add(1, Ordering::Relaxed);
+        let mut programs = lock(&self.programs);
+        if !programs.contains_key(&key) && programs.len() >= MAX_PREPARED_EXECUTABLES {
             // An executable that was dropped is never seen again: forget
             // the least recently used.
-            if let Some(oldest) = plans
+            if let Some(oldest) = programs
                 .iter()
                 .min_by_key(|(_, e)| e.last_used)
                 .map(|(k, _)| *k)
             {
-                plans.remove(&oldest);
+                programs.remove(&oldest);
             }
         }
-        let entry = plans.entry(key).or_insert_with(|| ExePlans {
-            plans: Vec::new(),
+        let entry = programs.entry(key).or_insert_with(|| ExePrograms {
+            programs: Vec::new(),
             last_used: tick,
         });
-        if entry.plans.len() >= MAX_SHAPE_SETS {
-            entry.plans.remove(0);
+        if entry.programs.len() >= MAX_SHAPE_SETS {
+            entry.programs.remove(0);
         }
         entry.last_used = tick;
-        entry.plans.push(plan.clone());
-        Ok(plan)
+        entry.programs.push(prepared.clone());
+        Ok(prepared)
+    }
+}
+
+/// What a program may use on `gpu`: its limits and features.
+fn caps(gpu: &Gpu, native_f16: bool, forced_matmul: Option<MatmulVariant>) -> Caps {
+    let limits = &gpu.limits;
+    Caps {
+        backend: "wgpu".into(),
+        max_storage_buffers_per_stage: limits.max_storage_buffers_per_shader_stage,
+        max_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
+        max_workgroup_size: [
+            limits.max_compute_workgroup_size_x,
+            limits.max_compute_workgroup_size_y,
+            limits.max_compute_workgroup_size_z,
+        ],
+        max_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
+        max_binding_bytes: limits.max_storage_buffer_binding_size,
+        max_buffer_bytes: limits.max_buffer_size,
+        binding_offset_alignment: limits.min_storage_buffer_offset_alignment,
+        native_f16,
+        forced_matmul,
     }
 }
 
@@ -350,12 +362,11 @@ impl WgpuBackend {
     /// Opens the default adapter (see [`BACKEND_ENV`]).
     pub async fn new_async() -> Result<WgpuBackend, DeviceError> {
         let gpu = device::open().await?;
-        let target = Target {
-            native_f16: gpu.device.features().contains(wgpu::Features::SHADER_F16),
-        };
+        let native_f16 = gpu.device.features().contains(wgpu::Features::SHADER_F16);
         let name = format!("wgpu:{}", gpu.info.name);
+        let caps = caps(&gpu, native_f16, None);
         Ok(WgpuBackend {
-            shared: Arc::new(Shared::new(name, gpu, None, target)),
+            shared: Arc::new(Shared::new(name, gpu, caps)),
         })
     }
 
@@ -364,8 +375,8 @@ impl WgpuBackend {
     pub fn with_matmul_variant(&self, variant: MatmulVariant) -> WgpuBackend {
         self.derived(
             format!("+matmul={variant:?}"),
+            self.shared.caps.native_f16,
             Some(variant),
-            self.shared.target,
         )
     }
 
@@ -375,21 +386,22 @@ impl WgpuBackend {
     pub fn with_packed_f16(&self) -> WgpuBackend {
         self.derived(
             "+packed-f16".to_string(),
-            self.shared.matmul_variant,
-            Target { native_f16: false },
+            false,
+            self.shared.caps.forced_matmul,
         )
     }
 
     fn derived(
         &self,
         suffix: String,
-        matmul_variant: Option<MatmulVariant>,
-        target: Target,
+        native_f16: bool,
+        forced_matmul: Option<MatmulVariant>,
     ) -> WgpuBackend {
         let s = &self.shared;
         let name = format!("{}{suffix}", s.name);
+        let caps = caps(&s.gpu, native_f16, forced_matmul);
         WgpuBackend {
-            shared: Arc::new(Shared::new(name, s.gpu.clone(), matmul_variant, target)),
+            shared: Arc::new(Shared::new(name, s.gpu.clone(), caps)),
         }
     }
 
@@ -407,7 +419,23 @@ impl WgpuBackend {
     /// True when the kernels read and write f16 natively (the adapter has
     /// SHADER_F16 and [`Self::with_packed_f16`] was not asked for).
     pub fn has_shader_f16(&self) -> bool {
-        self.shared.target.native_f16
+        self.shared.caps.native_f16
+    }
+
+    /// What programs are lowered within on this device.
+    pub fn caps(&self) -> &Caps {
+        &self.shared.caps
+    }
+
+    /// Bytes of the device buffers the prepared programs hold between
+    /// calls (their arenas: [`Program::arena_bytes`]); arguments, outputs
+    /// and the idle pool are not counted.
+    pub fn program_bytes(&self) -> u64 {
+        lock(&self.shared.programs)
+            .values()
+            .flat_map(|entry| &entry.programs)
+            .map(|prepared| prepared.arena.size())
+            .sum()
     }
 
     /// Destroys the device now, for this backend and every one derived
@@ -429,7 +457,7 @@ impl WgpuBackend {
         Counters {
             pipelines: s.pipelines_created.load(Ordering::Relaxed),
             buffers: s.pool.created() + s.other_buffers.load(Ordering::Relaxed),
-            plans: s.plans_built.load(Ordering::Relaxed),
+            programs: s.programs_built.load(Ordering::Relaxed),
             dispatches: s.dispatches.load(Ordering::Relaxed),
         }
     }
@@ -462,7 +490,7 @@ impl WgpuBackend {
     pub async fn download_async(&self, buffer: WgpuBuffer) -> Result<Arc<HostData>> {
         let s = &self.shared;
         s.check_alive()?;
-        let bytes = byte_size(buffer.dtype, buffer.len);
+        let bytes = storage_bytes(buffer.dtype, buffer.len);
         let status_bytes = buffer.status.as_ref().map_or(0, |status| status.bytes());
         let staging = s.pool.take(&s.gpu.device, bytes + status_bytes, true);
         let mut encoder = s
@@ -489,11 +517,11 @@ impl WgpuBackend {
         Ok(Arc::new(data))
     }
 
-    /// The arguments with each one the plan writes in place replaced by a
-    /// private copy where another handle still shares it.
-    fn own_written_inputs(&self, plan: &Plan, mut inputs: Vec<WgpuBuffer>) -> Vec<WgpuBuffer> {
+    /// The arguments with each one the program writes in place replaced by
+    /// a private copy where another handle still shares it.
+    fn own_written_inputs(&self, program: &Program, mut inputs: Vec<WgpuBuffer>) -> Vec<WgpuBuffer> {
         let s = &self.shared;
-        let shared: Vec<usize> = plan
+        let shared: Vec<usize> = program
             .written_inputs
             .iter()
             .copied()
@@ -510,7 +538,7 @@ impl WgpuBackend {
             });
         for i in shared {
             let original = &inputs[i];
-            let bytes = byte_size(original.dtype, original.len);
+            let bytes = storage_bytes(original.dtype, original.len);
             let copy = s.pool.take(&s.gpu.device, bytes, false);
             encoder.copy_buffer_to_buffer(original.raw(), 0, &copy, 0, bytes);
             inputs[i] = WgpuBuffer::new(copy, s.pool.clone(), original.dtype, original.len);
@@ -519,30 +547,32 @@ impl WgpuBackend {
         inputs
     }
 
-    fn execute(&self, plan: &Plan, inputs: &[WgpuBuffer]) -> Result<Vec<WgpuBuffer>> {
+    /// Records `prepared`'s steps over `inputs` and fresh output buffers
+    /// into one encoder and submits it.
+    fn execute(&self, prepared: &Prepared, inputs: &[WgpuBuffer]) -> Result<Vec<WgpuBuffer>> {
         let s = &self.shared;
         let device = &s.gpu.device;
-        let outputs: Vec<WgpuBuffer> = plan
+        let program = &prepared.program;
+        let outputs: Vec<WgpuBuffer> = program
             .outputs
             .iter()
-            .map(|&(dtype, len)| {
-                let buffer = s.pool.take(device, byte_size(dtype, len), false);
-                WgpuBuffer::new(buffer, s.pool.clone(), dtype, len)
+            .map(|output| {
+                let buffer = s.pool.take(device, output.bytes, false);
+                WgpuBuffer::new(buffer, s.pool.clone(), output.dtype, output.len)
             })
             .collect();
-        let resolve = |loc: Loc| -> Result<&wgpu::Buffer> {
-            let found = match loc {
-                Loc::Input(i) => inputs.get(i).map(WgpuBuffer::raw),
-                Loc::Temp(t) => plan.temps.get(t),
-                Loc::Output(o) => outputs.get(o).map(WgpuBuffer::raw),
+        let resolve = |buffer: Buffer| -> Result<&wgpu::Buffer> {
+            let found = match buffer {
+                Buffer::Arena => Some(&prepared.arena),
+                Buffer::Input(i) => inputs.get(i).map(WgpuBuffer::raw),
+                Buffer::Output(o) => outputs.get(o).map(WgpuBuffer::raw),
             };
-            found.ok_or_else(|| backend_err(format!("the plan reads {loc:?}, which was not given")))
+            found.ok_or_else(|| {
+                backend_err(format!("the program reads {buffer:?}, which was not given"))
+            })
         };
-        // Bind groups naming this call's arguments and outputs: the pool
-        // tends to hand out the same buffers call after call, so the groups
-        // are kept by command and buffers.
-        let mut per_call: Vec<Option<wgpu::BindGroup>> = Vec::with_capacity(plan.commands.len());
-        let mut cached = lock(&plan.bind_groups);
+        let mut per_call: Vec<Option<wgpu::BindGroup>> = Vec::with_capacity(program.steps.len());
+        let mut cached = program::call_groups(prepared);
         // A group holds its buffers: once the pool has released any, drop
         // the groups so none keeps a released buffer's memory (a program
         // whose working set overflows the pool remakes its groups per call).
@@ -551,51 +581,22 @@ impl WgpuBackend {
             cached.groups.clear();
             cached.pool_evictions = evictions;
         }
-        for (c, command) in plan.commands.iter().enumerate() {
-            per_call.push(match command {
-                Command::Dispatch {
-                    layout,
-                    params,
-                    bindings,
-                    bind_group: None,
-                    ..
-                } => {
-                    let buffers = bindings
-                        .iter()
-                        .map(|&l| resolve(l).cloned())
-                        .collect::<Result<Vec<_>>>()?;
-                    let group = match cached.groups.get(&(c, buffers.clone())) {
-                        Some(group) => group.clone(),
-                        None => {
-                            let refs: Vec<&wgpu::Buffer> = buffers.iter().collect();
-                            let group = s.bind_group(layout, params, &refs);
-                            cached.groups.insert((c, buffers), group.clone());
-                            group
-                        }
-                    };
-                    Some(group)
-                }
+        for (c, step) in program.steps.iter().enumerate() {
+            per_call.push(match step {
+                Step::Dispatch(dispatch) if prepared.fixed_groups[c].is_none() => Some(
+                    prepared.call_group(s, &mut cached, c, &dispatch.bindings, &resolve)?,
+                ),
                 _ => None,
             });
         }
         drop(cached);
-        for check in plan.checks.iter() {
-            if let Some(word) = plan.temps.get(check.temp) {
-                s.gpu.queue.write_buffer(word, 0, &u32::MAX.to_le_bytes());
-            }
-        }
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("kiln call"),
         });
         let mut pass: Option<wgpu::ComputePass<'static>> = None;
-        for (command, group) in plan.commands.iter().zip(&per_call) {
-            match command {
-                Command::Dispatch {
-                    pipeline,
-                    workgroups,
-                    bind_group,
-                    ..
-                } => {
+        for (c, step) in program.steps.iter().enumerate() {
+            match step {
+                Step::Dispatch(dispatch) => {
                     let pass = pass.get_or_insert_with(|| {
                         encoder
                             .begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -604,29 +605,44 @@ impl WgpuBackend {
                             })
                             .forget_lifetime()
                     });
-                    let Some(group) = bind_group.as_ref().or(group.as_ref()) else {
-                        return Err(backend_err("a dispatch has no bind group"));
+                    let group = prepared.fixed_groups[c].as_ref().or(per_call[c].as_ref());
+                    let (Some((pipeline, _)), Some(group)) = (&prepared.pipelines[c], group) else {
+                        return Err(backend_err("a dispatch has no pipeline or bind group"));
                     };
                     pass.set_pipeline(pipeline);
                     pass.set_bind_group(0, group, &[]);
-                    pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+                    let [x, y, z] = dispatch.grid;
+                    pass.dispatch_workgroups(x, y, z);
                     s.dispatches.fetch_add(1, Ordering::Relaxed);
                 }
-                Command::Copy { from, to, bytes } => {
+                Step::Copy { from, to } => {
                     drop(pass.take());
-                    encoder.copy_buffer_to_buffer(resolve(*from)?, 0, resolve(*to)?, 0, *bytes);
+                    let (source, target) = (resolve(from.buffer)?, resolve(to.buffer)?);
+                    binding(source, from)?;
+                    binding(target, to)?;
+                    encoder.copy_buffer_to_buffer(source, from.offset, target, to.offset, from.bytes);
+                }
+                Step::Clear(range) => {
+                    drop(pass.take());
+                    let buffer = resolve(range.buffer)?;
+                    binding(buffer, range)?;
+                    encoder.clear_buffer(buffer, range.offset, Some(range.bytes));
                 }
             }
         }
         drop(pass);
-        let status = (!plan.checks.is_empty()).then(|| {
-            let words = s.pool.take(device, 4 * plan.checks.len() as u64, false);
-            for (k, check) in plan.checks.iter().enumerate() {
-                if let Some(word) = plan.temps.get(check.temp) {
-                    encoder.copy_buffer_to_buffer(word, 0, &words, 4 * k as u64, 4);
-                }
+        let status = (!prepared.checks.is_empty()).then(|| {
+            let words = s.pool.take(device, 4 * prepared.checks.len() as u64, false);
+            for (k, check) in prepared.checks.iter().enumerate() {
+                encoder.copy_buffer_to_buffer(
+                    &prepared.arena,
+                    check.word.offset,
+                    &words,
+                    4 * k as u64,
+                    4,
+                );
             }
-            Arc::new(StatusWords::new(words, s.pool.clone(), plan.checks.clone()))
+            Arc::new(StatusWords::new(words, s.pool.clone(), prepared.checks.clone()))
         });
         s.gpu.queue.submit([encoder.finish()]);
         Ok(outputs
@@ -672,7 +688,7 @@ impl Backend for WgpuBackend {
     fn upload(&self, data: &Arc<HostData>) -> Result<WgpuBuffer> {
         let s = &self.shared;
         s.check_alive()?;
-        let bytes = byte_size(data.dtype(), data.len());
+        let bytes = storage_bytes(data.dtype(), data.len());
         s.check_size("upload", bytes)?;
         let buffer = s.pool.take(&s.gpu.device, bytes, false);
         let words = to_words(data);
@@ -722,15 +738,15 @@ impl Backend for WgpuBackend {
         let device = &s.gpu.device;
         let memory = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let result = s.plan(exe, shapes).and_then(|plan| {
-            let inputs = self.own_written_inputs(&plan, inputs);
-            self.execute(&plan, &inputs)
+        let result = s.prepared(exe, shapes).and_then(|prepared| {
+            let inputs = self.own_written_inputs(&prepared.program, inputs);
+            self.execute(&prepared, &inputs)
         });
         let invalid = block_on(validation.pop()).flatten();
         let out_of_memory = block_on(memory.pop()).flatten();
         if let Some(error) = out_of_memory.or(invalid) {
-            // A failed plan may hold broken objects: forget this executable's plans.
-            lock(&s.plans).remove(&exe.id());
+            // A failed program may hold broken objects: forget this executable's programs.
+            lock(&s.programs).remove(&exe.id());
             return Err(backend_err(format!("device error: {error}")));
         }
         s.check_alive()?;

@@ -6,7 +6,8 @@
 //! with an elementwise cast, so no two invocations share an output word.
 
 use crate::element::{buffer_type, load_fn, value_type};
-use crate::source::{bindings, param, prelude};
+use crate::abi::bindings;
+use crate::source::{param, prelude};
 use crate::{row_major_strides, KernelError, KernelSpec, Target, View};
 use kiln::{DType, ReduceOp};
 use std::fmt::Write;

@@ -25,10 +25,12 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod abi;
 mod element;
 mod family;
 mod layout;
 mod pad;
+pub mod program;
 mod quant;
 mod scatter;
 mod source;
@@ -39,7 +41,9 @@ pub use layout::{check_indices, concat, copy, take};
 pub use pad::pad_slice;
 pub use quant::{dequantize, quantize, quantized_matmul, QmmBatch, QmmShape};
 pub use scatter::scatter_add;
-pub use source::{elementwise, words};
+pub use abi::{bad_input_position, from_words, storage_bytes, to_words, words};
+pub use program::{lower, Caps, Program};
+pub use source::elementwise;
 pub use user::user_kernel;
 
 /// What the device offers the kernels beyond core WebGPU.
@@ -104,10 +108,9 @@ pub struct KernelSpec {
     /// The operands bound at bindings 2.., in order: operands read through
     /// the output binding or inlined into the parameters take none.
     pub bound: Vec<usize>,
-    /// The kernel reports bad input in a status word bound read-write after
-    /// the operands: it starts at `u32::MAX` and the kernel lowers it to the
-    /// first offending position (out-of-range indices of `take` and
-    /// `scatter_add`).
+    /// The kernel reports bad input in a status word bound after the
+    /// operands (out-of-range indices of `take`, `scatter_add` and
+    /// `gather_qmm`; the encoding is in [`abi`]).
     pub status: bool,
     /// For a user kernel: its entry point and exact grid, dispatched as
     /// given; built-in kernels (entry point `main`) index their flat
@@ -218,6 +221,21 @@ impl View {
 /// stepped along).
 fn nonunit_equal(a: &[usize], b: &[usize], shape: &[usize]) -> bool {
     a.len() == b.len() && (0..a.len()).all(|d| shape[d] == 1 || a[d] == b[d])
+}
+
+/// The NumPy broadcast of concrete `shapes` (already checked compatible by
+/// the ops' shape rules: a size other than 1 wins).
+pub fn broadcast_shape(shapes: &[&[usize]]) -> Vec<usize> {
+    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
+    (0..rank)
+        .map(|d| {
+            shapes
+                .iter()
+                .filter_map(|s| s.len().checked_sub(rank - d).map(|i| s[i]))
+                .find(|&n| n != 1)
+                .unwrap_or(1)
+        })
+        .collect()
 }
 
 /// Row-major element strides of a contiguous array of `shape`.

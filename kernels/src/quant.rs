@@ -4,7 +4,8 @@
 //! afterwards for f16 and bf16, see [`crate::stores_f32`]).
 
 use crate::element::{buffer_type, load_fn};
-use crate::source::{bindings, param, prelude};
+use crate::abi::{bindings, status_binding};
+use crate::source::{param, prelude};
 use crate::{checked, KernelError, KernelSpec, Target, View};
 use kiln::{DType, QuantFormat, QuantPart};
 use std::fmt::Write;
@@ -307,11 +308,7 @@ pub fn quantized_matmul(
     }
     let mut source = header(&bound, target);
     if gather {
-        let _ = writeln!(
-            source,
-            "@group(0) @binding({}) var<storage, read_write> status: array<atomic<u32>>;",
-            bound.len() + 2
-        );
+        source.push_str(&status_binding(bound.len() + 2));
     }
     source.push_str(&format_part(format, dtype));
     source.push_str(CODE_AT);
@@ -393,7 +390,7 @@ pub fn quantized_matmul(
                  at += c * vec2<u32>(params[8u + rank + d], params[8u + 2u * rank + d]);\n    }\n    \
                  let mats = vec2<u32>(lhs_index(at.x), rhs_index(at.y));\n    \
                  if (mats.x >= params[6] || mats.y >= params[7]) {\n        \
-                 atomicMin(&status[0], b);\n    }\n    \
+                 report_bad_input(b);\n    }\n    \
                  return min(mats, vec2<u32>(params[6], params[7]) - vec2<u32>(1u));\n}\n",
             );
             batch.iter().product::<usize>()

@@ -1,6 +1,7 @@
 //! Assembly of index-to-element kernels (each output element a function of
 //! its index) and the elementwise/fused-group generator built on it.
 
+use crate::abi::{bindings, status_binding};
 use crate::element::{self, buffer_type, is_packed, lane_type};
 use crate::{KernelError, KernelSpec, Target, View};
 use kiln::ops::{FusedArg, FusedStep};
@@ -39,40 +40,6 @@ const WORKGROUP: u64 = 256;
 
 /// Elements per invocation of a vectorized elementwise kernel.
 const VECTOR: usize = 4;
-
-/// 32-bit words a buffer of `len` elements of `dtype` occupies: f16 and
-/// bf16 pack two per word, every other dtype takes one word per element.
-///
-/// ```
-/// assert_eq!(kiln_kernels::words(kiln::DType::BF16, 5), 3);
-/// assert_eq!(kiln_kernels::words(kiln::DType::U8, 5), 5);
-/// ```
-pub fn words(dtype: DType, len: usize) -> usize {
-    if matches!(dtype, DType::F16 | DType::BF16) {
-        len.div_ceil(2)
-    } else {
-        len
-    }
-}
-
-/// The binding declarations of parameters, an output array of `out`
-/// elements and the operands in `bound` as (operand, element type)
-/// (operand `k` is named `in_k`; bindings are numbered 2.. in the order of
-/// `bound`).
-pub(crate) fn bindings(bound: &[(usize, &str)], out: &str) -> String {
-    let mut s = format!(
-        "@group(0) @binding(0) var<storage, read> params: array<u32>;\n\
-         @group(0) @binding(1) var<storage, read_write> out: array<{out}>;\n"
-    );
-    for (b, (k, element)) in bound.iter().enumerate() {
-        let _ = writeln!(
-            s,
-            "@group(0) @binding({}) var<storage, read> in_{k}: array<{element}>;",
-            b + 2
-        );
-    }
-    s
-}
 
 /// Element count as a 32-bit kernel parameter.
 pub(crate) fn param(op: &str, n: usize) -> Result<u32, KernelError> {
@@ -143,11 +110,7 @@ impl ElementKernel<'_> {
         let mut source = prelude_lanes(self.target, lanes);
         source.push_str(&bindings(&elements, out_element));
         if self.status {
-            let _ = writeln!(
-                source,
-                "@group(0) @binding({}) var<storage, read_write> status: array<atomic<u32>>;",
-                bound.len() + 2
-            );
+            source.push_str(&status_binding(bound.len() + 2));
         }
         let _ = writeln!(source, "alias T = {};", lane_type(self.out_dtype, lanes));
         let shape_at = params.len();
@@ -277,7 +240,7 @@ impl ElementKernel<'_> {
 }
 
 /// The dtype each step of a fused program produces.
-fn step_dtypes(op: &str, steps: &[FusedStep], inputs: &[View]) -> Result<Vec<DType>, KernelError> {
+pub(crate) fn step_dtypes(op: &str, steps: &[FusedStep], inputs: &[View]) -> Result<Vec<DType>, KernelError> {
     let mut dtypes: Vec<DType> = Vec::with_capacity(steps.len());
     for step in steps {
         let arg = |n: usize| match step.args.get(n) {

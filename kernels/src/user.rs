@@ -40,7 +40,7 @@ pub fn user_kernel(
         .filter(|&k| Some(k) != kernel.in_place())
         .collect();
     Ok(KernelSpec {
-        source: wgsl.instantiate(&call.templates),
+        source: crate::abi::writable_bindings(&wgsl.instantiate(&call.templates)),
         params,
         workgroups: grid.iter().map(|&g| u64::from(g)).product(),
         bound,

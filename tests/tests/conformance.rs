@@ -18,6 +18,7 @@
 
 use half::{bf16, f16};
 use kiln::{compile, concat, Array, Backend, CpuBackend, DType, HostData, SliceAxis};
+use kiln_kernels::program::{Buffer, Caps, Program as Lowered, Step};
 use kiln_tests::conformance::{check_case, compare, Program, Rule};
 
 /// One case: a name, a program, its inputs, how the backend's outputs
@@ -1130,6 +1131,99 @@ fn run_suite<B: Backend + Clone>(backend: &B) -> Result<usize, String> {
             failures.join("\n")
         ))
     }
+}
+
+/// The device limits a lowering test uses: WebGPU's guaranteed ones, with
+/// or without native f16.
+fn lowering_caps() -> [Caps; 2] {
+    let portable = Caps::default();
+    let with_f16 = Caps {
+        native_f16: true,
+        ..Caps::default()
+    };
+    [portable, with_f16]
+}
+
+/// The program of `case` (fused or not) for `caps`, lowered without a device.
+fn lower_case(case: &Case, fusion: bool, caps: &Caps) -> Result<(Lowered, Vec<u64>), String> {
+    let program = case.program;
+    let compiled = compile(move |xs: Vec<Array>| program(&xs)).fusion(fusion);
+    let exe = compiled
+        .executable(&case.inputs)
+        .map_err(|e| format!("compile: {e}"))?;
+    let shapes = kiln_tests::value_shapes(&exe, &case.inputs);
+    let lowered = kiln_kernels::lower(&exe, &shapes, caps).map_err(|e| format!("lower: {e}"))?;
+    let input_bytes = case
+        .inputs
+        .iter()
+        .map(|x| kiln_kernels::storage_bytes(x.dtype(), x.shape().numel().as_known().unwrap_or(0)))
+        .collect();
+    Ok((lowered, input_bytes))
+}
+
+#[test]
+fn every_conformance_case_lowers_without_a_device_to_a_program_that_passes_the_checks() {
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for case in all_cases() {
+        for fusion in [true, false] {
+            for caps in lowering_caps() {
+                let outcome = lower_case(&case, fusion, &caps).and_then(|(program, inputs)| {
+                    program.check(&caps, &inputs)
+                });
+                checked += 1;
+                if let Err(e) = outcome {
+                    failures.push(format!(
+                        "{} (fusion {fusion}, f16 {}): {e}",
+                        case.name, caps.native_f16
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {checked}:\n{}", failures.len(), failures.join("\n"));
+    assert!(checked >= 1400, "only {checked} lowerings");
+}
+
+#[test]
+fn the_program_check_rejects_an_output_overlapping_an_operand_and_an_unwritten_output() {
+    let case = case(
+        "exp of a sum",
+        |x| vec![(x[0].exp() + &x[0]).sum_all()],
+        vec![values(DType::F32, &[64], 1)],
+    );
+    let caps = Caps::default();
+    let (program, inputs) = lower_case(&case, false, &caps).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(program.check(&caps, &inputs), Ok(()));
+
+    let mut overlapping = program.clone();
+    let dispatch = overlapping
+        .steps
+        .iter_mut()
+        .find_map(|step| match step {
+            Step::Dispatch(d) if d.bindings.len() > 2 => Some(d),
+            _ => None,
+        })
+        .expect("a dispatch with an operand");
+    let output = dispatch.bindings[1];
+    dispatch.bindings[2] = kiln_kernels::program::Range {
+        offset: output.offset,
+        bytes: output.bytes + 4,
+        ..output
+    };
+    let error = overlapping.check(&caps, &inputs).unwrap_err();
+    assert!(error.contains("overlaps the output"), "{error}");
+
+    let mut unwritten = program.clone();
+    unwritten.steps.retain(|step| match step {
+        Step::Dispatch(d) => !matches!(d.bindings[1].buffer, Buffer::Output(_)),
+        Step::Copy { to, .. } => !matches!(to.buffer, Buffer::Output(_)),
+        Step::Clear(_) => true,
+    });
+    assert_eq!(
+        unwritten.check(&caps, &inputs),
+        Err("output 0 is never written".to_string())
+    );
 }
 
 #[test]

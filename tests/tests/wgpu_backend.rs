@@ -158,7 +158,7 @@ fn a_second_call_creates_no_pipeline_and_no_buffer() {
         "new pipelines"
     );
     assert_eq!(after_second.buffers, after_first.buffers, "new buffers");
-    assert_eq!(after_second.plans, after_first.plans, "a new plan");
+    assert_eq!(after_second.programs, after_first.programs, "a new program");
     assert_eq!(
         first.0.to_vec::<f32>().expect("f32"),
         second.0.to_vec::<f32>().expect("f32")
@@ -303,10 +303,10 @@ fn plans_of_executables_not_used_for_long_are_released() {
     let x = Array::from_vec(vec![1.0f32, 2.0], &[2]).expect("2 values");
     let first = compile(|x: Array| x * 2.0).with_backend(gpu.clone());
     first.call(&x).expect("first call");
-    let planned = gpu.counters().plans;
+    let planned = gpu.counters().programs;
     first.call(&x).expect("cached call");
     assert_eq!(
-        gpu.counters().plans,
+        gpu.counters().programs,
         planned,
         "a cached call reuses its plan"
     );
@@ -320,7 +320,7 @@ fn plans_of_executables_not_used_for_long_are_released() {
         .collect();
     first.call(&x).expect("call after many others");
     assert_eq!(
-        gpu.counters().plans,
+        gpu.counters().programs,
         planned + 71,
         "the first executable's plan was released and rebuilt"
     );

@@ -1,9 +1,9 @@
 // `take` along one axis, as the element function of an index-to-element
 // kernel: the input is viewed as [outer, n, inner] and the indices as a
 // flat list; negative i32 indices count from the end. An index still out
-// of range lowers the status word to its position and is read clamped. The
+// of range is reported through the status word and is read clamped. The
 // generated part above defines `load_0(i)` (the data), `load_index(j)` (as
-// i32) and the `status` binding.
+// i32) and `report_bad_input`.
 //
 // params: [count, inner, index count, n]
 
@@ -19,7 +19,7 @@ fn element(i: u32) -> T {
         p += i32(n);
     }
     if (p < 0 || p >= i32(n)) {
-        atomicMin(&status[0], j);
+        report_bad_input(j);
     }
     let position = u32(clamp(p, 0, i32(n) - 1));
     return load_0((o * n + position) * inner + r);

@@ -5,10 +5,10 @@
 // owns one output element and adds, in index order, every update row whose
 // index names its row: no two invocations write one element, and the sum
 // is the reference's, in the reference's order. Negative i32 indices count
-// from the end; an index still out of range lowers the status word to its
-// position and adds nowhere. The generated part above defines `load_0(i)`
+// from the end; an index still out of range is reported
+// (`report_bad_input`) and adds nowhere. The generated part above defines `load_0(i)`
 // (the updates), `load_index(j)` (as i32), `round_sum(v)` (rounding a sum
-// to the output dtype) and the `status` binding.
+// to the output dtype) and `report_bad_input`.
 //
 // params: [count, inner, index count, n]
 
@@ -26,7 +26,7 @@ fn element(i: u32) -> T {
             p += i32(n);
         }
         if (p < 0 || p >= i32(n)) {
-            atomicMin(&status[0], j);
+            report_bad_input(j);
         } else if (u32(p) == row) {
             sum += load_0((o * count + j) * inner + r);
         }

@@ -1,0 +1,147 @@
+//! A lowered [`Program`] made ready on the device: its arena buffer with
+//! the initial data written, a pipeline per dispatch and the bind groups
+//! that name only the arena. Made on the first call with a set of shapes
+//! and replayed by every later one.
+
+use crate::{backend_err, lock, Shared};
+use kiln::Result;
+use kiln_kernels::program::{Buffer, Check, Program, Range, Step};
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+use std::sync::{Arc, Mutex};
+
+/// A compute pipeline and the layout of its one bind group.
+pub(crate) type Pipeline = (Arc<wgpu::ComputePipeline>, Arc<wgpu::BindGroupLayout>);
+
+/// A program with its device objects.
+pub(crate) struct Prepared {
+    pub program: Program,
+    /// The one buffer of slots, constants, parameters, status words and
+    /// scratch.
+    pub arena: wgpu::Buffer,
+    /// Per step: the pipeline of a dispatch.
+    pub pipelines: Vec<Option<Pipeline>>,
+    /// Per step: the bind group of a dispatch binding only the arena.
+    pub fixed_groups: Vec<Option<wgpu::BindGroup>>,
+    /// The checks, shared with each call's status words.
+    pub checks: Arc<[Check]>,
+    /// Bind groups of dispatches naming argument or output buffers.
+    pub call_groups: Mutex<CallBindGroups>,
+}
+
+/// A program's bind groups over call buffers, by step index and the
+/// buffers bound. Each group holds its buffers, so the groups are dropped
+/// whenever the pool has released buffers since they were made
+/// (`pool_evictions` is the pool's count then): a released buffer's memory
+/// is freed only once no group names it.
+#[derive(Default)]
+pub(crate) struct CallBindGroups {
+    pub groups: HashMap<(usize, Vec<wgpu::Buffer>), wgpu::BindGroup>,
+    pub pool_evictions: u64,
+}
+
+/// The binding of `range` of `buffer`, checked to lie inside it.
+pub(crate) fn binding<'a>(buffer: &'a wgpu::Buffer, range: &Range) -> Result<wgpu::BufferBinding<'a>> {
+    if range.end() > buffer.size() {
+        return Err(backend_err(format!(
+            "a binding of bytes {}..{} of {:?} lies outside its {} bytes",
+            range.offset,
+            range.end(),
+            range.buffer,
+            buffer.size()
+        )));
+    }
+    Ok(wgpu::BufferBinding {
+        buffer,
+        offset: range.offset,
+        size: NonZeroU64::new(range.bytes),
+    })
+}
+
+impl Prepared {
+    /// Makes `program`'s arena (initial data written), pipelines and fixed
+    /// bind groups on `shared`'s device.
+    pub(crate) fn new(shared: &Shared, program: Program) -> Result<Prepared> {
+        let arena = shared.new_buffer(program.arena_bytes);
+        for init in &program.arena_init {
+            shared
+                .gpu
+                .queue
+                .write_buffer(&arena, init.offset, bytemuck::cast_slice(&init.words));
+        }
+        let mut pipelines = Vec::with_capacity(program.steps.len());
+        let mut fixed_groups = Vec::with_capacity(program.steps.len());
+        for step in &program.steps {
+            let Step::Dispatch(dispatch) = step else {
+                pipelines.push(None);
+                fixed_groups.push(None);
+                continue;
+            };
+            let (pipeline, layout) = shared.pipeline(
+                &dispatch.op,
+                &dispatch.source,
+                &dispatch.entry_point,
+                dispatch.bindings.len(),
+            )?;
+            let fixed = if dispatch.bindings.iter().all(|r| r.buffer == Buffer::Arena) {
+                let bindings = dispatch
+                    .bindings
+                    .iter()
+                    .map(|range| binding(&arena, range))
+                    .collect::<Result<Vec<_>>>()?;
+                Some(shared.bind_group(&layout, bindings))
+            } else {
+                None
+            };
+            pipelines.push(Some((pipeline, layout)));
+            fixed_groups.push(fixed);
+        }
+        let checks = program.checks.clone().into();
+        Ok(Prepared {
+            program,
+            arena,
+            pipelines,
+            fixed_groups,
+            checks,
+            call_groups: Mutex::default(),
+        })
+    }
+
+    /// The bind group of dispatch step `c` over this call's `resolve`d
+    /// buffers: made once per distinct set of buffers (the pool tends to
+    /// hand out the same ones call after call).
+    pub(crate) fn call_group<'a>(
+        &self,
+        shared: &Shared,
+        cached: &mut CallBindGroups,
+        c: usize,
+        ranges: &[Range],
+        resolve: &impl Fn(Buffer) -> Result<&'a wgpu::Buffer>,
+    ) -> Result<wgpu::BindGroup> {
+        let buffers = ranges
+            .iter()
+            .map(|range| resolve(range.buffer).cloned())
+            .collect::<Result<Vec<_>>>()?;
+        let key = (c, buffers);
+        if let Some(group) = cached.groups.get(&key) {
+            return Ok(group.clone());
+        }
+        let Some((_, layout)) = &self.pipelines[c] else {
+            return Err(backend_err(format!("step {c} is not a dispatch")));
+        };
+        let bindings = key
+            .1
+            .iter()
+            .zip(ranges)
+            .map(|(buffer, range)| binding(buffer, range))
+            .collect::<Result<Vec<_>>>()?;
+        let group = shared.bind_group(layout, bindings);
+        cached.groups.insert(key, group.clone());
+        Ok(group)
+    }
+}
+
+/// Locks a program's call bind groups.
+pub(crate) fn call_groups(prepared: &Prepared) -> std::sync::MutexGuard<'_, CallBindGroups> {
+    lock(&prepared.call_groups)
+}

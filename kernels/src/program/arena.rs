@@ -1,0 +1,130 @@
+//! Where a program keeps what is not a planned value: the arena starts
+//! with the plan's slots (at the offsets the planner chose), then holds
+//! constants, parameter blocks, status words and spliced custom-op
+//! arenas, each at a [`SLOT_ALIGN`]ed offset so it can be bound directly,
+//! then one scratch region that every op's temporaries share (an op's
+//! scratch is dead once its last step has run).
+
+use super::{ArenaInit, ArenaUse, Loc, Place};
+use kiln::plan::SLOT_ALIGN;
+use std::collections::HashMap;
+
+/// `bytes` rounded up to a bindable offset.
+fn aligned(bytes: u64) -> u64 {
+    bytes.div_ceil(SLOT_ALIGN as u64) * SLOT_ALIGN as u64
+}
+
+pub(super) struct ArenaBuilder {
+    /// The end of everything placed so far but scratch.
+    size: u64,
+    init: Vec<ArenaInit>,
+    /// Offsets of parameter blocks already placed, by their words.
+    params: HashMap<Vec<u32>, u64>,
+    use_: ArenaUse,
+    /// Bytes of scratch the current op has taken.
+    scratch_in_use: u64,
+    /// Where scratch starts, once sealed.
+    scratch_base: Option<u64>,
+}
+
+impl ArenaBuilder {
+    /// An arena whose first `slots` bytes are the plan's slots.
+    pub(super) fn new(slots: u64) -> ArenaBuilder {
+        ArenaBuilder {
+            size: slots,
+            init: Vec::new(),
+            params: HashMap::new(),
+            use_: ArenaUse {
+                slots,
+                ..ArenaUse::default()
+            },
+            scratch_in_use: 0,
+            scratch_base: None,
+        }
+    }
+
+    /// `bytes` at a new aligned offset after everything placed so far.
+    fn reserve(&mut self, bytes: u64) -> u64 {
+        let offset = aligned(self.size);
+        self.size = offset + bytes.max(4);
+        offset
+    }
+
+    /// Space for `words`, initialized to them.
+    fn initialized(&mut self, words: &[u32]) -> (u64, u64) {
+        let bytes = 4 * words.len().max(1) as u64;
+        let offset = self.reserve(bytes);
+        if !words.is_empty() {
+            self.init.push(ArenaInit {
+                offset,
+                words: words.to_vec(),
+            });
+        }
+        (offset, bytes)
+    }
+
+    /// A constant's words, placed once.
+    pub(super) fn constant(&mut self, words: &[u32]) -> Loc {
+        let (offset, bytes) = self.initialized(words);
+        self.use_.constants += aligned(bytes);
+        Loc::at(Place::Arena, offset, bytes)
+    }
+
+    /// A kernel's parameter block; identical blocks share one range.
+    pub(super) fn params(&mut self, words: &[u32]) -> Loc {
+        let bytes = 4 * words.len().max(1) as u64;
+        if let Some(&offset) = self.params.get(words) {
+            return Loc::at(Place::Arena, offset, bytes);
+        }
+        let (offset, bytes) = self.initialized(words);
+        self.use_.params += aligned(bytes);
+        self.params.insert(words.to_vec(), offset);
+        Loc::at(Place::Arena, offset, bytes)
+    }
+
+    /// A status word of its own.
+    pub(super) fn status_word(&mut self) -> Loc {
+        let offset = self.reserve(4);
+        self.use_.checks += aligned(4);
+        Loc::at(Place::Arena, offset, 4)
+    }
+
+    /// Room for a custom op's arena of `bytes`, holding `init`; returns
+    /// its offset.
+    pub(super) fn embed(&mut self, bytes: u64, init: &[ArenaInit]) -> u64 {
+        let offset = self.reserve(bytes);
+        self.use_.custom += aligned(bytes);
+        self.init.extend(init.iter().map(|part| ArenaInit {
+            offset: offset + part.offset,
+            words: part.words.clone(),
+        }));
+        offset
+    }
+
+    /// Starts the temporaries of a new op: scratch taken before is dead.
+    pub(super) fn new_op(&mut self) {
+        self.scratch_in_use = 0;
+    }
+
+    /// A temporary of `bytes` for the current op.
+    pub(super) fn scratch(&mut self, bytes: u64) -> Loc {
+        let offset = aligned(self.scratch_in_use);
+        self.scratch_in_use = offset + bytes.max(4);
+        self.use_.scratch = self.use_.scratch.max(aligned(self.scratch_in_use));
+        Loc::at(Place::Scratch, offset, bytes)
+    }
+
+    /// Places scratch after everything else; returns where it starts.
+    pub(super) fn seal_scratch(&mut self) -> u64 {
+        *self.scratch_base.get_or_insert_with(|| aligned(self.size))
+    }
+
+    /// The arena's bytes, its initial data and how it divides.
+    pub(super) fn finish(self) -> (u64, Vec<ArenaInit>, ArenaUse) {
+        let end = match self.scratch_base {
+            Some(base) if self.use_.scratch > 0 => base + self.use_.scratch,
+            _ => self.size,
+        };
+        (end.max(4).div_ceil(4) * 4, self.init, self.use_)
+    }
+}

@@ -1,0 +1,74 @@
+//! A custom op on the GPU: its forward's own executable, lowered for the
+//! operands' shapes into a program of its own whose arena is embedded in
+//! the caller's, whose arguments are the op's operands and whose output is
+//! the op's value.
+
+use super::{lower, Buffer, Cmd, Loc, Lowering, Place, Range, Step};
+use kiln::{CustomCall, DType, Result};
+
+impl Lowering<'_> {
+    /// Splices custom op `v`'s forward, reading `operands` and writing `out`.
+    pub(super) fn custom_op(
+        &mut self,
+        v: usize,
+        call: &CustomCall,
+        out: Loc,
+        operands: &[Loc],
+    ) -> Result<()> {
+        let node = &self.exe.graph().nodes[v];
+        let body_operands: Vec<(DType, &[usize])> = node
+            .inputs
+            .iter()
+            .map(|&j| (self.dtype(j), &self.shapes[j][..]))
+            .collect();
+        let body = call.body(&body_operands)?;
+        let in_shapes: Vec<&[usize]> = body_operands.iter().map(|(_, s)| *s).collect();
+        let shapes = body.resolve_shapes(&in_shapes)?;
+        let sub = lower(&body, &shapes, self.caps)?;
+        let base = self.arena.embed(sub.arena_bytes, &sub.arena_init);
+        let relocate = |range: Range| -> Result<Loc> {
+            match range.buffer {
+                Buffer::Arena => Ok(Loc::at(Place::Arena, base + range.offset, range.bytes)),
+                Buffer::Input(i) => operands
+                    .get(i)
+                    .map(|operand| Loc::at(operand.place, operand.offset, range.bytes))
+                    .ok_or_else(|| {
+                        self.err(format!(
+                            "`{}` reads argument {i} of its forward",
+                            call.name()
+                        ))
+                    }),
+                Buffer::Output(0) => Ok(Loc::at(out.place, out.offset, range.bytes)),
+                Buffer::Output(o) => Err(self.err(format!(
+                    "the forward of `{}` has output {o}; a custom op returns one array",
+                    call.name()
+                ))),
+            }
+        };
+        let mut spliced = Vec::with_capacity(sub.steps.len());
+        for step in sub.steps {
+            spliced.push(match step {
+                Step::Dispatch(d) => Cmd::Dispatch {
+                    op: d.op,
+                    source: d.source,
+                    entry_point: d.entry_point,
+                    bindings: d.bindings.into_iter().map(relocate).collect::<Result<_>>()?,
+                    grid: d.grid,
+                },
+                Step::Copy { from, to } => Cmd::Copy {
+                    from: relocate(from)?,
+                    to: relocate(to)?,
+                },
+                // The caller clears every status word, the forward's too.
+                Step::Clear(_) => continue,
+            });
+        }
+        let mut checks = Vec::with_capacity(sub.checks.len());
+        for check in sub.checks {
+            checks.push((relocate(check.word)?, check.op, check.detail));
+        }
+        self.steps.extend(spliced);
+        self.checks.extend(checks);
+        Ok(())
+    }
+}
