@@ -519,7 +519,11 @@ impl WgpuBackend {
 
     /// The arguments with each one the program writes in place replaced by
     /// a private copy where another handle still shares it.
-    fn own_written_inputs(&self, program: &Program, mut inputs: Vec<WgpuBuffer>) -> Vec<WgpuBuffer> {
+    fn own_written_inputs(
+        &self,
+        program: &Program,
+        mut inputs: Vec<WgpuBuffer>,
+    ) -> Vec<WgpuBuffer> {
         let s = &self.shared;
         let shared: Vec<usize> = program
             .written_inputs
@@ -583,9 +587,9 @@ impl WgpuBackend {
         }
         for (c, step) in program.steps.iter().enumerate() {
             per_call.push(match step {
-                Step::Dispatch(dispatch) if prepared.fixed_groups[c].is_none() => Some(
-                    prepared.call_group(s, &mut cached, c, &dispatch.bindings, &resolve)?,
-                ),
+                Step::Dispatch(dispatch) if prepared.fixed_groups[c].is_none() => {
+                    Some(prepared.call_group(s, &mut cached, c, &dispatch.bindings, &resolve)?)
+                }
                 _ => None,
             });
         }
@@ -620,7 +624,13 @@ impl WgpuBackend {
                     let (source, target) = (resolve(from.buffer)?, resolve(to.buffer)?);
                     binding(source, from)?;
                     binding(target, to)?;
-                    encoder.copy_buffer_to_buffer(source, from.offset, target, to.offset, from.bytes);
+                    encoder.copy_buffer_to_buffer(
+                        source,
+                        from.offset,
+                        target,
+                        to.offset,
+                        from.bytes,
+                    );
                 }
                 Step::Clear(range) => {
                     drop(pass.take());
@@ -642,7 +652,11 @@ impl WgpuBackend {
                     4,
                 );
             }
-            Arc::new(StatusWords::new(words, s.pool.clone(), prepared.checks.clone()))
+            Arc::new(StatusWords::new(
+                words,
+                s.pool.clone(),
+                prepared.checks.clone(),
+            ))
         });
         s.gpu.queue.submit([encoder.finish()]);
         Ok(outputs

@@ -41,7 +41,10 @@ pub(crate) struct CallBindGroups {
 }
 
 /// The binding of `range` of `buffer`, checked to lie inside it.
-pub(crate) fn binding<'a>(buffer: &'a wgpu::Buffer, range: &Range) -> Result<wgpu::BufferBinding<'a>> {
+pub(crate) fn binding<'a>(
+    buffer: &'a wgpu::Buffer,
+    range: &Range,
+) -> Result<wgpu::BufferBinding<'a>> {
     if range.end() > buffer.size() {
         return Err(backend_err(format!(
             "a binding of bytes {}..{} of {:?} lies outside its {} bytes",

@@ -5,8 +5,8 @@
 //! they write f32 words instead (see [`stores_f32`]), which a backend packs
 //! with an elementwise cast, so no two invocations share an output word.
 
-use crate::element::{buffer_type, load_fn, value_type};
 use crate::abi::bindings;
+use crate::element::{buffer_type, load_fn, value_type};
 use crate::source::{param, prelude};
 use crate::{row_major_strides, KernelError, KernelSpec, Target, View};
 use kiln::{DType, ReduceOp};

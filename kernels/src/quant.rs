@@ -3,8 +3,8 @@
 //! packed codes directly. Float results are written as f32 words (packed
 //! afterwards for f16 and bf16, see [`crate::stores_f32`]).
 
-use crate::element::{buffer_type, load_fn};
 use crate::abi::{bindings, status_binding};
+use crate::element::{buffer_type, load_fn};
 use crate::source::{param, prelude};
 use crate::{checked, KernelError, KernelSpec, Target, View};
 use kiln::{DType, QuantFormat, QuantPart};

@@ -240,7 +240,11 @@ impl ElementKernel<'_> {
 }
 
 /// The dtype each step of a fused program produces.
-pub(crate) fn step_dtypes(op: &str, steps: &[FusedStep], inputs: &[View]) -> Result<Vec<DType>, KernelError> {
+pub(crate) fn step_dtypes(
+    op: &str,
+    steps: &[FusedStep],
+    inputs: &[View],
+) -> Result<Vec<DType>, KernelError> {
     let mut dtypes: Vec<DType> = Vec::with_capacity(steps.len());
     for step in steps {
         let arg = |n: usize| match step.args.get(n) {

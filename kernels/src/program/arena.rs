@@ -21,6 +21,8 @@ pub(super) struct ArenaBuilder {
     /// Offsets of parameter blocks already placed, by their words.
     params: HashMap<Vec<u32>, u64>,
     use_: ArenaUse,
+    /// The word every empty value is bound as, once placed.
+    empty_word: Option<u64>,
     /// Bytes of scratch the current op has taken.
     scratch_in_use: u64,
     /// Where scratch starts, once sealed.
@@ -38,6 +40,7 @@ impl ArenaBuilder {
                 slots,
                 ..ArenaUse::default()
             },
+            empty_word: None,
             scratch_in_use: 0,
             scratch_base: None,
         }
@@ -86,6 +89,20 @@ impl ArenaBuilder {
     pub(super) fn status_word(&mut self) -> Loc {
         let offset = self.reserve(4);
         self.use_.checks += aligned(4);
+        Loc::at(Place::Arena, offset, 4)
+    }
+
+    /// The word empty values are bound as (no kernel reads or writes an
+    /// empty value, but every binding needs bytes).
+    pub(super) fn empty_word(&mut self) -> Loc {
+        let offset = match self.empty_word {
+            Some(offset) => offset,
+            None => {
+                let offset = self.reserve(4);
+                self.use_.constants += aligned(4);
+                *self.empty_word.insert(offset)
+            }
+        };
         Loc::at(Place::Arena, offset, 4)
     }
 

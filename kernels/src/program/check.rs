@@ -28,11 +28,14 @@ impl Program {
                         .bytes
                 }
             };
-            if range.bytes == 0 || range.bytes % 4 != 0 || range.offset % 4 != 0 {
+            if range.bytes == 0 || !range.bytes.is_multiple_of(4) || !range.offset.is_multiple_of(4)
+            {
                 return Err(format!("{what}: {range:?} is not whole words"));
             }
             if range.end() > size {
-                return Err(format!("{what}: {range:?} ends past its buffer's {size} bytes"));
+                return Err(format!(
+                    "{what}: {range:?} ends past its buffer's {size} bytes"
+                ));
             }
             Ok(())
         };
@@ -55,12 +58,18 @@ impl Program {
                             caps.max_storage_buffers_per_stage
                         ));
                     }
-                    if d.grid.iter().any(|&g| g > caps.max_workgroups_per_dimension) {
+                    if d.grid
+                        .iter()
+                        .any(|&g| g > caps.max_workgroups_per_dimension)
+                    {
                         return Err(format!("{what} has grid {:?}", d.grid));
                     }
                     for (b, range) in d.bindings.iter().enumerate() {
                         inside(range, &format!("{what} binding {b}"))?;
-                        if range.offset % u64::from(caps.binding_offset_alignment) != 0 {
+                        if !range
+                            .offset
+                            .is_multiple_of(u64::from(caps.binding_offset_alignment))
+                        {
                             return Err(format!("{what} binding {b}: {range:?} is not aligned"));
                         }
                         if range.bytes > caps.max_binding_bytes {
@@ -113,7 +122,10 @@ impl Program {
                 .iter()
                 .any(|step| matches!(step, Step::Clear(range) if *range == check.word));
             if !cleared {
-                return Err(format!("the status word of `{}` is never cleared", check.op));
+                return Err(format!(
+                    "the status word of `{}` is never cleared",
+                    check.op
+                ));
             }
         }
         for init in &self.arena_init {

@@ -52,7 +52,11 @@ impl Lowering<'_> {
                     op: d.op,
                     source: d.source,
                     entry_point: d.entry_point,
-                    bindings: d.bindings.into_iter().map(relocate).collect::<Result<_>>()?,
+                    bindings: d
+                        .bindings
+                        .into_iter()
+                        .map(relocate)
+                        .collect::<Result<_>>()?,
                     grid: d.grid,
                 },
                 Step::Copy { from, to } => Cmd::Copy {

@@ -25,7 +25,8 @@ impl Lowering<'_> {
             .map(|&j| View::contiguous(self.dtype(j), &self.shapes[j]))
             .collect();
         let steps = group.steps();
-        let dtypes = step_dtypes("fused", steps, &input_views).map_err(|e| self.err(e.to_string()))?;
+        let dtypes =
+            step_dtypes("fused", steps, &input_views).map_err(|e| self.err(e.to_string()))?;
         let mut done: Vec<(Loc, Vec<usize>)> = Vec::with_capacity(steps.len());
         for (j, step) in steps.iter().enumerate() {
             let last = j + 1 == steps.len();

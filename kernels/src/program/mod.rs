@@ -306,6 +306,9 @@ pub fn lower(exe: &Executable, shapes: &[Vec<usize>], caps: &Caps) -> Result<Pro
         let out = match (claimed[v], plan.home(v)) {
             (Some(o), _) => Loc::at(Place::Output(o), 0, bytes),
             (None, Home::Input(i)) => Loc::at(Place::Input(i), 0, bytes),
+            // An empty value has no bytes in its slot (where other slots
+            // may lie); it is bound, never read, as a word of its own.
+            (None, Home::Slot(_)) if lowering.numel(v) == 0 => lowering.arena.empty_word(),
             (None, Home::Slot(s)) => {
                 let (offset, size) = (slots.offsets[s] as u64, slots.bytes[s] as u64);
                 if bytes > size.max(4) {

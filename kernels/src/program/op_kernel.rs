@@ -246,4 +246,3 @@ fn quant_spec(
         }
     }
 }
-

@@ -148,47 +148,57 @@ fn plan_chain100() -> PlanMemory {
 
 /// (ii) A 4-layer MLP forward: x (256,1024), four (1024,1024) weights,
 /// gelu between the layers, no bias.
-fn plan_mlp4() -> PlanMemory {
-    let f = compile(|args: Vec<Array>| {
-        let mut h = args[0].clone();
-        for (i, w) in args[1..].iter().enumerate() {
-            h = h.matmul(w);
-            if i < 3 {
-                h = nn::gelu(&h);
-            }
+fn mlp4_forward(args: Vec<Array>) -> Array {
+    let mut h = args[0].clone();
+    for (i, w) in args[1..].iter().enumerate() {
+        h = h.matmul(w);
+        if i < 3 {
+            h = nn::gelu(&h);
         }
-        h
-    });
+    }
+    h
+}
+
+/// The arguments of [`mlp4_forward`].
+fn mlp4_forward_args() -> Vec<Array> {
     let mut args = vec![zeros(&[256, 1024])];
     args.extend((0..4).map(|_| zeros(&[1024, 1024])));
-    plan_memory(&f.executable(&args).expect("compiles"), &args)
+    args
+}
+
+fn plan_mlp4() -> PlanMemory {
+    let args = mlp4_forward_args();
+    let exe = compile(mlp4_forward).executable(&args).expect("compiles");
+    plan_memory(&exe, &args)
 }
 
 /// (iii) A transformer block forward: sequence 128, model width 512, 8
 /// heads, MLP width 2048; pre-norm attention and MLP with residuals.
-fn plan_block() -> PlanMemory {
+fn block_forward(args: Vec<Array>) -> Array {
     const SEQ: i64 = 128;
     const HEADS: i64 = 8;
     const HEAD: i64 = 64;
-    let f = compile(|args: Vec<Array>| {
-        let [x, wq, wk, wv, wo, w1, w2] = <[Array; 7]>::try_from(args).expect("seven arguments");
-        let heads = |t: Array| t.reshape(&[SEQ, HEADS, HEAD]).permute(&[1, 0, 2]);
-        let h = nn::layer_norm(&x, None, None, 1e-5);
-        let (q, k, v) = (
-            heads(h.matmul(&wq)),
-            heads(h.matmul(&wk)),
-            heads(h.matmul(&wv)),
-        );
-        let scores = q.matmul(&k.swap_axes(-1, -2)) * (1.0 / (HEAD as f32).sqrt());
-        let attention = nn::softmax(&scores, -1)
-            .matmul(&v)
-            .permute(&[1, 0, 2])
-            .reshape(&[SEQ, HEADS * HEAD]);
-        let x = x + attention.matmul(&wo);
-        let h = nn::layer_norm(&x, None, None, 1e-5);
-        &x + nn::gelu(&h.matmul(&w1)).matmul(&w2)
-    });
-    let args = vec![
+    let [x, wq, wk, wv, wo, w1, w2] = <[Array; 7]>::try_from(args).expect("seven arguments");
+    let heads = |t: Array| t.reshape(&[SEQ, HEADS, HEAD]).permute(&[1, 0, 2]);
+    let h = nn::layer_norm(&x, None, None, 1e-5);
+    let (q, k, v) = (
+        heads(h.matmul(&wq)),
+        heads(h.matmul(&wk)),
+        heads(h.matmul(&wv)),
+    );
+    let scores = q.matmul(&k.swap_axes(-1, -2)) * (1.0 / (HEAD as f32).sqrt());
+    let attention = nn::softmax(&scores, -1)
+        .matmul(&v)
+        .permute(&[1, 0, 2])
+        .reshape(&[SEQ, HEADS * HEAD]);
+    let x = x + attention.matmul(&wo);
+    let h = nn::layer_norm(&x, None, None, 1e-5);
+    &x + nn::gelu(&h.matmul(&w1)).matmul(&w2)
+}
+
+/// The arguments of [`block_forward`].
+fn block_forward_args() -> Vec<Array> {
+    vec![
         zeros(&[128, 512]),
         zeros(&[512, 512]),
         zeros(&[512, 512]),
@@ -196,8 +206,13 @@ fn plan_block() -> PlanMemory {
         zeros(&[512, 512]),
         zeros(&[512, 2048]),
         zeros(&[2048, 512]),
-    ];
-    plan_memory(&f.executable(&args).expect("compiles"), &args)
+    ]
+}
+
+fn plan_block() -> PlanMemory {
+    let args = block_forward_args();
+    let exe = compile(block_forward).executable(&args).expect("compiles");
+    plan_memory(&exe, &args)
 }
 
 /// Milliseconds to plan (reinplace, slots and arena) a graph of at least
@@ -394,7 +409,10 @@ fn main() {
 /// The wgpu figures, on the default adapter; omitted (with a note on
 /// stderr) where there is none.
 fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
-    const NAMES: [&str; 7] = [
+    const NAMES: [&str; 10] = [
+        "wgpu_block_device_bytes",
+        "wgpu_mlp4_device_bytes",
+        "wgpu_grad_mlp4_device_bytes",
         "wgpu_fused_chain_100_4m",
         "wgpu_copy_4m",
         "wgpu_elementwise_1op_4m",
@@ -447,11 +465,44 @@ fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
     if selected("wgpu_host_overhead_10op", names) {
         report.record("wgpu_host_overhead_10op", host_overhead_10op(&gpu), "us");
     }
+    device_bytes_benchmarks(&gpu, names, report);
     if selected("wgpu_rss_growth_10k_calls", names) {
         match rss_growth_10k_calls(&gpu) {
             Ok(bytes) => report.record("wgpu_rss_growth_10k_calls", bytes, "bytes"),
             Err(reason) => eprintln!("kiln-bench: wgpu_rss_growth_10k_calls left out: {reason}"),
         }
+    }
+}
+
+/// Bytes of device buffers a cached call of the planned graphs holds on
+/// `gpu` (its program's arena: slots, constants, parameter words, status
+/// words, scratch), arguments and outputs excluded; the plan's peak bytes
+/// are beside them in `plan_*_peak_bytes`.
+fn device_bytes_benchmarks(gpu: &WgpuBackend, names: &[String], report: &mut BenchReport) {
+    let held = |run: &dyn Fn()| {
+        let before = gpu.program_bytes();
+        run();
+        run();
+        (gpu.program_bytes() - before) as f64
+    };
+    if selected("wgpu_block_device_bytes", names) {
+        let f = compile(block_forward).with_backend(gpu.clone());
+        let args = block_forward_args();
+        let bytes = held(&|| drop(f.call(&args).expect("the block runs")));
+        report.record("wgpu_block_device_bytes", bytes, "bytes");
+    }
+    if selected("wgpu_mlp4_device_bytes", names) {
+        let f = compile(mlp4_forward).with_backend(gpu.clone());
+        let args = mlp4_forward_args();
+        let bytes = held(&|| drop(f.call(&args).expect("the MLP runs")));
+        report.record("wgpu_mlp4_device_bytes", bytes, "bytes");
+    }
+    if selected("wgpu_grad_mlp4_device_bytes", names) {
+        let step =
+            compile(kiln::value_and_grad(mlp4_loss).wrt(["args[0]"])).with_backend(gpu.clone());
+        let args = mlp4_arguments();
+        let bytes = held(&|| drop(step.call(&args).expect("the training step runs")));
+        report.record("wgpu_grad_mlp4_device_bytes", bytes, "bytes");
     }
 }
 
