@@ -1190,6 +1190,42 @@ fn every_conformance_case_lowers_without_a_device_to_a_program_that_passes_the_c
 }
 
 #[test]
+fn every_kernel_the_conformance_cases_lower_to_translates_to_msl() {
+    let mut translated = std::collections::HashSet::new();
+    let mut failures = Vec::new();
+    for case in all_cases() {
+        for fusion in [true, false] {
+            for caps in lowering_caps() {
+                let (program, _) =
+                    lower_case(&case, fusion, &caps).unwrap_or_else(|e| panic!("{e}"));
+                for step in &program.steps {
+                    let Step::Dispatch(d) = step else { continue };
+                    let key = (d.source.clone(), d.entry_point.clone(), d.bindings.len());
+                    if translated.contains(&key) {
+                        continue;
+                    }
+                    let bindings = d.bindings.len() as u32;
+                    match kiln_metal::msl::translate(&d.op, &d.source, &d.entry_point, bindings) {
+                        Ok(kernel) if kernel.sizes_index.is_some_and(|i| i != bindings) => failures
+                            .push(format!(
+                                "{}: sizes buffer at {:?}",
+                                case.name, kernel.sizes_index
+                            )),
+                        Ok(_) => {
+                            translated.insert(key);
+                        }
+                        Err(e) => failures.push(format!("{} (fusion {fusion}): {e}", case.name)),
+                    }
+                }
+            }
+        }
+    }
+    println!("{} distinct kernels translated to MSL", translated.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(translated.len() >= 200, "only {} kernels", translated.len());
+}
+
+#[test]
 fn the_program_check_rejects_an_output_overlapping_an_operand_and_an_unwritten_output() {
     let case = case(
         "exp of a sum",

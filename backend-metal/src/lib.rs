@@ -1,0 +1,4 @@
+//! Kiln's native Metal backend.
+#![warn(missing_docs)]
+
+pub mod msl;
