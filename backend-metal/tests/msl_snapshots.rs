@@ -107,14 +107,24 @@ fn a_take_kernel_binds_its_status_word_after_its_operands() {
     let kernel = translated("take", &spec);
     assert_eq!(kernel.sizes_index, Some(5));
     assert!(kernel.source.contains("[[buffer(4)]]"));
-    assert!(kernel.source.contains("atomic_fetch_max"), "{}", kernel.source);
+    assert!(
+        kernel.source.contains("atomic_fetch_max"),
+        "{}",
+        kernel.source
+    );
     check_snapshot("take_f32_i32", &kernel);
 }
 
 #[test]
 fn a_sum_with_workgroup_memory_translates_with_it_zeroed() {
-    let spec = kiln_kernels::reduce(ReduceOp::Sum, DType::F32, &[16, 300], &[1], Target::default())
-        .expect("sum has a kernel");
+    let spec = kiln_kernels::reduce(
+        ReduceOp::Sum,
+        DType::F32,
+        &[16, 300],
+        &[1],
+        Target::default(),
+    )
+    .expect("sum has a kernel");
     let kernel = translated("sum", &spec);
     assert!(kernel.source.contains("threadgroup"), "{}", kernel.source);
     check_snapshot("sum_f32_rows", &kernel);

@@ -24,3 +24,21 @@ pub fn backend() -> Option<WgpuBackend> {
         }
     }
 }
+
+/// The Metal backend (Apple targets), opened once per process, or `None`
+/// (saying why) where this machine has no Metal device; with
+/// [`REQUIRE_ENV`] set a missing device fails instead.
+#[cfg(target_vendor = "apple")]
+pub fn metal() -> Option<kiln_metal::MetalBackend> {
+    static BACKEND: OnceLock<Result<kiln_metal::MetalBackend, String>> = OnceLock::new();
+    let opened = BACKEND.get_or_init(|| kiln_metal::MetalBackend::new().map_err(|e| e.to_string()));
+    match opened {
+        Ok(backend) => Some(backend.clone()),
+        Err(reason) => {
+            let required = std::env::var(REQUIRE_ENV).is_ok_and(|v| v != "0");
+            assert!(!required, "{REQUIRE_ENV} is set but {reason}");
+            eprintln!("skipping Metal test: {reason} (set {REQUIRE_ENV}=1 to make this fail)");
+            None
+        }
+    }
+}

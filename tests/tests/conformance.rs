@@ -1281,6 +1281,16 @@ fn wgpu_passes_the_conformance_suite() {
     assert!(ran >= 700, "only {ran} runs");
 }
 
+#[cfg(target_vendor = "apple")]
+#[test]
+fn metal_passes_the_conformance_suite() {
+    let Some(metal) = kiln_tests::gpu::metal() else {
+        return;
+    };
+    let ran = run_suite(&metal).unwrap_or_else(|e| panic!("on {}: {e}", metal.name()));
+    assert!(ran >= 700, "only {ran} runs");
+}
+
 #[test]
 fn wgpu_with_f16_packed_in_words_passes_the_conformance_suite() {
     let Some(gpu) = kiln_tests::gpu::backend() else {

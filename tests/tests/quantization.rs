@@ -349,6 +349,17 @@ fn wgpu_matches_dequantize_then_matmul() {
     assert!(ran >= 60, "only {ran} runs");
 }
 
+#[cfg(target_vendor = "apple")]
+#[test]
+fn metal_matches_dequantize_then_matmul_and_quantizes_every_format() {
+    let Some(metal) = kiln_tests::gpu::metal() else {
+        return;
+    };
+    let ran = run_cases(&metal).unwrap_or_else(|e| panic!("on {}: {e}", metal.name()));
+    assert!(ran >= 60, "only {ran} runs");
+    check_shapeless(metal.clone()).unwrap_or_else(|e| panic!("on {}: {e}", metal.name()));
+}
+
 /// `dequantize` on `backend` against the CPU executor, and `quantize` on
 /// `backend` by its contract: scales (and biases) close to the CPU
 /// executor's, and the dequantized result within half a scale (affine and

@@ -277,4 +277,12 @@ proptest! {
             prop_assert_eq!(transposition_gaps(gpu, p), vec![0.0, 0.0]);
         }
     }
+
+    #[cfg(target_vendor = "apple")]
+    #[test]
+    fn transposition_holds_on_metal(p in problem()) {
+        if let Some(metal) = kiln_tests::gpu::metal() {
+            prop_assert_eq!(transposition_gaps(metal, p), vec![0.0, 0.0]);
+        }
+    }
 }

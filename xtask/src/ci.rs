@@ -4,8 +4,8 @@
 //! browser tests) is one more entry. A step installs what it needs itself.
 
 use crate::apt;
+use crate::cross;
 use crate::process::{self, cargo};
-use crate::wasm;
 use crate::web;
 use std::time::Instant;
 
@@ -74,7 +74,13 @@ const STEPS: &[Step] = &[
         name: "wasm32",
         what: "build `kiln` and `kiln-wgpu` (webgpu) for wasm32-unknown-unknown (rustup target, \
                else Debian rustc-web)",
-        run: || wasm::build(wasm::Route::Auto),
+        run: || cross::build(cross::Route::Auto),
+    },
+    Step {
+        name: "apple",
+        what: "check and clippy `kiln-metal` and the Metal tests for aarch64-apple-darwin \
+               (rustup target, else Debian rustc-web's cargo check)",
+        run: cross::check_apple,
     },
     Step {
         name: "web",

@@ -3,8 +3,8 @@
 //! Chromium by `tests/cpu-bench/browser.mjs`. Figures `cpu_wasm_*`, beside
 //! the native `cpu_*` ones of the benchmark program.
 
+use crate::cross::{self as wasm, Route};
 use crate::process::{self, target_dir};
-use crate::wasm::{self, Route};
 use crate::web;
 use std::fs;
 use std::process::Command;

@@ -4,8 +4,8 @@ mod apt;
 mod bench;
 mod ci;
 mod cpu_wasm;
+mod cross;
 mod process;
-mod wasm;
 mod web;
 
 use std::process::ExitCode;
@@ -14,9 +14,10 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [args]
 
 commands:
-  ci [STEP...]      fmt, clippy, doc, test, the wasm32 build of `kiln` and the
-                    playground's browser tests, stopping at the first failure; STEPs pick
-                    a subset (steps: fmt clippy doc lavapipe test wasm32 web)
+  ci [STEP...]      fmt, clippy, doc, test, the wasm32 build of `kiln`, the Metal
+                    backend's check for Apple silicon and the playground's browser
+                    tests, stopping at the first failure; STEPs pick a subset
+                    (steps: fmt clippy doc lavapipe test wasm32 apple web)
   bench [NAME...]   run the benchmarks in release mode, print their JSON and write it
                     to target/kiln-bench.json; NAMEs select benchmarks by name or prefix
                     (`cpu` the CPU executor's figures, native and, as cpu_wasm_*, wasm32
@@ -40,7 +41,7 @@ fn main() -> ExitCode {
     let outcome = match command {
         "ci" => ci::run(rest),
         "bench" => bench::run(rest),
-        "wasm" => wasm::run(rest),
+        "wasm" => cross::run(rest),
         "web" => web::run(rest),
         "serve" => web::serve(rest),
         "help" | "-h" | "--help" => {

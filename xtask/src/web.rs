@@ -7,8 +7,8 @@
 //! lockfile.
 
 use crate::apt;
+use crate::cross::{self as wasm, Route};
 use crate::process::{self, target_dir, workspace_root};
-use crate::wasm::{self, Route};
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};

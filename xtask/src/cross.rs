@@ -1,9 +1,11 @@
-//! The wasm32 build of `kiln` and of `kiln-wgpu` on the browser's WebGPU.
+//! Builds for targets other than the host: wasm32 (`kiln`, `kiln-wgpu` on the
+//! browser's WebGPU, the playground) and aarch64-apple-darwin (`kiln-metal`,
+//! type-checked without a Mac).
 //!
-//! First choice: rustup's `wasm32-unknown-unknown` target with the normal cargo.
-//! Where rustup cannot install it (no route to static.rust-lang.org), Debian's
-//! `rustc-web` toolchain builds std from `rust-web-src` with `-Z build-std`, into a
-//! target dir of its own so it never clobbers the rustup build cache.
+//! First choice: rustup's target with the normal cargo. Where rustup cannot
+//! install it (no route to static.rust-lang.org), Debian's `rustc-web`
+//! toolchain builds std from `rust-web-src` with `-Z build-std`, into a target
+//! dir of its own so it never clobbers the rustup build cache.
 
 use crate::apt;
 use crate::process::{self, cargo, target_dir};
@@ -12,8 +14,43 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-const TARGET: &str = "wasm32-unknown-unknown";
-/// What is built: the core, and the wgpu backend with only its `webgpu` feature.
+/// A target the xtask builds or checks for.
+pub struct Cross {
+    /// The target triple.
+    triple: &'static str,
+    /// Variables of every build for it.
+    env: &'static [(&'static str, &'static str)],
+    /// Variables of the Debian route only (its linker).
+    debian_env: &'static [(&'static str, &'static str)],
+    /// The target dir of the Debian route, under the normal one.
+    debian_dir: &'static str,
+}
+
+/// wasm32 with the `simd128` proposal, so the CPU executor's loops (tiles,
+/// transcendental maps) vectorize to 128-bit lanes in the browser. The flags
+/// are `target.wasm32-….rustflags`, which build scripts and proc macros
+/// (host artifacts) never see.
+pub const WASM32: Cross = Cross {
+    triple: "wasm32-unknown-unknown",
+    env: &[(
+        "CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS",
+        "-C target-feature=+simd128",
+    )],
+    debian_env: &[("CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER", "wasm-ld")],
+    debian_dir: "wasm-debian",
+};
+
+/// Apple silicon macOS: only checked (nothing is linked), so no Apple SDK
+/// is needed.
+pub const APPLE: Cross = Cross {
+    triple: "aarch64-apple-darwin",
+    env: &[],
+    debian_env: &[],
+    debian_dir: "apple-debian",
+};
+
+/// What is built for wasm32: the core, and the wgpu backend with only its
+/// `webgpu` feature.
 const PACKAGES: &[&str] = &[
     "-p",
     "kiln",
@@ -23,16 +60,8 @@ const PACKAGES: &[&str] = &[
     "--features",
     "kiln-wgpu/webgpu",
 ];
-/// The libraries the build must leave behind.
+/// The libraries the wasm32 build must leave behind.
 const RLIBS: &[&str] = &["libkiln.rlib", "libkiln_wgpu.rlib"];
-/// Target-specific flags of every wasm32 build: the `simd128` proposal, so
-/// the CPU executor's loops (tiles, transcendental maps) vectorize to
-/// 128-bit lanes in the browser. Set as `target.wasm32-….rustflags`, which
-/// build scripts and proc macros (host artifacts) never see.
-const TARGET_RUSTFLAGS: (&str, &str) = (
-    "CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS",
-    "-C target-feature=+simd128",
-);
 /// How long `rustup target add` may try to download before we fall back.
 const RUSTUP_ADD_LIMIT: Duration = Duration::from_secs(180);
 
@@ -88,7 +117,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 pub fn build(route: Route) -> Result<(), String> {
     let target_root = cargo_build(route, PACKAGES)?;
     for name in RLIBS {
-        let rlib = target_root.join(TARGET).join("debug").join(name);
+        let rlib = artifacts(&target_root, "debug").join(name);
         if !rlib.is_file() {
             return Err(format!(
                 "the build succeeded but {} is missing",
@@ -104,54 +133,83 @@ pub fn build(route: Route) -> Result<(), String> {
 /// returns the target root the build wrote to (its artifacts are under
 /// `<root>/wasm32-unknown-unknown/<profile>/`).
 pub fn cargo_build(route: Route, args: &[&str]) -> Result<PathBuf, String> {
+    let mut command = vec!["build"];
+    command.extend(args);
+    cargo_for(route, &WASM32, &command)
+}
+
+/// Type-checks `kiln-metal` (and the tests that run it on a Mac) for Apple
+/// silicon, with clippy's lints where rustup's toolchain is used (Debian's
+/// has no clippy: there it is `cargo check`).
+pub fn check_apple() -> Result<(), String> {
+    let packages = ["-p", "kiln-metal", "-p", "kiln-tests", "--all-targets"];
+    if rustup_target_available(&APPLE) {
+        let mut command = vec!["clippy"];
+        command.extend(packages);
+        command.extend(["--", "-D", "warnings"]);
+        cargo_for(Route::Auto, &APPLE, &command).map(drop)
+    } else {
+        let mut command = vec!["check"];
+        command.extend(packages);
+        cargo_for(Route::Debian, &APPLE, &command).map(drop)
+    }
+}
+
+/// Runs `cargo SUBCOMMAND --target TRIPLE ARGS` (`args` starts with the
+/// subcommand) for `cross` by `route`; returns the target root it wrote to.
+fn cargo_for(route: Route, cross: &Cross, args: &[&str]) -> Result<PathBuf, String> {
+    let triple = cross.triple;
+    let (subcommand, rest) = args.split_first().ok_or("no cargo subcommand")?;
+    let with_target = |command: &mut Command| {
+        command.args([subcommand, "--target", triple]).args(rest);
+    };
     match route {
-        Route::Auto if rustup_target_available() => {
-            eprintln!("  using rustup's {TARGET} target");
-            process::run(
-                cargo()
-                    .env(TARGET_RUSTFLAGS.0, TARGET_RUSTFLAGS.1)
-                    .args(["build", "--target", TARGET])
-                    .args(args),
-            )?;
+        Route::Auto if rustup_target_available(cross) => {
+            eprintln!("  using rustup's {triple} target");
+            let mut command = cargo();
+            command.envs(cross.env.iter().copied());
+            with_target(&mut command);
+            process::run(&mut command)?;
             Ok(target_dir())
         }
         Route::Auto => {
-            eprintln!("  rustup cannot provide {TARGET}; falling back to Debian's rustc-web");
-            build_with_debian(args)
+            eprintln!("  rustup cannot provide {triple}; falling back to Debian's rustc-web");
+            build_with_debian(cross, subcommand, rest)
         }
-        Route::Debian => build_with_debian(args),
+        Route::Debian => build_with_debian(cross, subcommand, rest),
     }
 }
 
 /// Where a wasm32 build by [`cargo_build`] puts the artifacts of `profile`.
 pub fn artifacts(target_root: &Path, profile: &str) -> PathBuf {
-    target_root.join(TARGET).join(profile)
+    target_root.join(WASM32.triple).join(profile)
 }
 
-/// Whether the active rustup toolchain has the wasm32 std, installing it if it can.
-fn rustup_target_available() -> bool {
+/// Whether the active rustup toolchain has `cross`'s std, installing it if it can.
+fn rustup_target_available(cross: &Cross) -> bool {
     let installed =
         process::stdout_of(Command::new("rustup").args(["target", "list", "--installed"]));
     match installed {
         None => false,
-        Some(list) if list.lines().any(|line| line.trim() == TARGET) => true,
+        Some(list) if list.lines().any(|line| line.trim() == cross.triple) => true,
         Some(_) => process::run_with_timeout(
-            Command::new("rustup").args(["target", "add", TARGET]),
+            Command::new("rustup").args(["target", "add", cross.triple]),
             RUSTUP_ADD_LIMIT,
         )
         .is_ok(),
     }
 }
 
-/// Installs the Debian toolchain if needed and builds into `<target>/wasm-debian`.
-fn build_with_debian(args: &[&str]) -> Result<PathBuf, String> {
+/// Installs the Debian toolchain if needed and runs `cargo SUBCOMMAND` with
+/// build-std into `<target>/<cross.debian_dir>`.
+fn build_with_debian(cross: &Cross, subcommand: &str, args: &[&str]) -> Result<PathBuf, String> {
     ensure_debian_packages()?;
     let library = std_sources()?;
     eprintln!("  std sources: {}", library.display());
     eprintln!(
         "  toolchain: {DEBIAN_CARGO} with RUSTC={DEBIAN_RUSTC} RUSTC_BOOTSTRAP=1, linker wasm-ld"
     );
-    let target_root = target_dir().join("wasm-debian");
+    let target_root = target_dir().join(cross.debian_dir);
     let mut command = Command::new(DEBIAN_CARGO);
     command.current_dir(process::workspace_root());
     for var in FOREIGN_BUILD_VARS {
@@ -178,15 +236,14 @@ fn build_with_debian(args: &[&str]) -> Result<PathBuf, String> {
     command
         .env("RUSTC", DEBIAN_RUSTC)
         .env("RUSTC_BOOTSTRAP", "1")
-        .env("CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER", "wasm-ld")
-        .env(TARGET_RUSTFLAGS.0, TARGET_RUSTFLAGS.1)
+        .envs(cross.env.iter().chain(cross.debian_env).copied())
         .env("CARGO_TARGET_DIR", &target_root)
         .args([
-            "build",
+            subcommand,
             "-Z",
             "build-std=std,panic_abort",
             "--target",
-            TARGET,
+            cross.triple,
         ])
         .args(args);
     process::run(&mut command)?;
@@ -197,8 +254,8 @@ fn build_with_debian(args: &[&str]) -> Result<PathBuf, String> {
 fn ensure_debian_packages() -> Result<(), String> {
     if !Path::new("/etc/debian_version").exists() {
         return Err(format!(
-            "rustup cannot install {TARGET} and this is not Debian, so the fallback \
-             ({}) is unavailable: install the target with `rustup target add {TARGET}`",
+            "rustup cannot install the target and this is not Debian, so the fallback \
+             ({}) is unavailable: install it with `rustup target add`",
             DEBIAN_PACKAGES.join(" ")
         ));
     }
