@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::graph::{Graph, ValueKind};
 use crate::limits::{check_call_bytes, check_shape};
 use crate::ops::Condition;
-use crate::plan::{Home, Plan};
+use crate::plan::{Home, SlotPlan};
 use crate::shape::{Shape, Symbol};
 use smallvec::SmallVec;
 use std::borrow::Cow;
@@ -34,7 +34,7 @@ pub struct Executable {
     graph: Graph,
     known_shapes: Option<Vec<Vec<usize>>>,
     symbols: Vec<(Symbol, SymbolSource)>,
-    plan: Plan,
+    plan: SlotPlan,
 }
 
 impl Executable {
@@ -61,10 +61,10 @@ impl Executable {
             graph,
             known_shapes,
             symbols,
-            plan: Plan::default(),
+            plan: SlotPlan::default(),
         };
         let shapes = exe.representative_shapes(input_shapes);
-        exe.plan = Plan::build(&exe.graph, donated, &shapes);
+        exe.plan = SlotPlan::build(&exe.graph, donated, &shapes);
         if exe.known_shapes.is_some() {
             exe.check_call_bytes(&shapes)?;
         }
@@ -131,7 +131,7 @@ impl Executable {
     }
 
     /// The buffer plan: reinplace decisions, slots and lifetimes.
-    pub fn plan(&self) -> &Plan {
+    pub fn plan(&self) -> &SlotPlan {
         &self.plan
     }
 
@@ -269,7 +269,7 @@ pub trait Backend: Send + Sync + 'static {
     fn download_async(&self, buffer: Self::Buffer) -> DownloadFuture<'_> {
         Box::pin(std::future::ready(self.download(buffer)))
     }
-    /// Runs `exe` on argument buffers through its [`Plan`]; `shapes` is
+    /// Runs `exe` on argument buffers through its [`SlotPlan`]; `shapes` is
     /// the concrete shape of every value of its graph, as
     /// [`Executable::resolve_shapes`] gives them for this call. The
     /// buffers are given up: an argument the plan writes in place (a

@@ -61,7 +61,7 @@ pub use ops::{
     SchemaEntry, ShapeCx, SliceAxis, TemplateValue, UnaryOp,
 };
 pub use passes::{PassRecord, Passes};
-pub use plan::{Home, Plan, PlanMemory, Refusal, ReinplaceDecision};
+pub use plan::{Home, PlanMemory, Refusal, ReinplaceDecision, SlotPlan};
 pub use report::{
     CacheInfo, CacheMiss, MissReason, PlanReport, Report, ReportNode, SlotReport, SlotValue,
 };

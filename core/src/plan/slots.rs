@@ -9,7 +9,7 @@ use crate::hash::FastMap;
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 
-/// Index of a slot of a [`Plan`](super::Plan).
+/// Index of a slot of a [`SlotPlan`](super::SlotPlan).
 pub type SlotId = usize;
 
 /// Slot sizes and arena offsets are multiples of this many bytes: the
