@@ -5,9 +5,9 @@ use super::strided::{
     check_axes, eval_dtype_err, for_each_offset, nan_max, nan_min, narrow, numel,
     row_major_strides, widen, WrappingInt,
 };
-use crate::array::Array;
 use crate::data::HostData;
 use crate::error::{arg_err, dtype_err, shape_err, Error, Result};
+use crate::handle::array::Array;
 use crate::ops::Op;
 use crate::shape::{Aval, Dim, Shape};
 use crate::DType;

@@ -13,7 +13,7 @@ pub use reinplace::{reinplace, OperandVerdict, Refusal, ReinplaceDecision};
 pub use slots::{aligned, lifetimes, place_slots, Arena, Home, Lifetime, SlotId, SLOT_ALIGN};
 pub use verify::{verify_plan, PlanViolation};
 
-use crate::graph::{Graph, ValueId, ValueKind};
+use crate::ir::graph::{Graph, ValueId, ValueKind};
 use crate::shape::{Dim, SymExpr};
 use crate::DType;
 use serde::{Deserialize, Serialize};

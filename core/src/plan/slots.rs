@@ -4,8 +4,8 @@
 //! traced call's sizes; a shapeless executable called with other sizes
 //! places its (fixed) slots again for those sizes.
 
-use crate::graph::{Graph, ValueId, ValueKind};
 use crate::hash::FastMap;
+use crate::ir::graph::{Graph, ValueId, ValueKind};
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 
