@@ -1,5 +1,5 @@
 //! Device buffers as the layers below the executors see them: a
-//! type-erased buffer, the future of its readback, and [`ReadBack`], the
+//! type-erased buffer, the future of its readback, and `ReadBack`, the
 //! narrow interface through which an array kept on a device reads its
 //! value back. The `Array` handle holds these; the executors
 //! ([`crate::exec`]) implement them, so the handle never imports an

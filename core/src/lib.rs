@@ -58,7 +58,7 @@
 //! # Data flow
 //!
 //! A call of a compiled function flattens its arguments ([`tree`]), looks up
-//! the cache key ([`compile`]); on a miss it traces the function on tracer
+//! the cache key ([`compile`](mod@compile)); on a miss it traces the function on tracer
 //! leaves into a [`Graph`] ([`trace`]), lowers implicit values and runs the
 //! passes ([`transform`], [`ir`]), plans slots ([`plan`]) and builds an
 //! [`Executable`] ([`exec`]) with its [`Report`]. A [`Backend`] runs the

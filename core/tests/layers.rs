@@ -84,8 +84,8 @@ fn strip(source: &str) -> String {
             i += (j + 1).min(rest.len());
         } else if rest.starts_with("'\"'") {
             i += 3;
-        } else if rest.starts_with("#[cfg(test)]") {
-            i += skip_item(&rest["#[cfg(test)]".len()..]) + "#[cfg(test)]".len();
+        } else if let Some(item) = rest.strip_prefix("#[cfg(test)]") {
+            i += rest.len() - item.len() + skip_item(item);
         } else {
             let c = rest.chars().next().unwrap_or(' ');
             out.push(c);

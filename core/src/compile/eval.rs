@@ -98,10 +98,11 @@ pub fn eval(arrays: &[Array]) -> Result<()> {
     // and the executable resolves them without the arguments' shapes.
     let shapes = exe.resolve_shapes(&[])?;
     let outputs = device.run(&exe, inputs, &shapes)?;
+    let kept = read_back(device.clone());
     for (array, buffer) in pending.iter().zip(outputs) {
         match host_data(&buffer) {
             Some(data) => array.set_value(data),
-            None => array.set_resident(read_back(device.clone()), buffer),
+            None => array.set_resident(kept.clone(), buffer),
         }
     }
     Ok(())

@@ -30,7 +30,7 @@ pub trait Backend: Send + Sync + 'static {
     fn download_async(&self, buffer: Self::Buffer) -> DownloadFuture<'_> {
         Box::pin(std::future::ready(self.download(buffer)))
     }
-    /// Runs `exe` on argument buffers through its [`SlotPlan`]; `shapes` is
+    /// Runs `exe` on argument buffers through its [`SlotPlan`](crate::plan::SlotPlan); `shapes` is
     /// the concrete shape of every value of its graph, as
     /// [`Executable::resolve_shapes`] gives them for this call. The
     /// buffers are given up: an argument the plan writes in place (a

@@ -1,5 +1,5 @@
 //! The `Array` handle: a cheap, clonable handle to a node of the lazy
-//! graph ([`array`]), and its constructors ([`creation`]). The op
+//! graph ([`array`](mod@array)), and its constructors ([`creation`]). The op
 //! families' user methods on it live beside each family's rules in
 //! [`crate::ops`].
 

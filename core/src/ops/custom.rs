@@ -1,7 +1,7 @@
 //! Custom ops: an op a program defines over a tree of arguments (seed
 //! magi #32), one node in the graph however it is computed.
 //!
-//! The arguments are any [`Tree`], typically a `#[derive(Tree)]` struct:
+//! The arguments are any [`Tree`](crate::Tree), typically a `#[derive(Tree)]` struct:
 //! its array leaves are the node's operands, its static values (numbers,
 //! bools, strings, enums; `#[tree(static)]` fields) are attributes, compared
 //! by value. Two calls of one op with equal attributes on the same operands

@@ -4,7 +4,7 @@
 //! (`handle/array.rs`) and the families import each other: the one
 //! deliberate circle of the crate, which keeps one place per op. Anything
 //! else a family needs from a higher layer reaches it through a narrow
-//! interface: reverse mode as a [`Backward`] argument of [`Op::vjp`], a
+//! interface: reverse mode as a `Backward` argument of `Op::vjp`, a
 //! custom op's tracing and executable through its `CustomRuntime`, the CPU
 //! thread count from the base layer ([`crate::threads`]).
 

@@ -11,7 +11,7 @@
 //! any graph. A cotangent that is structurally zero is `None` and never
 //! materialised.
 //!
-//! [`crate::grad`] and [`crate::value_and_grad`] differentiate a function of any [`Tree`];
+//! [`crate::grad`] and [`crate::value_and_grad`] differentiate a function of any [`Tree`](crate::Tree);
 //! gradients come back in the argument's own tree type. Called directly they
 //! trace the function once on fresh tracers (so a value read inside it is an
 //! error, not a silently constant branch); inside `compile` they differentiate

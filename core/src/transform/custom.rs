@@ -1,6 +1,6 @@
 //! The user-facing constructors of custom ops ([`CustomOp`]): they flatten
 //! trees of arguments, so they sit above the tree layer, and hand every op
-//! its runtime ([`Bodies`]), which builds its executables.
+//! its runtime (`Bodies` in `custom_runtime.rs`), which builds its executables.
 
 use super::custom_runtime::Bodies;
 use super::implicit::optimize;
@@ -27,7 +27,7 @@ impl<A: Tree + 'static> CustomOp<A> {
                 name: name.into(),
                 forward: Arc::new(forward),
                 vjp: None,
-                runtime: Bodies::new(optimize),
+                runtime: Bodies::runtime(optimize),
             }),
             arguments: PhantomData,
         }
@@ -51,7 +51,7 @@ impl<A: Tree + 'static> CustomOp<A> {
                 name: self.def.name.clone(),
                 forward: self.def.forward.clone(),
                 vjp: Some(Arc::new(vjp)),
-                runtime: Bodies::new(optimize),
+                runtime: Bodies::runtime(optimize),
             }),
             arguments: PhantomData,
         }

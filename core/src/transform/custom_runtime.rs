@@ -1,7 +1,7 @@
 //! Custom ops' runtime: their forward traced, optimized and built into a
 //! small executable per set of operand shapes, run by the CPU executor for
 //! the reference evaluation. It implements the op family's
-//! [`CustomRuntime`], so the family (below the executors) never builds an
+//! `CustomRuntime`, so the family (below the executors) never builds an
 //! executable itself.
 
 use crate::data::HostData;
@@ -42,7 +42,7 @@ pub(crate) struct Bodies {
 
 impl Bodies {
     /// A runtime with no executables yet, building them through `optimize`.
-    pub(crate) fn new(optimize: Optimize) -> Arc<dyn CustomRuntime> {
+    pub(crate) fn runtime(optimize: Optimize) -> Arc<dyn CustomRuntime> {
         Arc::new(Bodies {
             optimize,
             cache: Mutex::default(),

@@ -97,7 +97,7 @@ fn kind_def<T: ImplicitArray>() -> Arc<CustomDef> {
     defs.write()
         .unwrap_or_else(PoisonError::into_inner)
         .entry(TypeId::of::<T>())
-        .or_insert_with(|| CustomDef::new(T::KIND, forward, Bodies::new(optimize)))
+        .or_insert_with(|| CustomDef::new(T::KIND, forward, Bodies::runtime(optimize)))
         .clone()
 }
 
