@@ -5,7 +5,7 @@
 use kiln::graph::{Graph, GraphNode, Literal, Operands, ValueId};
 use kiln::{
     compile, Array, Aval, Backend, BinaryOp, CpuBackend, DType, Executable, Home, HostData, Op,
-    Plan, Refusal, UnaryOp, ValueKind,
+    Refusal, SlotPlan, UnaryOp, ValueKind,
 };
 use std::sync::Arc;
 
@@ -71,16 +71,16 @@ fn shape_of(aval: &Aval) -> Vec<usize> {
     aval.shape.as_known().expect("known shape")
 }
 
-fn plan(graph: &Graph, donated: &[bool]) -> Plan {
+fn plan(graph: &Graph, donated: &[bool]) -> SlotPlan {
     let shapes: Vec<Vec<usize>> = graph.nodes.iter().map(|n| shape_of(&n.aval)).collect();
-    let plan = Plan::build(graph, donated, &shapes);
+    let plan = SlotPlan::build(graph, donated, &shapes);
     plan.verify(graph, &shapes)
         .expect("the verifier accepts the plan");
     plan
 }
 
 /// The verdict on `operand` in `node`'s decision (`None`: taken).
-fn verdict(plan: &Plan, node: ValueId, operand: ValueId) -> Option<Refusal> {
+fn verdict(plan: &SlotPlan, node: ValueId, operand: ValueId) -> Option<Refusal> {
     let decision = plan
         .decisions()
         .iter()

@@ -6,9 +6,9 @@ use super::strided::{
     widen, HalfFloat, WrappingInt,
 };
 use super::ShapeCx;
-use crate::array::Array;
 use crate::data::{HostData, HostElement};
 use crate::error::{dtype_err, require_float, require_same_dtype, Result};
+use crate::handle::array::Array;
 use crate::ops::Op;
 use crate::shape::{Aval, Dim, Shape};
 use crate::DType;

@@ -1,8 +1,8 @@
 //! Elementwise dtype conversion: shape rule and reference evaluation.
 
 use super::strided::widen;
-use crate::array::Array;
 use crate::data::HostData;
+use crate::handle::array::Array;
 use crate::ops::Op;
 use crate::shape::Aval;
 use crate::DType;

@@ -1,7 +1,7 @@
 //! Custom ops: an op a program defines over a tree of arguments (seed
 //! magi #32), one node in the graph however it is computed.
 //!
-//! The arguments are any [`Tree`], typically a `#[derive(Tree)]` struct:
+//! The arguments are any [`Tree`](crate::Tree), typically a `#[derive(Tree)]` struct:
 //! its array leaves are the node's operands, its static values (numbers,
 //! bools, strings, enums; `#[tree(static)]` fields) are attributes, compared
 //! by value. Two calls of one op with equal attributes on the same operands
@@ -18,43 +18,48 @@
 //!
 //! [`Kernel`]: super::kernel::Kernel
 
-use super::ShapeCx;
-use crate::array::Array;
-use crate::compile::next_trace_id;
+use super::{Guard, ShapeCx};
 use crate::data::HostData;
 use crate::error::{Error, Result};
-use crate::exec::{Backend, CpuBackend, Executable};
-use crate::graph::Graph;
-use crate::passes::{optimize, Passes};
-use crate::shape::{Aval, Shape};
-use crate::trace::{extract, Leaves};
-use crate::tree::{tree_flatten, tree_unflatten, KeyPath, PathEntry, Tree, TreeDef};
-use crate::DType;
-use std::collections::{HashMap, HashSet};
+use crate::handle::array::Array;
+use crate::shape::Aval;
+use crate::tree::def::TreeDef;
+use crate::tree::path::{KeyPath, PathEntry};
+use std::any::Any;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 pub(crate) type ForwardFn = dyn Fn(&TreeDef, Vec<Array>) -> Result<Array> + Send + Sync;
-type VjpFn =
+pub(crate) type VjpFn =
     dyn Fn(&TreeDef, Vec<Array>, &Array, &Array) -> Result<(Vec<Array>, TreeDef)> + Send + Sync;
 
-/// Executables of one op's forward, by the arguments' structure (statics
-/// included: they change what the forward computes) and the dtypes and
-/// shapes of the operands they were built for.
-type BodyCache = HashMap<(TreeDef, Vec<(DType, Vec<usize>)>), Arc<Executable>>;
-
-/// Distinct operand shapes whose executables an op keeps; past this the
-/// cache starts over (a shapeless program calling an op at ever new sizes
-/// must not grow without bound).
-const BODY_CACHE_LIMIT: usize = 64;
+/// What a custom op needs from the layers above the op families: its
+/// forward traced abstractly (the shape rule) and run on host data (the
+/// reference evaluation), both through a small executable of its own.
+/// Defined here and implemented in `transform/custom_runtime.rs`; every
+/// constructor of a [`CustomDef`] hands one in, so the family never traces
+/// or builds an executable itself.
+pub(crate) trait CustomRuntime: Any + Send + Sync {
+    /// The forward's output aval over operands of `inputs`, and the guards
+    /// its ops record.
+    fn trace_aval(&self, call: &CustomCall, inputs: &[&Aval]) -> Result<(Aval, Vec<Guard>)>;
+    /// The forward run on host data with concrete shapes.
+    fn eval(
+        &self,
+        call: &CustomCall,
+        inputs: &[&HostData],
+        in_shapes: &[&[usize]],
+    ) -> Result<HostData>;
+}
 
 pub(crate) struct CustomDef {
-    name: String,
-    forward: Arc<ForwardFn>,
-    vjp: Option<Arc<VjpFn>>,
-    bodies: Mutex<BodyCache>,
+    pub(crate) name: String,
+    pub(crate) forward: Arc<ForwardFn>,
+    pub(crate) vjp: Option<Arc<VjpFn>>,
+    /// Traces and runs the forward (and keeps its executables).
+    pub(crate) runtime: Arc<dyn CustomRuntime>,
 }
 
 /// A custom op over arguments of type `A`; see the [module docs](self).
@@ -81,9 +86,12 @@ pub(crate) struct CustomDef {
 /// assert_eq!(dx.to_vec::<f32>()?, vec![3.0, 3.0]);
 /// # Ok::<(), kiln::Error>(())
 /// ```
+///
+/// Its constructors and `call` flatten trees of arguments, so they sit
+/// above the op families, in `transform/custom.rs`.
 pub struct CustomOp<A> {
-    def: Arc<CustomDef>,
-    arguments: PhantomData<fn(&A)>,
+    pub(crate) def: Arc<CustomDef>,
+    pub(crate) arguments: PhantomData<fn(&A)>,
 }
 
 impl<A> Clone for CustomOp<A> {
@@ -104,79 +112,13 @@ impl<A> fmt::Debug for CustomOp<A> {
     }
 }
 
-impl<A: Tree + 'static> CustomOp<A> {
-    /// An op named `name` computing `forward`, with no vjp (differentiating
-    /// through it is an `Err` naming it).
-    pub fn new(
-        name: impl Into<String>,
-        forward: impl Fn(&A) -> Result<Array> + Send + Sync + 'static,
-    ) -> Self {
-        let forward =
-            move |def: &TreeDef, leaves: Vec<Array>| forward(&tree_unflatten(def, leaves)?);
-        CustomOp {
-            def: Arc::new(CustomDef {
-                name: name.into(),
-                forward: Arc::new(forward),
-                vjp: None,
-                bodies: Mutex::default(),
-            }),
-            arguments: PhantomData,
-        }
-    }
-
-    /// The same op with a vjp: from the arguments, the output and its
-    /// cotangent, one cotangent per argument in the arguments' own tree
-    /// type `G` (usually `A` itself; static fields take none). `G` may put
-    /// `None` (an `Option`) where the arguments have a whole subtree that
-    /// takes no gradient. A result of another structure, or a cotangent of
-    /// another shape or dtype than its argument, is an `Err` naming the path.
-    pub fn with_vjp<G: Tree>(
-        self,
-        vjp: impl Fn(&A, &Array, &Array) -> Result<G> + Send + Sync + 'static,
-    ) -> Self {
-        let vjp = move |def: &TreeDef, leaves: Vec<Array>, out: &Array, g: &Array| {
-            tree_flatten(&vjp(&tree_unflatten(def, leaves)?, out, g)?)
-        };
-        CustomOp {
-            def: Arc::new(CustomDef {
-                name: self.def.name.clone(),
-                forward: self.def.forward.clone(),
-                vjp: Some(Arc::new(vjp)),
-                bodies: Mutex::default(),
-            }),
-            arguments: PhantomData,
-        }
-    }
-
-    /// The op's name.
-    pub fn name(&self) -> &str {
-        &self.def.name
-    }
-
-    /// Applies the op: one node whose operands are the array leaves of
-    /// `args` (a failed array if `args` does not flatten or the forward
-    /// fails for these operands).
-    pub fn call(&self, args: &A) -> Array {
-        match tree_flatten(args) {
-            Ok((leaves, args)) => Array::apply(
-                super::Op::Custom(CustomCall {
-                    def: self.def.clone(),
-                    args,
-                }),
-                leaves,
-            ),
-            Err(e) => Array::failed(e),
-        }
-    }
-}
-
 /// One application of a custom op: the op and the structure of its
 /// arguments with their static values. Equal when the op is the same and
 /// the structures and statics are equal.
 #[derive(Clone)]
 pub struct CustomCall {
-    def: Arc<CustomDef>,
-    args: TreeDef,
+    pub(crate) def: Arc<CustomDef>,
+    pub(crate) args: TreeDef,
 }
 
 impl PartialEq for CustomCall {
@@ -242,14 +184,26 @@ pub struct SchemaEntry {
 }
 
 impl CustomDef {
-    /// A def named `name` computing `forward`, without a vjp.
-    pub(crate) fn new(name: impl Into<String>, forward: Arc<ForwardFn>) -> Arc<CustomDef> {
+    /// A def named `name` computing `forward` through `runtime`, without a
+    /// vjp.
+    pub(crate) fn new(
+        name: impl Into<String>,
+        forward: Arc<ForwardFn>,
+        runtime: Arc<dyn CustomRuntime>,
+    ) -> Arc<CustomDef> {
         Arc::new(CustomDef {
             name: name.into(),
             forward,
             vjp: None,
-            bodies: Mutex::default(),
+            runtime,
         })
+    }
+}
+
+impl<A> CustomOp<A> {
+    /// The op's name.
+    pub fn name(&self) -> &str {
+        &self.def.name
     }
 }
 
@@ -267,11 +221,6 @@ impl CustomCall {
     /// The forward applied to `leaves` (lazily: the graph it builds).
     pub(crate) fn apply_forward(&self, leaves: Vec<Array>) -> Result<Array> {
         (self.def.forward)(&self.args, leaves)
-    }
-
-    /// The forward's graph over operands of `avals`, for splicing.
-    pub(crate) fn forward_graph(&self, avals: &[&Aval]) -> Result<Graph> {
-        self.trace(avals)
     }
 
     /// The op's name.
@@ -331,38 +280,11 @@ impl CustomCall {
         }
     }
 
-    fn error(&self, detail: impl Into<String>) -> Error {
+    pub(crate) fn error(&self, detail: impl Into<String>) -> Error {
         Error::InvalidArgument {
             op: self.def.name.clone(),
             detail: detail.into(),
         }
-    }
-
-    /// The forward's graph over operands of `avals` (the trace's inputs).
-    fn trace(&self, avals: &[&Aval]) -> Result<Graph> {
-        let id = next_trace_id();
-        let params = avals
-            .iter()
-            .enumerate()
-            .map(|(i, &a)| Array::param(id, i, a.clone()))
-            .collect();
-        let out = (self.def.forward)(&self.args, params)?;
-        let (graph, _) = extract(
-            &[out],
-            Leaves::Trace {
-                id,
-                num_inputs: avals.len(),
-            },
-            &HashSet::new(),
-        )
-        .map_err(|e| match e {
-            Error::ReadTracer { aval } => self.error(format!(
-                "its forward reads a traced value ({aval}) or uses an array traced outside it; \
-                 pass every array it needs as an argument"
-            )),
-            other => other,
-        })?;
-        Ok(graph)
     }
 
     /// The shape rule: the forward traced abstractly over `inputs`; the
@@ -375,69 +297,15 @@ impl CustomCall {
                 inputs.len()
             )));
         }
-        let graph = self.trace(inputs)?;
-        cx.guards.extend(graph.guards.iter().cloned());
-        let out = graph.outputs[0];
-        Ok(graph.nodes[out].aval.clone())
+        let (aval, guards) = self.def.runtime.trace_aval(self, inputs)?;
+        cx.guards.extend(guards);
+        Ok(aval)
     }
 
-    /// The executable computing the forward for operands of these dtypes
-    /// and concrete shapes, built once per distinct set.
-    pub fn body(&self, operands: &[(DType, &[usize])]) -> Result<Arc<Executable>> {
-        let key = (
-            self.args.clone(),
-            operands.iter().map(|(d, s)| (*d, s.to_vec())).collect(),
-        );
-        let cached = self
-            .def
-            .bodies
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&key)
-            .cloned();
-        if let Some(exe) = cached {
-            return Ok(exe);
-        }
-        let avals: Vec<Aval> = operands
-            .iter()
-            .map(|(d, s)| Aval::new(Shape::known(s), *d))
-            .collect();
-        let graph = self.trace(&avals.iter().collect::<Vec<_>>())?;
-        let (graph, _) = optimize(&graph, Passes::default())?;
-        let shapes: Vec<&[usize]> = operands.iter().map(|(_, s)| *s).collect();
-        let exe = Arc::new(Executable::new(
-            graph,
-            Vec::new(),
-            &vec![false; operands.len()],
-            &shapes,
-        )?);
-        let mut bodies = self
-            .def
-            .bodies
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if bodies.len() >= BODY_CACHE_LIMIT {
-            bodies.clear();
-        }
-        bodies.insert(key, exe.clone());
-        Ok(exe)
-    }
-
-    /// Runs the forward on host data (the CPU executor's evaluation).
+    /// Runs the forward on host data (the CPU executor's evaluation),
+    /// through the runtime's executable of it.
     pub(crate) fn eval(&self, inputs: &[&HostData], in_shapes: &[&[usize]]) -> Result<HostData> {
-        let operands: Vec<(DType, &[usize])> = inputs
-            .iter()
-            .zip(in_shapes)
-            .map(|(data, &shape)| (data.dtype(), shape))
-            .collect();
-        let exe = self.body(&operands)?;
-        let shapes = exe.resolve_shapes(in_shapes)?.into_owned();
-        let buffers = inputs.iter().map(|&d| Arc::new(d.clone())).collect();
-        let mut outputs = CpuBackend.run(&exe, buffers, &shapes)?;
-        let out = outputs
-            .pop()
-            .ok_or_else(|| self.error("its forward returned no value"))?;
-        Ok(Arc::try_unwrap(out).unwrap_or_else(|shared| (*shared).clone()))
+        self.def.runtime.eval(self, inputs, in_shapes)
     }
 
     /// The cotangent of every operand from the op's vjp, checked against

@@ -20,9 +20,9 @@ use super::unary::float_map_into_then;
 use super::{BinaryOp, Op, ShapeCx, UnaryOp};
 use crate::data::HostData;
 use crate::error::{Error, Result};
-#[cfg(not(target_arch = "wasm32"))]
-use crate::exec::cpu_threads;
 use crate::shape::Aval;
+#[cfg(not(target_arch = "wasm32"))]
+use crate::threads::cpu_threads;
 use smallvec::SmallVec;
 use std::cell::RefCell;
 

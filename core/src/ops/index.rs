@@ -1,9 +1,9 @@
 //! NumPy `take` along one axis: shape rule and reference evaluation.
 
 use super::strided::numel;
-use crate::array::Array;
 use crate::data::{HostData, HostElement};
 use crate::error::{arg_err, dtype_err, Error, Result};
+use crate::handle::array::Array;
 use crate::ops::Op;
 use crate::shape::{Aval, Shape};
 use crate::DType;

@@ -26,9 +26,9 @@
 //! checks its bindings against the description.
 
 use super::ShapeCx;
-use crate::array::Array;
 use crate::data::HostData;
 use crate::error::{Error, Result};
+use crate::handle::array::Array;
 use crate::shape::{Aval, Shape};
 use crate::DType;
 use std::fmt;

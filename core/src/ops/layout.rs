@@ -4,9 +4,9 @@
 
 use super::strided::{broadcast_strides, gather, numel, row_major_strides};
 use super::ShapeCx;
-use crate::array::{normalize_axis, Array};
 use crate::data::{HostData, HostElement};
 use crate::error::{arg_err, dtype_err, shape_err, Result};
+use crate::handle::array::{normalize_axis, Array};
 use crate::ops::Op;
 use crate::shape::{Aval, Dim, Shape, SymExpr};
 use crate::DType;

@@ -6,9 +6,9 @@ use super::strided::{
     WrappingInt,
 };
 use super::ShapeCx;
-use crate::array::Array;
 use crate::data::HostData;
 use crate::error::{dtype_err, require_same_dtype, shape_err, Error, Result};
+use crate::handle::array::Array;
 use crate::ops::Op;
 use crate::shape::{Aval, Shape};
 use crate::DType;

@@ -1,15 +1,24 @@
 //! The op families. Each family module holds everything about its ops: the
-//! shape rule and the reference (CPU) evaluation, side by side.
+//! shape rule and the reference (CPU) evaluation, side by side, and the
+//! `Array` handle's user methods for them (`impl Array` blocks). The handle
+//! (`handle/array.rs`) and the families import each other: the one
+//! deliberate circle of the crate, which keeps one place per op. Anything
+//! else a family needs from a higher layer reaches it through a narrow
+//! interface: reverse mode as a `Backward` argument of `Op::vjp`, a
+//! custom op's tracing and executable through its `CustomRuntime`, the CPU
+//! thread count from the base layer ([`crate::threads`]).
 
 pub mod binary;
 pub mod cast;
 pub mod custom;
 pub mod fused;
+pub mod implicit;
 pub mod index;
 pub mod kernel;
 pub mod layout;
 pub mod math;
 pub mod matmul;
+pub mod nn;
 pub mod pad;
 pub mod quant;
 pub mod reduce;
@@ -18,10 +27,9 @@ pub mod select;
 mod strided;
 pub mod unary;
 
-use crate::array::Array;
 use crate::data::HostData;
 use crate::error::Result;
-use crate::implicit::ImplicitCall;
+use crate::handle::array::Array;
 use crate::shape::{Aval, Dim, Shape};
 use crate::DType;
 use serde::{Deserialize, Serialize};
@@ -33,6 +41,7 @@ use std::sync::Arc;
 pub use binary::BinaryOp;
 pub use custom::{CustomCall, CustomOp, SchemaEntry};
 pub use fused::{FusedArg, FusedKernel, FusedStep};
+pub use implicit::ImplicitCall;
 pub use kernel::{Kernel, KernelCall, TemplateValue};
 pub use layout::SliceAxis;
 pub use quant::{QuantFormat, QuantKind, QuantOp, QuantPart};
@@ -40,6 +49,14 @@ pub use reduce::ReduceOp;
 #[cfg(test)]
 pub(crate) use strided::proptest_config;
 pub use unary::UnaryOp;
+
+/// Reverse mode over the lazy graph, as the transform layer implements it
+/// (`transform::autodiff::backward`): the cotangents of `wrt` when
+/// `outputs` have the cotangents `seeds`. Handed to [`Op::vjp`] for the
+/// rules that differentiate a composition (an implicit value's
+/// materialization), so no family imports the transform layer.
+pub(crate) type Backward<'a> =
+    &'a dyn Fn(&[Array], Vec<Option<Array>>, &[Array]) -> Result<Vec<Option<Array>>>;
 
 /// An operation of the graph: a closed set of families plus one open
 /// variant for custom kernels.
@@ -343,6 +360,7 @@ impl Op {
         inputs: &[Array],
         output: &Array,
         g: &Array,
+        backward: Backward<'_>,
     ) -> Result<Vec<Option<Array>>> {
         Ok(match self {
             Op::Unary(u) => vec![Some(unary::vjp(*u, &inputs[0], output, g))],
@@ -366,7 +384,7 @@ impl Op {
             Op::PadSlice { axes, .. } => vec![Some(pad::vjp(axes, g))],
             Op::ArgMax { .. } | Op::StopGradient => vec![None; inputs.len()],
             Op::Custom(c) => c.vjp(inputs, output, g)?,
-            Op::Implicit(i) => i.vjp(inputs, g)?,
+            Op::Implicit(i) => i.vjp(inputs, g, backward)?,
             Op::Quant(q) => q.vjp(inputs, g)?,
             Op::Kernel(_) => {
                 return Err(crate::error::arg_err(

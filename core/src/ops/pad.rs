@@ -4,10 +4,10 @@
 use super::layout::{slice_shape_rule, slice_view, SliceAxis};
 use super::strided::{for_each_offset, numel};
 use super::{Op, ShapeCx};
-use crate::array::Array;
 use crate::data::{HostData, HostElement};
 use crate::dtype::Element;
 use crate::error::{arg_err, shape_err, Error, Result};
+use crate::handle::array::Array;
 use crate::shape::{Aval, Shape};
 
 const OP: &str = "pad_slice";

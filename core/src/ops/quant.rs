@@ -47,9 +47,9 @@
 
 use super::strided::{broadcast_shapes, broadcast_strides, for_each_offset, numel};
 use super::{Op, ShapeCx};
-use crate::array::Array;
 use crate::data::HostData;
 use crate::error::{arg_err, dtype_err, shape_err, Error, Result};
+use crate::handle::array::Array;
 use crate::shape::{Aval, Dim, Shape};
 use crate::DType;
 use half::{bf16, f16};

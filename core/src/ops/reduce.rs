@@ -5,9 +5,9 @@ use super::strided::{
     check_axes, eval_dtype_err, for_each_offset, nan_max, nan_min, narrow, numel,
     row_major_strides, widen, WrappingInt,
 };
-use crate::array::Array;
 use crate::data::HostData;
 use crate::error::{arg_err, dtype_err, shape_err, Error, Result};
+use crate::handle::array::Array;
 use crate::ops::Op;
 use crate::shape::{Aval, Dim, Shape};
 use crate::DType;
@@ -159,7 +159,7 @@ pub fn shape_rule(op: ReduceOp, axes: &[usize], keepdims: bool, aval: &Aval) -> 
 /// Reference evaluation of reducing `axes` of contiguous `data` of `shape`.
 pub fn eval(op: ReduceOp, axes: &[usize], data: &HostData, shape: &[usize]) -> Result<HostData> {
     check_axes(op.name(), axes, shape.len())?;
-    let plan = Plan::new(axes, shape);
+    let plan = ReduceGeometry::new(axes, shape);
     if op != ReduceOp::Sum && plan.group == 0 && plan.outputs > 0 {
         return Err(Error::Runtime {
             op: op.name().to_string(),
@@ -198,7 +198,7 @@ pub fn eval(op: ReduceOp, axes: &[usize], data: &HostData, shape: &[usize]) -> R
 }
 
 /// How a reduction walks its input.
-struct Plan {
+struct ReduceGeometry {
     /// The input shape.
     shape: Vec<usize>,
     /// Per input axis, the output stride (0 on reduced axes).
@@ -211,8 +211,8 @@ struct Plan {
     trailing: bool,
 }
 
-impl Plan {
-    fn new(axes: &[usize], shape: &[usize]) -> Plan {
+impl ReduceGeometry {
+    fn new(axes: &[usize], shape: &[usize]) -> ReduceGeometry {
         let kept: Vec<usize> = (0..shape.len()).filter(|i| !axes.contains(i)).collect();
         let kept_shape: Vec<usize> = kept.iter().map(|&i| shape[i]).collect();
         let kept_strides = row_major_strides(&kept_shape);
@@ -220,7 +220,7 @@ impl Plan {
         for (&axis, &stride) in kept.iter().zip(&kept_strides) {
             out_strides[axis] = stride;
         }
-        Plan {
+        ReduceGeometry {
             shape: shape.to_vec(),
             out_strides,
             group: axes.iter().map(|&a| shape[a]).product(),

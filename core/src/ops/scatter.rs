@@ -5,9 +5,9 @@
 use super::index::resolve_indices;
 use super::strided::{eval_dtype_err, narrow, numel, widen, WrappingInt};
 use super::{Op, ShapeCx};
-use crate::array::Array;
 use crate::data::HostData;
 use crate::error::{arg_err, dtype_err, shape_err, Result};
+use crate::handle::array::Array;
 use crate::shape::{Aval, Dim, Shape};
 use crate::DType;
 

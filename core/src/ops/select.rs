@@ -3,9 +3,9 @@
 
 use super::strided::{broadcast_shapes, broadcast_strides, eval_dtype_err, for_each_offset, numel};
 use super::ShapeCx;
-use crate::array::Array;
 use crate::data::{HostData, HostElement};
 use crate::error::{arg_err, dtype_err, require_same_dtype, Result};
+use crate::handle::array::Array;
 use crate::ops::binary::Operand;
 use crate::ops::Op;
 use crate::shape::Aval;

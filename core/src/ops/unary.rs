@@ -6,9 +6,9 @@ use super::math::{
     sin_reduced_f32, tanh_f32, tanh_small_f32, tanh_takes_small, trig_takes_reduced,
 };
 use super::strided::{eval_dtype_err, narrow, widen, HalfFloat};
-use crate::array::Array;
 use crate::data::HostData;
 use crate::error::{dtype_err, require_float, Result};
+use crate::handle::array::Array;
 use crate::ops::Op;
 use crate::shape::Aval;
 use crate::DType;

@@ -1,6 +1,6 @@
 //! Reinplacing and buffer-slot planning.
 //!
-//! [`Plan::build`] decides, per elementwise node (and kernel with an
+//! [`SlotPlan::build`] decides, per elementwise node (and kernel with an
 //! in-place input), whether its output takes an operand's buffer ([`reinplace`]), then gives every computed value a
 //! slot and a lifetime (`plan::slots`). Backends run through the plan; the
 //! independent [`verify_plan`] checks every plan in debug builds and tests.
@@ -13,14 +13,14 @@ pub use reinplace::{reinplace, OperandVerdict, Refusal, ReinplaceDecision};
 pub use slots::{aligned, lifetimes, place_slots, Arena, Home, Lifetime, SlotId, SLOT_ALIGN};
 pub use verify::{verify_plan, PlanViolation};
 
-use crate::graph::{Graph, ValueId, ValueKind};
+use crate::ir::graph::{Graph, ValueId, ValueKind};
 use crate::shape::{Dim, SymExpr};
 use crate::DType;
 use serde::{Deserialize, Serialize};
 
 /// How an executable's values are placed in buffers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Plan {
+pub struct SlotPlan {
     decisions: Vec<ReinplaceDecision>,
     in_place: Vec<Option<ValueId>>,
     homes: Vec<Home>,
@@ -46,13 +46,13 @@ pub struct PlanMemory {
     pub no_reuse_bytes: usize,
 }
 
-impl Plan {
+impl SlotPlan {
     /// Plans `graph` for values of `shapes` (the traced call's).
     /// `donated[i]` says whether argument leaf `i` may be written. The
     /// slots hold for every shape a shapeless executable accepts: their
     /// sizes, and where the arena places them, are resolved per set of
-    /// shapes ([`Plan::arena`]).
-    pub fn build(graph: &Graph, donated: &[bool], shapes: &[Vec<usize>]) -> Plan {
+    /// shapes ([`SlotPlan::arena`]).
+    pub fn build(graph: &Graph, donated: &[bool], shapes: &[Vec<usize>]) -> SlotPlan {
         let lifetimes = lifetimes(graph);
         let decisions = reinplace(graph, donated, &lifetimes);
         let mut in_place = vec![None; graph.nodes.len()];
@@ -78,7 +78,7 @@ impl Plan {
                 merged
             })
             .collect();
-        Plan {
+        SlotPlan {
             decisions,
             in_place,
             homes,

@@ -4,7 +4,7 @@
 //! reason for every operand it could not take.
 
 use super::Lifetime;
-use crate::graph::{Graph, ValueId, ValueKind};
+use crate::ir::graph::{Graph, ValueId, ValueKind};
 use crate::shape::{Dim, Shape};
 use crate::DType;
 use serde::{Deserialize, Serialize};

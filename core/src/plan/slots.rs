@@ -4,12 +4,12 @@
 //! traced call's sizes; a shapeless executable called with other sizes
 //! places its (fixed) slots again for those sizes.
 
-use crate::graph::{Graph, ValueId, ValueKind};
 use crate::hash::FastMap;
+use crate::ir::graph::{Graph, ValueId, ValueKind};
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 
-/// Index of a slot of a [`Plan`](super::Plan).
+/// Index of a slot of a [`SlotPlan`](super::SlotPlan).
 pub type SlotId = usize;
 
 /// Slot sizes and arena offsets are multiples of this many bytes: the

@@ -4,7 +4,7 @@
 //! planner's own bookkeeping.
 
 use super::{Arena, Home};
-use crate::graph::{Graph, ValueId, ValueKind};
+use crate::ir::graph::{Graph, ValueId, ValueKind};
 use crate::shape::Dim;
 use std::collections::HashMap;
 use std::fmt;

@@ -36,12 +36,12 @@
 //! # Ok::<(), kiln::Error>(())
 //! ```
 
-mod def;
-mod depth;
+pub(crate) mod def;
+pub(crate) mod depth;
 pub mod derive_support;
 mod impls;
-mod path;
-mod static_value;
+pub(crate) mod path;
+pub(crate) mod static_value;
 mod value;
 mod walk;
 
@@ -51,8 +51,8 @@ pub use path::{prefix_error, KeyPath, PathEntry};
 pub use static_value::{StaticBound, StaticValue};
 pub use value::{FlattenFn, NodeType, Registry, UnflattenFn, Value};
 
-use crate::array::Array;
 use crate::error::Result;
+use crate::handle::array::Array;
 use path::tree_err;
 
 /// A value that can be flattened into array leaves and a [`TreeDef`], and

@@ -4,9 +4,9 @@
 use super::depth::MAX_TREE_DEPTH;
 use super::path::tree_err;
 use super::static_value::StaticValue;
-use super::{walk, Tree, TreeDef};
-use crate::array::Array;
+use super::{Tree, TreeDef};
 use crate::error::Result;
+use crate::handle::array::Array;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -88,26 +88,6 @@ impl Value {
             Value::Object { class, .. } => class,
             Value::Opaque { type_name } => type_name,
         }
-    }
-
-    /// Flattens with an explicit registry: registered types first (by
-    /// [`Value::type_name`]), then the built-in containers.
-    ///
-    /// A registered node whose flatten returns (a value equal to) itself,
-    /// directly or through other nodes, is an `Err` naming its type and
-    /// path; so is nesting deeper than [`MAX_TREE_DEPTH`].
-    pub fn flatten_with(&self, registry: &Registry, leaves: &mut Vec<Array>) -> Result<TreeDef> {
-        walk::flatten(self, registry, leaves)
-    }
-
-    /// Builds a new value from `def` and leaves with an explicit registry.
-    /// Registered nodes are rebuilt by their registered unflatten.
-    pub fn unflatten_with(
-        registry: &Registry,
-        def: &TreeDef,
-        leaves: &mut IntoIter<Array>,
-    ) -> Result<Value> {
-        walk::unflatten(registry, def, leaves)
     }
 }
 

@@ -16,8 +16,8 @@ use super::path::{prefix_error, tree_err, PathEntry};
 use super::static_value::StaticValue;
 use super::value::{child_name, scalar, NodeType, Registry, ScriptScalar, Value};
 use super::{intern_key, MapKey, NodeDef, TreeDef};
-use crate::array::Array;
 use crate::error::{Error, Result};
+use crate::handle::array::Array;
 use crate::hash::FastHasher;
 use std::borrow::Cow;
 use std::cell::OnceCell;
@@ -603,4 +603,27 @@ fn registered(registry: &Registry, node: &NodeDef) -> Result<Arc<NodeType>> {
         )));
     }
     Ok(node_type)
+}
+/// The walks with an explicit registry, as `Value` methods (here beside
+/// the walks, so `value.rs` needs nothing from this file).
+impl Value {
+    /// Flattens with an explicit registry: registered types first (by
+    /// [`Value::type_name`]), then the built-in containers.
+    ///
+    /// A registered node whose flatten returns (a value equal to) itself,
+    /// directly or through other nodes, is an `Err` naming its type and
+    /// path; so is nesting deeper than [`MAX_TREE_DEPTH`](super::MAX_TREE_DEPTH).
+    pub fn flatten_with(&self, registry: &Registry, leaves: &mut Vec<Array>) -> Result<TreeDef> {
+        flatten(self, registry, leaves)
+    }
+
+    /// Builds a new value from `def` and leaves with an explicit registry.
+    /// Registered nodes are rebuilt by their registered unflatten.
+    pub fn unflatten_with(
+        registry: &Registry,
+        def: &TreeDef,
+        leaves: &mut IntoIter<Array>,
+    ) -> Result<Value> {
+        unflatten(registry, def, leaves)
+    }
 }

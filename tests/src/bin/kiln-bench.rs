@@ -2,7 +2,7 @@
 //! `cargo xtask bench [NAME...]` runs it in release mode.
 
 use kiln::{
-    compile, nn, Array, Backend, DType, Executable, HostData, Kernel, Plan, PlanMemory, Tree,
+    compile, nn, Array, Backend, DType, Executable, HostData, Kernel, PlanMemory, SlotPlan, Tree,
 };
 use kiln_cpu_bench::{
     anchor_chain, input, scalar_chain, unary_input, CHAINS, ELEMENTS, SCALAR_CHAIN, UNARY, WIDE,
@@ -255,7 +255,7 @@ fn plan_10000_nodes() -> f64 {
     let mut times: Vec<f64> = (0..7)
         .map(|_| {
             time_once_ms(|| {
-                let plan = Plan::build(graph, &donated, &shapes);
+                let plan = SlotPlan::build(graph, &donated, &shapes);
                 std::hint::black_box(plan.memory(graph, &shapes));
             })
         })

@@ -1,186 +1,20 @@
-//! Reverse-mode autodiff: a transformation of traced graphs.
-//!
-//! Each op family's vjp sits beside its shape rule (`Op::vjp`). `backward`
-//! walks the lazy graph from the outputs back to the differentiated leaves
-//! and builds the cotangents as ordinary lazy arrays, so a gradient is just
-//! more graph: traced by [`crate::compile()`] together with the forward pass
-//! (one cache entry), then fused, reinplaced, slot-planned and verified like
-//! any graph. A cotangent that is structurally zero is `None` and never
-//! materialised.
-//!
-//! [`grad`] and [`value_and_grad`] differentiate a function of any [`Tree`];
-//! gradients come back in the argument's own tree type. Called directly they
-//! trace the function once on fresh tracers (so a value read inside it is an
-//! error, not a silently constant branch); inside `compile` they differentiate
-//! the trace they are part of. Errors (an integer leaf, a non-scalar loss, an
-//! op without a vjp) are `Err`s naming the leaf path, the shape or the op.
+//! The user-facing reverse-mode transformations: [`grad`],
+//! [`value_and_grad`] and [`vjp`] differentiate a function of any tree.
+//! They trace and run through `compile`, so they sit in its layer; the walk
+//! over the lazy graph they use is `transform/autodiff.rs`.
 
-use crate::array::{Array, NodeKind};
-use crate::compile::{compile, leaves_under, next_trace_id, normalize_arg_path, Function};
+use super::cache::{compile, leaves_under, normalize_arg_path, Function};
+use super::report::arg_path;
 use crate::error::{Error, Result};
 use crate::exec::{Backend, CpuBackend, Executable};
-use crate::hash::{fast_map, FastMap};
-use crate::ops::Op;
-use crate::passes::{optimize, Passes};
-use crate::report::arg_path;
-use crate::trace::{extract, Leaves};
+use crate::handle::array::Array;
+use crate::ir::passes::Passes;
+use crate::trace::{extract, next_trace_id, Leaves};
+use crate::transform::autodiff::{backward, zeros_like};
+use crate::transform::implicit::optimize;
 use crate::tree::{tree_unflatten, Tree, TreeDef};
-use std::cell::RefCell;
 use std::collections::HashSet;
 use std::marker::PhantomData;
-
-/// The cotangent of each of `wrt` when `outputs` have the cotangents
-/// `seeds` (`None` where an output's is zero); `None` where a cotangent is
-/// structurally zero (no path from that leaf to a seeded output).
-pub(crate) fn backward(
-    outputs: &[Array],
-    seeds: Vec<Option<Array>>,
-    wrt: &[Array],
-) -> Result<Vec<Option<Array>>> {
-    if let Some(e) = outputs.iter().find_map(Array::error) {
-        return Err(e.clone());
-    }
-    let order = topological_order(outputs);
-    // Values that depend on a differentiated leaf, in schedule order.
-    let mut active: HashSet<usize> = wrt.iter().map(Array::id).collect();
-    for array in &order {
-        if let NodeKind::Op { op, inputs, .. } = &array.node.kind {
-            let depends = !matches!(op, Op::StopGradient)
-                && inputs
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .iter()
-                    .any(|input| active.contains(&input.id()));
-            if depends {
-                active.insert(array.id());
-            }
-        }
-    }
-    let mut cotangents: FastMap<usize, Array> = fast_map(order.len());
-    for (output, seed) in outputs.iter().zip(seeds) {
-        if let (Some(seed), true) = (seed, active.contains(&output.id())) {
-            accumulate(&mut cotangents, output.id(), seed);
-        }
-    }
-    for array in order.iter().rev() {
-        let NodeKind::Op { op, inputs, .. } = &array.node.kind else {
-            continue;
-        };
-        if !active.contains(&array.id()) {
-            continue;
-        }
-        let Some(cotangent) = cotangents.remove(&array.id()) else {
-            continue;
-        };
-        let inputs = inputs.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let grads = op.vjp(&inputs, array, &cotangent)?;
-        for (input, grad) in inputs.iter().zip(grads) {
-            if let (Some(grad), true) = (grad, active.contains(&input.id())) {
-                accumulate(&mut cotangents, input.id(), grad);
-            }
-        }
-    }
-    let grads: Vec<Option<Array>> = wrt.iter().map(|w| cotangents.remove(&w.id())).collect();
-    record_backward(&order, grads.iter().flatten());
-    Ok(grads)
-}
-
-thread_local! {
-    /// The backward values built while a `compile` trace runs, so its
-    /// graph can mark them.
-    static BACKWARD: RefCell<Option<Vec<Array>>> = const { RefCell::new(None) };
-}
-
-/// Runs `trace` collecting the values of every backward pass it builds
-/// (kept alive, so their ids stay theirs while the trace is extracted).
-pub(crate) fn collecting_backward<T>(trace: impl FnOnce() -> T) -> (T, Vec<Array>) {
-    let outer = BACKWARD.with(|b| b.replace(Some(Vec::new())));
-    let result = trace();
-    let backward = BACKWARD.with(|b| b.replace(outer)).unwrap_or_default();
-    (result, backward)
-}
-
-/// Adds to the collector, if one is active, every value below `grads` that
-/// is not one of `forward`: the values the backward pass computes.
-fn record_backward<'a>(forward: &[Array], grads: impl Iterator<Item = &'a Array>) {
-    if BACKWARD.with(|b| b.borrow().is_none()) {
-        return;
-    }
-    let forward: HashSet<usize> = forward.iter().map(Array::id).collect();
-    let mut seen: HashSet<usize> = HashSet::new();
-    let mut found: Vec<Array> = Vec::new();
-    let mut stack: Vec<Array> = grads.cloned().collect();
-    while let Some(array) = stack.pop() {
-        if forward.contains(&array.id()) || !seen.insert(array.id()) {
-            continue;
-        }
-        if let NodeKind::Op { inputs, .. } = &array.node.kind {
-            stack.extend(
-                inputs
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .iter()
-                    .cloned(),
-            );
-        }
-        found.push(array);
-    }
-    BACKWARD.with(|b| {
-        if let Some(all) = b.borrow_mut().as_mut() {
-            all.extend(found);
-        }
-    });
-}
-
-/// Adds `grad` to the cotangent gathered so far for value `id`.
-fn accumulate(cotangents: &mut FastMap<usize, Array>, id: usize, grad: Array) {
-    let sum = match cotangents.remove(&id) {
-        Some(so_far) => so_far + grad,
-        None => grad,
-    };
-    cotangents.insert(id, sum);
-}
-
-/// Every array `outputs` depend on, each after its inputs (an iterative
-/// post-order walk: chains can be a hundred thousand ops long).
-fn topological_order(outputs: &[Array]) -> Vec<Array> {
-    let mut order = Vec::new();
-    let mut seen: HashSet<usize> = HashSet::new();
-    let mut stack: Vec<(Array, bool)> = outputs.iter().rev().map(|a| (a.clone(), false)).collect();
-    while let Some((array, expanded)) = stack.pop() {
-        if expanded {
-            order.push(array);
-            continue;
-        }
-        if !seen.insert(array.id()) {
-            continue;
-        }
-        stack.push((array.clone(), true));
-        if let NodeKind::Op { inputs, .. } = &array.node.kind {
-            let inputs = inputs.lock().unwrap_or_else(|p| p.into_inner());
-            for input in inputs.iter().rev() {
-                if !seen.contains(&input.id()) {
-                    stack.push((input.clone(), false));
-                }
-            }
-        }
-    }
-    order
-}
-
-/// `x`, but no gradient flows through it: its cotangent is zero. It is an
-/// identity op that the simplify pass removes, so no backend ever runs it.
-///
-/// ```
-/// use kiln::{grad, stop_gradient, Array};
-/// let f = grad(|x: Array| (&x * stop_gradient(&x)).sum_all());
-/// let g = f.call(&Array::from_vec(vec![3.0f32], &[1])?)?;
-/// assert_eq!(g.to_vec::<f32>()?, vec![3.0]);
-/// # Ok::<(), kiln::Error>(())
-/// ```
-pub fn stop_gradient(x: &Array) -> Array {
-    Array::apply(Op::StopGradient, vec![x.clone()])
-}
 
 /// The gradient of `f`, a function of any tree returning a scalar float
 /// array, with respect to its argument (or to the subtrees chosen with
@@ -412,12 +246,6 @@ fn differentiate<In: Tree>(
     Ok((loss, tree_unflatten(&tree, gradient)?))
 }
 
-/// Zeros with `x`'s aval (symbolic dims included), built by broadcasting a
-/// scalar so that nothing large is materialised until a kernel writes it.
-pub(crate) fn zeros_like(x: &Array) -> Array {
-    Array::scalar(0.0, x.dtype()).broadcast_to(x.shape().clone())
-}
-
 /// The vector-Jacobian product of `f` at `primals`: its outputs, and a
 /// [`Pullback`] that maps a cotangent of the outputs (same tree type) to
 /// the cotangent of the arguments (the arguments' tree type).
@@ -437,7 +265,7 @@ pub fn vjp<In: Tree, Out: Tree>(
 ) -> Result<(Out, Pullback<In, Out>)> {
     let mut leaves = Vec::new();
     let in_tree = primals.flatten(&mut leaves)?;
-    crate::eval::eval(&leaves)?;
+    crate::compile::eval::eval(&leaves)?;
     let trace = next_trace_id();
     let params: Vec<Array> = leaves
         .iter()
@@ -503,7 +331,7 @@ impl<In: Tree, Out: Tree> Pullback<In, Out> {
                 });
             }
         }
-        crate::eval::eval(&seeds)?;
+        crate::compile::eval::eval(&seeds)?;
         let grads = backward(
             &self.traced_outputs,
             seeds.into_iter().map(Some).collect(),

@@ -21,22 +21,26 @@
 //! unchanged to a full-precision master copy (the straight-through
 //! estimator) and none to its leaves.
 
-use crate::array::Array;
-use crate::autodiff::backward;
-use crate::compile::next_trace_id;
+use super::custom_runtime::Bodies;
 use crate::error::{Error, Result};
-use crate::graph::{Graph, GraphNode, Origin, ValueId, ValueKind};
+use crate::handle::array::Array;
+use crate::ir::graph::{Graph, GraphNode, Origin, ValueId, ValueKind};
+use crate::ir::passes::{optimize_lowered, PassRecord, Passes};
 use crate::ops::custom::{CustomCall, CustomDef, ForwardFn};
 use crate::ops::quant::{quantize, quantized_matmul, QuantFormat, Quantized};
-use crate::ops::{Op, ShapeCx};
+use crate::ops::Op;
 use crate::shape::Aval;
-use crate::trace::{extract, Leaves};
+use crate::trace::{extract, next_trace_id, Leaves};
 use crate::tree::{tree_flatten, tree_unflatten, Tree, TreeDef};
-use serde::{Deserialize, Serialize};
 use std::any::TypeId;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+
+// The op of an implicit value is an op family (`ops/implicit.rs`) and the
+// decisions are graph data (`ir/graph.rs`); their public path stays here.
+pub use crate::ir::graph::ImplicitDecision;
+pub use crate::ops::implicit::ImplicitCall;
 
 /// A value that stands in for an array. See the [module docs](self).
 ///
@@ -93,7 +97,7 @@ fn kind_def<T: ImplicitArray>() -> Arc<CustomDef> {
     defs.write()
         .unwrap_or_else(PoisonError::into_inner)
         .entry(TypeId::of::<T>())
-        .or_insert_with(|| CustomDef::new(T::KIND, forward))
+        .or_insert_with(|| CustomDef::new(T::KIND, forward, Bodies::runtime(optimize)))
         .clone()
 }
 
@@ -109,87 +113,6 @@ fn implicit_array<T: ImplicitArray>(value: &T, master: Option<&Array>) -> Array 
             Array::apply(Op::Implicit(call), leaves)
         }
         Err(e) => Array::failed(e),
-    }
-}
-
-/// The op of an implicit value: its kind, its materialization over its
-/// leaves (the operands), and whether gradients pass straight through to
-/// an extra last operand, the master copy.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct ImplicitCall {
-    kind: &'static str,
-    body: CustomCall,
-    straight_through: bool,
-}
-
-impl fmt::Debug for ImplicitCall {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.describe())
-    }
-}
-
-impl ImplicitCall {
-    /// The kind's name.
-    pub fn kind(&self) -> &'static str {
-        self.kind
-    }
-
-    /// `nf4(packed, scales; block=64)`, with `, straight through` when so.
-    pub fn describe(&self) -> String {
-        let body = self.body.describe();
-        if self.straight_through {
-            format!("implicit {body} straight through")
-        } else {
-            format!("implicit {body}")
-        }
-    }
-
-    /// The number of operands that are the value's leaves (the master copy
-    /// of a straight-through value is not one).
-    fn num_leaves(&self, operands: usize) -> usize {
-        operands - usize::from(self.straight_through)
-    }
-
-    pub(crate) fn shape_rule(&self, inputs: &[&Aval], cx: &mut ShapeCx) -> Result<Aval> {
-        if self.straight_through && inputs.is_empty() {
-            return Err(self.error("a straight-through value needs its master copy"));
-        }
-        let leaves = self.num_leaves(inputs.len());
-        let aval = self.body.shape_rule(&inputs[..leaves], cx)?;
-        if self.straight_through && *inputs[leaves] != aval {
-            return Err(self.error(format!(
-                "the master copy is {} but the value stands for {aval}",
-                inputs[leaves]
-            )));
-        }
-        Ok(aval)
-    }
-
-    pub(crate) fn eval(
-        &self,
-        inputs: &[&crate::HostData],
-        in_shapes: &[&[usize]],
-    ) -> Result<crate::HostData> {
-        let leaves = self.num_leaves(inputs.len());
-        self.body.eval(&inputs[..leaves], &in_shapes[..leaves])
-    }
-
-    pub(crate) fn vjp(&self, inputs: &[Array], g: &Array) -> Result<Vec<Option<Array>>> {
-        let leaves = self.num_leaves(inputs.len());
-        if self.straight_through {
-            let mut out = vec![None; leaves];
-            out.push(Some(g.clone()));
-            return Ok(out);
-        }
-        let value = self.body.apply_forward(inputs.to_vec())?;
-        backward(&[value], vec![Some(g.clone())], inputs)
-    }
-
-    fn error(&self, detail: impl Into<String>) -> Error {
-        Error::InvalidArgument {
-            op: self.kind.to_string(),
-            detail: detail.into(),
-        }
     }
 }
 
@@ -362,51 +285,13 @@ fn render_kinds(kinds: &[OperandKind]) -> String {
         .join(", ")
 }
 
-/// How the lowering resolved one op or value.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(tag = "decision", rename_all = "snake_case")]
-pub enum ImplicitDecision {
-    /// A handler rewrote the op.
-    Handled {
-        /// The op's value in the traced graph.
-        node: ValueId,
-        /// The op, as reports show it.
-        op: String,
-        /// The operand kinds it matched, like `dense, nf4`.
-        operands: String,
-        /// The handler.
-        handler: String,
-    },
-    /// An implicit value was materialized.
-    Materialized {
-        /// The implicit value in the traced graph.
-        node: ValueId,
-        /// Its kind.
-        kind: String,
-        /// The op that forced it (`output` when returned as is).
-        forced_by: String,
-        /// That op's value in the traced graph, if it is one.
-        consumer: Option<ValueId>,
-    },
-}
-
-impl fmt::Display for ImplicitDecision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ImplicitDecision::Handled {
-                node,
-                op,
-                operands,
-                handler,
-            } => write!(f, "%{node} {op} over ({operands}): handler `{handler}`"),
-            ImplicitDecision::Materialized {
-                node,
-                kind,
-                forced_by,
-                ..
-            } => write!(f, "%{node} {kind} materialized, forced by `{forced_by}`"),
-        }
-    }
+/// The whole graph pipeline: lowers implicit values ([`lower_implicit`]),
+/// then runs simplify, constant folding and CSE in one forward sweep, then
+/// DCE, then (if enabled) elementwise fusion
+/// ([`crate::ir::passes::optimize_lowered`]).
+pub fn optimize(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<PassRecord>)> {
+    let lowered = lower_implicit(graph)?;
+    optimize_lowered(lowered.as_ref().unwrap_or(graph), passes)
 }
 
 /// Resolves every op reading an implicit value (see the module docs):

@@ -1,36 +1,29 @@
 //! `compile`: trace a function once per argument signature, optimize its
 //! graph, cache the executable, and explain every cache miss.
 
-use crate::array::Array;
-use crate::autodiff::collecting_backward;
-use crate::device::Device;
-use crate::error::{Error, Result};
-use crate::exec::{Backend, CpuBackend, Executable, SymbolSource};
-use crate::hash::{FastHasher, FastMap};
-use crate::passes::{optimize, PassRecord, Passes};
-use crate::report::{
+use super::key::{hash_key, CacheKey, KeyView};
+use super::report::{
     arg_path, build_report, explain_miss, CacheInfo, CacheMiss, MissReason, Report,
 };
+use crate::error::{Error, Result};
+use crate::exec::device::read_back;
+use crate::exec::{Backend, CpuBackend, Executable, SymbolSource};
+use crate::handle::array::Array;
+use crate::hash::FastMap;
+use crate::ir::passes::{PassRecord, Passes};
 use crate::shape::{Aval, Dim, Shape, Symbol};
-use crate::trace::{extract, Leaves};
+use crate::trace::{extract, next_trace_id, Leaves};
+use crate::transform::autodiff::collecting_backward;
+use crate::transform::implicit::optimize;
 use crate::tree::{tree_unflatten, Tree, TreeDef};
-use crate::DType;
 use smallvec::SmallVec;
 use std::borrow::Cow;
 use std::collections::{HashSet, VecDeque};
-use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 static NEXT_FUNCTION: AtomicU64 = AtomicU64::new(1);
-/// A trace id no other trace of this process has: extraction tells a
-/// trace's own tracers from every other's by it.
-pub(crate) fn next_trace_id() -> u64 {
-    static NEXT_TRACE: AtomicU64 = AtomicU64::new(1);
-    NEXT_TRACE.fetch_add(1, Ordering::Relaxed)
-}
 
 /// Compiles `f`: the first call with a new argument signature traces `f` on
 /// tracer leaves, optimizes the graph and caches the executable; later calls
@@ -96,128 +89,12 @@ pub struct Compiled<In, Out, F, B: Backend = CpuBackend, M = ()> {
     types: PhantomData<fn(In, M) -> Out>,
 }
 
-/// How one argument leaf enters the cache key.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum LeafSignature {
-    /// Shape and dtype (a normal compile).
-    Aval(Aval),
-    /// Dtype and rank only (a shapeless compile).
-    DTypeRank(DType, usize),
-}
-
-impl fmt::Display for LeafSignature {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LeafSignature::Aval(a) => write!(f, "{a}"),
-            LeafSignature::DTypeRank(d, r) => write!(f, "{d} rank {r}"),
-        }
-    }
-}
-
-/// Everything a cached executable is valid for. Equality is by value,
-/// statics and aux data included; the hash only picks the bucket.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CacheKey {
-    /// The compiled function.
-    pub function: u64,
-    /// The argument tree's structure, statics and aux data.
-    pub tree: TreeDef,
-    /// One signature per array leaf.
-    pub leaves: Vec<LeafSignature>,
-    /// The backend that runs it.
-    pub backend: String,
-}
-
-impl Hash for CacheKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.function.hash(state);
-        self.tree.hash(state);
-        for leaf in &self.leaves {
-            match leaf {
-                LeafSignature::Aval(a) => hash_leaf(state, a.dtype, Some(&a.shape), a.shape.rank()),
-                LeafSignature::DTypeRank(d, r) => hash_leaf(state, *d, None, *r),
-            }
-        }
-        self.backend.hash(state);
-    }
-}
-
-/// Hashes one leaf signature; shared by [`CacheKey`] and [`KeyView`] so a
-/// borrowed view finds the bucket of the equal owned key.
-fn hash_leaf<H: Hasher>(state: &mut H, dtype: DType, shape: Option<&Shape>, rank: usize) {
-    dtype.hash(state);
-    rank.hash(state);
-    if let Some(shape) = shape {
-        shape.hash(state);
-    }
-}
-
-/// A cache key borrowed from a call's flattened arguments: hashing and
-/// comparing it allocates nothing, so a cache hit costs no key copy.
-struct KeyView<'a> {
-    function: u64,
-    tree: &'a TreeDef,
-    leaves: &'a [Array],
-    shapeless: bool,
-    backend: &'a str,
-}
-
-impl KeyView<'_> {
-    fn hash(&self) -> u64 {
-        let mut state = FastHasher::default();
-        self.function.hash(&mut state);
-        self.tree.hash(&mut state);
-        for leaf in self.leaves {
-            let shape = (!self.shapeless).then(|| leaf.shape());
-            hash_leaf(&mut state, leaf.dtype(), shape, leaf.ndim());
-        }
-        self.backend.hash(&mut state);
-        state.finish()
-    }
-
-    fn matches(&self, key: &CacheKey) -> bool {
-        key.function == self.function
-            && key.backend == self.backend
-            && key.leaves.len() == self.leaves.len()
-            && key
-                .leaves
-                .iter()
-                .zip(self.leaves)
-                .all(|(sig, leaf)| match sig {
-                    LeafSignature::Aval(a) => !self.shapeless && a == leaf.aval(),
-                    LeafSignature::DTypeRank(d, r) => {
-                        self.shapeless && *d == leaf.dtype() && *r == leaf.ndim()
-                    }
-                })
-            && key.tree == *self.tree
-    }
-
-    fn to_key(&self) -> CacheKey {
-        CacheKey {
-            function: self.function,
-            tree: self.tree.clone(),
-            leaves: self
-                .leaves
-                .iter()
-                .map(|l| {
-                    if self.shapeless {
-                        LeafSignature::DTypeRank(l.dtype(), l.ndim())
-                    } else {
-                        LeafSignature::Aval(l.aval().clone())
-                    }
-                })
-                .collect(),
-            backend: self.backend.to_string(),
-        }
-    }
-}
-
 /// The product of one trace.
 struct Traced {
     exe: Arc<Executable>,
     output_tree: TreeDef,
     /// The graph before the passes, for the report.
-    traced: crate::graph::Graph,
+    traced: crate::ir::graph::Graph,
     passes: Vec<PassRecord>,
     symbols: Vec<(Symbol, SymbolSource)>,
 }
@@ -475,7 +352,7 @@ where
             Begun::Inline(out) => Ok(out),
             Begun::Run(entry, leaves) => {
                 let (buffers, resolved) = self.launch(&entry, leaves, &shapes.refs())?;
-                let device: Arc<dyn Device> = Arc::new(self.backend.clone());
+                let device = read_back(Arc::new(self.backend.clone()));
                 let arrays = buffers
                     .into_iter()
                     .zip(&entry.exe.graph().outputs)
@@ -514,7 +391,7 @@ where
                 // Called inside another trace (or on a failed array): inline `f`.
                 return Ok(Begun::Inline(self.f.apply(tree_unflatten(&tree, leaves)?)?));
             }
-            crate::eval::eval(&leaves)?;
+            crate::compile::eval::eval(&leaves)?;
         }
         *shapes = self.leaf_shapes(&leaves);
         let (entry, _) = self.entry(&tree, &leaves, shapes)?;
@@ -782,12 +659,6 @@ fn symbolic_aval(leaf: &Array, index: usize, symbols: &mut Vec<(Symbol, SymbolSo
         })
         .collect();
     Aval::new(Shape(dims), leaf.dtype())
-}
-
-fn hash_key(key: &CacheKey) -> u64 {
-    let mut state = FastHasher::default();
-    key.hash(&mut state);
-    state.finish()
 }
 
 /// The concrete shapes of a call's leaves, in one buffer (on the stack for

@@ -1,7 +1,7 @@
 //! Neural-network functions as compositions of core ops (no new primitives:
 //! fusion makes them fast where a backend fuses).
 
-use crate::array::Array;
+use crate::handle::array::Array;
 
 /// `softmax` along `axis`, stabilised by subtracting the maximum.
 ///

@@ -1,10 +1,20 @@
 //! Trace extraction: the graph of everything some lazy arrays depend on.
 
-use crate::array::{Array, NodeKind};
 use crate::error::{Error, Result};
-use crate::graph::{Graph, GraphNode, Literal, Operands, Origin, ValueId, ValueKind};
+use crate::handle::array::{Array, NodeKind};
 use crate::hash::{fast_map, FastMap};
+use crate::ir::graph::{Graph, GraphNode, Literal, Operands, Origin, ValueId, ValueKind};
 use std::collections::HashSet;
+
+mod custom;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A trace id no other trace of this process has: extraction tells a
+/// trace's own tracers from every other's by it.
+pub(crate) fn next_trace_id() -> u64 {
+    static NEXT_TRACE: AtomicU64 = AtomicU64::new(1);
+    NEXT_TRACE.fetch_add(1, Ordering::Relaxed)
+}
 
 /// How graph extraction treats the leaves it meets.
 pub(crate) enum Leaves {

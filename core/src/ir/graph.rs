@@ -2,11 +2,12 @@
 //! lazy arrays and `passes` rewrites them; the IR itself knows neither.
 
 use crate::data::HostData;
-use crate::implicit::ImplicitDecision;
 use crate::location::SourceLocation;
 use crate::ops::{Guard, Op};
 use crate::shape::Aval;
+use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
+use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -182,6 +183,53 @@ impl Graph {
             .resize_with(self.nodes.len(), Origin::default);
         self.provenance.0.push(origin);
         self.nodes.push(node);
+    }
+}
+
+/// How the lowering resolved one op or value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum ImplicitDecision {
+    /// A handler rewrote the op.
+    Handled {
+        /// The op's value in the traced graph.
+        node: ValueId,
+        /// The op, as reports show it.
+        op: String,
+        /// The operand kinds it matched, like `dense, nf4`.
+        operands: String,
+        /// The handler.
+        handler: String,
+    },
+    /// An implicit value was materialized.
+    Materialized {
+        /// The implicit value in the traced graph.
+        node: ValueId,
+        /// Its kind.
+        kind: String,
+        /// The op that forced it (`output` when returned as is).
+        forced_by: String,
+        /// That op's value in the traced graph, if it is one.
+        consumer: Option<ValueId>,
+    },
+}
+
+impl fmt::Display for ImplicitDecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ImplicitDecision::Handled {
+                node,
+                op,
+                operands,
+                handler,
+            } => write!(f, "%{node} {op} over ({operands}): handler `{handler}`"),
+            ImplicitDecision::Materialized {
+                node,
+                kind,
+                forced_by,
+                ..
+            } => write!(f, "%{node} {kind} materialized, forced by `{forced_by}`"),
+        }
     }
 }
 

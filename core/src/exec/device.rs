@@ -26,16 +26,14 @@
 //! [`Array::data`]: crate::Array::data
 //! [`Array::to_vec`]: crate::Array::to_vec
 
+use super::{Backend, CpuBackend, DownloadFuture, Executable};
+use crate::buffer::ReadBack;
 use crate::data::HostData;
 use crate::error::{Error, Result};
-use crate::exec::{Backend, CpuBackend, DownloadFuture, Executable};
-use std::any::Any;
 use std::cell::RefCell;
 use std::sync::Arc;
 
-/// A buffer of some device, its type erased: what [`Device`] moves around.
-/// A [`CpuBackend`] buffer is an `Arc<HostData>` inside.
-pub type DeviceBuffer = Arc<dyn Any + Send + Sync>;
+pub use crate::buffer::DeviceBuffer;
 
 /// A [`Backend`] behind an object-safe interface, so the device can be
 /// chosen at run time. Every backend is one.
@@ -103,10 +101,26 @@ impl<B: Backend> Device for B {
     }
 }
 
-/// The host data inside `buffer` when it is a host buffer (the CPU
-/// executor's): such a value needs no readback.
-pub(crate) fn host_data(buffer: &DeviceBuffer) -> Option<Arc<HostData>> {
-    buffer.downcast_ref::<Arc<HostData>>().cloned()
+/// `device` as an array kept on it sees it: the handle sits below the
+/// executors and reads its value back through [`ReadBack`] only.
+pub(crate) fn read_back(device: Arc<dyn Device>) -> Arc<dyn ReadBack> {
+    Arc::new(Kept(device))
+}
+
+struct Kept(Arc<dyn Device>);
+
+impl ReadBack for Kept {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn download(&self, buffer: &DeviceBuffer) -> Result<Arc<HostData>> {
+        self.0.download(buffer)
+    }
+
+    fn download_async(&self, buffer: &DeviceBuffer) -> DownloadFuture<'_> {
+        self.0.download_async(buffer)
+    }
 }
 
 /// A backend chosen at run time: a [`Device`] as a [`Backend`], so a

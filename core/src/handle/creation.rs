@@ -2,9 +2,9 @@
 //! Every constructor checks its shape against [`crate::Limits`] and
 //! allocates fallibly.
 
-use crate::array::Array;
 use crate::data::{HostData, HostElement};
 use crate::error::{arg_err, Error, Result};
+use crate::handle::array::Array;
 use crate::limits::check_shape;
 use crate::shape::Shape;
 use crate::DType;

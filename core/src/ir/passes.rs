@@ -3,8 +3,8 @@
 
 use crate::data::HostData;
 use crate::error::Result;
-use crate::graph::{Graph, GraphNode, Literal, Operands, Origin, ValueId, ValueKind};
 use crate::hash::{fast_map, FastHasher, FastMap};
+use crate::ir::graph::{Graph, GraphNode, Literal, Operands, Origin, ValueId, ValueKind};
 use crate::ops::{FusedArg, FusedKernel, FusedStep, Op};
 use crate::shape::Aval;
 use serde::{Deserialize, Serialize};
@@ -26,7 +26,7 @@ pub struct PassRecord {
 /// large buffer into the executable.
 const FOLD_GROWTH_LIMIT: usize = 1024;
 
-/// Which optional passes [`optimize`] runs.
+/// Which optional passes [`optimize_lowered`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Passes {
     /// Fuse trees of elementwise ops into single ops.
@@ -39,12 +39,11 @@ impl Default for Passes {
     }
 }
 
-/// Lowers implicit values ([`crate::implicit::lower_implicit`]), then runs
-/// simplify, constant folding and CSE in one forward sweep, then DCE, then
-/// (if enabled) elementwise fusion.
-pub fn optimize(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<PassRecord>)> {
-    let lowered = crate::implicit::lower_implicit(graph)?;
-    let graph = lowered.as_ref().unwrap_or(graph);
+/// Runs simplify, constant folding and CSE in one forward sweep, then
+/// DCE, then (if enabled) elementwise fusion, on a graph whose implicit
+/// values are already lowered (the whole pipeline, lowering first, is
+/// [`crate::transform::implicit::optimize`]).
+pub fn optimize_lowered(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<PassRecord>)> {
     let mut out = Graph {
         num_inputs: graph.num_inputs,
         guards: graph.guards.clone(),

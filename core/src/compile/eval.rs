@@ -2,14 +2,17 @@
 //! compiled function (passes + the default device), cached by graph
 //! structure.
 
-use crate::array::Array;
-use crate::device::{default_device, host_data, Device, DeviceBuffer};
+use crate::buffer::{host_data, DeviceBuffer};
+use crate::data::{HostData, HostElement};
 use crate::error::{Error, Result};
+use crate::exec::device::{default_device, read_back, Device};
 use crate::exec::Executable;
-use crate::graph::Graph;
+use crate::handle::array::Array;
 use crate::hash::FastMap;
-use crate::passes::{optimize, Passes};
+use crate::ir::graph::Graph;
+use crate::ir::passes::Passes;
 use crate::trace::{extract, Leaves};
+use crate::transform::implicit::optimize;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -95,10 +98,11 @@ pub fn eval(arrays: &[Array]) -> Result<()> {
     // and the executable resolves them without the arguments' shapes.
     let shapes = exe.resolve_shapes(&[])?;
     let outputs = device.run(&exe, inputs, &shapes)?;
+    let kept = read_back(device.clone());
     for (array, buffer) in pending.iter().zip(outputs) {
         match host_data(&buffer) {
             Some(data) => array.set_value(data),
-            None => array.set_resident(device.clone(), buffer),
+            None => array.set_resident(kept.clone(), buffer),
         }
     }
     Ok(())
@@ -126,4 +130,47 @@ pub async fn eval_async(arrays: &[Array]) -> Result<()> {
         array.read_back().await?;
     }
     Ok(())
+}
+
+/// The readers that compute: they run the eager pipeline above, so they sit
+/// here rather than beside the handle (which imports no executor).
+impl Array {
+    /// Computes the value if it is pending (through the cached eager
+    /// pipeline: passes + the default device, see [`crate::device`]).
+    pub fn eval(&self) -> Result<()> {
+        crate::compile::eval::eval(std::slice::from_ref(self))
+    }
+
+    /// The computed host data, read back from the device if it is kept
+    /// there (blocking: in a browser, [`crate::eval_async`] first).
+    pub fn data(&self) -> Result<Arc<HostData>> {
+        self.eval()?;
+        self.host_value()?.ok_or_else(|| Error::ReadTracer {
+            aval: self.aval().to_string(),
+        })
+    }
+
+    /// The elements as `T`, which must be the array's dtype.
+    pub fn to_vec<T: HostElement>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype() && self.error().is_none() {
+            return Err(Error::ReadBack {
+                aval: self.aval().to_string(),
+                requested: format!("Vec<{}>; cast it first", T::DTYPE),
+            });
+        }
+        let data = self.data()?;
+        Ok(T::slice(&data).map(<[T]>::to_vec).unwrap_or_default())
+    }
+
+    /// The single element of a size-1 array.
+    pub fn item<T: HostElement>(&self) -> Result<T> {
+        let values = self.to_vec::<T>()?;
+        match values.as_slice() {
+            [v] => Ok(*v),
+            _ => Err(Error::ReadBack {
+                aval: self.aval().to_string(),
+                requested: format!("a single {}", T::DTYPE),
+            }),
+        }
+    }
 }

@@ -3,13 +3,12 @@
 //! symbols, reinplace decisions and buffer plan). All serde-serializable;
 //! the playground renders them as they are.
 
-use crate::compile::CacheKey;
+use super::key::CacheKey;
 use crate::exec::{Executable, SymbolSource};
-use crate::graph::{Graph, GraphNode, Origin, ValueKind};
-use crate::implicit::ImplicitDecision;
+use crate::ir::graph::{Graph, GraphNode, ImplicitDecision, Origin, ValueKind};
+use crate::ir::passes::PassRecord;
 use crate::location::SourceLocation;
 use crate::ops::{FusedArg, Op};
-use crate::passes::PassRecord;
 use crate::plan::{Home, PlanMemory, ReinplaceDecision};
 use crate::shape::Symbol;
 use crate::tree::{DifferenceKind, KeyPath, TreeDef};

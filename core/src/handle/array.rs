@@ -6,8 +6,8 @@
 //! or the compiled call. This keeps `x.exp() * 2.0 + &y` readable while bad
 //! input still ends as an `Err` naming the op and the shapes.
 
-use crate::data::{HostData, HostElement};
-use crate::device::{host_data, Device, DeviceBuffer};
+use crate::buffer::{host_data, DeviceBuffer, ReadBack};
+use crate::data::HostData;
 use crate::error::{arg_err, Error, Result};
 use crate::limits::check_aval;
 use crate::location::{current_location, SourceLocation};
@@ -46,7 +46,7 @@ pub(crate) struct Node {
 
 /// A value kept on the device that computed it.
 pub(crate) struct Resident {
-    pub(crate) device: Arc<dyn Device>,
+    pub(crate) device: Arc<dyn ReadBack>,
     pub(crate) buffer: DeviceBuffer,
 }
 
@@ -109,7 +109,7 @@ impl Array {
     /// An array of known `shape` whose value is `buffer` on `device`: host
     /// data at once when it is a host buffer, else read back on demand.
     pub(crate) fn from_device(
-        device: Arc<dyn Device>,
+        device: Arc<dyn ReadBack>,
         buffer: DeviceBuffer,
         shape: Shape,
         dtype: DType,
@@ -304,53 +304,12 @@ impl Array {
 
     /// Records a value kept on `device` and forgets the inputs that
     /// produced it.
-    pub(crate) fn set_resident(&self, device: Arc<dyn Device>, buffer: DeviceBuffer) {
+    pub(crate) fn set_resident(&self, device: Arc<dyn ReadBack>, buffer: DeviceBuffer) {
         if self.node.resident.set(Resident { device, buffer }).is_ok() {
             if let NodeKind::Op { inputs, .. } = &self.node.kind {
                 let taken = std::mem::take(&mut *inputs.lock().unwrap_or_else(|p| p.into_inner()));
                 drop(taken);
             }
-        }
-    }
-
-    // ----- execution ----------------------------------------------------
-
-    /// Computes the value if it is pending (through the cached eager
-    /// pipeline: passes + the default device, see [`crate::device`]).
-    pub fn eval(&self) -> Result<()> {
-        crate::eval::eval(std::slice::from_ref(self))
-    }
-
-    /// The computed host data, read back from the device if it is kept
-    /// there (blocking: in a browser, [`crate::eval_async`] first).
-    pub fn data(&self) -> Result<Arc<HostData>> {
-        self.eval()?;
-        self.host_value()?.ok_or_else(|| Error::ReadTracer {
-            aval: self.aval().to_string(),
-        })
-    }
-
-    /// The elements as `T`, which must be the array's dtype.
-    pub fn to_vec<T: HostElement>(&self) -> Result<Vec<T>> {
-        if T::DTYPE != self.dtype() && self.error().is_none() {
-            return Err(Error::ReadBack {
-                aval: self.aval().to_string(),
-                requested: format!("Vec<{}>; cast it first", T::DTYPE),
-            });
-        }
-        let data = self.data()?;
-        Ok(T::slice(&data).map(<[T]>::to_vec).unwrap_or_default())
-    }
-
-    /// The single element of a size-1 array.
-    pub fn item<T: HostElement>(&self) -> Result<T> {
-        let values = self.to_vec::<T>()?;
-        match values.as_slice() {
-            [v] => Ok(*v),
-            _ => Err(Error::ReadBack {
-                aval: self.aval().to_string(),
-                requested: format!("a single {}", T::DTYPE),
-            }),
         }
     }
 

@@ -1,0 +1,13 @@
+//! Compiling functions of trees: the cache ([`cache`]) keyed by
+//! [`CacheKey`] with explained misses, the [`report`] of what the compiler
+//! did, eager evaluation through the same pipeline ([`eval`]), and the
+//! transformations built on `compile` ([`grad`]).
+
+pub mod cache;
+pub mod eval;
+pub mod grad;
+pub mod key;
+pub mod report;
+
+pub use cache::{compile, Compiled, Function, MISS_LOG_CAPACITY};
+pub use key::{CacheKey, LeafSignature};

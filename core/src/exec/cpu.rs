@@ -1,0 +1,258 @@
+//! The CPU executor: every step runs the reference evaluation of its op,
+//! through the executable's slot plan.
+
+use super::{Backend, Executable};
+use crate::data::HostData;
+use crate::error::{Error, Result};
+use crate::ir::graph::{Graph, ValueKind};
+use crate::plan::Home;
+use smallvec::SmallVec;
+use std::sync::Arc;
+
+/// An argument buffer of the CPU executor: still shared with the caller,
+/// or owned after the plan wrote a donated argument in place.
+enum CpuArgument {
+    Shared(Arc<HostData>),
+    Owned(HostData),
+    /// Taken out for an in-place write that is under way.
+    Taken,
+}
+
+/// The CPU executor: runs every step with the reference evaluation of its
+/// op, through the executable's plan: each computed value lives in its
+/// slot, and a reinplaced node writes into its operand's buffer. It is the
+/// embedded default device and the oracle for other backends.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+/// The buffers of one CPU run: slots, then argument buffers, and which
+/// value each holds now (checked on every read, so a wrong plan is an
+/// `Err`, never a wrong answer).
+struct CpuBuffers {
+    slots: Vec<Option<HostData>>,
+    arguments: Vec<CpuArgument>,
+    holder: Vec<usize>,
+}
+
+/// Marks a buffer that holds no value yet.
+const EMPTY: usize = usize::MAX;
+
+impl CpuBuffers {
+    fn index(&self, home: Home) -> Option<usize> {
+        match home {
+            Home::Slot(s) => Some(s),
+            Home::Input(i) => Some(self.slots.len() + i),
+            Home::Constant => None,
+        }
+    }
+
+    fn check_holder(&self, step: usize, home: Home, value: usize) -> Result<()> {
+        let Some(b) = self.index(home) else {
+            return Ok(());
+        };
+        match self.holder.get(b) {
+            Some(&h) if h == value => Ok(()),
+            holds => Err(Error::InvalidPlan {
+                detail: format!(
+                    "step {step} reads %{value} from {home:?}, which holds {}",
+                    match holds {
+                        Some(&EMPTY) | None => "nothing".to_string(),
+                        Some(h) => format!("%{h}"),
+                    }
+                ),
+            }),
+        }
+    }
+
+    /// Value `v`'s data (it lives in `home`; constants in `graph`).
+    fn read<'a>(
+        &'a self,
+        graph: &'a Graph,
+        step: usize,
+        home: Home,
+        v: usize,
+    ) -> Result<&'a HostData> {
+        self.check_holder(step, home, v)?;
+        let missing = || Error::InvalidPlan {
+            detail: format!("step {step} reads %{v}, whose buffer is empty"),
+        };
+        match home {
+            Home::Slot(s) => self.slots[s].as_ref().ok_or_else(missing),
+            Home::Input(i) => match &self.arguments[i] {
+                CpuArgument::Shared(data) => Ok(data),
+                CpuArgument::Owned(data) => Ok(data),
+                CpuArgument::Taken => Err(missing()),
+            },
+            Home::Constant => match &graph.nodes[v].kind {
+                ValueKind::Constant(literal) => Ok(&literal.0),
+                _ => Err(missing()),
+            },
+        }
+    }
+
+    /// Takes value `v`'s buffer out to write it in place; a donated
+    /// argument still shared with someone else is copied first.
+    fn take(&mut self, step: usize, home: Home, v: usize) -> Result<HostData> {
+        self.check_holder(step, home, v)?;
+        let taken = match home {
+            Home::Slot(s) => self.slots[s].take(),
+            Home::Input(i) => match std::mem::replace(&mut self.arguments[i], CpuArgument::Taken) {
+                CpuArgument::Shared(data) => {
+                    Some(Arc::try_unwrap(data).unwrap_or_else(|shared| (*shared).clone()))
+                }
+                CpuArgument::Owned(data) => Some(data),
+                CpuArgument::Taken => None,
+            },
+            Home::Constant => None,
+        };
+        taken.ok_or_else(|| Error::InvalidPlan {
+            detail: format!("step {step} writes %{v}'s buffer in place, but it has none"),
+        })
+    }
+
+    /// Stores value `v`'s data in its home.
+    fn put(&mut self, home: Home, v: usize, data: HostData) -> Result<()> {
+        let b = self.index(home).ok_or_else(|| Error::InvalidPlan {
+            detail: format!("%{v} is computed but placed in a constant"),
+        })?;
+        match home {
+            Home::Slot(s) => self.slots[s] = Some(data),
+            Home::Input(i) => self.arguments[i] = CpuArgument::Owned(data),
+            Home::Constant => {}
+        }
+        self.holder[b] = v;
+        Ok(())
+    }
+}
+
+impl Backend for CpuBackend {
+    type Buffer = Arc<HostData>;
+
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn upload(&self, data: &Arc<HostData>) -> Result<Arc<HostData>> {
+        Ok(data.clone())
+    }
+
+    fn download(&self, buffer: Arc<HostData>) -> Result<Arc<HostData>> {
+        Ok(buffer)
+    }
+
+    fn run(
+        &self,
+        exe: &Executable,
+        inputs: Vec<Arc<HostData>>,
+        shapes: &[Vec<usize>],
+    ) -> Result<Vec<Arc<HostData>>> {
+        let graph = exe.graph();
+        let plan = exe.plan();
+        if shapes.len() != graph.nodes.len() {
+            return Err(Error::Backend {
+                backend: "cpu".into(),
+                detail: format!(
+                    "{} value shapes for a graph of {} values",
+                    shapes.len(),
+                    graph.nodes.len()
+                ),
+            });
+        }
+        let num_buffers = plan.num_slots() + inputs.len();
+        let mut buffers = CpuBuffers {
+            slots: (0..plan.num_slots()).map(|_| None).collect(),
+            arguments: inputs.into_iter().map(CpuArgument::Shared).collect(),
+            holder: vec![EMPTY; num_buffers],
+        };
+        for (step, node) in graph.nodes.iter().enumerate() {
+            let op = match &node.kind {
+                ValueKind::Input(i) => {
+                    if *i >= buffers.arguments.len() {
+                        return Err(Error::Backend {
+                            backend: "cpu".into(),
+                            detail: format!(
+                                "executable reads argument {i}, {} were given",
+                                buffers.arguments.len()
+                            ),
+                        });
+                    }
+                    let b = plan.home(step);
+                    if let Some(b) = buffers.index(b) {
+                        buffers.holder[b] = step;
+                    }
+                    continue;
+                }
+                ValueKind::Constant(_) => continue,
+                ValueKind::Op(op) => op,
+            };
+            let mut operand_shapes: SmallVec<[&[usize]; 4]> =
+                SmallVec::with_capacity(node.inputs.len());
+            for &j in &node.inputs {
+                operand_shapes.push(&shapes[j]);
+            }
+            let value = match plan.in_place_of(step) {
+                Some(target) => {
+                    let mut buffer = buffers.take(step, plan.home(target), target)?;
+                    let mut operands: SmallVec<[Option<&HostData>; 4]> =
+                        SmallVec::with_capacity(node.inputs.len());
+                    for &j in &node.inputs {
+                        operands.push(if j == target {
+                            None
+                        } else {
+                            Some(buffers.read(graph, step, plan.home(j), j)?)
+                        });
+                    }
+                    op.eval_in_place(&operands, &operand_shapes, &shapes[step], &mut buffer)?;
+                    buffer
+                }
+                None => {
+                    let mut operands: SmallVec<[&HostData; 4]> =
+                        SmallVec::with_capacity(node.inputs.len());
+                    for &j in &node.inputs {
+                        operands.push(buffers.read(graph, step, plan.home(j), j)?);
+                    }
+                    op.eval(&operands, &operand_shapes, &shapes[step])?
+                }
+            };
+            buffers.put(plan.home(step), step, value)?;
+        }
+        let end = graph.nodes.len();
+        let mut returned: Vec<Option<Arc<HostData>>> = vec![None; num_buffers];
+        graph
+            .outputs
+            .iter()
+            .map(|&o| {
+                let home = plan.home(o);
+                let Some(b) = buffers.index(home) else {
+                    return match &graph.nodes[o].kind {
+                        ValueKind::Constant(literal) => Ok(literal.0.clone()),
+                        _ => Err(Error::InvalidPlan {
+                            detail: format!("output %{o} is computed but placed in a constant"),
+                        }),
+                    };
+                };
+                buffers.check_holder(end, home, o)?;
+                // One buffer returned twice is shared, not copied.
+                if let Some(shared) = &returned[b] {
+                    return Ok(shared.clone());
+                }
+                let shared = match home {
+                    Home::Slot(s) => buffers.slots[s].take().map(Arc::new),
+                    Home::Input(i) => {
+                        match std::mem::replace(&mut buffers.arguments[i], CpuArgument::Taken) {
+                            CpuArgument::Shared(data) => Some(data),
+                            CpuArgument::Owned(data) => Some(Arc::new(data)),
+                            CpuArgument::Taken => None,
+                        }
+                    }
+                    Home::Constant => None,
+                }
+                .ok_or_else(|| Error::InvalidPlan {
+                    detail: format!("output %{o} has no buffer at the end of the run"),
+                })?;
+                returned[b] = Some(shared.clone());
+                Ok(shared)
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,6 @@
+//! The graph IR and the passes that rewrite it. The IR holds ops
+//! ([`crate::ops::Op`]) and data, never an `Array`: tracing (above it)
+//! turns arrays into graphs.
+
+pub mod graph;
+pub mod passes;

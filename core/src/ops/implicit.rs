@@ -1,0 +1,97 @@
+//! The op of an implicit value ([`crate::implicit`]): its shape rule,
+//! reference evaluation and vjp beside each other, like every family. The
+//! lowering that resolves the ops reading one sits above, in
+//! `transform/implicit.rs`.
+
+use super::custom::CustomCall;
+use super::{Backward, ShapeCx};
+use crate::data::HostData;
+use crate::error::{Error, Result};
+use crate::handle::array::Array;
+use crate::shape::Aval;
+use std::fmt;
+
+/// The op of an implicit value: its kind, its materialization over its
+/// leaves (the operands), and whether gradients pass straight through to
+/// an extra last operand, the master copy.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ImplicitCall {
+    pub(crate) kind: &'static str,
+    pub(crate) body: CustomCall,
+    pub(crate) straight_through: bool,
+}
+
+impl fmt::Debug for ImplicitCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl ImplicitCall {
+    /// The kind's name.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// `nf4(packed, scales; block=64)`, with `, straight through` when so.
+    pub fn describe(&self) -> String {
+        let body = self.body.describe();
+        if self.straight_through {
+            format!("implicit {body} straight through")
+        } else {
+            format!("implicit {body}")
+        }
+    }
+
+    /// The number of operands that are the value's leaves (the master copy
+    /// of a straight-through value is not one).
+    pub(crate) fn num_leaves(&self, operands: usize) -> usize {
+        operands - usize::from(self.straight_through)
+    }
+
+    pub(crate) fn shape_rule(&self, inputs: &[&Aval], cx: &mut ShapeCx) -> Result<Aval> {
+        if self.straight_through && inputs.is_empty() {
+            return Err(self.error("a straight-through value needs its master copy"));
+        }
+        let leaves = self.num_leaves(inputs.len());
+        let aval = self.body.shape_rule(&inputs[..leaves], cx)?;
+        if self.straight_through && *inputs[leaves] != aval {
+            return Err(self.error(format!(
+                "the master copy is {} but the value stands for {aval}",
+                inputs[leaves]
+            )));
+        }
+        Ok(aval)
+    }
+
+    pub(crate) fn eval(&self, inputs: &[&HostData], in_shapes: &[&[usize]]) -> Result<HostData> {
+        let leaves = self.num_leaves(inputs.len());
+        self.body.eval(&inputs[..leaves], &in_shapes[..leaves])
+    }
+
+    /// The cotangents of the leaves (and master copy): straight through,
+    /// or `backward` (reverse mode, from the transform layer) over the
+    /// materialization.
+    pub(crate) fn vjp(
+        &self,
+        inputs: &[Array],
+        g: &Array,
+        backward: Backward<'_>,
+    ) -> Result<Vec<Option<Array>>> {
+        let leaves = self.num_leaves(inputs.len());
+        if self.straight_through {
+            let mut out = vec![None; leaves];
+            out.push(Some(g.clone()));
+            return Ok(out);
+        }
+        let value = self.body.apply_forward(inputs.to_vec())?;
+        backward(&[value], vec![Some(g.clone())], inputs)
+    }
+
+    fn error(&self, detail: impl Into<String>) -> Error {
+        Error::InvalidArgument {
+            op: self.kind.to_string(),
+            detail: detail.into(),
+        }
+    }
+}

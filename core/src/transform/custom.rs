@@ -1,0 +1,75 @@
+//! The user-facing constructors of custom ops ([`CustomOp`]): they flatten
+//! trees of arguments, so they sit above the tree layer, and hand every op
+//! its runtime (`Bodies` in `custom_runtime.rs`), which builds its executables.
+
+use super::custom_runtime::Bodies;
+use super::implicit::optimize;
+use crate::error::Result;
+use crate::handle::array::Array;
+use crate::ops::custom::{CustomCall, CustomDef, CustomOp};
+use crate::ops::Op;
+use crate::tree::def::TreeDef;
+use crate::tree::{tree_flatten, tree_unflatten, Tree};
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+impl<A: Tree + 'static> CustomOp<A> {
+    /// An op named `name` computing `forward`, with no vjp (differentiating
+    /// through it is an `Err` naming it).
+    pub fn new(
+        name: impl Into<String>,
+        forward: impl Fn(&A) -> Result<Array> + Send + Sync + 'static,
+    ) -> Self {
+        let forward =
+            move |def: &TreeDef, leaves: Vec<Array>| forward(&tree_unflatten(def, leaves)?);
+        CustomOp {
+            def: Arc::new(CustomDef {
+                name: name.into(),
+                forward: Arc::new(forward),
+                vjp: None,
+                runtime: Bodies::runtime(optimize),
+            }),
+            arguments: PhantomData,
+        }
+    }
+
+    /// The same op with a vjp: from the arguments, the output and its
+    /// cotangent, one cotangent per argument in the arguments' own tree
+    /// type `G` (usually `A` itself; static fields take none). `G` may put
+    /// `None` (an `Option`) where the arguments have a whole subtree that
+    /// takes no gradient. A result of another structure, or a cotangent of
+    /// another shape or dtype than its argument, is an `Err` naming the path.
+    pub fn with_vjp<G: Tree>(
+        self,
+        vjp: impl Fn(&A, &Array, &Array) -> Result<G> + Send + Sync + 'static,
+    ) -> Self {
+        let vjp = move |def: &TreeDef, leaves: Vec<Array>, out: &Array, g: &Array| {
+            tree_flatten(&vjp(&tree_unflatten(def, leaves)?, out, g)?)
+        };
+        CustomOp {
+            def: Arc::new(CustomDef {
+                name: self.def.name.clone(),
+                forward: self.def.forward.clone(),
+                vjp: Some(Arc::new(vjp)),
+                runtime: Bodies::runtime(optimize),
+            }),
+            arguments: PhantomData,
+        }
+    }
+
+    /// Applies the op: one node whose operands are the array leaves of
+    /// `args` (a failed array if `args` does not flatten or the forward
+    /// fails for these operands).
+    pub fn call(&self, args: &A) -> Array {
+        match tree_flatten(args) {
+            Ok((leaves, args)) => Array::apply(
+                Op::Custom(CustomCall {
+                    def: self.def.clone(),
+                    args,
+                }),
+                leaves,
+            ),
+            Err(e) => Array::failed(e),
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! Transformations of lazy and traced graphs: reverse-mode autodiff
+//! ([`autodiff`]), implicit arrays and their lowering ([`implicit`]), and
+//! custom ops: their user-facing constructors ([`custom`]) and their
+//! runtime ([`custom_runtime`]: the forward traced, optimized and built
+//! into a small executable per operand shapes).
+
+pub mod autodiff;
+pub mod custom;
+pub mod custom_runtime;
+pub mod implicit;
