@@ -393,6 +393,60 @@ impl Shape {
     }
 }
 
+/// Row-major strides (in elements) of a contiguous array of concrete
+/// `shape`; a product past `usize::MAX` saturates (such an array cannot
+/// exist, and the strides are never used to address it).
+///
+/// ```
+/// assert_eq!(kiln::shape::row_major_strides(&[2, 3, 4]), vec![12, 4, 1]);
+/// ```
+pub fn row_major_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; shape.len()];
+    let mut acc = 1usize;
+    for (s, &d) in strides.iter_mut().zip(shape).rev() {
+        *s = acc;
+        acc = acc.saturating_mul(d);
+    }
+    strides
+}
+
+/// Strides that read a contiguous array of `in_shape` as if it had the
+/// broadcast `out_shape` (NumPy rules): shapes align on the right, and
+/// missing or size-1 input dims get stride 0.
+///
+/// ```
+/// assert_eq!(kiln::shape::broadcast_strides(&[3, 1], &[2, 3, 4]), vec![0, 1, 0]);
+/// ```
+pub fn broadcast_strides(in_shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
+    let lead = out_shape.len().saturating_sub(in_shape.len());
+    let in_strides = row_major_strides(in_shape);
+    (0..out_shape.len())
+        .map(|i| match i.checked_sub(lead) {
+            Some(j) if in_shape[j] != 1 => in_strides[j],
+            _ => 0,
+        })
+        .collect()
+}
+
+/// The NumPy broadcast of concrete `shapes` that the shape rules already
+/// found compatible: per aligned axis, the size other than 1, else 1.
+///
+/// ```
+/// assert_eq!(kiln::shape::broadcast_shape(&[&[3, 1], &[2, 1, 4]]), vec![2, 3, 4]);
+/// ```
+pub fn broadcast_shape(shapes: &[&[usize]]) -> Vec<usize> {
+    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
+    (0..rank)
+        .map(|d| {
+            shapes
+                .iter()
+                .filter_map(|s| s.len().checked_sub(rank - d).map(|i| s[i]))
+                .find(|&n| n != 1)
+                .unwrap_or(1)
+        })
+        .collect()
+}
+
 impl From<&[usize]> for Shape {
     fn from(dims: &[usize]) -> Shape {
         Shape::known(dims)

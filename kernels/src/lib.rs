@@ -76,6 +76,7 @@ pub struct Target {
     pub native_f16: bool,
 }
 
+use kiln::shape::{broadcast_strides, row_major_strides};
 use kiln::DType;
 use thiserror::Error;
 
@@ -187,15 +188,7 @@ impl View {
     /// A contiguous operand of shape `shape` broadcast (NumPy rules) to
     /// `out_shape`.
     pub fn broadcast(dtype: DType, shape: &[usize], out_shape: &[usize]) -> View {
-        let own = row_major_strides(shape);
-        let lead = out_shape.len().saturating_sub(shape.len());
-        let strides: Vec<usize> = (0..out_shape.len())
-            .map(|d| match d.checked_sub(lead) {
-                Some(s) if shape[s] != 1 => own[s],
-                _ => 0,
-            })
-            .collect();
-        View::strided(dtype, 0, strides, out_shape)
+        View::strided(dtype, 0, broadcast_strides(shape, out_shape), out_shape)
     }
 
     /// An arbitrary strided view over an output of shape `out_shape`.
@@ -238,30 +231,6 @@ impl View {
 /// stepped along).
 fn nonunit_equal(a: &[usize], b: &[usize], shape: &[usize]) -> bool {
     a.len() == b.len() && (0..a.len()).all(|d| shape[d] == 1 || a[d] == b[d])
-}
-
-/// The NumPy broadcast of concrete `shapes` (already checked compatible by
-/// the ops' shape rules: a size other than 1 wins).
-pub fn broadcast_shape(shapes: &[&[usize]]) -> Vec<usize> {
-    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
-    (0..rank)
-        .map(|d| {
-            shapes
-                .iter()
-                .filter_map(|s| s.len().checked_sub(rank - d).map(|i| s[i]))
-                .find(|&n| n != 1)
-                .unwrap_or(1)
-        })
-        .collect()
-}
-
-/// Row-major element strides of a contiguous array of `shape`.
-pub fn row_major_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; shape.len()];
-    for d in (0..shape.len().saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * shape[d + 1];
-    }
-    strides
 }
 
 /// Checks a WGSL module with naga's parser and validator, with the

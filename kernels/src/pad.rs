@@ -3,7 +3,8 @@
 //! (see `wgsl/pad_slice.wgsl`).
 
 use crate::source::{param, ElementKernel};
-use crate::{row_major_strides, KernelError, KernelSpec, Target, View};
+use crate::{KernelError, KernelSpec, Target, View};
+use kiln::shape::row_major_strides;
 use kiln::{DType, SliceAxis};
 
 const PAD_SLICE: &str = include_str!("wgsl/pad_slice.wgsl");

@@ -5,7 +5,7 @@ use crate::abi::{bindings, status_binding};
 use crate::element::{self, buffer_type, is_packed, lane_type};
 use crate::{KernelError, KernelSpec, Target, View};
 use kiln::ops::{FusedArg, FusedStep};
-use kiln::{DType, Op};
+use kiln::{Aval, DType, Op, ShapeCx};
 use std::fmt::Write;
 
 /// Helpers every kernel includes.
@@ -239,33 +239,33 @@ impl ElementKernel<'_> {
     }
 }
 
-/// The dtype each step of a fused program produces.
+/// The dtype each step of a fused program produces, by the members' own
+/// shape rules (every operand viewed over the output shape).
 pub(crate) fn step_dtypes(
     op: &str,
     steps: &[FusedStep],
     inputs: &[View],
+    out_shape: &[usize],
 ) -> Result<Vec<DType>, KernelError> {
-    let mut dtypes: Vec<DType> = Vec::with_capacity(steps.len());
-    for step in steps {
-        let arg = |n: usize| match step.args.get(n) {
-            Some(FusedArg::Input(k)) => inputs.get(*k).map(|v| v.dtype),
-            Some(FusedArg::Step(j)) => dtypes.get(*j).copied(),
-            None => None,
-        };
-        let dtype = match &step.op {
-            Op::Unary(_) => arg(0),
-            Op::Binary(b) if b.is_comparison() => arg(0).map(|_| DType::Bool),
-            Op::Binary(_) => arg(0),
-            Op::Select => arg(1),
-            Op::Cast(d) => arg(0).map(|_| *d),
-            _ => None,
-        };
-        dtypes.push(dtype.ok_or_else(|| KernelError::Unsupported {
-            op: format!("{op} step `{}`", step.op.name()),
-            dtypes: "its operands".into(),
-        })?);
+    let avals: Vec<Aval> = inputs
+        .iter()
+        .map(|view| Aval::new(out_shape, view.dtype))
+        .collect();
+    let refs: Vec<&Aval> = avals.iter().collect();
+    let unsupported = |detail: String| KernelError::Unsupported {
+        op: op.to_string(),
+        dtypes: detail,
+    };
+    if steps
+        .iter()
+        .flat_map(|s| &s.args)
+        .any(|arg| matches!(arg, FusedArg::Input(k) if *k >= inputs.len()))
+    {
+        return Err(unsupported(format!("{} operands", inputs.len())));
     }
-    Ok(dtypes)
+    kiln::ops::fused::step_avals(steps, &refs, &mut ShapeCx::new())
+        .map(|avals| avals.into_iter().map(|aval| aval.dtype).collect())
+        .map_err(|e| unsupported(e.to_string()))
 }
 
 /// One kernel computing an elementwise op or a whole fused group: every
@@ -297,7 +297,7 @@ pub fn elementwise(
             })
         }
     };
-    let dtypes = step_dtypes(op.name(), steps, operands)?;
+    let dtypes = step_dtypes(op.name(), steps, operands, out_shape)?;
     let numel: usize = out_shape.iter().product();
     // Four elements per invocation where every value is one word per
     // element: vec4 reads and arithmetic, a quarter of the invocations.

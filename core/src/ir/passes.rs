@@ -1,7 +1,6 @@
 //! The passes that rewrite a graph: simplify, constant folding, CSE and DCE
 //! in one forward sweep, then elementwise fusion.
 
-use crate::data::HostData;
 use crate::error::Result;
 use crate::hash::{fast_map, FastHasher, FastMap};
 use crate::ir::graph::{Graph, GraphNode, Literal, Operands, Origin, ValueId, ValueKind};
@@ -321,11 +320,8 @@ fn fold(node: &GraphNode, graph: &Graph) -> Result<Option<Literal>> {
         let Some(in_shape) = graph.nodes[node.inputs[0]].aval.shape.as_known() else {
             return Ok(None);
         };
-        let count: usize = axes.iter().map(|&a| in_shape[a]).product();
-        return Ok(Some(Literal(Arc::new(HostData::filled(
-            *dtype,
-            1,
-            count as f64,
+        return Ok(Some(Literal(Arc::new(crate::ops::layout::dim_size_eval(
+            axes, *dtype, &in_shape,
         )))));
     }
     let mut datas = Vec::with_capacity(node.inputs.len());

@@ -377,8 +377,20 @@ pub fn shape_rule(kernel: &FusedKernel, inputs: &[&Aval], cx: &mut ShapeCx) -> R
             ),
         });
     }
-    let mut avals: Vec<Aval> = Vec::with_capacity(kernel.steps.len());
-    for step in &kernel.steps {
+    step_avals(&kernel.steps, inputs, cx)?
+        .pop()
+        .ok_or_else(|| Error::InvalidArgument {
+            op: "fused".into(),
+            detail: "a fused group has no steps".into(),
+        })
+}
+
+/// The aval of every one of `steps` on operands of `inputs`, by each
+/// member's own shape rule: the one rule of what a step produces, which
+/// the GPU lowering uses too.
+pub fn step_avals(steps: &[FusedStep], inputs: &[&Aval], cx: &mut ShapeCx) -> Result<Vec<Aval>> {
+    let mut avals: Vec<Aval> = Vec::with_capacity(steps.len());
+    for step in steps {
         let aval = {
             let args: Vec<&Aval> = step
                 .args
@@ -392,7 +404,7 @@ pub fn shape_rule(kernel: &FusedKernel, inputs: &[&Aval], cx: &mut ShapeCx) -> R
         };
         avals.push(aval);
     }
-    Ok(avals.pop().expect("a kernel has at least one step"))
+    Ok(avals)
 }
 
 /// Evaluates the group; every member's output has `out_shape`.

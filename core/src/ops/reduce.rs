@@ -156,11 +156,16 @@ pub fn shape_rule(op: ReduceOp, axes: &[usize], keepdims: bool, aval: &Aval) -> 
     ))
 }
 
-/// Reference evaluation of reducing `axes` of contiguous `data` of `shape`.
-pub fn eval(op: ReduceOp, axes: &[usize], data: &HostData, shape: &[usize]) -> Result<HostData> {
-    check_axes(op.name(), axes, shape.len())?;
-    let plan = ReduceGeometry::new(axes, shape);
-    if op != ReduceOp::Sum && plan.group == 0 && plan.outputs > 0 {
+/// `Err` when `op` over `axes` of a concrete `shape` has no value: a max or
+/// min over an empty axis with outputs to fill (a sum of nothing is 0).
+/// Every backend asks this before it reduces.
+pub fn check_nonempty(op: ReduceOp, axes: &[usize], shape: &[usize]) -> Result<()> {
+    let group: usize = axes.iter().filter_map(|&a| shape.get(a)).product();
+    let outputs: usize = (0..shape.len())
+        .filter(|d| !axes.contains(d))
+        .map(|d| shape[d])
+        .product();
+    if op != ReduceOp::Sum && group == 0 && outputs > 0 {
         return Err(Error::Runtime {
             op: op.name().to_string(),
             detail: format!(
@@ -169,6 +174,30 @@ pub fn eval(op: ReduceOp, axes: &[usize], data: &HostData, shape: &[usize]) -> R
             ),
         });
     }
+    Ok(())
+}
+
+/// `Err` when argmax along `axis` of a concrete `shape` has no value: an
+/// empty axis with outputs to fill. Every backend asks this first.
+pub fn check_argmax_nonempty(axis: usize, shape: &[usize]) -> Result<()> {
+    let outputs: usize = (0..shape.len())
+        .filter(|&d| d != axis)
+        .map(|d| shape[d])
+        .product();
+    if shape.get(axis) == Some(&0) && outputs > 0 {
+        return Err(Error::Runtime {
+            op: "argmax".to_string(),
+            detail: format!("cannot take the argmax of an empty axis {axis} (shape {shape:?})"),
+        });
+    }
+    Ok(())
+}
+
+/// Reference evaluation of reducing `axes` of contiguous `data` of `shape`.
+pub fn eval(op: ReduceOp, axes: &[usize], data: &HostData, shape: &[usize]) -> Result<HostData> {
+    check_axes(op.name(), axes, shape.len())?;
+    check_nonempty(op, axes, shape)?;
+    let plan = ReduceGeometry::new(axes, shape);
     let floats = |v: &[f32]| match op {
         // An f64 accumulator rounds once per output: a running f32 sum of a
         // million 0.1s is 1% off (NumPy sums pairwise for the same reason).
@@ -298,14 +327,10 @@ pub fn argmax_eval(axis: usize, data: &HostData, shape: &[usize]) -> Result<Host
             "axis {axis} is out of range for shape {shape:?}"
         )));
     }
+    check_argmax_nonempty(axis, shape)?;
     let outer = numel(&shape[..axis]);
     let n = shape[axis];
     let inner = numel(&shape[axis + 1..]);
-    if n == 0 && outer * inner > 0 {
-        return Err(runtime(format!(
-            "cannot take the argmax of an empty axis {axis} (shape {shape:?})"
-        )));
-    }
     if u32::try_from(n).is_err() {
         return Err(runtime(format!(
             "axis {axis} of size {n} does not fit u32 indices"

@@ -8,35 +8,11 @@ use crate::DType;
 use half::{bf16, f16};
 
 use super::ShapeCx;
+pub(crate) use crate::shape::{broadcast_strides, row_major_strides};
 
 /// Element count of a concrete shape.
 pub(crate) fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
-}
-
-/// Row-major strides (in elements) of a concrete shape.
-pub(crate) fn row_major_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![0; shape.len()];
-    let mut acc = 1usize;
-    for (s, &d) in strides.iter_mut().zip(shape).rev() {
-        *s = acc;
-        acc = acc.saturating_mul(d);
-    }
-    strides
-}
-
-/// Strides that read a contiguous `in_shape` array as if it had the
-/// broadcast `out_shape`: shapes align on the right, and missing or size-1
-/// input dims get stride 0.
-pub(crate) fn broadcast_strides(in_shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
-    let lead = out_shape.len().saturating_sub(in_shape.len());
-    let in_strides = row_major_strides(in_shape);
-    (0..out_shape.len())
-        .map(|i| match i.checked_sub(lead) {
-            Some(j) if in_shape[j] != 1 => in_strides[j],
-            _ => 0,
-        })
-        .collect()
 }
 
 /// Calls `f` with the element offsets of `N` strided operands for every

@@ -20,13 +20,14 @@ impl Lowering<'_> {
         aliased: &[bool],
     ) -> Result<()> {
         let inputs = self.exe.graph().nodes[v].inputs.clone();
+        let out_shape = &self.shapes[v];
         let input_views: Vec<View> = inputs
             .iter()
-            .map(|&j| View::contiguous(self.dtype(j), &self.shapes[j]))
+            .map(|&j| View::broadcast(self.dtype(j), &self.shapes[j], out_shape))
             .collect();
         let steps = group.steps();
-        let dtypes =
-            step_dtypes("fused", steps, &input_views).map_err(|e| self.err(e.to_string()))?;
+        let dtypes = step_dtypes("fused", steps, &input_views, out_shape)
+            .map_err(|e| self.err(e.to_string()))?;
         let mut done: Vec<(Loc, Vec<usize>)> = Vec::with_capacity(steps.len());
         for (j, step) in steps.iter().enumerate() {
             let last = j + 1 == steps.len();
@@ -50,7 +51,7 @@ impl Lowering<'_> {
                 });
             }
             let shapes: Vec<&[usize]> = args.iter().map(|a| &a.1[..]).collect();
-            let shape = crate::broadcast_shape(&shapes);
+            let shape = kiln::shape::broadcast_shape(&shapes);
             let views: Vec<View> = args
                 .iter()
                 .map(|(_, arg_shape, arg_dtype, input)| {

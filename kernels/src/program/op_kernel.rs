@@ -4,7 +4,7 @@
 use super::Lowering;
 use crate::abi::to_words;
 use crate::{KernelError, KernelSpec, MatmulVariant, QmmBatch, QmmShape, Target, View};
-use kiln::{DType, Error, Op, QuantKind, QuantOp, Result, ValueKind};
+use kiln::{DType, Op, QuantKind, QuantOp, Result, ValueKind};
 
 impl Lowering<'_> {
     /// The kernel computing op value `v`; `aliased[k]` marks operands that
@@ -38,7 +38,7 @@ impl Lowering<'_> {
                 crate::elementwise(op, &views, out_shape, dtype, target)
             }
             Op::Permute(perm) => {
-                let strides = crate::row_major_strides(in_shape(0));
+                let strides = kiln::shape::row_major_strides(in_shape(0));
                 let permuted = perm.iter().map(|&p| strides[p]).collect();
                 crate::copy(
                     &View::strided(dtype, 0, permuted, out_shape),
@@ -84,29 +84,11 @@ impl Lowering<'_> {
             Op::Reduce {
                 op: reduce, axes, ..
             } => {
-                let group: usize = axes.iter().map(|&a| in_shape(0)[a]).product();
-                if *reduce != kiln::ReduceOp::Sum && group == 0 && !out_shape.contains(&0) {
-                    return Err(Error::Runtime {
-                        op: reduce.name().to_string(),
-                        detail: format!(
-                            "cannot take the {} of an empty axis (shape {:?}, axes {axes:?})",
-                            reduce.name(),
-                            in_shape(0)
-                        ),
-                    });
-                }
+                kiln::ops::reduce::check_nonempty(*reduce, axes, in_shape(0))?;
                 crate::reduce(*reduce, in_dtype(0), in_shape(0), axes, target)
             }
             Op::ArgMax { axis, .. } => {
-                if in_shape(0).get(*axis) == Some(&0) && !out_shape.contains(&0) {
-                    return Err(Error::Runtime {
-                        op: "argmax".into(),
-                        detail: format!(
-                            "cannot take the argmax of an empty axis {axis} (shape {:?})",
-                            in_shape(0)
-                        ),
-                    });
-                }
+                kiln::ops::reduce::check_argmax_nonempty(*axis, in_shape(0))?;
                 crate::argmax(in_dtype(0), in_shape(0), *axis, target)
             }
             Op::Matmul => {
