@@ -24,21 +24,22 @@
 mod buffer;
 mod device;
 mod program;
+mod shared;
 mod wait;
 
 pub use buffer::{PoolStats, WgpuBuffer, MAX_IDLE_BUFFERS, MAX_IDLE_BYTES};
 pub use device::{DeviceError, BACKEND_ENV};
 pub use kiln_kernels::{MatmulVariant, Target};
 
-use buffer::{Pool, StatusWords};
-use device::{block_on, Gpu};
-use kiln::{Backend, Error, Executable, HostData, Result};
+use buffer::StatusWords;
+use device::block_on;
+use kiln::{Backend, Executable, HostData, Result};
 use kiln_kernels::program::{Buffer, Caps, Program, Step};
 use kiln_kernels::{from_words, storage_bytes, to_words};
-use program::{binding, Pipeline, Prepared};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use program::{binding, Prepared, ProgramCache};
+use shared::{backend_err, caps, Shared};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// How many device objects the backend has created: a cached call adds
 /// nothing to any of them.
@@ -58,298 +59,12 @@ pub struct Counters {
 #[derive(Clone)]
 pub struct WgpuBackend {
     shared: Arc<Shared>,
+    programs: Arc<ProgramCache>,
 }
-
-/// The bind group layout and pipeline layout of kernels with a given
-/// number of bindings.
-type Layouts = (Arc<wgpu::BindGroupLayout>, Arc<wgpu::PipelineLayout>);
-
-/// The programs prepared for one executable (known by [`Executable::id`]).
-struct ExePrograms {
-    programs: Vec<Arc<Prepared>>,
-    /// When a call last used one of them (a tick of `program_clock`).
-    last_used: u64,
-}
-
-/// Executables whose programs (and so arenas) are kept; beyond it the least
-/// recently used one's are released.
-const MAX_PREPARED_EXECUTABLES: usize = 64;
-
-/// Shape sets kept per executable (a shapeless one sees many); beyond it
-/// the oldest program is released.
-const MAX_SHAPE_SETS: usize = 16;
 
 /// Bind groups over call buffers kept per program before they are all
 /// released (each holds its buffers).
 const MAX_CACHED_BIND_GROUPS: usize = 256;
-
-pub(crate) struct Shared {
-    name: String,
-    gpu: Gpu,
-    pool: Arc<Pool>,
-    pipelines: Mutex<HashMap<String, Pipeline>>,
-    layouts: Mutex<HashMap<usize, Layouts>>,
-    programs: Mutex<HashMap<u64, ExePrograms>>,
-    pipelines_created: AtomicU64,
-    other_buffers: AtomicU64,
-    programs_built: AtomicU64,
-    program_clock: AtomicU64,
-    dispatches: AtomicU64,
-    /// What programs are lowered within.
-    caps: Caps,
-}
-
-pub(crate) fn backend_err(detail: impl Into<String>) -> Error {
-    Error::Backend {
-        backend: "wgpu".into(),
-        detail: detail.into(),
-    }
-}
-
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Shared {
-    /// A backend's state on `gpu` with empty caches, pool and counters.
-    fn new(name: String, gpu: Gpu, caps: Caps) -> Shared {
-        Shared {
-            name,
-            gpu,
-            pool: Arc::new(Pool::default()),
-            pipelines: Mutex::default(),
-            layouts: Mutex::default(),
-            programs: Mutex::default(),
-            pipelines_created: AtomicU64::new(0),
-            other_buffers: AtomicU64::new(0),
-            programs_built: AtomicU64::new(0),
-            program_clock: AtomicU64::new(0),
-            dispatches: AtomicU64::new(0),
-            caps,
-        }
-    }
-
-    /// `Err` naming the size and the limit when a buffer of `bytes` cannot
-    /// be bound.
-    fn check_size(&self, op: &str, bytes: u64) -> Result<()> {
-        let limits = &self.gpu.limits;
-        let limit = limits
-            .max_storage_buffer_binding_size
-            .min(limits.max_buffer_size);
-        if bytes > limit {
-            return Err(backend_err(format!(
-                "`{op}` needs a buffer of {bytes} bytes, above the adapter's maximum storage \
-                 binding size of {limit} bytes"
-            )));
-        }
-        Ok(())
-    }
-
-    /// A program's arena (counted).
-    fn new_buffer(&self, bytes: u64) -> wgpu::Buffer {
-        self.other_buffers.fetch_add(1, Ordering::Relaxed);
-        self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kiln arena"),
-            size: bytes,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        })
-    }
-
-    /// The bind group layout of kernels with `count` bindings: all
-    /// writable storage (see `kiln_kernels::abi`), so one dispatch may
-    /// bind several ranges of the arena.
-    fn layout(&self, count: usize) -> Layouts {
-        let mut layouts = lock(&self.layouts);
-        let entry = layouts.entry(count).or_insert_with(|| {
-            let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..count)
-                .map(|binding| wgpu::BindGroupLayoutEntry {
-                    binding: binding as u32,
-                    visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Storage { read_only: false },
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
-                    },
-                    count: None,
-                })
-                .collect();
-            let group =
-                self.gpu
-                    .device
-                    .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                        label: Some("kiln kernel"),
-                        entries: &entries,
-                    });
-            let pipeline =
-                self.gpu
-                    .device
-                    .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                        label: Some("kiln kernel"),
-                        bind_group_layouts: &[Some(&group)],
-                        immediate_size: 0,
-                    });
-            (Arc::new(group), Arc::new(pipeline))
-        });
-        (entry.0.clone(), entry.1.clone())
-    }
-
-    /// The pipeline of `source` (validated by naga and compiled once).
-    fn pipeline(
-        &self,
-        op: &str,
-        source: &str,
-        entry_point: &str,
-        bindings: usize,
-    ) -> Result<Pipeline> {
-        // Keyed by entry point and source, never by name: two user kernels
-        // with one name and different sources are different pipelines.
-        let key = format!("{entry_point}\n{source}");
-        if let Some(found) = lock(&self.pipelines).get(&key) {
-            return Ok(found.clone());
-        }
-        kiln_kernels::validate(source).map_err(|message| {
-            backend_err(
-                kiln_kernels::KernelError::Invalid {
-                    op: op.to_string(),
-                    message,
-                    wgsl: source.to_string(),
-                }
-                .to_string(),
-            )
-        })?;
-        let (group, layout) = self.layout(bindings);
-        let device = &self.gpu.device;
-        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(op),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
-        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(op),
-            layout: Some(&layout),
-            module: &module,
-            entry_point: Some(entry_point),
-            compilation_options: Default::default(),
-            cache: None,
-        });
-        if let Some(Some(error)) = block_on(scope.pop()) {
-            return Err(backend_err(format!(
-                "the pipeline of `{op}` was rejected: {error}"
-            )));
-        }
-        self.pipelines_created.fetch_add(1, Ordering::Relaxed);
-        let entry = (Arc::new(pipeline), group);
-        lock(&self.pipelines).insert(key, entry.clone());
-        Ok(entry)
-    }
-
-    fn bind_group(
-        &self,
-        layout: &wgpu::BindGroupLayout,
-        bindings: Vec<wgpu::BufferBinding<'_>>,
-    ) -> wgpu::BindGroup {
-        let entries: Vec<wgpu::BindGroupEntry> = bindings
-            .into_iter()
-            .enumerate()
-            .map(|(binding, buffer)| wgpu::BindGroupEntry {
-                binding: binding as u32,
-                resource: wgpu::BindingResource::Buffer(buffer),
-            })
-            .collect();
-        self.gpu
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("kiln kernel"),
-                layout,
-                entries: &entries,
-            })
-    }
-
-    /// `Err` once the device is lost: every later call says so.
-    fn check_alive(&self) -> Result<()> {
-        match lock(&self.gpu.lost).as_ref() {
-            Some(reason) => Err(backend_err(format!(
-                "the device of `{}` was lost ({reason}); create a new backend",
-                self.name
-            ))),
-            None => Ok(()),
-        }
-    }
-
-    /// Errors the device raised outside an error scope since last asked.
-    fn take_uncaptured(&self) -> Result<()> {
-        let errors = std::mem::take(&mut *lock(&self.gpu.uncaptured));
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(backend_err(errors.join("; ")))
-        }
-    }
-
-    /// The prepared program of `exe` for `shapes`, lowered on first use.
-    fn prepared(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Result<Arc<Prepared>> {
-        let key = exe.id();
-        let tick = self.program_clock.fetch_add(1, Ordering::Relaxed);
-        {
-            let mut programs = lock(&self.programs);
-            if let Some(entry) = programs.get_mut(&key) {
-                if let Some(found) = entry.programs.iter().find(|p| p.program.shapes == shapes) {
-                    entry.last_used = tick;
-                    return Ok(found.clone());
-                }
-            }
-        }
-        let program = kiln_kernels::lower(exe, shapes, &self.caps)?;
-        let prepared = Arc::new(Prepared::new(self, program)?);
-        self.programs_built.fetch_add(1, Ordering::Relaxed);
-        let mut programs = lock(&self.programs);
-        if !programs.contains_key(&key) && programs.len() >= MAX_PREPARED_EXECUTABLES {
-            // An executable that was dropped is never seen again: forget
-            // the least recently used.
-            if let Some(oldest) = programs
-                .iter()
-                .min_by_key(|(_, e)| e.last_used)
-                .map(|(k, _)| *k)
-            {
-                programs.remove(&oldest);
-            }
-        }
-        let entry = programs.entry(key).or_insert_with(|| ExePrograms {
-            programs: Vec::new(),
-            last_used: tick,
-        });
-        if entry.programs.len() >= MAX_SHAPE_SETS {
-            entry.programs.remove(0);
-        }
-        entry.last_used = tick;
-        entry.programs.push(prepared.clone());
-        Ok(prepared)
-    }
-}
-
-/// What a program may use on `gpu`: its limits and features.
-fn caps(gpu: &Gpu, native_f16: bool, forced_matmul: Option<MatmulVariant>) -> Caps {
-    let limits = &gpu.limits;
-    Caps {
-        backend: "wgpu".into(),
-        max_storage_buffers_per_stage: limits.max_storage_buffers_per_shader_stage,
-        max_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
-        max_workgroup_size: [
-            limits.max_compute_workgroup_size_x,
-            limits.max_compute_workgroup_size_y,
-            limits.max_compute_workgroup_size_z,
-        ],
-        max_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
-        max_binding_bytes: limits.max_storage_buffer_binding_size,
-        max_buffer_bytes: limits.max_buffer_size,
-        binding_offset_alignment: limits.min_storage_buffer_offset_alignment,
-        native_f16,
-        forced_matmul,
-    }
-}
 
 impl WgpuBackend {
     /// Opens the default adapter (see [`BACKEND_ENV`]), blocking until the
@@ -367,6 +82,7 @@ impl WgpuBackend {
         let caps = caps(&gpu, native_f16, None);
         Ok(WgpuBackend {
             shared: Arc::new(Shared::new(name, gpu, caps)),
+            programs: Arc::default(),
         })
     }
 
@@ -402,6 +118,7 @@ impl WgpuBackend {
         let caps = caps(&s.gpu, native_f16, forced_matmul);
         WgpuBackend {
             shared: Arc::new(Shared::new(name, s.gpu.clone(), caps)),
+            programs: Arc::default(),
         }
     }
 
@@ -431,11 +148,7 @@ impl WgpuBackend {
     /// calls (their arenas: [`Program::arena_bytes`]); arguments, outputs
     /// and the idle pool are not counted.
     pub fn program_bytes(&self) -> u64 {
-        lock(&self.shared.programs)
-            .values()
-            .flat_map(|entry| &entry.programs)
-            .map(|prepared| prepared.arena.size())
-            .sum()
+        self.programs.arena_bytes()
     }
 
     /// Destroys the device now, for this backend and every one derived
@@ -457,7 +170,7 @@ impl WgpuBackend {
         Counters {
             pipelines: s.pipelines_created.load(Ordering::Relaxed),
             buffers: s.pool.created() + s.other_buffers.load(Ordering::Relaxed),
-            programs: s.programs_built.load(Ordering::Relaxed),
+            programs: self.programs.built.load(Ordering::Relaxed),
             dispatches: s.dispatches.load(Ordering::Relaxed),
         }
     }
@@ -752,7 +465,7 @@ impl Backend for WgpuBackend {
         let device = &s.gpu.device;
         let memory = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let result = s.prepared(exe, shapes).and_then(|prepared| {
+        let result = self.programs.get(s, exe, shapes).and_then(|prepared| {
             let inputs = self.own_written_inputs(&prepared.program, inputs);
             self.execute(&prepared, &inputs)
         });
@@ -760,7 +473,7 @@ impl Backend for WgpuBackend {
         let out_of_memory = block_on(memory.pop()).flatten();
         if let Some(error) = out_of_memory.or(invalid) {
             // A failed program may hold broken objects: forget this executable's programs.
-            lock(&s.programs).remove(&exe.id());
+            self.programs.forget(exe);
             return Err(backend_err(format!("device error: {error}")));
         }
         s.check_alive()?;

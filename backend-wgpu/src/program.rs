@@ -3,15 +3,13 @@
 //! that name only the arena. Made on the first call with a set of shapes
 //! and replayed by every later one.
 
-use crate::{backend_err, lock, Shared};
-use kiln::Result;
+use crate::shared::{backend_err, lock, Pipeline, Shared};
+use kiln::{Executable, Result};
 use kiln_kernels::program::{Buffer, Check, Program, Range, Step};
 use std::collections::HashMap;
 use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-
-/// A compute pipeline and the layout of its one bind group.
-pub(crate) type Pipeline = (Arc<wgpu::ComputePipeline>, Arc<wgpu::BindGroupLayout>);
 
 /// A program with its device objects.
 pub(crate) struct Prepared {
@@ -141,6 +139,93 @@ impl Prepared {
         let group = shared.bind_group(layout, bindings);
         cached.groups.insert(key, group.clone());
         Ok(group)
+    }
+}
+
+/// Executables whose programs (and so arenas) are kept; beyond it the least
+/// recently used one's are released.
+const MAX_PREPARED_EXECUTABLES: usize = 64;
+
+/// Shape sets kept per executable (a shapeless one sees many); beyond it
+/// the oldest program is released.
+const MAX_SHAPE_SETS: usize = 16;
+
+/// The programs prepared for one executable (known by [`Executable::id`]).
+struct ExePrograms {
+    programs: Vec<Arc<Prepared>>,
+    /// When a call last used one of them (a tick of `program_clock`).
+    last_used: u64,
+}
+
+/// The programs a backend has prepared, by executable and shapes; an
+/// executable's programs hold its arenas.
+#[derive(Default)]
+pub(crate) struct ProgramCache {
+    programs: Mutex<HashMap<u64, ExePrograms>>,
+    /// Programs prepared so far.
+    pub built: AtomicU64,
+    clock: AtomicU64,
+}
+
+impl ProgramCache {
+    /// The prepared program of `exe` for `shapes` on `shared`'s device,
+    /// lowered and prepared on first use.
+    pub(crate) fn get(
+        &self,
+        shared: &Shared,
+        exe: &Executable,
+        shapes: &[Vec<usize>],
+    ) -> Result<Arc<Prepared>> {
+        let key = exe.id();
+        let tick = self.clock.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut programs = lock(&self.programs);
+            if let Some(entry) = programs.get_mut(&key) {
+                if let Some(found) = entry.programs.iter().find(|p| p.program.shapes == shapes) {
+                    entry.last_used = tick;
+                    return Ok(found.clone());
+                }
+            }
+        }
+        let program = kiln_kernels::lower(exe, shapes, &shared.caps)?;
+        let prepared = Arc::new(Prepared::new(shared, program)?);
+        self.built.fetch_add(1, Ordering::Relaxed);
+        let mut programs = lock(&self.programs);
+        if !programs.contains_key(&key) && programs.len() >= MAX_PREPARED_EXECUTABLES {
+            // An executable that was dropped is never seen again: forget
+            // the least recently used.
+            if let Some(oldest) = programs
+                .iter()
+                .min_by_key(|(_, e)| e.last_used)
+                .map(|(k, _)| *k)
+            {
+                programs.remove(&oldest);
+            }
+        }
+        let entry = programs.entry(key).or_insert_with(|| ExePrograms {
+            programs: Vec::new(),
+            last_used: tick,
+        });
+        if entry.programs.len() >= MAX_SHAPE_SETS {
+            entry.programs.remove(0);
+        }
+        entry.last_used = tick;
+        entry.programs.push(prepared.clone());
+        Ok(prepared)
+    }
+
+    /// Forgets every program of `exe` (after a device error).
+    pub(crate) fn forget(&self, exe: &Executable) {
+        lock(&self.programs).remove(&exe.id());
+    }
+
+    /// Bytes of the arenas held.
+    pub(crate) fn arena_bytes(&self) -> u64 {
+        lock(&self.programs)
+            .values()
+            .flat_map(|entry| &entry.programs)
+            .map(|prepared| prepared.arena.size())
+            .sum()
     }
 }
 

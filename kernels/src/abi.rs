@@ -6,7 +6,7 @@
 //! * **Bindings.** Group 0 of every kernel binds, in order: the parameter
 //!   words (binding 0), the output (binding 1), the bound operands (2..),
 //!   then, for a kernel that checks its input, one status word. Every
-//!   binding is declared `var<storage, read_write>`: a [`Program`] binds
+//!   binding is declared `var<storage, read_write>`: a program (`crate::program::Program`) binds
 //!   sub-ranges of one arena buffer, and one dispatch may bind a buffer
 //!   several times only when every binding of it is writable storage
 //!   (WebGPU's usage scopes forbid mixing read-only and writable bindings
@@ -17,7 +17,6 @@
 //!   word to `!p` with `atomicMax`; the word is cleared to zero before
 //!   every call, so zero means "no bad input" ([`bad_input_position`]).
 //!
-//! [`Program`]: crate::program::Program
 
 use half::{bf16, f16};
 use kiln::{DType, HostData};

@@ -4,7 +4,7 @@
 //! `kiln::ops` (wrapping integers, division by zero giving 0,
 //! NaN-propagating maximum, saturating casts).
 
-use crate::{KernelError, Target};
+use crate::spec::{KernelError, Target};
 use kiln::{BinaryOp, DType, UnaryOp};
 use std::collections::HashSet;
 use std::sync::OnceLock;

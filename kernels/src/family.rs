@@ -8,7 +8,7 @@
 use crate::abi::bindings;
 use crate::element::{buffer_type, load_fn, value_type};
 use crate::source::{param, prelude};
-use crate::{KernelError, KernelSpec, Target, View};
+use crate::spec::{KernelError, KernelSpec, Target, View};
 use kiln::shape::row_major_strides;
 use kiln::{DType, ReduceOp};
 use std::fmt::Write;

@@ -3,7 +3,7 @@
 
 use crate::element::value_type;
 use crate::source::{param, ElementKernel};
-use crate::{KernelError, KernelSpec, Target, View};
+use crate::spec::{KernelError, KernelSpec, Target, View};
 use kiln::DType;
 use std::fmt::Write;
 

@@ -3,7 +3,7 @@
 //! (see `wgsl/pad_slice.wgsl`).
 
 use crate::source::{param, ElementKernel};
-use crate::{KernelError, KernelSpec, Target, View};
+use crate::spec::{KernelError, KernelSpec, Target, View};
 use kiln::shape::row_major_strides;
 use kiln::{DType, SliceAxis};
 

@@ -6,7 +6,7 @@
 use crate::abi::{bindings, status_binding};
 use crate::element::{buffer_type, load_fn};
 use crate::source::{param, prelude};
-use crate::{checked, KernelError, KernelSpec, Target, View};
+use crate::spec::{checked, KernelError, KernelSpec, Target, View};
 use kiln::{DType, QuantFormat, QuantPart};
 use std::fmt::Write;
 

@@ -4,7 +4,7 @@
 
 use crate::layout::load_index;
 use crate::source::{param, ElementKernel};
-use crate::{KernelError, KernelSpec, Target, View};
+use crate::spec::{KernelError, KernelSpec, Target, View};
 use kiln::DType;
 
 const SCATTER_ADD: &str = include_str!("wgsl/scatter_add.wgsl");

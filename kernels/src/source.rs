@@ -3,7 +3,7 @@
 
 use crate::abi::{bindings, status_binding};
 use crate::element::{self, buffer_type, is_packed, lane_type};
-use crate::{KernelError, KernelSpec, Target, View};
+use crate::spec::{KernelError, KernelSpec, Target, View};
 use kiln::ops::{FusedArg, FusedStep};
 use kiln::{Aval, DType, Op, ShapeCx};
 use std::fmt::Write;

@@ -1,7 +1,7 @@
 //! User kernels ([`kiln::Kernel`]): their WGSL as the kernel wrote it, with
 //! this call's template constants, parameter words and grid.
 
-use crate::{KernelError, KernelSpec, Launch};
+use crate::spec::{KernelError, KernelSpec, Launch};
 use kiln::ops::kernel::{kernel_params, GridArgs};
 use kiln::{DType, KernelCall};
 

@@ -5,7 +5,8 @@
 //! then one scratch region that every op's temporaries share (an op's
 //! scratch is dead once its last step has run).
 
-use super::{ArenaInit, ArenaUse, Loc, Place};
+use super::loc::{Loc, Place};
+use super::types::{ArenaInit, ArenaUse};
 use kiln::plan::SLOT_ALIGN;
 use std::collections::HashMap;
 

@@ -1,7 +1,7 @@
 //! An independent check of a lowered program, sharing nothing with the
 //! lowering: what any executor may rely on.
 
-use super::{Buffer, Caps, Program, Range, Step};
+use super::types::{Buffer, Caps, Program, Range, Step};
 
 impl Program {
     /// Checks what an executor relies on, given the bytes of each argument

@@ -3,7 +3,9 @@
 //! the caller's, whose arguments are the op's operands and whose output is
 //! the op's value.
 
-use super::{lower, Buffer, Cmd, Loc, Lowering, Place, Range, Step};
+use super::loc::{Cmd, Loc, Place};
+use super::lowering::{lower, Lowering};
+use super::types::{Buffer, Range, Step};
 use kiln::{CustomCall, DType, Result};
 
 impl Lowering<'_> {

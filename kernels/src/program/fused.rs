@@ -1,10 +1,11 @@
 //! A fused group that binds more buffers than a kernel may: run one member
 //! op per kernel, the intermediate values in scratch.
 
-use super::{Loc, Lowering};
+use super::loc::Loc;
+use super::lowering::Lowering;
 use crate::abi::storage_bytes;
 use crate::source::step_dtypes;
-use crate::View;
+use crate::spec::View;
 use kiln::ops::{FusedArg, FusedKernel};
 use kiln::Result;
 
@@ -66,8 +67,9 @@ impl Lowering<'_> {
                     }
                 })
                 .collect();
-            let spec = crate::elementwise(&step.op, &views, &shape, dtypes[j], self.target())
-                .map_err(|e| self.err(e.to_string()))?;
+            let spec =
+                crate::source::elementwise(&step.op, &views, &shape, dtypes[j], self.target())
+                    .map_err(|e| self.err(e.to_string()))?;
             let step_out = if last {
                 out
             } else {

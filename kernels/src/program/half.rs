@@ -2,15 +2,17 @@
 //! matmuls and quantized ops write f32 words to scratch, and an
 //! elementwise cast packs them into the result's two-per-word layout.
 
-use super::{Loc, Lowering};
+use super::loc::Loc;
+use super::lowering::Lowering;
 use crate::abi::storage_bytes;
-use crate::{KernelSpec, View};
+use crate::spec::{KernelSpec, View};
 use kiln::{DType, Op, Result};
 
 /// True when the kernel of `op` writes f32 words for a result of `dtype`,
 /// to be packed afterwards.
 fn packs_after(op: Option<&Op>, dtype: DType) -> bool {
-    crate::stores_f32(dtype) && matches!(op, Some(Op::Reduce { .. } | Op::Matmul | Op::Quant(_)))
+    crate::family::stores_f32(dtype)
+        && matches!(op, Some(Op::Reduce { .. } | Op::Matmul | Op::Quant(_)))
 }
 
 impl Lowering<'_> {
@@ -49,7 +51,7 @@ impl Lowering<'_> {
         bindings.extend(bound);
         self.dispatch(&op, spec, bindings, bad_input)?;
         let shape = [n];
-        let pack = crate::elementwise(
+        let pack = crate::source::elementwise(
             &Op::Cast(dtype),
             &[View::contiguous(DType::F32, &shape)],
             &shape,

@@ -1,9 +1,11 @@
 //! Which kernel, with which parameters, serves each op: the one place
 //! that matches on op variants for the GPU.
 
-use super::Lowering;
+use super::lowering::Lowering;
 use crate::abi::to_words;
-use crate::{KernelError, KernelSpec, MatmulVariant, QmmBatch, QmmShape, Target, View};
+use crate::family::MatmulVariant;
+use crate::quant::{QmmBatch, QmmShape};
+use crate::spec::{KernelError, KernelSpec, Target, View};
 use kiln::{DType, Op, QuantKind, QuantOp, Result, ValueKind};
 
 impl Lowering<'_> {
@@ -35,25 +37,25 @@ impl Lowering<'_> {
                         },
                     })
                     .collect();
-                crate::elementwise(op, &views, out_shape, dtype, target)
+                crate::source::elementwise(op, &views, out_shape, dtype, target)
             }
             Op::Permute(perm) => {
                 let strides = kiln::shape::row_major_strides(in_shape(0));
                 let permuted = perm.iter().map(|&p| strides[p]).collect();
-                crate::copy(
+                crate::layout::copy(
                     &View::strided(dtype, 0, permuted, out_shape),
                     out_shape,
                     target,
                 )
             }
-            Op::BroadcastTo(_) => crate::copy(
+            Op::BroadcastTo(_) => crate::layout::copy(
                 &View::broadcast(dtype, in_shape(0), out_shape),
                 out_shape,
                 target,
             ),
             Op::Slice(axes) => {
                 let (offset, stepped) = kiln::ops::layout::slice_view(axes, in_shape(0));
-                crate::copy(
+                crate::layout::copy(
                     &View::strided(dtype, offset, stepped, out_shape),
                     out_shape,
                     target,
@@ -61,9 +63,9 @@ impl Lowering<'_> {
             }
             Op::Concat { axis } => {
                 let shapes: Vec<&[usize]> = (0..node.inputs.len()).map(in_shape).collect();
-                crate::concat(dtype, &shapes, *axis, out_shape, target)
+                crate::layout::concat(dtype, &shapes, *axis, out_shape, target)
             }
-            Op::Take { axis } => crate::take(
+            Op::Take { axis } => crate::layout::take(
                 dtype,
                 in_shape(0),
                 in_dtype(1),
@@ -72,7 +74,7 @@ impl Lowering<'_> {
                 out_shape,
                 target,
             ),
-            Op::ScatterAdd { axis, .. } => crate::scatter_add(
+            Op::ScatterAdd { axis, .. } => crate::scatter::scatter_add(
                 dtype,
                 in_dtype(1),
                 in_shape(1).iter().product(),
@@ -80,16 +82,16 @@ impl Lowering<'_> {
                 out_shape,
                 target,
             ),
-            Op::PadSlice { axes, .. } => crate::pad_slice(dtype, axes, out_shape, target),
+            Op::PadSlice { axes, .. } => crate::pad::pad_slice(dtype, axes, out_shape, target),
             Op::Reduce {
                 op: reduce, axes, ..
             } => {
                 kiln::ops::reduce::check_nonempty(*reduce, axes, in_shape(0))?;
-                crate::reduce(*reduce, in_dtype(0), in_shape(0), axes, target)
+                crate::family::reduce(*reduce, in_dtype(0), in_shape(0), axes, target)
             }
             Op::ArgMax { axis, .. } => {
                 kiln::ops::reduce::check_argmax_nonempty(*axis, in_shape(0))?;
-                crate::argmax(in_dtype(0), in_shape(0), *axis, target)
+                crate::family::argmax(in_dtype(0), in_shape(0), *axis, target)
             }
             Op::Matmul => {
                 let a = in_shape(0);
@@ -98,12 +100,12 @@ impl Lowering<'_> {
                     .caps
                     .forced_matmul
                     .unwrap_or_else(|| MatmulVariant::choose(out_shape.iter().product(), k));
-                crate::matmul(variant, dtype, a, in_shape(1), out_shape, target)
+                crate::family::matmul(variant, dtype, a, in_shape(1), out_shape, target)
             }
             Op::Kernel(call) => {
                 let shapes: Vec<&[usize]> = (0..node.inputs.len()).map(in_shape).collect();
                 let dtypes: Vec<DType> = (0..node.inputs.len()).map(in_dtype).collect();
-                crate::user_kernel(call, &dtypes, &shapes, out_shape, dtype)
+                crate::user::user_kernel(call, &dtypes, &shapes, out_shape, dtype)
             }
             Op::Quant(q) => {
                 let shapes: Vec<&[usize]> = (0..node.inputs.len()).map(in_shape).collect();
@@ -130,25 +132,22 @@ impl Lowering<'_> {
             _ => None,
         }
     }
-}
 
-/// The indexed axis of `take` or `scatter_add` value `v` and its size:
-/// the operand's axis for `take`, the output's for `scatter_add`.
-pub(super) fn indexed_axis(lowering: &Lowering<'_>, v: usize, op: &Op) -> Option<(usize, usize)> {
-    let (axis, shape) = match op {
-        Op::Take { axis } => (
-            *axis,
-            &lowering.shapes[lowering.exe.graph().nodes[v].inputs[0]],
-        ),
-        Op::ScatterAdd { axis, .. } => (*axis, &lowering.shapes[v]),
-        _ => return None,
-    };
-    Some((axis, shape.get(axis).copied().unwrap_or(0)))
-}
+    /// The indexed axis of `take` or `scatter_add` value `v` and its size:
+    /// the operand's axis for `take`, the output's for `scatter_add`.
+    pub(super) fn indexed_axis(&self, v: usize, op: &Op) -> Option<(usize, usize)> {
+        let (axis, shape) = match op {
+            Op::Take { axis } => (*axis, &self.shapes[self.exe.graph().nodes[v].inputs[0]]),
+            Op::ScatterAdd { axis, .. } => (*axis, &self.shapes[v]),
+            _ => return None,
+        };
+        Some((axis, shape.get(axis).copied().unwrap_or(0)))
+    }
 
-/// The message of an index out of range for `(axis, size)`.
-pub(super) fn out_of_range((axis, n): (usize, usize)) -> String {
-    format!("an index is out of range for axis {axis} of size {n}")
+    /// The message of an index out of range for `(axis, size)`.
+    pub(super) fn out_of_range((axis, n): (usize, usize)) -> String {
+        format!("an index is out of range for axis {axis} of size {n}")
+    }
 }
 
 /// The kernel of quantization op `q` over contiguous operands of `shapes`
@@ -184,7 +183,7 @@ fn quant_spec(
         }
     };
     match q.kind {
-        QuantKind::Quantize(part) => crate::quantize(
+        QuantKind::Quantize(part) => crate::quant::quantize(
             format,
             part,
             in_dtype(0),
@@ -192,7 +191,7 @@ fn quant_spec(
             last(shapes[0]),
             target,
         ),
-        QuantKind::Dequantize => crate::dequantize(
+        QuantKind::Dequantize => crate::quant::dequantize(
             format,
             in_dtype(1),
             numel(out_shape),
@@ -210,7 +209,7 @@ fn quant_spec(
                     w_batch: batch(shapes[1]),
                 },
             );
-            crate::quantized_matmul(format, in_dtype(0), &geometry, target)
+            crate::quant::quantized_matmul(format, in_dtype(0), &geometry, target)
         }
         QuantKind::GatherMatmul { transpose } => {
             let geometry = product(
@@ -224,7 +223,7 @@ fn quant_spec(
                     w_count: numel(&batch(shapes[1])),
                 },
             );
-            crate::quantized_matmul(format, in_dtype(0), &geometry, target)
+            crate::quant::quantized_matmul(format, in_dtype(0), &geometry, target)
         }
     }
 }
