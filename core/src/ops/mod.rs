@@ -11,6 +11,8 @@ pub mod layout;
 pub mod math;
 pub mod matmul;
 pub mod pad;
+mod product;
+mod qmm;
 pub mod quant;
 pub mod reduce;
 pub mod scatter;
