@@ -2,11 +2,11 @@
 //! are decoded as they are used and the dequantized matrix never exists.
 //!
 //! * Few rows of `x` (fewer than [`PANEL_MIN_ROWS`]) and `x @ wᵀ` in f32:
-//!   each run of 16 code units (a word, or for 3-, 5- and 6-bit codes the
-//!   `bits` words of 32 codes) is unpacked in vector registers with shifts
-//!   and masks, decoded with its group's scale and bias, and multiplied
-//!   into `x` permuted once into the same lane order: one pass over the
-//!   codes, memory-bound.
+//!   the codes are unpacked in vector lanes with shifts and masks (one
+//!   word per lane; for 3-, 5- and 6-bit codes the `bits` words of 32
+//!   codes per lane), decoded with their group's scale and bias, and
+//!   multiplied into `x` permuted once into the same lane order: one pass
+//!   over the codes.
 //! * More rows: a panel of decoded weight rows (a tile of at most
 //!   [`PANEL_ROWS`]·k values, cache-resident) feeds the dense GEMM
 //!   microkernels, so each decoded tile serves every row of `x`.
@@ -225,11 +225,19 @@ const fn unit(bits: u32) -> (usize, usize) {
     }
 }
 
-/// `x` (one row of length k) in the lane order of [`fused_dot`]: for each
-/// run of [`LANES`] units, code `j` of every lane's unit, lane by lane;
-/// the tail units after the last full run stay in order.
+/// `x` (one row of length k) in the order [`fused_dot`] reads it. Codes
+/// that never straddle words: code `j` of every word, word by word
+/// (`[j][word]`). Otherwise, for each run of [`LANES`] units, code `j` of
+/// every lane's unit, lane by lane; the tail after the last full run stays
+/// in order.
 fn permute(x: &[f32], format: QuantFormat) -> Vec<f32> {
-    let (_, codes) = unit(format.bits());
+    let (words_per_unit, codes) = unit(format.bits());
+    if words_per_unit == 1 {
+        let words = x.len() / codes;
+        return (0..codes)
+            .flat_map(|j| (0..words).map(move |w| x[w * codes + j]))
+            .collect();
+    }
     let run = LANES * codes;
     let full = x.len() / run * run;
     let mut out = Vec::with_capacity(x.len());
@@ -256,18 +264,18 @@ fn fused_dot(w: &Weight, row: usize, xp: &[f32]) -> f32 {
     }
 }
 
-/// [`fused_row`] compiled for the widest vector unit the CPU has (checked
+/// [`row_kernel`] compiled for the widest vector unit the CPU has (checked
 /// per call; the check is a cached load). `KIND`: 0 affine, 1 NF4, 2 int8.
 fn dispatch<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
         fn avx512<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
-            fused_row::<BITS, KIND, true>(w, row, xp)
+            row_kernel::<BITS, KIND, true>(w, row, xp)
         }
         #[target_feature(enable = "avx2,fma")]
         fn avx2<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
-            fused_row::<BITS, KIND, true>(w, row, xp)
+            row_kernel::<BITS, KIND, true>(w, row, xp)
         }
         if std::arch::is_x86_feature_detected!("avx512bw") {
             // SAFETY: the CPU has AVX-512F/BW (and so AVX2 and FMA).
@@ -279,7 +287,21 @@ fn dispatch<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32])
             return unsafe { avx2::<BITS, KIND>(w, row, xp) };
         }
     }
-    fused_row::<BITS, KIND, false>(w, row, xp)
+    row_kernel::<BITS, KIND, false>(w, row, xp)
+}
+
+/// [`aligned_row`] or [`fused_row`], by whether codes straddle words.
+#[inline(always)]
+fn row_kernel<const BITS: u32, const KIND: u8, const FMA: bool>(
+    w: &Weight,
+    row: usize,
+    xp: &[f32],
+) -> f32 {
+    if 32 % BITS == 0 {
+        aligned_row::<BITS, KIND, FMA>(w, row, xp)
+    } else {
+        fused_row::<BITS, KIND, FMA>(w, row, xp)
+    }
 }
 
 /// `a·b + c`, fused into one rounding where the target has FMA (without
@@ -307,7 +329,53 @@ fn decode<const BITS: u32, const KIND: u8, const FMA: bool>(
     }
 }
 
-/// The body of [`fused_dot`]: runs of [`LANES`] units, lane `l` unpacking
+/// The body of [`fused_dot`] for codes that never straddle words: for
+/// each code position `j`, every word of the row is unpacked and decoded
+/// into a row-long buffer (a loop the compiler vectorizes: one shift, mask
+/// and convert per lane), then multiplied into `x` in that order.
+#[inline(always)]
+fn aligned_row<const BITS: u32, const KIND: u8, const FMA: bool>(
+    w: &Weight,
+    row: usize,
+    xp: &[f32],
+) -> f32 {
+    let per_word = (32 / BITS) as usize;
+    let mask = ((1u64 << BITS) - 1) as u32;
+    let row_words = w.cols / per_word;
+    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let group_words = w.format.group_size().unwrap_or(w.cols) / per_word;
+    let groups = row * w.groups_per_row..(row + 1) * w.groups_per_row;
+    let expand = |v: &[f32]| -> Vec<f32> {
+        v.iter()
+            .flat_map(|&s| std::iter::repeat_n(s, group_words))
+            .collect()
+    };
+    let scale = expand(&w.scales[groups.clone()]);
+    let bias = match &w.biases {
+        Some(b) => expand(&b[groups]),
+        None => vec![0.0; row_words],
+    };
+    let mut decoded = vec![0.0f32; row_words];
+    let mut acc = [0.0f32; LANES];
+    for (j, x) in xp.chunks_exact(row_words).enumerate() {
+        let shift = j as u32 * BITS;
+        for (((d, &word), &s), &b) in decoded.iter_mut().zip(words).zip(&scale).zip(&bias) {
+            *d = decode::<BITS, KIND, FMA>((word >> shift) & mask, s, b);
+        }
+        let (dc, xc) = (decoded.chunks_exact(LANES), x.chunks_exact(LANES));
+        for (&d, &x) in dc.remainder().iter().zip(xc.remainder()) {
+            acc[0] = madd::<FMA>(d, x, acc[0]);
+        }
+        for (d, x) in dc.zip(xc) {
+            for l in 0..LANES {
+                acc[l] = madd::<FMA>(d[l], x[l], acc[l]);
+            }
+        }
+    }
+    acc.iter().sum()
+}
+
+/// The body of [`fused_dot`] for codes that straddle words: runs of [`LANES`] units, lane `l` unpacking
 /// unit `l` of the run with the same shifts as every other lane.
 #[inline(always)]
 fn fused_row<const BITS: u32, const KIND: u8, const FMA: bool>(
@@ -347,13 +415,22 @@ fn fused_row<const BITS: u32, const KIND: u8, const FMA: bool>(
         for j in 0..codes {
             let bit = j * BITS as usize;
             let (o, shift) = (bit / 32, (bit % 32) as u32);
-            let xs = &x[j * LANES..(j + 1) * LANES];
+            // A code that straddles two words takes its high bits from the
+            // next word of its unit; elsewhere that part is masked off.
+            let straddles = shift + BITS > 32;
+            let high = &unit_words[if straddles { o + 1 } else { o }];
+            let high_mask = if straddles { u32::MAX } else { 0 };
+            let low = &unit_words[o];
+            let mut code = [0u32; LANES];
             for l in 0..LANES {
-                let mut code = unit_words[o][l] >> shift;
-                if shift + BITS > 32 {
-                    code |= unit_words[o + 1][l] << (32 - shift);
-                }
-                let v = decode::<BITS, KIND, FMA>(code & mask, scale[l], bias[l]);
+                let joined = (low[l] >> shift) | (high[l].wrapping_shl(32 - shift) & high_mask);
+                code[l] = joined & mask;
+            }
+            let xs: &[f32; LANES] = x[j * LANES..(j + 1) * LANES]
+                .try_into()
+                .expect("a run holds LANES values per code");
+            for l in 0..LANES {
+                let v = decode::<BITS, KIND, FMA>(code[l], scale[l], bias[l]);
                 acc[l] = madd::<FMA>(v, xs[l], acc[l]);
             }
         }
@@ -361,7 +438,7 @@ fn fused_row<const BITS: u32, const KIND: u8, const FMA: bool>(
     // Units after the last full run, one code at a time, in order.
     let mut tail = 0.0f32;
     let first_col = full_runs * LANES * codes;
-    for c in first_col..w.cols {
+    for (c, &x) in xp.iter().enumerate().take(w.cols).skip(first_col) {
         let bit = c * BITS as usize;
         let (word, shift) = (bit / 32, bit % 32);
         let pair = u64::from(words[word]) | words.get(word + 1).map_or(0, |&v| u64::from(v) << 32);
@@ -371,7 +448,7 @@ fn fused_row<const BITS: u32, const KIND: u8, const FMA: bool>(
             scales[g],
             biases.map_or(0.0, |b| b[g]),
         );
-        tail = madd::<FMA>(v, xp[c], tail);
+        tail = madd::<FMA>(v, x, tail);
     }
     acc.iter().sum::<f32>() + tail
 }
