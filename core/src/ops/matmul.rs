@@ -1,6 +1,15 @@
 //! Batched matrix product with broadcast batch dims: shape rule and
 //! reference evaluation.
+//!
+//! Float products (f32, and f16/bf16 widened to f32 and rounded once at
+//! the end) run on packed GEMM microkernels split across
+//! [`crate::exec::cpu_threads`] threads. Their sums over `k` are blocked
+//! and may use FMA, so they can differ from a plain i-k-j loop, and between
+//! instruction sets, in the last bits; every f32 output stays within
+//! [`error_bound`] of the exact product. Integer products wrap and are
+//! exact.
 
+use super::product::{self, Product, View};
 use super::strided::{
     broadcast_shapes, broadcast_strides, eval_dtype_err, for_each_offset, narrow, numel, widen,
     WrappingInt,
@@ -79,8 +88,9 @@ pub fn shape_rule(a: &Aval, b: &Aval, cx: &mut ShapeCx) -> Result<Aval> {
     Ok(Aval::new(Shape(dims), dtype))
 }
 
-/// Reference evaluation: one i-k-j product per (broadcast) batch entry;
-/// f16/bf16 accumulate in f32, integers wrap.
+/// Reference evaluation: one product per (broadcast) batch entry; floats
+/// on the GEMM microkernels (f16/bf16 accumulate in f32), integers in an
+/// i-k-j loop that wraps.
 pub fn eval(
     a: &HostData,
     a_shape: &[usize],
@@ -100,18 +110,12 @@ pub fn eval(
         });
     };
     Ok(match (a, b) {
-        (HostData::F32(x), HostData::F32(y)) => {
-            HostData::F32(geom.run(x, y, 0.0, |c, p, q| c + p * q))
-        }
+        (HostData::F32(x), HostData::F32(y)) => HostData::F32(geom.float(x, y)),
         (HostData::F16(x), HostData::F16(y)) => {
-            HostData::F16(narrow(
-                &geom.run(&widen(x), &widen(y), 0.0, |c, p, q| c + p * q),
-            ))
+            HostData::F16(narrow(&geom.float(&widen(x), &widen(y))))
         }
         (HostData::BF16(x), HostData::BF16(y)) => {
-            HostData::BF16(narrow(
-                &geom.run(&widen(x), &widen(y), 0.0, |c, p, q| c + p * q),
-            ))
+            HostData::BF16(narrow(&geom.float(&widen(x), &widen(y))))
         }
         (HostData::I32(x), HostData::I32(y)) => HostData::I32(geom.int(x, y)),
         (HostData::U32(x), HostData::U32(y)) => HostData::U32(geom.int(x, y)),
@@ -162,6 +166,29 @@ impl Geometry {
         })
     }
 
+    /// The f32 product on the GEMM microkernels.
+    fn float(&self, a: &[f32], b: &[f32]) -> Vec<f32> {
+        let (m, k, n) = (self.m, self.k, self.n);
+        let mut jobs = Vec::with_capacity(numel(&self.batch));
+        for_each_offset(
+            &self.batch,
+            [&self.a_batch_strides, &self.b_batch_strides],
+            |[ia, ib]| {
+                jobs.push(Product {
+                    m,
+                    k,
+                    n,
+                    a: View::row_major(&a[ia * m * k..(ia + 1) * m * k], k),
+                    b: View::row_major(&b[ib * k * n..(ib + 1) * k * n], n),
+                    accumulate: false,
+                })
+            },
+        );
+        let mut out = vec![0.0; jobs.len() * m * n];
+        product::run(&jobs, &mut out);
+        out
+    }
+
     /// The product with `mac(c, a, b) = c + a * b`.
     fn run<T: Copy>(&self, a: &[T], b: &[T], zero: T, mac: impl Fn(T, T, T) -> T) -> Vec<T> {
         let (m, k, n) = (self.m, self.k, self.n);
@@ -192,6 +219,21 @@ impl Geometry {
     fn int<T: WrappingInt>(&self, a: &[T], b: &[T]) -> Vec<T> {
         self.run(a, b, T::ZERO, |c, p, q| c.add(p.mul(q)))
     }
+}
+
+/// The bound on the error of one f32 output of a product with inner size
+/// `k` whose terms' magnitudes sum to `abs_sum` (`Σ_p |a_ip·b_pj|`): the
+/// classical `γ_k · abs_sum`, `γ_k = k·u / (1 − k·u)`, `u = 2⁻²⁴`, which
+/// holds for any order of the sum, with or without FMA. f16/bf16 products
+/// add one rounding of the f32 result to the half.
+///
+/// ```
+/// let bound = kiln::ops::matmul::error_bound(1024, 1.0);
+/// assert!(bound > 6.1e-5 && bound < 6.2e-5);
+/// ```
+pub fn error_bound(k: usize, abs_sum: f64) -> f64 {
+    let ku = k as f64 * f64::from(f32::EPSILON) / 2.0;
+    ku / (1.0 - ku) * abs_sum
 }
 
 /// The cotangents of `a @ b` (rank ≥ 2, batch dims broadcast): `g @ bᵀ`
@@ -272,12 +314,11 @@ mod tests {
     }
 
     #[test]
-    fn halves_accumulate_in_f32() {
-        let xs = [0.1f32, 0.7, 1.3, 2.9];
+    fn halves_accumulate_in_f32_and_round_once() {
+        // Every partial sum is exact in f32, so the only rounding is the
+        // final one to the half.
+        let xs = [0.5f32, 0.75, 1.25, 3.0];
         let h: Vec<f16> = xs.iter().map(|&x| f16::from_f32(x)).collect();
-        let w = widen(&h);
-        let want = w[0] * w[0] + w[1] * w[2];
-        let want2 = w[0] * w[1] + w[1] * w[3];
         let got = eval(
             &HostData::F16(h.clone()),
             &[1, 2],
@@ -285,9 +326,9 @@ mod tests {
             &[2, 2],
             &[1, 2],
         );
-        assert_eq!(got, Ok(HostData::F16(narrow(&[want, want2]))));
+        let want = [0.5 * 0.5 + 0.75 * 1.25, 0.5 * 0.75 + 0.75 * 3.0];
+        assert_eq!(got, Ok(HostData::F16(narrow(&want))));
         let b: Vec<bf16> = xs.iter().map(|&x| bf16::from_f32(x)).collect();
-        let w = widen(&b);
         let got = eval(
             &HostData::BF16(b.clone()),
             &[1, 4],
@@ -295,8 +336,84 @@ mod tests {
             &[4, 1],
             &[1, 1],
         );
-        let dot = w.iter().map(|x| x * x).fold(0.0f32, |a, b| a + b);
+        let dot: f32 = xs.iter().map(|x| x * x).sum();
         assert_eq!(got, Ok(HostData::BF16(narrow(&[dot]))));
+    }
+
+    /// Values in [-1, 1) from `seed`, some of them exactly zero.
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(6_364_136_223_846_793_005) | 1;
+        (0..len)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((state >> 40) % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// `got` (the product of `a` `[batch_a.., m, k]` and `b` `[batch_b..,
+    /// k, n]`) against an f64 product, output by output, within
+    /// [`error_bound`].
+    fn check_against_f64(
+        a: &[f32],
+        a_shape: &[usize],
+        b: &[f32],
+        b_shape: &[usize],
+        got: &[f32],
+        out_shape: &[usize],
+    ) -> std::result::Result<(), String> {
+        let geom = Geometry::new(a_shape, b_shape, out_shape).ok_or("shapes fit")?;
+        let (m, k, n) = (geom.m, geom.k, geom.n);
+        let mut checked = 0;
+        let mut result = Ok(());
+        for_each_offset(
+            &geom.batch,
+            [&geom.a_batch_strides, &geom.b_batch_strides],
+            |[ia, ib]| {
+                for i in 0..m {
+                    for j in 0..n {
+                        let (mut exact, mut abs_sum) = (0.0f64, 0.0f64);
+                        for p in 0..k {
+                            let t = f64::from(a[(ia * m + i) * k + p])
+                                * f64::from(b[(ib * k + p) * n + j]);
+                            exact += t;
+                            abs_sum += t.abs();
+                        }
+                        let g = f64::from(got[checked + i * n + j]);
+                        if (g - exact).abs() > error_bound(k, abs_sum) && result.is_ok() {
+                            result = Err(format!(
+                                "output ({i}, {j}) of batch entry {checked}: {g} vs {exact} \
+                                 (k = {k}, bound {})",
+                                error_bound(k, abs_sum)
+                            ));
+                        }
+                    }
+                }
+                checked += m * n;
+            },
+        );
+        result
+    }
+
+    #[test]
+    fn large_products_stay_within_the_per_k_bound() {
+        // Big enough for the microkernels' blocking over k and for the
+        // split across threads.
+        for (m, k, n) in [(67, 1031, 129), (1, 4096, 33), (130, 3, 260)] {
+            let (a, b) = (values(m * k, 1), values(k * n, 2));
+            let Ok(HostData::F32(got)) = eval(
+                &HostData::F32(a.clone()),
+                &[m, k],
+                &HostData::F32(b.clone()),
+                &[k, n],
+                &[m, n],
+            ) else {
+                panic!("f32 product evaluates");
+            };
+            check_against_f64(&a, &[m, k], &b, &[k, n], &got, &[m, n]).unwrap();
+        }
     }
 
     #[test]
@@ -385,5 +502,34 @@ mod tests {
                 .collect();
             prop_assert_eq!(got, HostData::I32(want));
         }
+
+        #[test]
+        fn floats_are_within_the_per_k_bound_of_an_f64_product(
+            m in 0usize..40,
+            k in 0usize..300,
+            n in 0usize..40,
+            a_batch in prop::sample::select(vec![vec![], vec![1], vec![3], vec![2, 1]]),
+            b_batch in prop::sample::select(vec![vec![], vec![1], vec![3], vec![1, 3]]),
+            seed in any::<u64>(),
+        ) {
+            let a_shape = [a_batch.clone(), vec![m, k]].concat();
+            let b_shape = [b_batch.clone(), vec![k, n]].concat();
+            let batch = broadcast_known(&a_batch, &b_batch);
+            let out_shape = [batch, vec![m, n]].concat();
+            let a = values(numel(&a_shape), seed);
+            let b = values(numel(&b_shape), seed ^ 0x5555);
+            let got = eval(&HostData::F32(a.clone()), &a_shape, &HostData::F32(b.clone()), &b_shape, &out_shape).unwrap();
+            let HostData::F32(got) = got else { panic!("f32 in, f32 out") };
+            prop_assert_eq!(got.len(), numel(&out_shape));
+            let checked = check_against_f64(&a, &a_shape, &b, &b_shape, &got, &out_shape);
+            prop_assert!(checked.is_ok(), "{:?}", checked);
+        }
+    }
+
+    /// NumPy broadcasting of two batch shapes that fit.
+    fn broadcast_known(a: &[usize], b: &[usize]) -> Vec<usize> {
+        let rank = a.len().max(b.len());
+        let dim = |s: &[usize], i: usize| (i + s.len()).checked_sub(rank).map_or(1, |j| s[j]);
+        (0..rank).map(|i| dim(a, i).max(dim(b, i))).collect()
     }
 }

@@ -20,6 +20,8 @@ pub mod math;
 pub mod matmul;
 pub mod nn;
 pub mod pad;
+mod product;
+mod qmm;
 pub mod quant;
 pub mod reduce;
 pub mod scatter;

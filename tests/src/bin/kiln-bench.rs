@@ -14,6 +14,8 @@ use kiln_wgpu::{MatmulVariant, WgpuBackend, WgpuBuffer};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+#[path = "kiln-bench/matmul.rs"]
+mod matmul;
 #[path = "kiln-bench/quant.rs"]
 mod quant;
 
@@ -316,15 +318,21 @@ fn mlp4_arguments() -> (Vec<Layer>, Array, Array) {
     (layers, normal(10, &[64, width]), normal(11, &[64, width]))
 }
 
+/// True when the gradient figures run: named by prefix, or
+/// `grad_mlp4_cached` through the `matmul` group.
+fn grad_wanted(names: &[String]) -> bool {
+    ["grad_mlp4", "plan_grad_mlp4"]
+        .iter()
+        .any(|w| selected(w, names) || names.iter().any(|n| w.starts_with(n.as_str())))
+        || matmul::wanted("grad_mlp4_cached", names)
+}
+
 /// `compile(value_and_grad(loss))` of the 4-layer MLP on the CPU: the first
 /// call (trace, passes, plan, run), the median cached call, and the planned
 /// memory of the training step with its residuals.
+/// It runs in the one-thread child.
 fn grad_benchmarks(names: &[String], report: &mut BenchReport) {
-    let wanted = ["grad_mlp4", "plan_grad_mlp4"];
-    if !wanted
-        .iter()
-        .any(|w| selected(w, names) || names.iter().any(|n| w.starts_with(n.as_str())))
-    {
+    if !grad_wanted(names) {
         return;
     }
     let step = compile(kiln::value_and_grad(mlp4_loss).wrt(["args[0]"]));
@@ -367,12 +375,25 @@ fn grad_benchmarks(names: &[String], report: &mut BenchReport) {
 /// `KILN_THREADS=1` to take the single-thread CPU figures.
 const CPU_CHILD: &str = "--cpu-single-thread";
 
+/// The hidden first argument under which the program re-runs itself with
+/// `KILN_THREADS=2` to take the two-thread (`_2t`) CPU figures.
+const CPU_TWO_THREADS: &str = "--cpu-two-threads";
+
 fn main() {
     let mut names: Vec<String> = std::env::args().skip(1).collect();
     if names.first().map(String::as_str) == Some(CPU_CHILD) {
         names.remove(0);
         let mut report = BenchReport::new();
         cpu_figures(&names, &mut report);
+        matmul::one_thread(&names, &mut report);
+        grad_benchmarks(&names, &mut report);
+        println!("{}", report.to_json());
+        return;
+    }
+    if names.first().map(String::as_str) == Some(CPU_TWO_THREADS) {
+        names.remove(0);
+        let mut report = BenchReport::new();
+        matmul::two_threads(&names, &mut report);
         println!("{}", report.to_json());
         return;
     }
@@ -399,7 +420,6 @@ fn main() {
     if selected("plan_10000_nodes", &names) {
         report.record("plan_10000_nodes", plan_10000_nodes(), "ms");
     }
-    grad_benchmarks(&names, &mut report);
     custom_kernel_benchmarks(&names, &mut report);
     wgpu_benchmarks(&names, &mut report);
     quant::benchmarks(&names, &mut report);
@@ -591,15 +611,33 @@ fn cpu_benchmarks(names: &[String], report: &mut BenchReport) {
         .map(|(op, _)| format!("cpu_unary_{op}_ns"))
         .chain(WIDE.iter().map(|(op, _)| format!("cpu_unary_{op}_wide_ns")))
         .chain(CHAINS.iter().map(|n| format!("cpu_chain_{n}")))
-        .chain([format!("cpu_scalar_chain_{SCALAR_CHAIN}")]);
-    if !wanted.into_iter().any(|name| selected(&name, names)) {
-        return;
+        .chain([format!("cpu_scalar_chain_{SCALAR_CHAIN}")])
+        .chain(quant::CPU_FIGURES.map(String::from));
+    let one_thread = wanted.into_iter().any(|name| selected(&name, names))
+        || grad_wanted(names)
+        || matmul::ONE_THREAD
+            .iter()
+            .any(|name| matmul::wanted(name, names))
+        || names.iter().any(|n| n == "quant");
+    if one_thread {
+        cpu_child(CPU_CHILD, 1, names, report);
     }
+    if matmul::TWO_THREADS
+        .iter()
+        .any(|name| matmul::wanted(name, names))
+    {
+        cpu_child(CPU_TWO_THREADS, 2, names, report);
+    }
+}
+
+/// Runs this program again under `flag` with `KILN_THREADS=threads` and
+/// records the figures it prints.
+fn cpu_child(flag: &str, threads: usize, names: &[String], report: &mut BenchReport) {
     let child = std::env::current_exe().and_then(|exe| {
         std::process::Command::new(exe)
-            .arg(CPU_CHILD)
+            .arg(flag)
             .args(names)
-            .env("KILN_THREADS", "1")
+            .env("KILN_THREADS", threads.to_string())
             .stderr(std::process::Stdio::inherit())
             .output()
     });
@@ -610,7 +648,7 @@ fn cpu_benchmarks(names: &[String], report: &mut BenchReport) {
         Ok(document) => document["results"].clone(),
         Err(reason) => {
             eprintln!(
-                "kiln-bench: the single-thread CPU run failed ({reason}); its figures are left out"
+                "kiln-bench: the {threads}-thread CPU run failed ({reason}); its figures are left out"
             );
             return;
         }

@@ -1,6 +1,7 @@
 //! `cargo xtask bench quant`: the quantized product against dequantize then
-//! matmul on the CPU executor and on wgpu, and the 4-bit MLP's weight bytes
-//! and planned activation peak beside the f32 model's.
+//! matmul on the CPU executor (in the one- and two-thread children) and on
+//! wgpu, and the 4-bit MLP's weight bytes and planned activation peak beside
+//! the f32 model's.
 
 use super::{device_ms, plan_memory, zeros};
 use kiln::{compile, nn, quantize, quantized_matmul, Array, QuantFormat, Quantized};
@@ -71,37 +72,64 @@ pub(crate) fn benchmarks(names: &[String], report: &mut BenchReport) {
     if !products.iter().any(|name| wanted(name, names)) {
         return;
     }
-    let gpu = WgpuBackend::new()
-        .map_err(|e| {
-            eprintln!("kiln-bench: no wgpu adapter ({e}); the wgpu qmm figures are left out")
-        })
-        .ok();
-    if let Some(gpu) = &gpu {
-        report.adapter = Some(gpu.adapter());
+    let Ok(gpu) = WgpuBackend::new().map_err(|e| {
+        eprintln!("kiln-bench: no wgpu adapter ({e}); the wgpu qmm figures are left out")
+    }) else {
+        return;
+    };
+    report.adapter = Some(gpu.adapter());
+    for (m, iterations) in [(1, 10), (64, 2)] {
+        let args = arguments(m);
+        let q = compile(quantized).with_backend(gpu.clone());
+        let d = compile(dequantized).with_backend(gpu.clone());
+        let us = (
+            device_ms(&gpu, &q, args.clone(), iterations) * 1e3,
+            device_ms(&gpu, &d, args, iterations) * 1e3,
+        );
+        record(report, m, "wgpu", us);
     }
-    for (m, cpu_iterations, gpu_iterations) in [(1, 20, 10), (64, 3, 2)] {
+}
+
+/// The CPU product figures of the one-thread child.
+pub(crate) const CPU_FIGURES: [&str; 4] = [
+    "qmm_4bit_4096x4096_m1_cpu",
+    "qmm_4bit_4096x4096_m64_cpu",
+    "dequant_then_matmul_4096x4096_m1_cpu",
+    "dequant_then_matmul_4096x4096_m64_cpu",
+];
+
+/// True when a CPU product figure runs in the child whose figures end in
+/// `suffix` (`""` at one thread, `"_2t"` at two): named by prefix, or by
+/// the `quant` or `matmul` group.
+fn cpu_wanted(m: usize, suffix: &str, names: &[String]) -> bool {
+    let names_of = |product: &str| format!("{product}_4096x4096_m{m}_cpu{suffix}");
+    let group = names.iter().any(|n| n == "quant") && suffix.is_empty();
+    group
+        || super::matmul::wanted(&names_of("qmm_4bit"), names)
+        || selected(&names_of("dequant_then_matmul"), names)
+}
+
+/// The quantized product and dequantize then matmul on the CPU executor,
+/// in wall time (at two threads both threads work), as
+/// `qmm_4bit_4096x4096_m{1,64}_cpu{suffix}`.
+pub(crate) fn cpu_products(names: &[String], suffix: &str, report: &mut BenchReport) {
+    for (m, iterations) in [(1, 40), (64, 5)] {
+        if !cpu_wanted(m, suffix, names) {
+            continue;
+        }
         let args = arguments(m);
         let q = compile(quantized);
         let d = compile(dequantized);
-        let time = |f: &dyn Fn() -> Array, iterations| {
+        let time = |f: &dyn Fn() -> Array| {
             median_micros(iterations, || {
                 std::hint::black_box(f().data().expect("runs"));
             })
         };
-        let cpu = (
-            time(&|| q.call(&args).expect("runs"), cpu_iterations),
-            time(&|| d.call(&args).expect("runs"), cpu_iterations),
+        let us = (
+            time(&|| q.call(&args).expect("runs")),
+            time(&|| d.call(&args).expect("runs")),
         );
-        record(report, m, "cpu", cpu);
-        if let Some(gpu) = &gpu {
-            let q = compile(quantized).with_backend(gpu.clone());
-            let d = compile(dequantized).with_backend(gpu.clone());
-            let us = (
-                device_ms(gpu, &q, args.clone(), gpu_iterations) * 1e3,
-                device_ms(gpu, &d, args.clone(), gpu_iterations) * 1e3,
-            );
-            record(report, m, "wgpu", us);
-        }
+        record(report, m, &format!("cpu{suffix}"), us);
     }
 }
 

@@ -1,0 +1,454 @@
+//! The CPU kernels of `quantized_matmul` and `gather_qmm`: the packed codes
+//! are decoded as they are used and the dequantized matrix never exists.
+//!
+//! * Few rows of `x` (fewer than [`PANEL_MIN_ROWS`]) and `x @ wᵀ` in f32:
+//!   the codes are unpacked in vector lanes with shifts and masks (one
+//!   word per lane; for 3-, 5- and 6-bit codes the `bits` words of 32
+//!   codes per lane), decoded with their group's scale and bias, and
+//!   multiplied into `x` permuted once into the same lane order: one pass
+//!   over the codes.
+//! * More rows: a panel of decoded weight rows (a tile of at most
+//!   [`PANEL_ROWS`]·k values, cache-resident) feeds the dense GEMM
+//!   microkernels, so each decoded tile serves every row of `x`.
+//! * Otherwise (`x @ w` with few rows, f16/bf16 weights) one decoded row
+//!   at a time.
+//!
+//! Output columns are split across [`crate::exec::cpu_threads`] threads.
+//! Sums are blocked and may use FMA: outputs agree with dequantize →
+//! matmul within [`super::matmul::error_bound`] of the exact product of
+//! the decoded weights.
+
+use super::product::{self, Product, View};
+use super::quant::{QuantFormat, Weight, NF4_LEVELS};
+use crate::DType;
+use std::ops::Range;
+
+/// Rows of `x` from which the product goes through decoded panels and
+/// the GEMM microkernels.
+const PANEL_MIN_ROWS: usize = 4;
+
+/// Weight rows decoded into one panel.
+const PANEL_ROWS: usize = 64;
+
+/// Code units unpacked side by side: one AVX-512 register of u32 lanes.
+const LANES: usize = 16;
+
+/// Multiply-adds under which a product runs on one thread.
+const PARALLEL_MIN_WORK: usize = 1 << 20;
+
+/// The products `x[i] @ w[j](ᵀ)` for each `(i, j)` of `pairs`, one output
+/// matrix after another; `x` holds row-major `[m, k]` matrices.
+pub(super) fn product(
+    x: &[f32],
+    (m, k): (usize, usize),
+    w: &Weight,
+    transpose: bool,
+    pairs: &[(usize, usize)],
+) -> Vec<f32> {
+    let n = if transpose { w.rows_per_matrix } else { w.cols };
+    let mut out = vec![0.0f32; pairs.len() * m * n];
+    if m * n == 0 || k == 0 {
+        return out;
+    }
+    // Column bands of whole groups, so a band decodes only its own groups.
+    let align = if transpose {
+        1
+    } else {
+        w.format.group_size().unwrap_or(4)
+    };
+    let threads = if m * n * k * pairs.len() < PARALLEL_MIN_WORK {
+        1
+    } else {
+        crate::exec::cpu_threads()
+    };
+    let band = n.div_ceil(threads).next_multiple_of(align).min(n);
+    let bands: Vec<Range<usize>> = (0..n).step_by(band).map(|c| c..(c + band).min(n)).collect();
+    for (c, &(i, j)) in out.chunks_exact_mut(m * n).zip(pairs) {
+        let a = &x[i * m * k..(i + 1) * m * k];
+        let matrix = Matrix {
+            w,
+            first_row: j * w.rows_per_matrix,
+            m,
+            k,
+        };
+        let mut results: Vec<Vec<f32>> = vec![Vec::new(); bands.len()];
+        product::spawn_scoped(bands.iter().zip(results.iter_mut()), |(cols, result)| {
+            *result = matrix.band(a, transpose, cols.clone());
+        });
+        for (cols, result) in bands.iter().zip(&results) {
+            for (row, band_row) in c.chunks_exact_mut(n).zip(result.chunks_exact(cols.len())) {
+                row[cols.clone()].copy_from_slice(band_row);
+            }
+        }
+    }
+    out
+}
+
+/// One weight matrix of a product.
+struct Matrix<'w, 'a> {
+    w: &'w Weight<'a>,
+    first_row: usize,
+    m: usize,
+    k: usize,
+}
+
+impl Matrix<'_, '_> {
+    /// The output columns `cols` of `a @ w(ᵀ)`, row-major `[m, cols.len()]`.
+    fn band(&self, a: &[f32], transpose: bool, cols: Range<usize>) -> Vec<f32> {
+        let (m, k) = (self.m, self.k);
+        let width = cols.len();
+        let mut out = vec![0.0f32; m * width];
+        let fused = transpose && m < PANEL_MIN_ROWS && self.w.dtype == DType::F32;
+        if fused {
+            let permuted: Vec<Vec<f32>> = a
+                .chunks_exact(k)
+                .map(|row| permute(row, self.w.format))
+                .collect();
+            for (t, r) in cols.clone().enumerate() {
+                let row = self.first_row + r;
+                for (i, xp) in permuted.iter().enumerate() {
+                    out[i * width + t] = fused_dot(self.w, row, xp);
+                }
+            }
+        } else if m >= PANEL_MIN_ROWS {
+            self.panels(a, transpose, cols, &mut out);
+        } else if transpose {
+            let mut decoded = vec![0.0f32; k];
+            for (t, r) in cols.clone().enumerate() {
+                self.w.decode_cols(self.first_row + r, 0, &mut decoded);
+                for (i, a_row) in a.chunks_exact(k).enumerate() {
+                    out[i * width + t] = dot(a_row, &decoded);
+                }
+            }
+        } else {
+            let mut decoded = vec![0.0f32; width];
+            for kk in 0..k {
+                self.w
+                    .decode_cols(self.first_row + kk, cols.start, &mut decoded);
+                for (i, o) in out.chunks_exact_mut(width).enumerate() {
+                    axpy(a[i * k + kk], &decoded, o);
+                }
+            }
+        }
+        out
+    }
+
+    /// [`Matrix::band`] through decoded panels and the GEMM microkernels.
+    fn panels(&self, a: &[f32], transpose: bool, cols: Range<usize>, out: &mut [f32]) {
+        let (m, k) = (self.m, self.k);
+        let width = cols.len();
+        let x = View::row_major(a, k);
+        if transpose {
+            // A panel holds whole weight rows: `[rows, k]`, read transposed.
+            let mut panel = vec![0.0f32; PANEL_ROWS.min(width) * k];
+            for first in (0..width).step_by(PANEL_ROWS) {
+                let rows = PANEL_ROWS.min(width - first);
+                for (t, decoded) in panel.chunks_exact_mut(k).take(rows).enumerate() {
+                    self.w
+                        .decode_cols(self.first_row + cols.start + first + t, 0, decoded);
+                }
+                let mut block = vec![0.0f32; m * rows];
+                let job = Product {
+                    m,
+                    k,
+                    n: rows,
+                    a: x,
+                    b: View::row_major(&panel[..rows * k], k).transposed(),
+                    accumulate: false,
+                };
+                product::run_on_this_thread(&job, &mut block);
+                for (o, b) in out.chunks_exact_mut(width).zip(block.chunks_exact(rows)) {
+                    o[first..first + rows].copy_from_slice(b);
+                }
+            }
+        } else {
+            // A panel holds `depth` rows of w restricted to the band:
+            // `[depth, width]`, accumulated into the band.
+            let depth = (PANEL_ROWS * PANEL_ROWS * 4 / width.max(1)).clamp(1, k);
+            let mut panel = vec![0.0f32; depth * width];
+            for k0 in (0..k).step_by(depth) {
+                let rows = depth.min(k - k0);
+                for (t, decoded) in panel.chunks_exact_mut(width).take(rows).enumerate() {
+                    self.w
+                        .decode_cols(self.first_row + k0 + t, cols.start, decoded);
+                }
+                let job = Product {
+                    m,
+                    k: rows,
+                    n: width,
+                    a: View {
+                        data: &a[k0..],
+                        row_stride: k,
+                        col_stride: 1,
+                    },
+                    b: View::row_major(&panel[..rows * width], width),
+                    accumulate: true,
+                };
+                product::run_on_this_thread(&job, out);
+            }
+        }
+    }
+}
+
+/// `Σ a_i·b_i` in eight independent partial sums.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(p, q)| p * q)
+        .sum();
+    for (p, q) in ac.zip(bc) {
+        for l in 0..8 {
+            acc[l] += p[l] * q[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `out += s·v`.
+fn axpy(s: f32, v: &[f32], out: &mut [f32]) {
+    for (o, &q) in out.iter_mut().zip(v) {
+        *o += s * q;
+    }
+}
+
+/// Words per code unit and codes per unit of `bits`-bit codes: one word
+/// when codes never straddle words, else the `bits` words of 32 codes.
+const fn unit(bits: u32) -> (usize, usize) {
+    if 32 % bits == 0 {
+        (1, 32 / bits as usize)
+    } else {
+        (bits as usize, 32)
+    }
+}
+
+/// `x` (one row of length k) in the order [`fused_dot`] reads it. Codes
+/// that never straddle words: code `j` of every word, word by word
+/// (`[j][word]`). Otherwise, for each run of [`LANES`] units, code `j` of
+/// every lane's unit, lane by lane; the tail after the last full run stays
+/// in order.
+fn permute(x: &[f32], format: QuantFormat) -> Vec<f32> {
+    let (words_per_unit, codes) = unit(format.bits());
+    if words_per_unit == 1 {
+        let words = x.len() / codes;
+        return (0..codes)
+            .flat_map(|j| (0..words).map(move |w| x[w * codes + j]))
+            .collect();
+    }
+    let run = LANES * codes;
+    let full = x.len() / run * run;
+    let mut out = Vec::with_capacity(x.len());
+    for chunk in x[..full].chunks_exact(run) {
+        for j in 0..codes {
+            out.extend((0..LANES).map(|l| chunk[l * codes + j]));
+        }
+    }
+    out.extend_from_slice(&x[full..]);
+    out
+}
+
+/// `x · w[row]` for `x` [`permute`]d, decoding the codes in registers.
+fn fused_dot(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+    match w.format {
+        QuantFormat::Affine { bits: 2, .. } => dispatch::<2, 0>(w, row, xp),
+        QuantFormat::Affine { bits: 3, .. } => dispatch::<3, 0>(w, row, xp),
+        QuantFormat::Affine { bits: 4, .. } => dispatch::<4, 0>(w, row, xp),
+        QuantFormat::Affine { bits: 5, .. } => dispatch::<5, 0>(w, row, xp),
+        QuantFormat::Affine { bits: 6, .. } => dispatch::<6, 0>(w, row, xp),
+        QuantFormat::Affine { .. } => dispatch::<8, 0>(w, row, xp),
+        QuantFormat::Nf4 => dispatch::<4, 1>(w, row, xp),
+        QuantFormat::Int8 => dispatch::<8, 2>(w, row, xp),
+    }
+}
+
+/// [`row_kernel`] compiled for the widest vector unit the CPU has (checked
+/// per call; the check is a cached load). `KIND`: 0 affine, 1 NF4, 2 int8.
+fn dispatch<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+        fn avx512<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+            row_kernel::<BITS, KIND, true>(w, row, xp)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        fn avx2<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+            row_kernel::<BITS, KIND, true>(w, row, xp)
+        }
+        if std::arch::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the CPU has AVX-512F/BW (and so AVX2 and FMA).
+            return unsafe { avx512::<BITS, KIND>(w, row, xp) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU has AVX2 and FMA, checked just above.
+            return unsafe { avx2::<BITS, KIND>(w, row, xp) };
+        }
+    }
+    row_kernel::<BITS, KIND, false>(w, row, xp)
+}
+
+/// [`aligned_row`] or [`fused_row`], by whether codes straddle words.
+#[inline(always)]
+fn row_kernel<const BITS: u32, const KIND: u8, const FMA: bool>(
+    w: &Weight,
+    row: usize,
+    xp: &[f32],
+) -> f32 {
+    if 32 % BITS == 0 {
+        aligned_row::<BITS, KIND, FMA>(w, row, xp)
+    } else {
+        fused_row::<BITS, KIND, FMA>(w, row, xp)
+    }
+}
+
+/// `a·b + c`, fused into one rounding where the target has FMA (without
+/// it, `mul_add` is a slow library call).
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// The decoded value of `code` (`BITS` wide, in the low bits).
+#[inline(always)]
+fn decode<const BITS: u32, const KIND: u8, const FMA: bool>(
+    code: u32,
+    scale: f32,
+    bias: f32,
+) -> f32 {
+    match KIND {
+        0 => madd::<FMA>(scale, code as f32, bias),
+        1 => scale * NF4_LEVELS[(code & 15) as usize],
+        _ => scale * f32::from(code as u8 as i8),
+    }
+}
+
+/// The body of [`fused_dot`] for codes that never straddle words: for
+/// each code position `j`, every word of the row is unpacked and decoded
+/// into a row-long buffer (a loop the compiler vectorizes: one shift, mask
+/// and convert per lane), then multiplied into `x` in that order.
+#[inline(always)]
+fn aligned_row<const BITS: u32, const KIND: u8, const FMA: bool>(
+    w: &Weight,
+    row: usize,
+    xp: &[f32],
+) -> f32 {
+    let per_word = (32 / BITS) as usize;
+    let mask = ((1u64 << BITS) - 1) as u32;
+    let row_words = w.cols / per_word;
+    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let group_words = w.format.group_size().unwrap_or(w.cols) / per_word;
+    let groups = row * w.groups_per_row..(row + 1) * w.groups_per_row;
+    let expand = |v: &[f32]| -> Vec<f32> {
+        v.iter()
+            .flat_map(|&s| std::iter::repeat_n(s, group_words))
+            .collect()
+    };
+    let scale = expand(&w.scales[groups.clone()]);
+    let bias = match &w.biases {
+        Some(b) => expand(&b[groups]),
+        None => vec![0.0; row_words],
+    };
+    let mut decoded = vec![0.0f32; row_words];
+    let mut acc = [0.0f32; LANES];
+    for (j, x) in xp.chunks_exact(row_words).enumerate() {
+        let shift = j as u32 * BITS;
+        for (((d, &word), &s), &b) in decoded.iter_mut().zip(words).zip(&scale).zip(&bias) {
+            *d = decode::<BITS, KIND, FMA>((word >> shift) & mask, s, b);
+        }
+        let (dc, xc) = (decoded.chunks_exact(LANES), x.chunks_exact(LANES));
+        for (&d, &x) in dc.remainder().iter().zip(xc.remainder()) {
+            acc[0] = madd::<FMA>(d, x, acc[0]);
+        }
+        for (d, x) in dc.zip(xc) {
+            for l in 0..LANES {
+                acc[l] = madd::<FMA>(d[l], x[l], acc[l]);
+            }
+        }
+    }
+    acc.iter().sum()
+}
+
+/// The body of [`fused_dot`] for codes that straddle words: runs of [`LANES`] units, lane `l` unpacking
+/// unit `l` of the run with the same shifts as every other lane.
+#[inline(always)]
+fn fused_row<const BITS: u32, const KIND: u8, const FMA: bool>(
+    w: &Weight,
+    row: usize,
+    xp: &[f32],
+) -> f32 {
+    let (words_per_unit, codes) = unit(BITS);
+    let mask = ((1u64 << BITS) - 1) as u32;
+    let row_words = w.cols * BITS as usize / 32;
+    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let group = w.format.group_size().unwrap_or(w.cols);
+    let scales = &w.scales[row * w.groups_per_row..(row + 1) * w.groups_per_row];
+    let biases = w
+        .biases
+        .as_ref()
+        .map(|b| &b[row * w.groups_per_row..(row + 1) * w.groups_per_row]);
+    let run_words = LANES * words_per_unit;
+    let full_runs = words.len() / run_words;
+    let mut acc = [0.0f32; LANES];
+    for (r, (run, x)) in words
+        .chunks_exact(run_words)
+        .zip(xp.chunks_exact(LANES * codes))
+        .enumerate()
+    {
+        let mut scale = [0.0f32; LANES];
+        let mut bias = [0.0f32; LANES];
+        let mut unit_words = [[0u32; LANES]; 6];
+        for l in 0..LANES {
+            let g = (r * LANES + l) * codes / group;
+            scale[l] = scales[g];
+            bias[l] = biases.map_or(0.0, |b| b[g]);
+            for o in 0..words_per_unit {
+                unit_words[o][l] = run[l * words_per_unit + o];
+            }
+        }
+        for j in 0..codes {
+            let bit = j * BITS as usize;
+            let (o, shift) = (bit / 32, (bit % 32) as u32);
+            // A code that straddles two words takes its high bits from the
+            // next word of its unit; elsewhere that part is masked off.
+            let straddles = shift + BITS > 32;
+            let high = &unit_words[if straddles { o + 1 } else { o }];
+            let high_mask = if straddles { u32::MAX } else { 0 };
+            let low = &unit_words[o];
+            let mut code = [0u32; LANES];
+            for l in 0..LANES {
+                let joined = (low[l] >> shift) | (high[l].wrapping_shl(32 - shift) & high_mask);
+                code[l] = joined & mask;
+            }
+            let xs: &[f32; LANES] = x[j * LANES..(j + 1) * LANES]
+                .try_into()
+                .expect("a run holds LANES values per code");
+            for l in 0..LANES {
+                let v = decode::<BITS, KIND, FMA>(code[l], scale[l], bias[l]);
+                acc[l] = madd::<FMA>(v, xs[l], acc[l]);
+            }
+        }
+    }
+    // Units after the last full run, one code at a time, in order.
+    let mut tail = 0.0f32;
+    let first_col = full_runs * LANES * codes;
+    for (c, &x) in xp.iter().enumerate().take(w.cols).skip(first_col) {
+        let bit = c * BITS as usize;
+        let (word, shift) = (bit / 32, bit % 32);
+        let pair = u64::from(words[word]) | words.get(word + 1).map_or(0, |&v| u64::from(v) << 32);
+        let g = c / group;
+        let v = decode::<BITS, KIND, FMA>(
+            (pair >> shift) as u32 & mask,
+            scales[g],
+            biases.map_or(0.0, |b| b[g]),
+        );
+        tail = madd::<FMA>(v, x, tail);
+    }
+    acc.iter().sum::<f32>() + tail
+}
