@@ -16,6 +16,8 @@ use std::time::Instant;
 
 #[path = "kiln-bench/matmul.rs"]
 mod matmul;
+#[path = "kiln-bench/metal.rs"]
+mod metal;
 #[path = "kiln-bench/quant.rs"]
 mod quant;
 
@@ -423,6 +425,7 @@ fn main() {
     custom_kernel_benchmarks(&names, &mut report);
     wgpu_benchmarks(&names, &mut report);
     quant::benchmarks(&names, &mut report);
+    metal::benchmarks(&names, &mut report);
     println!("{}", report.to_json());
 }
 
