@@ -53,7 +53,7 @@ pub enum KernelError {
 }
 
 /// One kernel of one op: source, parameters and workgroup count, before
-/// the lowering places its bindings (see [`abi`] for their order).
+/// the lowering places its bindings (see [`abi`](crate::abi) for their order).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelSpec {
     /// The complete WGSL module (entry point `main`).
@@ -68,7 +68,7 @@ pub struct KernelSpec {
     pub bound: Vec<usize>,
     /// The kernel reports bad input in a status word bound after the
     /// operands (out-of-range indices of `take`, `scatter_add` and
-    /// `gather_qmm`; the encoding is in [`abi`]).
+    /// `gather_qmm`; the encoding is in [`abi`](crate::abi)).
     pub status: bool,
     /// For a user kernel: its entry point and exact grid, dispatched as
     /// given; built-in kernels (entry point `main`) index their flat
@@ -107,7 +107,7 @@ pub struct View {
     /// views of the output's dtype can share it.
     pub aliases_output: bool,
     /// A scalar operand carried in the parameters instead of a buffer (its
-    /// word as [`words`] lays it out, the value in the low half for f16 and
+    /// word as [`words`](crate::abi::words) lays it out, the value in the low half for f16 and
     /// bf16), so a fused group with many constants binds few buffers.
     pub inline: Option<u32>,
 }

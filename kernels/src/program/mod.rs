@@ -1,4 +1,4 @@
-//! The lowering: an [`Executable`] for one set of resolved shapes and one
+//! The lowering: an [`Executable`](kiln::Executable) for one set of resolved shapes and one
 //! device's [`Caps`] becomes a [`Program`], everything a GPU runs for a
 //! call: dispatches, copies and clears over byte ranges of one arena buffer
 //! (which *is* the executable's slot plan), the caller's argument buffers

@@ -162,7 +162,7 @@ pub struct OutputInfo {
     pub dtype: DType,
     /// Element count.
     pub len: usize,
-    /// Bytes of its buffer ([`storage_bytes`]).
+    /// Bytes of its buffer ([`storage_bytes`](crate::abi::storage_bytes)).
     pub bytes: u64,
 }
 
