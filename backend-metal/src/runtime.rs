@@ -17,6 +17,7 @@
 
 use crate::msl::{self, MslKernel};
 use kiln::{Backend, DType, Error, Executable, HostData, Result};
+use kiln_kernels::pool::IdleBuffers;
 use kiln_kernels::program::{Buffer, Caps, Check, Program, Range, Step};
 use kiln_kernels::{from_words, storage_bytes, to_words};
 use objc2::rc::Retained;
@@ -32,9 +33,6 @@ use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-
-/// Idle pooled bytes kept at most; beyond it freed buffers are released.
-const MAX_IDLE_BYTES: u64 = 256 << 20;
 
 /// Shape sets whose programs are kept per executable.
 const MAX_SHAPE_SETS: usize = 16;
@@ -100,27 +98,23 @@ pub struct Counters {
 /// into it waits for that one first (the GPU may still read it).
 type Idle = (Storage, Option<Arc<Committed>>);
 
-/// Freed buffers by size, for later calls.
+/// Freed buffers for later calls, by the policy every GPU executor shares
+/// (`kiln_kernels::pool`).
 #[derive(Default)]
 struct Pool {
-    idle: Mutex<(HashMap<u64, Vec<Idle>>, u64)>,
+    idle: Mutex<IdleBuffers<Idle>>,
 }
 
 impl Pool {
     fn give(&self, idle_buffer: Idle) {
         let bytes = idle_buffer.0 .0.length() as u64;
-        let mut idle = lock(&self.idle);
-        if idle.1 + bytes <= MAX_IDLE_BYTES {
-            idle.0.entry(bytes).or_default().push(idle_buffer);
-            idle.1 += bytes;
-        }
+        let released = lock(&self.idle).give((bytes, false), idle_buffer);
+        // Releasing Metal objects is not done under the pool's lock.
+        drop(released);
     }
 
     fn take(&self, bytes: u64) -> Option<Idle> {
-        let mut idle = lock(&self.idle);
-        let found = idle.0.get_mut(&bytes)?.pop()?;
-        idle.1 -= bytes;
-        Some(found)
+        lock(&self.idle).take((bytes, false))
     }
 }
 
@@ -180,17 +174,7 @@ impl CallDone {
             return Ok(());
         };
         let words = read_words(words.buffer(), checks.len());
-        let bad = checks
-            .iter()
-            .zip(words)
-            .find_map(|(check, word)| Some((check, kiln_kernels::bad_input_position(word)?)));
-        match bad {
-            Some((check, position)) => Err(Error::Runtime {
-                op: check.op.clone(),
-                detail: format!("{} (at position {position} of the indices)", check.detail),
-            }),
-            None => Ok(()),
-        }
+        Check::first_error(checks, &words).map_or(Ok(()), Err)
     }
 }
 

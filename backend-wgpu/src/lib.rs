@@ -27,8 +27,9 @@ mod program;
 mod shared;
 mod wait;
 
-pub use buffer::{PoolStats, WgpuBuffer, MAX_IDLE_BUFFERS, MAX_IDLE_BYTES};
+pub use buffer::WgpuBuffer;
 pub use device::{DeviceError, BACKEND_ENV};
+pub use kiln_kernels::pool::{PoolStats, MAX_IDLE_BUFFERS, MAX_IDLE_BYTES};
 pub use kiln_kernels::{MatmulVariant, Target};
 
 use buffer::StatusWords;

@@ -579,18 +579,19 @@ fn choose_program<'k>(
     kernel: &'k FusedKernel,
     sources: &[Source<'_>],
 ) -> Option<(&'k TileProgram, SmallVec<[Post; 16]>)> {
+    // A plain loop into a vector sized once: this runs per call, and a
+    // collect through `Option` costs a grow and a fold adapter per step.
     let resolve = |program: &'k TileProgram| {
-        program
-            .steps
-            .iter()
-            .map(|step| match *step {
+        let mut posts = SmallVec::<[Post; 16]>::with_capacity(program.steps.len());
+        for step in &program.steps {
+            posts.push(match *step {
                 TileStep::Unary(_, _, e, _) | TileStep::Affine(_, e, _) => {
-                    Post::resolve(e, sources)
+                    Post::resolve(e, sources)?
                 }
-                TileStep::Binary(..) => Some(Post::None),
-            })
-            .collect::<Option<SmallVec<[Post; 16]>>>()
-            .map(|posts| (program, posts))
+                TileStep::Binary(..) => Post::None,
+            });
+        }
+        Some((program, posts))
     };
     kernel
         .folded

@@ -1,8 +1,9 @@
 //! What a program is: the types a GPU executor consumes.
 
+use crate::abi::bad_input_position;
 use crate::family::MatmulVariant;
 use crate::spec::Target;
-use kiln::DType;
+use kiln::{DType, Error};
 use std::sync::Arc;
 
 /// What a device allows a program: the limits it is lowered within.
@@ -143,6 +144,21 @@ pub struct Check {
     pub op: String,
     /// What bad input means, before the position.
     pub detail: String,
+}
+
+impl Check {
+    /// The `Err` every backend returns for the first of `checks` whose
+    /// read-back status word (in `words`, one per check, in order) reports
+    /// bad input; `None` when none does.
+    pub fn first_error(checks: &[Check], words: &[u32]) -> Option<Error> {
+        checks.iter().zip(words).find_map(|(check, &word)| {
+            let position = bad_input_position(word)?;
+            Some(Error::Runtime {
+                op: check.op.clone(),
+                detail: format!("{} (at position {position} of the indices)", check.detail),
+            })
+        })
+    }
 }
 
 /// Initial bytes of the arena (constants and parameter words), written
