@@ -85,7 +85,10 @@ impl ElementKernel<'_> {
         let mut params = vec![param(self.op, numel / lanes)?];
         params.extend(&self.params);
         let bound: Vec<usize> = (0..self.views.len())
-            .filter(|&k| !self.views[k].aliases_output && self.views[k].inline.is_none())
+            .filter(|&k| {
+                let view = &self.views[k];
+                !view.aliases_output && view.inline.is_none() && view.same_as.is_none()
+            })
             .collect();
         // Contiguous operands of a vectorized kernel are read a vec4 at a time.
         let vector_read = |view: &View| lanes > 1 && view.contiguous;
@@ -130,13 +133,35 @@ impl ElementKernel<'_> {
                     dtypes: format!("a {} operand not laid out as the output", view.dtype),
                 });
             }
+            // The binding it is read through: its own, the output's, or an
+            // earlier operand's holding the same value.
+            let reads = match view.same_as {
+                Some(j)
+                    if j < k
+                        && self.views[j]
+                            == View {
+                                same_as: None,
+                                ..view.clone()
+                            } =>
+                {
+                    &self.views[j]
+                }
+                Some(j) => {
+                    return Err(KernelError::Unsupported {
+                        op: self.op.to_string(),
+                        dtypes: format!("operand {k} read as operand {j}, which differs"),
+                    })
+                }
+                None => view,
+            };
+            let shared = view.same_as.unwrap_or(k);
             // Parameters are words whatever the target.
-            let (buffer, target) = if view.aliases_output {
+            let (buffer, target) = if reads.aliases_output {
                 ("out".to_string(), self.target)
             } else if view.inline.is_some() {
                 ("params".to_string(), Target::default())
             } else {
-                (format!("in_{k}"), self.target)
+                (format!("in_{shared}"), self.target)
             };
             let load_lanes = if vector_read(view) { lanes } else { 1 };
             source.push_str(&element::load_fn(

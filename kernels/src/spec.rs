@@ -110,6 +110,11 @@ pub struct View {
     /// word as [`words`](crate::abi::words) lays it out, the value in the low half for f16 and
     /// bf16), so a fused group with many constants binds few buffers.
     pub inline: Option<u32>,
+    /// The operand is the same value as earlier operand `j` and is read
+    /// through `j`'s binding: one dispatch may not bind overlapping ranges
+    /// of a buffer when any of them is writable (WebGPU), so `x + x` binds
+    /// `x` once. The two views must read the same elements the same way.
+    pub same_as: Option<usize>,
 }
 
 impl View {
@@ -122,6 +127,7 @@ impl View {
             contiguous: true,
             aliases_output: false,
             inline: None,
+            same_as: None,
         }
     }
 
@@ -142,6 +148,7 @@ impl View {
             contiguous,
             aliases_output: false,
             inline: None,
+            same_as: None,
         }
     }
 
@@ -155,6 +162,7 @@ impl View {
             contiguous: false,
             aliases_output: false,
             inline: Some(word),
+            same_as: None,
         }
     }
 

@@ -1226,6 +1226,38 @@ fn every_kernel_the_conformance_cases_lower_to_translates_to_msl() {
 }
 
 #[test]
+fn a_value_read_twice_by_one_kernel_is_bound_once() {
+    let square = case(
+        "x * x and x @ x",
+        |x| vec![&x[0] * &x[0], x[0].matmul(&x[0])],
+        vec![values(DType::F32, &[8, 8], 3)],
+    );
+    let caps = Caps::default();
+    let (program, inputs) = lower_case(&square, false, &caps).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(program.check(&caps, &inputs), Ok(()));
+    let dispatches: Vec<_> = program
+        .steps
+        .iter()
+        .filter_map(|step| match step {
+            Step::Dispatch(d) => Some(d),
+            _ => None,
+        })
+        .collect();
+    let multiply = dispatches
+        .iter()
+        .find(|d| d.op == "mul")
+        .expect("x * x");
+    assert_eq!(multiply.bindings.len(), 3, "parameters, output and x once");
+    let product = dispatches.iter().find(|d| d.op == "matmul").expect("x @ x");
+    assert_eq!(
+        product.bindings.len(),
+        4,
+        "parameters, output, x and its copy"
+    );
+    assert!(program.arena_use.copies > 0);
+}
+
+#[test]
 fn the_program_check_rejects_an_output_overlapping_an_operand_and_an_unwritten_output() {
     let case = case(
         "exp of a sum",
@@ -1252,7 +1284,7 @@ fn the_program_check_rejects_an_output_overlapping_an_operand_and_an_unwritten_o
         ..output
     };
     let error = overlapping.check(&caps, &inputs).unwrap_err();
-    assert!(error.contains("overlaps the output"), "{error}");
+    assert!(error.contains("overlaps binding 1"), "{error}");
 
     let mut unwritten = program.clone();
     unwritten.steps.retain(|step| match step {

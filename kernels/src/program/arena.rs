@@ -107,6 +107,14 @@ impl ArenaBuilder {
         Loc::at(Place::Arena, offset, 4)
     }
 
+    /// A private copy of an operand of `bytes`, so that no dispatch binds
+    /// one range twice.
+    pub(super) fn private_copy(&mut self, bytes: u64) -> Loc {
+        let offset = self.reserve(bytes);
+        self.use_.copies += aligned(bytes);
+        Loc::at(Place::Arena, offset, bytes)
+    }
+
     /// Room for a custom op's arena of `bytes`, holding `init`; returns
     /// its offset.
     pub(super) fn embed(&mut self, bytes: u64, init: &[ArenaInit]) -> u64 {

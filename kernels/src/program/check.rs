@@ -8,9 +8,10 @@ impl Program {
     /// buffer: every range lies inside its buffer with a positive size in
     /// whole words; every binding offset is aligned as `caps` requires and
     /// every dispatch binds at most `caps`' storage buffers on a grid
-    /// within its limits; copies join two different buffers; a dispatch's
-    /// output overlaps none of its other bindings except an operand it
-    /// reads in place (the very same range); parameters, constants and
+    /// within its limits; copies join two different buffers; no two
+    /// bindings of one dispatch overlap (WebGPU rejects overlapping
+    /// writable bindings; an in-place operand is read through the output
+    /// binding); parameters, constants and
     /// status words lie outside the plan's slots; status words are cleared
     /// before any kernel runs; and every non-empty output is written.
     /// `Err` says which step broke which rule.
@@ -80,10 +81,11 @@ impl Program {
                         return Err(format!("{what} reads its parameters from a slot"));
                     }
                     let output = d.bindings[1];
-                    for (b, range) in d.bindings.iter().enumerate().skip(2) {
-                        if range.overlaps(&output) && *range != output {
+                    for (b, range) in d.bindings.iter().enumerate().skip(1) {
+                        if let Some(a) = (0..b).find(|&a| d.bindings[a].overlaps(range)) {
                             return Err(format!(
-                                "{what}: binding {b} {range:?} overlaps the output {output:?}"
+                                "{what}: binding {b} {range:?} overlaps binding {a} {:?}",
+                                d.bindings[a]
                             ));
                         }
                     }

@@ -3,6 +3,7 @@
 
 use super::loc::Loc;
 use super::lowering::Lowering;
+use super::op_kernel::bind_once;
 use crate::abi::storage_bytes;
 use crate::source::step_dtypes;
 use crate::spec::View;
@@ -53,7 +54,7 @@ impl Lowering<'_> {
             }
             let shapes: Vec<&[usize]> = args.iter().map(|a| &a.1[..]).collect();
             let shape = kiln::shape::broadcast_shape(&shapes);
-            let views: Vec<View> = args
+            let mut views: Vec<View> = args
                 .iter()
                 .map(|(_, arg_shape, arg_dtype, input)| {
                     match input.and_then(|k| self.scalar_constant(inputs[k])) {
@@ -67,6 +68,8 @@ impl Lowering<'_> {
                     }
                 })
                 .collect();
+            let locs: Vec<Loc> = args.iter().map(|a| a.0).collect();
+            bind_once(&mut views, &locs);
             let spec =
                 crate::source::elementwise(&step.op, &views, &shape, dtypes[j], self.target())
                     .map_err(|e| self.err(e.to_string()))?;
@@ -76,7 +79,6 @@ impl Lowering<'_> {
                 let numel = shape.iter().product();
                 self.arena.scratch(storage_bytes(dtypes[j], numel))
             };
-            let locs: Vec<Loc> = args.iter().map(|a| a.0).collect();
             self.kernel(v, step_out, spec, locs, None)?;
             done.push((step_out, shape));
         }

@@ -340,10 +340,34 @@ impl Lowering<'_> {
         let mut resolved = Vec::with_capacity(self.steps.len());
         for cmd in std::mem::take(&mut self.steps) {
             match cmd {
-                Cmd::Copy { from, to } if from.in_arena() && to.in_arena() => {
-                    resolved.extend(self.copy_kernel(from, to)?);
+                Cmd::Copy { from, to } => resolved.extend(self.copy_cmds(from, to)?),
+                Cmd::Dispatch {
+                    op,
+                    source,
+                    entry_point,
+                    mut bindings,
+                    grid,
+                } => {
+                    // WebGPU rejects a dispatch binding overlapping ranges of
+                    // a buffer when one is writable (all of ours are): an
+                    // operand whose range another binding of the dispatch
+                    // already covers (a custom op's forward given one value
+                    // twice, `x @ x`) is read from a private copy.
+                    for i in 2..bindings.len() {
+                        if (1..i).any(|j| bindings[j].overlaps(&bindings[i])) {
+                            let copy = self.arena.private_copy(bindings[i].bytes);
+                            resolved.extend(self.copy_cmds(bindings[i], copy)?);
+                            bindings[i] = copy;
+                        }
+                    }
+                    resolved.push(Cmd::Dispatch {
+                        op,
+                        source,
+                        entry_point,
+                        bindings,
+                        grid,
+                    });
                 }
-                other => resolved.push(other),
             }
         }
         let scratch_base = self.arena.seal_scratch();
@@ -437,6 +461,16 @@ impl Lowering<'_> {
             outputs,
             written_inputs,
         })
+    }
+
+    /// The steps copying `from` into `to`: a copy between two buffers, a
+    /// copy kernel within the arena.
+    fn copy_cmds(&mut self, from: Loc, to: Loc) -> Result<Vec<Cmd>> {
+        if from.in_arena() && to.in_arena() {
+            self.copy_kernel(from, to)
+        } else {
+            Ok(vec![Cmd::Copy { from, to }])
+        }
     }
 
     /// A copy within the arena as a kernel (no API copies a buffer onto

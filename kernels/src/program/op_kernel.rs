@@ -1,6 +1,7 @@
 //! Which kernel, with which parameters, serves each op: the one place
 //! that matches on op variants for the GPU.
 
+use super::loc::Loc;
 use super::lowering::Lowering;
 use crate::abi::to_words;
 use crate::family::MatmulVariant;
@@ -28,7 +29,7 @@ impl Lowering<'_> {
         }
         let spec = match op {
             Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_) | Op::Fused(_) => {
-                let views: Vec<View> = (0..node.inputs.len())
+                let mut views: Vec<View> = (0..node.inputs.len())
                     .map(|k| match self.scalar_constant(node.inputs[k]) {
                         Some(word) => View::inline(in_dtype(k), word),
                         None => View {
@@ -37,6 +38,12 @@ impl Lowering<'_> {
                         },
                     })
                     .collect();
+                let locs = node
+                    .inputs
+                    .iter()
+                    .map(|&j| self.loc(j))
+                    .collect::<Result<Vec<_>>>()?;
+                bind_once(&mut views, &locs);
                 crate::source::elementwise(op, &views, out_shape, dtype, target)
             }
             Op::Permute(perm) => {
@@ -147,6 +154,23 @@ impl Lowering<'_> {
     /// The message of an index out of range for `(axis, size)`.
     pub(super) fn out_of_range((axis, n): (usize, usize)) -> String {
         format!("an index is out of range for axis {axis} of size {n}")
+    }
+}
+
+/// Marks each bound view whose range an earlier bound view already reads
+/// (`x + x`) to be read through that one's binding: no dispatch binds
+/// overlapping ranges.
+pub(super) fn bind_once(views: &mut [View], locs: &[Loc]) {
+    for k in 0..views.len().min(locs.len()) {
+        let bound = |view: &View| !view.aliases_output && view.inline.is_none();
+        if !bound(&views[k]) {
+            continue;
+        }
+        let earlier =
+            (0..k).find(|&j| bound(&views[j]) && views[j].same_as.is_none() && locs[j] == locs[k]);
+        if let Some(j) = earlier.filter(|&j| views[j] == views[k]) {
+            views[k].same_as = Some(j);
+        }
     }
 }
 

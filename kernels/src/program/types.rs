@@ -195,6 +195,10 @@ pub struct ArenaUse {
     pub checks: u64,
     /// Custom ops' spliced forwards (their own arenas).
     pub custom: u64,
+    /// Private copies of operands one dispatch would otherwise bind twice
+    /// (elementwise kernels read a repeated operand through one binding
+    /// instead).
+    pub copies: u64,
     /// Scratch shared by the steps of one op (fused groups run step by
     /// step, f32 results awaiting their f16/bf16 packing).
     pub scratch: u64,
