@@ -229,6 +229,7 @@ struct Pipeline {
 struct Prepared {
     program: Program,
     arena: Held,
+    params: Held,
     pipelines: Vec<Option<Arc<Pipeline>>>,
 }
 
@@ -349,6 +350,10 @@ impl Shared {
         for init in &program.arena_init {
             write_words(arena.buffer(), init.offset, &init.words)?;
         }
+        let params = self.buffer(program.params_bytes, true)?;
+        for init in &program.params_init {
+            write_words(params.buffer(), init.offset, &init.words)?;
+        }
         let pipelines = program
             .steps
             .iter()
@@ -363,6 +368,7 @@ impl Shared {
         let prepared = Arc::new(Prepared {
             program,
             arena,
+            params,
             pipelines,
         });
         let mut programs = lock(&self.programs);
@@ -474,6 +480,7 @@ impl MetalBackend {
         let resolve = |buffer: Buffer| -> Result<&ProtocolObject<dyn MTLBuffer>> {
             match buffer {
                 Buffer::Arena => Some(prepared.arena.buffer()),
+                Buffer::Params => Some(prepared.params.buffer()),
                 Buffer::Input(i) => inputs.get(i).map(|b| b.held.buffer()),
                 Buffer::Output(o) => outputs.get(o).map(Held::buffer),
             }
@@ -740,6 +747,7 @@ impl Backend for MetalBackend {
         command_buffer.commit();
         let committed = Arc::new(Committed(command_buffer));
         prepared.arena.used_by(&committed);
+        prepared.params.used_by(&committed);
         for buffer in inputs.iter().map(|b| &*b.held).chain(&outputs) {
             buffer.used_by(&committed);
         }

@@ -146,10 +146,11 @@ impl WgpuBackend {
     }
 
     /// Bytes of the device buffers the prepared programs hold between
-    /// calls (their arenas: [`Program::arena_bytes`]); arguments, outputs
-    /// and the idle pool are not counted.
+    /// calls (their arenas and parameter buffers: [`Program::arena_bytes`],
+    /// [`Program::params_bytes`]); arguments, outputs and the idle pool are
+    /// not counted.
     pub fn program_bytes(&self) -> u64 {
-        self.programs.arena_bytes()
+        self.programs.held_bytes()
     }
 
     /// Destroys the device now, for this backend and every one derived
@@ -282,6 +283,7 @@ impl WgpuBackend {
         let resolve = |buffer: Buffer| -> Result<&wgpu::Buffer> {
             let found = match buffer {
                 Buffer::Arena => Some(&prepared.arena),
+                Buffer::Params => Some(&prepared.params),
                 Buffer::Input(i) => inputs.get(i).map(WgpuBuffer::raw),
                 Buffer::Output(o) => outputs.get(o).map(WgpuBuffer::raw),
             };

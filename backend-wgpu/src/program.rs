@@ -17,6 +17,8 @@ pub(crate) struct Prepared {
     /// The one buffer of slots, constants, parameters, status words and
     /// scratch.
     pub arena: wgpu::Buffer,
+    /// The parameter words of every dispatch, bound read-only.
+    pub params: wgpu::Buffer,
     /// Per step: the pipeline of a dispatch.
     pub pipelines: Vec<Option<Pipeline>>,
     /// Per step: the bind group of a dispatch binding only the arena.
@@ -63,13 +65,24 @@ impl Prepared {
     /// Makes `program`'s arena (initial data written), pipelines and fixed
     /// bind groups on `shared`'s device.
     pub(crate) fn new(shared: &Shared, program: Program) -> Result<Prepared> {
-        let arena = shared.new_buffer(program.arena_bytes);
-        for init in &program.arena_init {
-            shared
-                .gpu
-                .queue
-                .write_buffer(&arena, init.offset, bytemuck::cast_slice(&init.words));
-        }
+        let filled = |bytes: u64, init: &[kiln_kernels::program::ArenaInit]| {
+            let buffer = shared.new_buffer(bytes);
+            for part in init {
+                shared.gpu.queue.write_buffer(
+                    &buffer,
+                    part.offset,
+                    bytemuck::cast_slice(&part.words),
+                );
+            }
+            buffer
+        };
+        let arena = filled(program.arena_bytes, &program.arena_init);
+        let params = filled(program.params_bytes, &program.params_init);
+        let fixed_buffer = |buffer: Buffer| match buffer {
+            Buffer::Arena => Some(&arena),
+            Buffer::Params => Some(&params),
+            Buffer::Input(_) | Buffer::Output(_) => None,
+        };
         let mut pipelines = Vec::with_capacity(program.steps.len());
         let mut fixed_groups = Vec::with_capacity(program.steps.len());
         for step in &program.steps {
@@ -84,15 +97,21 @@ impl Prepared {
                 &dispatch.entry_point,
                 dispatch.bindings.len(),
             )?;
-            let fixed = if dispatch.bindings.iter().all(|r| r.buffer == Buffer::Arena) {
-                let bindings = dispatch
-                    .bindings
-                    .iter()
-                    .map(|range| binding(&arena, range))
-                    .collect::<Result<Vec<_>>>()?;
-                Some(shared.bind_group(&layout, bindings))
-            } else {
-                None
+            let fixed: Option<Vec<&wgpu::Buffer>> = dispatch
+                .bindings
+                .iter()
+                .map(|range| fixed_buffer(range.buffer))
+                .collect();
+            let fixed = match fixed {
+                Some(buffers) => {
+                    let bindings = buffers
+                        .into_iter()
+                        .zip(&dispatch.bindings)
+                        .map(|(buffer, range)| binding(buffer, range))
+                        .collect::<Result<Vec<_>>>()?;
+                    Some(shared.bind_group(&layout, bindings))
+                }
+                None => None,
             };
             pipelines.push(Some((pipeline, layout)));
             fixed_groups.push(fixed);
@@ -101,6 +120,7 @@ impl Prepared {
         Ok(Prepared {
             program,
             arena,
+            params,
             pipelines,
             fixed_groups,
             checks,
@@ -219,12 +239,12 @@ impl ProgramCache {
         lock(&self.programs).remove(&exe.id());
     }
 
-    /// Bytes of the arenas held.
-    pub(crate) fn arena_bytes(&self) -> u64 {
+    /// Bytes of the arenas and parameter buffers held.
+    pub(crate) fn held_bytes(&self) -> u64 {
         lock(&self.programs)
             .values()
             .flat_map(|entry| &entry.programs)
-            .map(|prepared| prepared.arena.size())
+            .map(|prepared| prepared.arena.size() + prepared.params.size())
             .sum()
     }
 }

@@ -90,9 +90,10 @@ impl Shared {
         })
     }
 
-    /// The bind group layout of kernels with `count` bindings: all
-    /// writable storage (see `kiln_kernels::abi`), so one dispatch may
-    /// bind several ranges of the arena.
+    /// The bind group layout of kernels with `count` bindings: the
+    /// parameters read-only, every other binding writable storage (see
+    /// `kiln_kernels::abi`), so one dispatch may bind several ranges of the
+    /// arena.
     pub(crate) fn layout(&self, count: usize) -> Layouts {
         let mut layouts = lock(&self.layouts);
         let entry = layouts.entry(count).or_insert_with(|| {
@@ -101,7 +102,11 @@ impl Shared {
                     binding: binding as u32,
                     visibility: wgpu::ShaderStages::COMPUTE,
                     ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Storage { read_only: false },
+                        // The parameters (binding 0) are read-only, in
+                        // a buffer of their own; see `kiln_kernels::abi`.
+                        ty: wgpu::BufferBindingType::Storage {
+                            read_only: binding == 0,
+                        },
                         has_dynamic_offset: false,
                         min_binding_size: None,
                     },

@@ -5,13 +5,15 @@
 //!   takes one word per element (bool and u8 zero-extended).
 //! * **Bindings.** Group 0 of every kernel binds, in order: the parameter
 //!   words (binding 0), the output (binding 1), the bound operands (2..),
-//!   then, for a kernel that checks its input, one status word. Every
-//!   binding is declared `var<storage, read_write>`: a program (`crate::program::Program`) binds
-//!   sub-ranges of one arena buffer, and one dispatch may bind a buffer
-//!   several times only when every binding of it is writable storage
-//!   (WebGPU's usage scopes forbid mixing read-only and writable bindings
-//!   of one buffer). A kernel that only reads a binding simply never
-//!   writes it.
+//!   then, for a kernel that checks its input, one status word. The
+//!   parameters are `var<storage, read>`, in a buffer of their own (WGSL's
+//!   uniformity analysis treats loads from writable storage as
+//!   non-uniform, and kernels branch and synchronize on their
+//!   parameters). Every other binding is `var<storage, read_write>`: a
+//!   program binds sub-ranges of one arena buffer, and WebGPU's usage
+//!   scopes forbid mixing read-only and writable bindings of one buffer in
+//!   a dispatch; no two of those ranges overlap. A kernel that only reads
+//!   a binding simply never writes it.
 //! * **Status words.** A kernel that finds bad input (an index out of
 //!   range) reports the first offending position `p` by raising its status
 //!   word to `!p` with `atomicMax`; the word is cleared to zero before
@@ -100,7 +102,7 @@ pub fn from_words(dtype: DType, len: usize, words: &[u32]) -> HostData {
 /// operand `k` is named `in_k`, bound at 2.. in the order of `bound`.
 pub(crate) fn bindings(bound: &[(usize, &str)], out: &str) -> String {
     let mut s = format!(
-        "@group(0) @binding(0) var<storage, read_write> params: array<u32>;\n\
+        "@group(0) @binding(0) var<storage, read> params: array<u32>;\n\
          @group(0) @binding(1) var<storage, read_write> out: array<{out}>;\n"
     );
     for (b, (k, element)) in bound.iter().enumerate() {
@@ -145,7 +147,7 @@ pub fn writable_bindings(source: &str) -> String {
         out.push_str(&rest[..at]);
         let after = &rest[at + 4..];
         match after.find('>') {
-            Some(close) if is_read_only_storage(&after[..close]) => {
+            Some(close) if is_read_only_storage(&after[..close]) && !declares_params(&out) => {
                 out.push_str("var<storage, read_write>");
                 rest = &after[close + 1..];
             }
@@ -157,6 +159,14 @@ pub fn writable_bindings(source: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// True when the declaration `text` ends in is binding 0, the parameters:
+/// the attributes since the previous statement name `@binding(0)`.
+fn declares_params(text: &str) -> bool {
+    let start = text.rfind([';', '}']).map_or(0, |i| i + 1);
+    let attributes: String = text[start..].split_whitespace().collect();
+    attributes.contains("@binding(0)")
 }
 
 /// True for the inside of `var<…>` naming a read-only storage buffer:
@@ -197,7 +207,7 @@ mod tests {
     }
 
     #[test]
-    fn read_only_storage_bindings_become_writable_and_nothing_else_changes() {
+    fn read_only_storage_bindings_but_the_parameters_become_writable_and_nothing_else_changes() {
         let source = "@group(0) @binding(0) var<storage, read> params: array<u32>;\n\
                       @group(0) @binding(1) var<storage, read_write> out: array<f32>;\n\
                       @group(0) @binding(2) var<storage,read> x: array<f32>;\n\
@@ -205,10 +215,11 @@ mod tests {
                       var<workgroup> tile: array<f32, 64>;\n\
                       var<private> seed: u32;\n";
         let widened = writable_bindings(source);
-        assert_eq!(widened.matches("var<storage, read_write>").count(), 4);
+        assert_eq!(widened.matches("var<storage, read_write>").count(), 3);
+        assert!(widened.contains("@binding(0) var<storage, read> params"));
         assert!(widened.contains("var<workgroup> tile"));
         assert!(widened.contains("var<private> seed"));
-        assert!(!widened.contains("read>"));
+        assert_eq!(widened.matches("read>").count(), 1);
     }
 
     #[test]

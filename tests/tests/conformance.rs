@@ -1243,10 +1243,7 @@ fn a_value_read_twice_by_one_kernel_is_bound_once() {
             _ => None,
         })
         .collect();
-    let multiply = dispatches
-        .iter()
-        .find(|d| d.op == "mul")
-        .expect("x * x");
+    let multiply = dispatches.iter().find(|d| d.op == "mul").expect("x * x");
     assert_eq!(multiply.bindings.len(), 3, "parameters, output and x once");
     let product = dispatches.iter().find(|d| d.op == "matmul").expect("x @ x");
     assert_eq!(

@@ -15,12 +15,23 @@ fn aligned(bytes: u64) -> u64 {
     bytes.div_ceil(SLOT_ALIGN as u64) * SLOT_ALIGN as u64
 }
 
+/// What [`ArenaBuilder::finish`] gives: each buffer's bytes and initial
+/// words, and how the arena divides.
+pub(super) struct Finished {
+    pub(super) arena: (u64, Vec<ArenaInit>),
+    pub(super) params: (u64, Vec<ArenaInit>),
+    pub(super) arena_use: ArenaUse,
+}
+
 pub(super) struct ArenaBuilder {
     /// The end of everything placed so far but scratch.
     size: u64,
     init: Vec<ArenaInit>,
     /// Offsets of parameter blocks already placed, by their words.
     params: HashMap<Vec<u32>, u64>,
+    /// The end of the parameter buffer so far, and its words.
+    params_size: u64,
+    params_init: Vec<ArenaInit>,
     use_: ArenaUse,
     /// The word every empty value is bound as, once placed.
     empty_word: Option<u64>,
@@ -37,6 +48,8 @@ impl ArenaBuilder {
             size: slots,
             init: Vec::new(),
             params: HashMap::new(),
+            params_size: 0,
+            params_init: Vec::new(),
             use_: ArenaUse {
                 slots,
                 ..ArenaUse::default()
@@ -74,16 +87,24 @@ impl ArenaBuilder {
         Loc::at(Place::Arena, offset, bytes)
     }
 
-    /// A kernel's parameter block; identical blocks share one range.
+    /// A kernel's parameter block in the parameter buffer; identical
+    /// blocks share one range.
     pub(super) fn params(&mut self, words: &[u32]) -> Loc {
         let bytes = 4 * words.len().max(1) as u64;
         if let Some(&offset) = self.params.get(words) {
-            return Loc::at(Place::Arena, offset, bytes);
+            return Loc::at(Place::Params, offset, bytes);
         }
-        let (offset, bytes) = self.initialized(words);
-        self.use_.params += aligned(bytes);
+        let offset = aligned(self.params_size);
+        self.params_size = offset + bytes;
+        self.use_.params = aligned(self.params_size);
+        if !words.is_empty() {
+            self.params_init.push(ArenaInit {
+                offset,
+                words: words.to_vec(),
+            });
+        }
         self.params.insert(words.to_vec(), offset);
-        Loc::at(Place::Arena, offset, bytes)
+        Loc::at(Place::Params, offset, bytes)
     }
 
     /// A status word of its own.
@@ -115,16 +136,31 @@ impl ArenaBuilder {
         Loc::at(Place::Arena, offset, bytes)
     }
 
-    /// Room for a custom op's arena of `bytes`, holding `init`; returns
-    /// its offset.
-    pub(super) fn embed(&mut self, bytes: u64, init: &[ArenaInit]) -> u64 {
-        let offset = self.reserve(bytes);
-        self.use_.custom += aligned(bytes);
-        self.init.extend(init.iter().map(|part| ArenaInit {
-            offset: offset + part.offset,
-            words: part.words.clone(),
-        }));
-        offset
+    /// Room for a custom op's arena of `arena_bytes` holding `arena_init`
+    /// and for its parameters (`params_bytes` holding `params_init`);
+    /// returns the two offsets.
+    pub(super) fn embed(
+        &mut self,
+        (arena_bytes, arena_init): (u64, &[ArenaInit]),
+        (params_bytes, params_init): (u64, &[ArenaInit]),
+    ) -> (u64, u64) {
+        let offset = self.reserve(arena_bytes);
+        self.use_.custom += aligned(arena_bytes);
+        let relocated = |base: u64, init: &[ArenaInit]| -> Vec<ArenaInit> {
+            init.iter()
+                .map(|part| ArenaInit {
+                    offset: base + part.offset,
+                    words: part.words.clone(),
+                })
+                .collect()
+        };
+        self.init.extend(relocated(offset, arena_init));
+        let params_offset = aligned(self.params_size);
+        self.params_size = params_offset + params_bytes;
+        self.use_.params = aligned(self.params_size);
+        self.params_init
+            .extend(relocated(params_offset, params_init));
+        (offset, params_offset)
     }
 
     /// Starts the temporaries of a new op: scratch taken before is dead.
@@ -145,12 +181,17 @@ impl ArenaBuilder {
         *self.scratch_base.get_or_insert_with(|| aligned(self.size))
     }
 
-    /// The arena's bytes, its initial data and how it divides.
-    pub(super) fn finish(self) -> (u64, Vec<ArenaInit>, ArenaUse) {
+    /// The arena's bytes and initial data, the parameter buffer's, and
+    /// how the arena divides.
+    pub(super) fn finish(self) -> Finished {
         let end = match self.scratch_base {
             Some(base) if self.use_.scratch > 0 => base + self.use_.scratch,
             _ => self.size,
         };
-        (end.max(4).div_ceil(4) * 4, self.init, self.use_)
+        Finished {
+            arena: (end.max(4).div_ceil(4) * 4, self.init),
+            params: (self.params_size.max(4), self.params_init),
+            arena_use: self.use_,
+        }
     }
 }

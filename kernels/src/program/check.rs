@@ -11,7 +11,8 @@ impl Program {
     /// within its limits; copies join two different buffers; no two
     /// bindings of one dispatch overlap (WebGPU rejects overlapping
     /// writable bindings; an in-place operand is read through the output
-    /// binding); parameters, constants and
+    /// binding); every kernel reads its parameters from the parameter
+    /// buffer, and nothing else binds it; parameters, constants and
     /// status words lie outside the plan's slots; status words are cleared
     /// before any kernel runs; and every non-empty output is written.
     /// `Err` says which step broke which rule.
@@ -19,6 +20,7 @@ impl Program {
         let inside = |range: &Range, what: &str| -> Result<(), String> {
             let size = match range.buffer {
                 Buffer::Arena => self.arena_bytes,
+                Buffer::Params => self.params_bytes,
                 Buffer::Input(i) => *input_bytes
                     .get(i)
                     .ok_or_else(|| format!("{what} reads argument {i}, which does not exist"))?,
@@ -77,8 +79,19 @@ impl Program {
                             return Err(format!("{what} binding {b}: {range:?} is too large"));
                         }
                     }
-                    if in_slots(&d.bindings[0]) {
-                        return Err(format!("{what} reads its parameters from a slot"));
+                    if d.bindings[0].buffer != Buffer::Params {
+                        return Err(format!(
+                            "{what} reads its parameters from {:?}",
+                            d.bindings[0]
+                        ));
+                    }
+                    if let Some(b) = d
+                        .bindings
+                        .iter()
+                        .skip(1)
+                        .position(|r| r.buffer == Buffer::Params)
+                    {
+                        return Err(format!("{what} binds the parameter buffer at {}", b + 1));
                     }
                     let output = d.bindings[1];
                     for (b, range) in d.bindings.iter().enumerate().skip(1) {
@@ -135,6 +148,15 @@ impl Program {
             if init.offset < slots || end > self.arena_bytes {
                 return Err(format!(
                     "initial data at bytes {}..{end} lies in the slots or past the arena",
+                    init.offset
+                ));
+            }
+        }
+        for init in &self.params_init {
+            let end = init.offset + 4 * init.words.len() as u64;
+            if end > self.params_bytes {
+                return Err(format!(
+                    "parameters at bytes {}..{end} overflow their buffer",
                     init.offset
                 ));
             }

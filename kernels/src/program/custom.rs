@@ -27,10 +27,18 @@ impl Lowering<'_> {
         let in_shapes: Vec<&[usize]> = body_operands.iter().map(|(_, s)| *s).collect();
         let shapes = body.resolve_shapes(&in_shapes)?;
         let sub = lower(&body, &shapes, self.caps)?;
-        let base = self.arena.embed(sub.arena_bytes, &sub.arena_init);
+        let (base, params_base) = self.arena.embed(
+            (sub.arena_bytes, &sub.arena_init),
+            (sub.params_bytes, &sub.params_init),
+        );
         let relocate = |range: Range| -> Result<Loc> {
             match range.buffer {
                 Buffer::Arena => Ok(Loc::at(Place::Arena, base + range.offset, range.bytes)),
+                Buffer::Params => Ok(Loc::at(
+                    Place::Params,
+                    params_base + range.offset,
+                    range.bytes,
+                )),
                 Buffer::Input(i) => operands
                     .get(i)
                     .map(|operand| Loc::at(operand.place, operand.offset, range.bytes))

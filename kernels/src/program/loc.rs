@@ -7,6 +7,7 @@ use std::sync::Arc;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Place {
     Arena,
+    Params,
     Scratch,
     Input(usize),
     Output(usize),

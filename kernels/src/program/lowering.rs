@@ -375,6 +375,7 @@ impl Lowering<'_> {
         let range = |loc: Loc| -> Range {
             let (buffer, offset) = match loc.place {
                 Place::Arena => (Buffer::Arena, loc.offset),
+                Place::Params => (Buffer::Params, loc.offset),
                 Place::Scratch => (Buffer::Arena, scratch_base + loc.offset),
                 Place::Input(i) => (Buffer::Input(i), loc.offset),
                 Place::Output(o) => (Buffer::Output(o), loc.offset),
@@ -420,7 +421,10 @@ impl Lowering<'_> {
                 detail,
             })
             .collect();
-        let (arena_bytes, arena_init, arena_use) = self.arena.finish();
+        let finished = self.arena.finish();
+        let ((arena_bytes, arena_init), (params_bytes, params_init)) =
+            (finished.arena, finished.params);
+        let arena_use = finished.arena_use;
         if arena_bytes > caps.max_buffer_bytes {
             return Err(lowering_err(
                 caps,
@@ -456,6 +460,8 @@ impl Lowering<'_> {
             steps,
             arena_bytes,
             arena_init,
+            params_bytes,
+            params_init,
             arena_use,
             checks,
             outputs,

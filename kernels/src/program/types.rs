@@ -70,6 +70,11 @@ pub enum Buffer {
     /// and scratch ([`Program::arena_bytes`], initial data in
     /// [`Program::arena_init`]).
     Arena,
+    /// The program's parameter words ([`Program::params_bytes`], written
+    /// once from [`Program::params_init`]). A buffer of its own, bound
+    /// read-only: WGSL treats loads from writable storage as non-uniform,
+    /// and kernels branch and synchronize on their parameters.
+    Params,
     /// The caller's argument leaf `i`.
     Input(usize),
     /// Output `o`, a buffer of [`Program::outputs`]`[o]`'s bytes made per call.
@@ -189,7 +194,8 @@ pub struct ArenaUse {
     pub slots: u64,
     /// Constants.
     pub constants: u64,
-    /// Parameter blocks (identical blocks share one).
+    /// Parameter blocks, in the parameter buffer (identical blocks share
+    /// one).
     pub params: u64,
     /// Status words.
     pub checks: u64,
@@ -216,6 +222,10 @@ pub struct Program {
     pub arena_bytes: u64,
     /// What the arena holds before the first call.
     pub arena_init: Vec<ArenaInit>,
+    /// Bytes of the parameter buffer.
+    pub params_bytes: u64,
+    /// The parameter buffer's words, written once.
+    pub params_init: Vec<ArenaInit>,
     /// How the arena divides ([`ArenaUse::slots`] is the plan's arena).
     pub arena_use: ArenaUse,
     /// Status words to read back with the outputs, in order.

@@ -10,7 +10,7 @@ use kiln_cpu_bench::{
 use kiln_tests::bench::{median_cpu_micros, median_micros, selected, time_once_ms, BenchReport};
 use kiln_tests::rss::resident_bytes;
 use kiln_tests::value_shapes;
-use kiln_wgpu::{MatmulVariant, WgpuBackend, WgpuBuffer};
+use kiln_wgpu::{MatmulVariant, WgpuBackend};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -561,18 +561,32 @@ fn device_ms<In: Tree + Clone, F: Fn(In) -> Out, Out: Tree>(
     args: In,
     iterations: usize,
 ) -> f64 {
+    device_ms_with(gpu, f, args, iterations, |gpu, outputs| {
+        gpu.wait_idle().expect("device finishes");
+        drop(outputs);
+    })
+}
+
+/// Median milliseconds of a cached call of `f` on `args` on `backend`,
+/// the device's work included: `finish` waits for it.
+fn device_ms_with<B: Backend, In: Tree + Clone, F: Fn(In) -> Out, Out: Tree>(
+    backend: &B,
+    f: &kiln::Compiled<In, Out, F, B>,
+    args: In,
+    iterations: usize,
+    finish: impl Fn(&B, Vec<B::Buffer>),
+) -> f64 {
     let exe = f.executable(&args).expect("compiles");
     let mut leaves = Vec::new();
     args.flatten(&mut leaves).expect("flattens");
     let shapes = value_shapes(&exe, &leaves);
-    let buffers: Vec<WgpuBuffer> = leaves
+    let buffers: Vec<B::Buffer> = leaves
         .iter()
-        .map(|a| gpu.upload(&a.data().expect("data")).expect("upload"))
+        .map(|a| backend.upload(&a.data().expect("data")).expect("upload"))
         .collect();
     median_micros(iterations, || {
-        let outputs = gpu.run(&exe, buffers.clone(), &shapes).expect("run");
-        gpu.wait_idle().expect("device finishes");
-        drop(outputs);
+        let outputs = backend.run(&exe, buffers.clone(), &shapes).expect("run");
+        finish(backend, outputs);
     }) / 1e3
 }
 

@@ -29,7 +29,7 @@ pub fn benchmarks(names: &[String], report: &mut BenchReport) {
 
 #[cfg(target_vendor = "apple")]
 mod apple {
-    use super::super::{chain, ramp, value_shapes};
+    use super::super::{chain, device_ms_with, ramp, value_shapes};
     use kiln::{compile, Array, Backend, Tree};
     use kiln_metal::MetalBackend;
     use kiln_tests::bench::{median_micros, selected, BenchReport};
@@ -43,20 +43,11 @@ mod apple {
         args: In,
         iterations: usize,
     ) -> f64 {
-        let exe = f.executable(&args).expect("compiles");
-        let mut leaves = Vec::new();
-        args.flatten(&mut leaves).expect("flattens");
-        let shapes = value_shapes(&exe, &leaves);
-        let buffers: Vec<_> = leaves
-            .iter()
-            .map(|a| metal.upload(&a.data().expect("data")).expect("upload"))
-            .collect();
-        median_micros(iterations, || {
-            let outputs = metal.run(&exe, buffers.clone(), &shapes).expect("run");
+        device_ms_with(metal, f, args, iterations, |metal, outputs| {
             if let Some(first) = outputs.into_iter().next() {
                 std::hint::black_box(metal.download(first).expect("reads back"));
             }
-        }) / 1e3
+        })
     }
 
     pub fn record(names: &[String], report: &mut BenchReport) {
