@@ -12,6 +12,9 @@ use crate::handle::array::Array;
 /// # Ok::<(), kiln::Error>(())
 /// ```
 pub fn softmax(x: &Array, axis: isize) -> Array {
+    if empty_float_axis(x, axis) {
+        return x.clone();
+    }
     let shifted = x - x.max(&[axis], true);
     let e = shifted.exp();
     &e / e.sum(&[axis], true)
@@ -19,9 +22,22 @@ pub fn softmax(x: &Array, axis: isize) -> Array {
 
 /// `log(softmax(x))` along `axis`, computed without forming the softmax.
 pub fn log_softmax(x: &Array, axis: isize) -> Array {
+    if empty_float_axis(x, axis) {
+        return x.clone();
+    }
     let shifted = x - x.max(&[axis], true);
     let log_sum = shifted.exp().sum(&[axis], true).log();
     shifted - log_sum
+}
+
+/// True when float `x`'s `axis` has size 0: the (log-)softmax over it has
+/// no elements, and is `x` itself, while its maximum would have none to
+/// take (as in JAX, the result is the empty array, not an error).
+fn empty_float_axis(x: &Array, axis: isize) -> bool {
+    let dims = &x.shape().0;
+    let rank = dims.len() as isize;
+    let index = if axis < 0 { axis + rank } else { axis };
+    x.dtype().is_float() && (0..rank).contains(&index) && dims[index as usize].known() == Some(0)
 }
 
 /// GELU with the exact erf form: `x/2 · (1 + erf(x/√2))`.
@@ -48,4 +64,33 @@ pub fn layer_norm(x: &Array, weight: Option<&Array>, bias: Option<&Array>, eps: 
         y = y + b;
     }
     y
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    #[test]
+    fn softmax_and_log_softmax_over_an_empty_axis_are_the_empty_array() {
+        let x = Array::zeros(&[2, 0], DType::F32);
+        for y in [softmax(&x, -1), log_softmax(&x, 1)] {
+            assert_eq!(y.shape().as_known(), Some(vec![2, 0]));
+            assert_eq!(
+                y.to_vec::<f32>().expect("an empty result"),
+                Vec::<f32>::new()
+            );
+        }
+    }
+
+    #[test]
+    fn softmax_over_a_non_empty_axis_of_an_empty_array_still_runs() {
+        let x = Array::zeros(&[0, 3], DType::F32);
+        let y = softmax(&x, -1);
+        assert_eq!(y.shape().as_known(), Some(vec![0, 3]));
+        assert_eq!(
+            y.to_vec::<f32>().expect("an empty result"),
+            Vec::<f32>::new()
+        );
+    }
 }
