@@ -357,3 +357,13 @@ fn the_miss_log_keeps_the_most_recent_misses_and_counts_them_all() {
     assert_eq!(cache.miss_log.first().map(|m| m.call), Some(45));
     assert_eq!(cache.last_miss().map(|m| m.call), Some(calls as u64));
 }
+
+#[test]
+fn a_call_given_a_failed_array_returns_its_error_and_caches_nothing() {
+    let f = kiln::compile(|x: kiln::Array| x.exp());
+    let failed = kiln::Array::zeros(&[2, 3], kiln::DType::F32)
+        .matmul(&kiln::Array::zeros(&[2, 3], kiln::DType::F32));
+    let want = failed.error().cloned().expect("a shape error");
+    assert_eq!(f.call(&failed).err(), Some(want));
+    assert_eq!(f.cache().entries, 0);
+}

@@ -387,9 +387,15 @@ where
         shapes: &mut LeafShapes,
     ) -> Result<Begun<Out>> {
         if leaves.iter().any(|l| !l.is_computed()) {
-            if leaves.iter().any(|l| l.is_tracer() || l.error().is_some()) {
-                // Called inside another trace (or on a failed array): inline `f`.
+            if leaves.iter().any(Array::is_tracer) {
+                // Called inside another trace: inline `f` (a failed
+                // argument's error then reaches the outer call's result).
                 return Ok(Begun::Inline(self.f.apply(tree_unflatten(&tree, leaves)?)?));
+            }
+            // A failed argument is the call's error: its first one, as the
+            // README promises for "the first eval, read or compiled call".
+            if let Some(error) = leaves.iter().find_map(Array::error) {
+                return Err(error.clone());
             }
             crate::compile::eval::eval(&leaves)?;
         }
