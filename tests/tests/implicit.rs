@@ -432,3 +432,41 @@ mod quantized {
         close(&g, &want, 1e-4);
     }
 }
+
+/// The README's example of a handler (section "Implicit arrays"), as it is
+/// written there.
+#[test]
+fn the_readme_handler_multiplies_by_the_base_and_never_scales_the_weight() {
+    register_handler(Handler::new(
+        "matmul_scaled",
+        "matmul",
+        [OperandKind::Dense, OperandKind::Implicit("scaled")],
+        1,
+        |_, operands| {
+            let x = operands[0].dense().cloned();
+            let w = operands[1].implicit::<Scaled>();
+            match (x, w) {
+                (Some(x), Some(w)) => Ok(x.matmul(&w.base) * w.factor),
+                _ => Err(Error::InvalidArgument {
+                    op: "matmul".into(),
+                    detail: "expected x @ scaled".into(),
+                }),
+            }
+        },
+    ))
+    .unwrap();
+    let f = compile(|(x, w): (Array, Scaled)| x.matmul(&w.array()));
+    let (x, base) = (normal(40, &[3, 4]), normal(41, &[4, 5]));
+    let w = Scaled {
+        base: base.clone(),
+        factor: 0.5,
+    };
+    let y = f.call(&(x.clone(), w)).unwrap();
+    close(&y, &(x.matmul(&base) * 0.5), 1e-5);
+    let report = f.cache().reports[0].clone();
+    assert_eq!(report.materializations(), 0);
+    assert!(matches!(
+        &report.implicit[..],
+        [ImplicitDecision::Handled { handler, .. }] if handler == "matmul_scaled"
+    ));
+}
