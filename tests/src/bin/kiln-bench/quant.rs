@@ -1,7 +1,8 @@
-//! `cargo xtask bench quant`: the quantized product against dequantize then
-//! matmul on the CPU executor (in the one- and two-thread children) and on
-//! wgpu, and the 4-bit MLP's weight bytes and planned activation peak beside
-//! the f32 model's.
+//! `cargo xtask bench quant`: the quantized product against the fastest
+//! dense product (an f32 weight already dequantized and laid out for
+//! `x @ w`) and against dequantize then matmul, on the CPU executor (in the
+//! one- and two-thread children) and on wgpu, and the 4-bit MLP's weight
+//! bytes and planned activation peak beside the f32 model's.
 
 use super::{device_ms, plan_memory, zeros};
 use kiln::{compile, nn, quantize, quantized_matmul, Array, QuantFormat, Quantized};
@@ -15,8 +16,9 @@ const FORMAT: QuantFormat = QuantFormat::Affine {
 };
 
 /// Every benchmark of the group.
-const NAMES: [&str; 6] = [
+const NAMES: [&str; 7] = [
     "qmm_4bit_4096x4096",
+    "dense_matmul_4096x4096",
     "dequant_then_matmul_4096x4096",
     "mlp4_q4_weight_bytes",
     "mlp4_f32_weight_bytes",
@@ -49,6 +51,23 @@ fn dequantized(args: Vec<Array>) -> Array {
     args[0].matmul(&weight(&args).dequantize().transpose())
 }
 
+/// `x @ w` with the weight dense f32, dequantized and transposed before
+/// the call: the fastest dense path, the honest baseline of the speedup.
+fn dense(args: Vec<Array>) -> Array {
+    args[0].matmul(&args[1])
+}
+
+/// `[x, wᵀ]`: the dense baseline's arguments for the quantized `args`.
+fn dense_arguments(args: &[Array]) -> Vec<Array> {
+    let w = weight(args).dequantize().transpose();
+    let w = Array::from_data(
+        (*w.data().expect("dequantizes")).clone(),
+        &w.shape().as_known().expect("known"),
+    )
+    .expect("sized");
+    vec![args[0].clone(), w]
+}
+
 /// `[x, packed, scales, biases]` of an `m`×4096 x and a 4096×4096 weight.
 fn arguments(m: usize) -> Vec<Array> {
     let n = 4096;
@@ -68,7 +87,11 @@ pub(crate) fn benchmarks(names: &[String], report: &mut BenchReport) {
         return;
     }
     weight_bytes(names, report);
-    let products = ["qmm_4bit_4096x4096", "dequant_then_matmul_4096x4096"];
+    let products = [
+        "qmm_4bit_4096x4096",
+        "dense_matmul_4096x4096",
+        "dequant_then_matmul_4096x4096",
+    ];
     if !products.iter().any(|name| wanted(name, names)) {
         return;
     }
@@ -80,20 +103,25 @@ pub(crate) fn benchmarks(names: &[String], report: &mut BenchReport) {
     report.adapter = Some(gpu.adapter());
     for (m, iterations) in [(1, 10), (64, 2)] {
         let args = arguments(m);
+        let dense_args = dense_arguments(&args);
         let q = compile(quantized).with_backend(gpu.clone());
+        let f = compile(dense).with_backend(gpu.clone());
         let d = compile(dequantized).with_backend(gpu.clone());
-        let us = (
-            device_ms(&gpu, &q, args.clone(), iterations) * 1e3,
-            device_ms(&gpu, &d, args, iterations) * 1e3,
-        );
+        let us = Products {
+            quantized: device_ms(&gpu, &q, args.clone(), iterations) * 1e3,
+            dense: device_ms(&gpu, &f, dense_args, iterations) * 1e3,
+            dequantized: device_ms(&gpu, &d, args, iterations) * 1e3,
+        };
         record(report, m, "wgpu", us);
     }
 }
 
 /// The CPU product figures of the one-thread child.
-pub(crate) const CPU_FIGURES: [&str; 4] = [
+pub(crate) const CPU_FIGURES: [&str; 6] = [
     "qmm_4bit_4096x4096_m1_cpu",
     "qmm_4bit_4096x4096_m64_cpu",
+    "dense_matmul_4096x4096_m1_cpu",
+    "dense_matmul_4096x4096_m64_cpu",
     "dequant_then_matmul_4096x4096_m1_cpu",
     "dequant_then_matmul_4096x4096_m64_cpu",
 ];
@@ -107,6 +135,7 @@ fn cpu_wanted(m: usize, suffix: &str, names: &[String]) -> bool {
     group
         || super::matmul::wanted(&names_of("qmm_4bit"), names)
         || selected(&names_of("dequant_then_matmul"), names)
+        || selected(&names_of("dense_matmul"), names)
 }
 
 /// The quantized product and dequantize then matmul on the CPU executor,
@@ -118,37 +147,41 @@ pub(crate) fn cpu_products(names: &[String], suffix: &str, report: &mut BenchRep
             continue;
         }
         let args = arguments(m);
+        let dense_args = dense_arguments(&args);
         let q = compile(quantized);
+        let f = compile(dense);
         let d = compile(dequantized);
         let time = |f: &dyn Fn() -> Array| {
             median_micros(iterations, || {
                 std::hint::black_box(f().data().expect("runs"));
             })
         };
-        let us = (
-            time(&|| q.call(&args).expect("runs")),
-            time(&|| d.call(&args).expect("runs")),
-        );
+        let us = Products {
+            quantized: time(&|| q.call(&args).expect("runs")),
+            dense: time(&|| f.call(&dense_args).expect("runs")),
+            dequantized: time(&|| d.call(&args).expect("runs")),
+        };
         record(report, m, &format!("cpu{suffix}"), us);
     }
 }
 
-/// The two products' microseconds and their ratio (dequantize then matmul
-/// over quantized: above 1 when the quantized path is faster).
-fn record(report: &mut BenchReport, m: usize, backend: &str, (quantized, dequantized): (f64, f64)) {
-    report.record(
-        format!("qmm_4bit_4096x4096_m{m}_{backend}"),
-        quantized,
-        "us",
-    );
-    report.record(
-        format!("dequant_then_matmul_4096x4096_m{m}_{backend}"),
-        dequantized,
-        "us",
-    );
+/// Microseconds of the three products of one shape.
+struct Products {
+    quantized: f64,
+    dense: f64,
+    dequantized: f64,
+}
+
+/// The products' microseconds and the speedup over the fastest dense path
+/// (dense over quantized: above 1 when the quantized product is faster).
+fn record(report: &mut BenchReport, m: usize, backend: &str, us: Products) {
+    let name = |product: &str| format!("{product}_4096x4096_m{m}_{backend}");
+    report.record(name("qmm_4bit"), us.quantized, "us");
+    report.record(name("dense_matmul"), us.dense, "us");
+    report.record(name("dequant_then_matmul"), us.dequantized, "us");
     report.record(
         format!("qmm_4bit_4096x4096_m{m}_{backend}_speedup"),
-        dequantized / quantized,
+        us.dense / us.quantized,
         "x",
     );
 }
