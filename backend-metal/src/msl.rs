@@ -12,7 +12,7 @@
 use naga::back::msl;
 use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
-use naga::{ArraySize, ResourceBinding, ShaderStage, TypeInner};
+use naga::{ResourceBinding, ShaderStage};
 use thiserror::Error;
 
 /// The Metal Shading Language version the kernels are written for:
@@ -116,7 +116,13 @@ pub fn translate(
     let sized_bindings: Vec<u32> = module
         .global_variables
         .iter()
-        .filter(|(_, var)| holds_runtime_array(&module, var.ty))
+        // The writer's own rule for which globals get a `_mslBufferSizes`
+        // member, so the entries line up with the struct it declares.
+        .filter(|(_, var)| {
+            module.types[var.ty]
+                .inner
+                .needs_host_buffer_byte_size(&module.types)
+        })
         .filter_map(|(_, var)| var.binding.as_ref().map(|b| b.binding))
         .collect();
     let sizes_index = (!sized_bindings.is_empty()).then_some(bindings);
@@ -165,19 +171,4 @@ pub fn translate(
         sizes_index,
         sized_bindings,
     })
-}
-
-/// True when a value of type `ty` ends in a runtime-sized array, so
-/// naga's bounds checks need its buffer's size.
-fn holds_runtime_array(module: &naga::Module, ty: naga::Handle<naga::Type>) -> bool {
-    match &module.types[ty].inner {
-        TypeInner::Array {
-            size: ArraySize::Dynamic,
-            ..
-        } => true,
-        TypeInner::Struct { members, .. } => members
-            .last()
-            .is_some_and(|last| holds_runtime_array(module, last.ty)),
-        _ => false,
-    }
 }
