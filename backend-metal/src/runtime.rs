@@ -476,6 +476,7 @@ impl MetalBackend {
         inputs: &[MetalBuffer],
         outputs: &[Held],
         command_buffer: &ProtocolObject<dyn MTLCommandBuffer>,
+        encoder: &mut Encoder,
     ) -> Result<()> {
         let resolve = |buffer: Buffer| -> Result<&ProtocolObject<dyn MTLBuffer>> {
             match buffer {
@@ -495,7 +496,6 @@ impl MetalBackend {
             }
             Ok(buffer)
         };
-        let mut encoder = Encoder::None;
         for (step, pipeline) in prepared.program.steps.iter().zip(&prepared.pipelines) {
             match (step, pipeline) {
                 (Step::Dispatch(d), Some(pipeline)) => {
@@ -570,7 +570,6 @@ impl MetalBackend {
                 }
             }
         }
-        encoder.end();
         Ok(())
     }
 }
@@ -582,13 +581,22 @@ enum Encoder {
     Blit(Retained<ProtocolObject<dyn MTLBlitCommandEncoder>>),
 }
 
+// Metal requires every encoder to end before it is released, also when a
+// call stops early with an error.
+impl Drop for Encoder {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
 impl Encoder {
     fn end(&mut self) {
-        match std::mem::replace(self, Encoder::None) {
+        match self {
             Encoder::Compute(e) => e.endEncoding(),
             Encoder::Blit(e) => e.endEncoding(),
             Encoder::None => {}
         }
+        *self = Encoder::None;
     }
 
     fn compute(
@@ -690,45 +698,41 @@ impl Backend for MetalBackend {
                 copies.push((original.held.clone(), i, copy));
             }
         }
-        if !copies.is_empty() {
-            let blit = command_buffer
-                .blitCommandEncoder()
-                .ok_or_else(|| backend_err("no blit encoder"))?;
-            for (original, i, copy) in copies {
-                let bytes = original.buffer().length().min(copy.buffer().length());
-                // SAFETY: `bytes` fits both buffers.
-                unsafe {
-                    blit.copyFromBuffer_sourceOffset_toBuffer_destinationOffset_size(
-                        original.buffer(),
-                        0,
-                        copy.buffer(),
-                        0,
-                        bytes,
-                    );
-                }
-                let (dtype, len) = (inputs[i].dtype, inputs[i].len);
-                inputs[i] = MetalBuffer {
-                    held: Arc::new(copy),
-                    dtype,
-                    len,
-                    written_by: None,
-                };
+        let mut encoder = Encoder::None;
+        let mut originals = Vec::with_capacity(copies.len());
+        for (original, i, copy) in copies {
+            let blit = encoder.blit(&command_buffer)?;
+            let bytes = original.buffer().length().min(copy.buffer().length());
+            // SAFETY: `bytes` fits both buffers.
+            unsafe {
+                blit.copyFromBuffer_sourceOffset_toBuffer_destinationOffset_size(
+                    original.buffer(),
+                    0,
+                    copy.buffer(),
+                    0,
+                    bytes,
+                );
             }
-            blit.endEncoding();
+            let (dtype, len) = (inputs[i].dtype, inputs[i].len);
+            inputs[i] = MetalBuffer {
+                held: Arc::new(copy),
+                dtype,
+                len,
+                written_by: None,
+            };
+            originals.push(original);
         }
         let outputs = program
             .outputs
             .iter()
             .map(|output| s.buffer(output.bytes, false))
             .collect::<Result<Vec<_>>>()?;
-        self.encode(&prepared, &inputs, &outputs, &command_buffer)?;
+        self.encode(&prepared, &inputs, &outputs, &command_buffer, &mut encoder)?;
         let status = if program.checks.is_empty() {
             None
         } else {
             let words = s.buffer(4 * program.checks.len() as u64, false)?;
-            let blit = command_buffer
-                .blitCommandEncoder()
-                .ok_or_else(|| backend_err("no blit encoder"))?;
+            let blit = encoder.blit(&command_buffer)?;
             for (k, check) in program.checks.iter().enumerate() {
                 // SAFETY: the word lies in the arena and `k` in `words`.
                 unsafe {
@@ -741,14 +745,21 @@ impl Backend for MetalBackend {
                     );
                 }
             }
-            blit.endEncoding();
             Some((words, program.checks.clone().into()))
         };
+        encoder.end();
         command_buffer.commit();
         let committed = Arc::new(Committed(command_buffer));
         prepared.arena.used_by(&committed);
         prepared.params.used_by(&committed);
-        for buffer in inputs.iter().map(|b| &*b.held).chain(&outputs) {
+        // Every buffer the call reads or writes, so that none returns to the
+        // pool and takes a host write while the GPU may still use it.
+        let status_words = status.as_ref().map(|(words, _)| words);
+        for buffer in (inputs.iter().map(|b| &*b.held))
+            .chain(&outputs)
+            .chain(originals.iter().map(|held| &**held))
+            .chain(status_words)
+        {
             buffer.used_by(&committed);
         }
         let call = Arc::new(CallDone {
