@@ -60,6 +60,16 @@ impl DType {
         matches!(self, DType::I32 | DType::U32 | DType::U8)
     }
 
+    /// The values an integer dtype holds; `None` for floats and bool.
+    pub fn integer_range(self) -> Option<std::ops::RangeInclusive<i128>> {
+        match self {
+            DType::I32 => Some(i32::MIN.into()..=i32::MAX.into()),
+            DType::U32 => Some(0..=u32::MAX.into()),
+            DType::U8 => Some(0..=u8::MAX.into()),
+            _ => None,
+        }
+    }
+
     /// True for the types with a sign (the floats and i32).
     pub fn is_signed(self) -> bool {
         self.is_float() || self == DType::I32

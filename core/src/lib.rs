@@ -84,6 +84,7 @@ pub mod ops;
 pub mod plan;
 pub mod random;
 pub mod shape;
+pub mod symbolic;
 pub mod threads;
 pub mod trace;
 pub mod transform;

@@ -200,6 +200,29 @@ impl SymExpr {
         Some(total)
     }
 
+    /// The expression with every symbol replaced by `value(symbol)`, put
+    /// back in canonical form (floor divisions simplify where they can).
+    pub fn substitute(&self, value: &dyn Fn(Symbol) -> SymExpr) -> SymExpr {
+        let mut out = SymExpr::default();
+        for (monomial, &coefficient) in &self.terms {
+            let mut product = SymExpr::constant(coefficient);
+            for atom in monomial {
+                let factor = match atom {
+                    Atom::Sym(s) => value(*s),
+                    Atom::FloorDiv(e, d) => e.substitute(value).floor_div(*d),
+                };
+                product = product.mul(&factor);
+            }
+            out = out.add(&product);
+        }
+        out
+    }
+
+    /// The terms: each product of atoms with its coefficient.
+    pub(crate) fn terms(&self) -> impl Iterator<Item = (&[Atom], i64)> {
+        self.terms.iter().map(|(m, &c)| (m.as_slice(), c))
+    }
+
     /// Every symbol the expression mentions.
     pub fn symbols(&self, out: &mut Vec<Symbol>) {
         for m in self.terms.keys() {

@@ -199,3 +199,27 @@ fn select_number_branch_takes_the_array_branch_dtype() {
         vec![half::f16::from_f32(-1.0), half::f16::from_f32(7.0)]
     );
 }
+
+#[test]
+fn a_number_that_does_not_fit_an_integer_array_is_an_error_naming_value_and_dtype() {
+    let bytes = Array::from_data(kiln::HostData::U8(vec![1, 2]), &[2]).unwrap();
+    let err = (&bytes + 256).eval().unwrap_err();
+    assert_mentions(&err, &["256", "u8", "0..=255"]);
+    let err = (&bytes + (-1i64)).eval().unwrap_err();
+    assert_mentions(&err, &["-1", "u8"]);
+    let ints = Array::from_data(kiln::HostData::I32(vec![1, 2]), &[2]).unwrap();
+    let err = (&ints + (1i64 << 31)).eval().unwrap_err();
+    assert_mentions(&err, &["2147483648", "i32"]);
+    let err = (&ints * 0.5).eval().unwrap_err();
+    assert_mentions(&err, &["0.5", "i32"]);
+    let err = ints.less(f64::NAN).eval().unwrap_err();
+    assert_mentions(&err, &["NaN", "i32"]);
+    // Numbers in range keep working, from either side.
+    let sum = (&bytes + 255).data().unwrap();
+    assert_eq!(*sum, kiln::HostData::U8(vec![0, 1]));
+    assert_eq!(
+        (&ints + (-(1i64 << 31))).to_vec::<i32>().unwrap()[0],
+        i32::MIN + 1
+    );
+    assert_eq!((2.0f32 * &ints).to_vec::<i32>().unwrap(), vec![2, 4]);
+}

@@ -205,3 +205,25 @@ fn mean_over_an_axis_empty_only_at_run_time_is_nan_on_every_backend() {
         check_row_means(|x| gpu.call(x));
     }
 }
+
+#[test]
+fn reshaping_with_minus_one_beside_a_zero_size_is_refused_shapeless_as_eagerly() {
+    let empty = Array::ones(&[0, 4], DType::F32);
+    let reshape = |x: Array| x.reshape(&[0, -1]);
+    let eager = reshape(empty.clone()).check().unwrap_err().to_string();
+    assert!(eager.contains("cannot infer -1"), "{eager}");
+    for f in [compile(reshape), compile(reshape).shapeless()] {
+        let err = f.call(&empty).unwrap_err().to_string();
+        assert!(err.contains("cannot infer -1"), "{err}");
+        assert_eq!(f.cache().entries, 0);
+    }
+    // Sizes that hold elements still infer, under shapeless compile too.
+    let f = compile(|x: Array| x.reshape(&[2, -1])).shapeless();
+    assert_eq!(
+        f.call(&Array::ones(&[3, 4], DType::F32))
+            .unwrap()
+            .dims()
+            .unwrap(),
+        vec![2, 6]
+    );
+}

@@ -10,8 +10,11 @@ use crate::exec::device::read_back;
 use crate::exec::{Backend, CpuBackend, Executable, SymbolSource};
 use crate::handle::array::Array;
 use crate::hash::FastMap;
+use crate::ir::graph::Graph;
 use crate::ir::passes::{PassRecord, Passes};
+use crate::ops::{Condition, Guard};
 use crate::shape::{Aval, Dim, Shape, Symbol};
+use crate::symbolic::{DimFacts, TraceScope};
 use crate::trace::{extract, next_trace_id, Leaves};
 use crate::transform::autodiff::collecting_backward;
 use crate::transform::implicit::optimize;
@@ -550,6 +553,9 @@ where
 
     fn trace(&self, tree: &TreeDef, leaves: &[Array], symbolic: bool) -> Result<Traced> {
         let trace = next_trace_id();
+        // The equalities the trace's shape rules assume, which its later
+        // shape checks rely on (see `crate::symbolic`).
+        let scope = symbolic.then(TraceScope::open);
         let mut symbols = Vec::new();
         let params: Vec<Array> = leaves
             .iter()
@@ -569,7 +575,7 @@ where
         let backward: HashSet<usize> = backward.iter().map(Array::id).collect();
         let mut out_leaves = Vec::new();
         let output_tree = out.flatten(&mut out_leaves)?;
-        let (graph, _) = extract(
+        let (mut graph, _) = extract(
             &out_leaves,
             Leaves::Trace {
                 id: trace,
@@ -577,7 +583,12 @@ where
             },
             &backward,
         )?;
+        if let Some(scope) = &scope {
+            keep_assumed_equalities(&mut graph, &scope.facts());
+        }
+        // Still in the scope: implicit lowering checks handlers' results.
         let (optimized, passes) = optimize(&graph, self.passes)?;
+        drop(scope);
         let donated = self.donated_leaves(tree)?;
         let input_shapes: Vec<Vec<usize>> = leaves
             .iter()
@@ -645,6 +656,23 @@ type Launched<'e, Buffer> = (Vec<Buffer>, Cow<'e, [Vec<usize>]>);
 enum Begun<Out> {
     Inline(Out),
     Run(Arc<Entry>, Vec<Array>),
+}
+
+/// Adds to `graph`'s guards every equality the trace assumed that they do
+/// not already imply: a check may have relied on one recorded by an op
+/// whose value the graph does not keep, and every call must satisfy what
+/// any check relied on.
+fn keep_assumed_equalities(graph: &mut Graph, assumed: &DimFacts) {
+    let mut kept = graph.dim_facts();
+    for (op, a, b) in assumed.assumed() {
+        if !kept.dims_equal(a, b) {
+            kept.assume_equal(op, a, b);
+            graph.guards.push(Guard {
+                op: op.clone(),
+                condition: Condition::Equal(a.clone(), b.clone()),
+            });
+        }
+    }
 }
 
 /// A leaf's aval with each axis of size other than 1 replaced by a fresh

@@ -320,7 +320,7 @@ impl<In: Tree, Out: Tree> Pullback<In, Out> {
         }
         let paths = self.out_tree.leaf_paths();
         for ((seed, output), path) in seeds.iter().zip(&self.traced_outputs).zip(&paths) {
-            if seed.aval() != output.aval() {
+            if !crate::symbolic::avals_equal(seed.aval(), output.aval()) {
                 return Err(Error::Tree {
                     path: arg_path(path),
                     detail: format!(

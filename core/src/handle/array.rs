@@ -11,7 +11,7 @@ use crate::data::HostData;
 use crate::error::{arg_err, Error, Result};
 use crate::limits::check_aval;
 use crate::location::{current_location, SourceLocation};
-use crate::ops::{Guard, Op, ShapeCx};
+use crate::ops::{Condition, Guard, Op, ShapeCx};
 use crate::shape::{Aval, Shape};
 use crate::DType;
 use std::fmt;
@@ -148,15 +148,24 @@ impl Array {
             .shape_rule(&avals, &mut cx)
             .and_then(|aval| check_aval(op.name(), &aval).map(|()| aval));
         match checked {
-            Ok(aval) => Array::make(
-                aval,
-                NodeKind::Op {
-                    op,
-                    inputs: Mutex::new(inputs),
-                    guards: cx.guards,
-                },
-                None,
-            ),
+            Ok(aval) => {
+                // Later shape checks of the trace may rely on what the rule
+                // assumed.
+                for guard in &cx.guards {
+                    if let Condition::Equal(a, b) = &guard.condition {
+                        crate::symbolic::assume_equal(&guard.op, a, b);
+                    }
+                }
+                Array::make(
+                    aval,
+                    NodeKind::Op {
+                        op,
+                        inputs: Mutex::new(inputs),
+                        guards: cx.guards,
+                    },
+                    None,
+                )
+            }
             Err(e) => Array::failed(e),
         }
     }

@@ -3,8 +3,9 @@
 
 use crate::data::HostData;
 use crate::location::SourceLocation;
-use crate::ops::{Guard, Op};
+use crate::ops::{Condition, Guard, Op};
 use crate::shape::Aval;
+use crate::symbolic::DimFacts;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use std::fmt;
@@ -158,6 +159,15 @@ impl Hash for Provenance {
 }
 
 impl Graph {
+    /// What the guards' equalities imply about its symbolic dims: the
+    /// passes and the planner compare shapes through it, as the trace did.
+    pub fn dim_facts(&self) -> DimFacts {
+        DimFacts::from_equalities(self.guards.iter().filter_map(|g| match &g.condition {
+            Condition::Equal(a, b) => Some((g.op.as_str(), a, b)),
+            Condition::AtLeast(..) => None,
+        }))
+    }
+
     /// True when value `v` belongs to a gradient's backward pass.
     pub fn is_backward(&self, v: ValueId) -> bool {
         self.backward.get(v).copied().unwrap_or(false)

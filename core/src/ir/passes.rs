@@ -149,6 +149,7 @@ pub fn optimize_lowered(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<Pas
 /// with the rest of the graph.
 pub fn fuse(graph: Graph) -> Result<(Graph, usize)> {
     let n = graph.nodes.len();
+    let facts = graph.dim_facts();
     let fusible = |v: ValueId| matches!(&graph.nodes[v].kind, ValueKind::Op(op) if op.is_elementwise() && !matches!(op, Op::Fused(_)));
     // Consumers of each value, deduplicated, in one flat table (CSR).
     let mut first_consumer = vec![0usize; n + 1];
@@ -191,7 +192,7 @@ pub fn fuse(graph: Graph) -> Result<(Graph, usize)> {
         let group = root[first];
         if fusible(group)
             && consumers(v).iter().all(|&c| root[c] == group)
-            && graph.nodes[v].aval.shape == graph.nodes[group].aval.shape
+            && facts.shapes_equal(&graph.nodes[v].aval.shape, &graph.nodes[group].aval.shape)
         {
             root[v] = group;
             group_size[group] += 1;

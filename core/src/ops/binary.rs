@@ -24,11 +24,13 @@ impl Array {
     pub fn pow(&self, rhs: impl Operand) -> Array {
         self.binary(BinaryOp::Pow, rhs)
     }
-    /// Elementwise maximum.
+    /// Elementwise maximum, IEEE 754-2019's on floats: NaN from either
+    /// operand propagates and `+0` is greater than `-0`, in either order.
     pub fn maximum(&self, rhs: impl Operand) -> Array {
         self.binary(BinaryOp::Maximum, rhs)
     }
-    /// Elementwise minimum.
+    /// Elementwise minimum, IEEE 754-2019's on floats: NaN propagates and
+    /// `-0` is less than `+0`, in either order.
     pub fn minimum(&self, rhs: impl Operand) -> Array {
         self.binary(BinaryOp::Minimum, rhs)
     }
@@ -92,12 +94,35 @@ macro_rules! number_operand {
                 None
             }
             fn into_array(self, dtype: DType) -> Array {
-                Array::scalar(self as f64, dtype)
+                let value = self as f64;
+                match dtype.integer_range() {
+                    Some(range) if value.fract() != 0.0 || !range.contains(&(value as i128)) => {
+                        Array::failed(scalar_misfit(value, dtype))
+                    }
+                    _ => Array::scalar(value, dtype),
+                }
             }
         }
     )*};
 }
 number_operand!(f32, f64);
+
+/// The error for a number operand that an integer array's dtype cannot
+/// hold: JAX raises for an out-of-range Python int rather than wrap or
+/// saturate it, and so does Kiln (a fraction or NaN would be truncated).
+fn scalar_misfit(value: impl std::fmt::Display, dtype: DType) -> crate::error::Error {
+    crate::error::arg_err(
+        "scalar operand",
+        format!(
+            "the number {value} does not fit the array's dtype {} (integers {}); \
+             cast the array to a wider or float dtype first",
+            dtype.name(),
+            dtype
+                .integer_range()
+                .map_or(String::new(), |r| format!("{}..={}", r.start(), r.end())),
+        ),
+    )
+}
 
 macro_rules! integer_operand {
     ($($t:ty),*) => {$(
@@ -106,9 +131,15 @@ macro_rules! integer_operand {
                 None
             }
             fn into_array(self, dtype: DType) -> Array {
-                // Rounded once from the exact integer: `self as f64` would
-                // round an i64 or usize above 2^53 twice.
-                Array::scalar(dtype.round_integer(self as i128), dtype)
+                let value = self as i128;
+                match dtype.integer_range() {
+                    Some(range) if !range.contains(&value) => {
+                        Array::failed(scalar_misfit(value, dtype))
+                    }
+                    // Rounded once from the exact integer: `self as f64`
+                    // would round an i64 or usize above 2^53 twice.
+                    _ => Array::scalar(dtype.round_integer(value), dtype),
+                }
             }
         }
     )*};
@@ -132,13 +163,13 @@ macro_rules! operator {
         impl std::ops::$trait<Array> for f32 {
             type Output = Array;
             fn $method(self, rhs: Array) -> Array {
-                Array::scalar(self as f64, rhs.dtype()).binary($op, rhs)
+                Operand::into_array(self, rhs.dtype()).binary($op, rhs)
             }
         }
         impl std::ops::$trait<&Array> for f32 {
             type Output = Array;
             fn $method(self, rhs: &Array) -> Array {
-                Array::scalar(self as f64, rhs.dtype()).binary($op, rhs)
+                Operand::into_array(self, rhs.dtype()).binary($op, rhs)
             }
         }
     };
@@ -739,6 +770,23 @@ mod tests {
             let HostData::F32(v) = out else { panic!() };
             assert!(v.iter().all(|x| x.is_nan()));
         }
+    }
+
+    #[test]
+    fn maximum_and_minimum_order_signed_zeros_whatever_the_operand_order() {
+        let (neg, pos) = (-0.0f32, 0.0f32);
+        let bits = |op, a: f32, b: f32| {
+            let HostData::F32(v) = f32_eval(op, &[a], &[1], &[b], &[1], &[1]) else {
+                panic!()
+            };
+            v[0].to_bits()
+        };
+        for (a, b) in [(neg, pos), (pos, neg)] {
+            assert_eq!(bits(BinaryOp::Maximum, a, b), pos.to_bits());
+            assert_eq!(bits(BinaryOp::Minimum, a, b), neg.to_bits());
+        }
+        assert_eq!(bits(BinaryOp::Maximum, neg, neg), neg.to_bits());
+        assert_eq!(bits(BinaryOp::Minimum, pos, pos), pos.to_bits());
     }
 
     #[test]

@@ -329,7 +329,7 @@ impl CustomCall {
         self.match_cotangents(&self.args, &def, &mut path, &mut cotangents, &mut out)?;
         for ((cotangent, primal), path) in out.iter().zip(inputs).zip(self.args.leaf_paths()) {
             if let Some(c) = cotangent {
-                if c.aval() != primal.aval() {
+                if !crate::symbolic::avals_equal(c.aval(), primal.aval()) {
                     return Err(Error::Tree {
                         path: path.to_string(),
                         detail: format!(

@@ -520,7 +520,7 @@ impl KernelCall {
         }
         let aval = (self.kernel.0.shape_rule)(inputs, cx)?;
         if let Some(k) = self.kernel.in_place() {
-            if *inputs[k] != aval {
+            if !crate::symbolic::avals_equal(inputs[k], &aval) {
                 return Err(self.kernel.error(format!(
                     "works in place on `{}` ({}) but its shape rule gives {aval}",
                     self.kernel.inputs()[k],

@@ -52,7 +52,16 @@ impl Array {
                     ))
                 }
                 Dim::Known(n) => Dim::Known(n / known),
-                Dim::Sym(e) => Dim::from_expr(e.floor_div(known.max(1) as u64)),
+                // Eager refuses whatever the element count; so must a
+                // shapeless trace, whose count is only known per call.
+                Dim::Sym(_) if known == 0 => {
+                    return Err(crate::error::shape_err(
+                        "reshape",
+                        &[self.aval()],
+                        format!("cannot infer -1 in {shape:?}: the other sizes hold no elements"),
+                    ))
+                }
+                Dim::Sym(e) => Dim::from_expr(e.floor_div(known as u64)),
             };
         }
         Ok(Shape(dims))
@@ -261,7 +270,7 @@ pub fn reshape_shape_rule(target: &Shape, aval: &Aval, cx: &mut ShapeCx) -> Resu
             ));
         }
         (Some(_), Some(_)) => {}
-        _ if from.provably_eq(&to) => {}
+        _ if crate::symbolic::dims_equal(&from, &to) => {}
         _ => {
             cx.unify(&from, &to);
         }

@@ -507,13 +507,14 @@ impl ShapeCx {
     }
 
     /// Unifies two dims that must be equal. Known and different → `None`
-    /// (the rule reports the error); provably equal → that dim; otherwise
+    /// (the rule reports the error); equal as written or by what the trace
+    /// already assumed ([`crate::symbolic`]) → that dim; otherwise
     /// the equality is recorded as a guard and the known (or first) dim is
     /// returned.
     pub fn unify(&mut self, a: &Dim, b: &Dim) -> Option<Dim> {
         match (a, b) {
             (Dim::Known(x), Dim::Known(y)) => (x == y).then(|| a.clone()),
-            _ if a.provably_eq(b) => Some(a.clone()),
+            _ if crate::symbolic::dims_equal(a, b) => Some(a.clone()),
             _ => {
                 self.guards.push(Guard {
                     op: self.op.clone(),

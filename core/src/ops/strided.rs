@@ -269,25 +269,33 @@ macro_rules! wrapping_int {
 
 wrapping_int!(i32, u32, u8);
 
-/// IEEE maximum that propagates NaN from either side. The non-short-circuit
-/// `|` keeps it branch-free, so loops over it vectorize.
+/// IEEE 754-2019 `maximum`: NaN from either side propagates and `+0` is
+/// greater than `-0`, so the result never depends on operand order. Equal
+/// operands differ at most in the sign of zero, and the AND of their bits
+/// clears the sign unless both are negative. The non-short-circuit `|` and
+/// the selects keep it branch-free, so loops over it vectorize.
 #[inline(always)]
 pub(crate) fn nan_max(a: f32, b: f32) -> f32 {
-    if (a >= b) | a.is_nan() {
-        a
+    let larger = if (a > b) | a.is_nan() { a } else { b };
+    let tied = f32::from_bits(a.to_bits() & b.to_bits());
+    if a == b {
+        tied
     } else {
-        b
+        larger
     }
 }
 
-/// IEEE minimum that propagates NaN from either side (branch-free, as
+/// IEEE 754-2019 `minimum`: NaN propagates and `-0` is less than `+0` (the
+/// OR of equal operands' bits keeps a sign either has; branch-free, as
 /// [`nan_max`]).
 #[inline(always)]
 pub(crate) fn nan_min(a: f32, b: f32) -> f32 {
-    if (a <= b) | a.is_nan() {
-        a
+    let smaller = if (a < b) | a.is_nan() { a } else { b };
+    let tied = f32::from_bits(a.to_bits() | b.to_bits());
+    if a == b {
+        tied
     } else {
-        b
+        smaller
     }
 }
 

@@ -59,7 +59,7 @@ impl Array {
     pub fn sigmoid(&self) -> Array {
         self.unary(UnaryOp::Sigmoid)
     }
-    /// `max(x, 0)`.
+    /// `maximum(x, 0)`: `relu(-0)` is `+0` and NaN stays NaN.
     pub fn relu(&self) -> Array {
         self.unary(UnaryOp::Relu)
     }
@@ -256,7 +256,8 @@ macro_rules! with_f32_unary {
                 $body
             }
             UnaryOp::Relu => {
-                let $f = |x: f32| if x < 0.0 { 0.0 } else { x };
+                // `<=` makes relu(-0) = +0, as IEEE maximum(x, +0) would.
+                let $f = |x: f32| if x <= 0.0 { 0.0 } else { x };
                 $body
             }
             UnaryOp::Erf => {
@@ -472,6 +473,7 @@ mod tests {
     #[test]
     fn relu_keeps_nan() {
         assert!(f32s(UnaryOp::Relu, &[f32::NAN])[0].is_nan());
+        assert_eq!(f32s(UnaryOp::Relu, &[-0.0])[0].to_bits(), 0.0f32.to_bits());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use super::Lifetime;
 use crate::ir::graph::{Graph, ValueId, ValueKind};
 use crate::shape::{Dim, Shape};
+use crate::symbolic::DimFacts;
 use crate::DType;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -158,6 +159,7 @@ pub fn reinplace(
     for (index, &o) in graph.outputs.iter().enumerate() {
         output_index[o].get_or_insert(index);
     }
+    let facts = graph.dim_facts();
     let mut decisions = Vec::new();
     for (i, node) in graph.nodes.iter().enumerate() {
         let ValueKind::Op(op) = &node.kind else {
@@ -198,7 +200,7 @@ pub fn reinplace(
                     output: node.aval.dtype,
                 })
             })
-            .or_else(|| shape_refusal(&operand.aval.shape, &node.aval.shape))
+            .or_else(|| shape_refusal(&facts, &operand.aval.shape, &node.aval.shape))
             .or_else(|| {
                 // Outputs were refused above, so a later end is a reader.
                 let last = lifetimes[j].last;
@@ -230,9 +232,10 @@ pub fn reinplace(
 }
 
 /// Why an operand of shape `operand` cannot hold an output of shape
-/// `output`, if it cannot: equality must be provable, dim by dim.
-fn shape_refusal(operand: &Shape, output: &Shape) -> Option<Refusal> {
-    if operand == output {
+/// `output`, if it cannot: equality must be provable, dim by dim, from the
+/// graph's guards.
+fn shape_refusal(facts: &DimFacts, operand: &Shape, output: &Shape) -> Option<Refusal> {
+    if facts.shapes_equal(operand, output) {
         return None;
     }
     let describe = |grows: bool| {
@@ -256,4 +259,30 @@ fn shape_refusal(operand: &Shape, output: &Shape) -> Option<Refusal> {
             _ => false,
         });
     Some(describe(grows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shape::Symbol;
+
+    #[test]
+    fn symbolic_shapes_are_refused_unless_the_guards_make_them_equal() {
+        let (s0, s1) = (Dim::symbol(Symbol(0)), Dim::symbol(Symbol(1)));
+        let (a, b) = (Shape(vec![s0.clone()]), Shape(vec![s1.clone()]));
+        let none = DimFacts::new();
+        assert_eq!(
+            shape_refusal(&none, &a, &b),
+            Some(Refusal::ShapeNotProvablyEqual {
+                operand: "[s0]".into(),
+                output: "[s1]".into()
+            })
+        );
+        let guarded = DimFacts::from_equalities([("add", &s0, &s1)]);
+        assert_eq!(shape_refusal(&guarded, &a, &b), None);
+        assert!(matches!(
+            shape_refusal(&guarded, &Shape::known(&[1]), &b),
+            Some(Refusal::ShapeGrows { .. })
+        ));
+    }
 }

@@ -5,7 +5,7 @@
 
 use super::{Arena, Home};
 use crate::ir::graph::{Graph, ValueId, ValueKind};
-use crate::shape::Dim;
+use crate::symbolic::DimFacts;
 use std::collections::HashMap;
 use std::fmt;
 
@@ -149,6 +149,7 @@ pub fn verify_plan(
             homes: homes.len(),
         });
     }
+    let facts = graph.dim_facts();
     let mut needed_until = vec![0usize; n];
     for (step, node) in graph.nodes.iter().enumerate() {
         for &j in &node.inputs {
@@ -209,7 +210,8 @@ pub fn verify_plan(
         // Overwriting a value read later shows up at that read; here, only
         // the operands this very step reads.
         if let Some(&previous) = holder.get(&buffer) {
-            if needed_until[previous] == step && !continues_in_place(graph, step, previous) {
+            if needed_until[previous] == step && !continues_in_place(&facts, graph, step, previous)
+            {
                 return Err(PlanViolation::InvalidInPlace {
                     step,
                     operand: previous,
@@ -262,22 +264,10 @@ pub fn verify_plan(
 /// which it reads for the last time: an op that may write over it
 /// ([`crate::Op::may_write_over`]) and whose output has the operand's dtype
 /// and a provably equal shape (dim by dim).
-fn continues_in_place(graph: &Graph, step: usize, operand: ValueId) -> bool {
+fn continues_in_place(facts: &DimFacts, graph: &Graph, step: usize, operand: ValueId) -> bool {
     let node = &graph.nodes[step];
     let writable = matches!(&node.kind, ValueKind::Op(op)
         if node.inputs.iter().enumerate().any(|(p, &j)| j == operand && op.may_write_over(p)));
     let source = &graph.nodes[operand].aval;
-    writable
-        && source.dtype == node.aval.dtype
-        && source.shape.rank() == node.aval.shape.rank()
-        && source
-            .shape
-            .dims()
-            .iter()
-            .zip(node.aval.shape.dims())
-            .all(|(a, b)| match (a, b) {
-                (Dim::Known(x), Dim::Known(y)) => x == y,
-                (Dim::Sym(x), Dim::Sym(y)) => x == y,
-                _ => false,
-            })
+    writable && facts.avals_equal(source, &node.aval)
 }

@@ -477,7 +477,7 @@ impl Lowering<'_> {
             });
         }
         let result = (handler.rewrite)(op, &operands)?;
-        if result.aval() != &node.aval {
+        if !crate::symbolic::avals_equal(result.aval(), &node.aval) {
             return Err(Error::InvalidArgument {
                 op: op.name().to_string(),
                 detail: format!(
