@@ -52,7 +52,8 @@ fn cos_f32(x: vf32) -> vf32 { return cos(x); }
 fn sqrt_f32(x: vf32) -> vf32 { return sqrt(x); }
 fn rsqrt_f32(x: vf32) -> vf32 { return 1.0 / sqrt(x); }
 fn sigmoid_f32(x: vf32) -> vf32 { return 1.0 / (1.0 + exp(-x)); }
-fn relu_f32(x: vf32) -> vf32 { return select(x, vf32(0.0), x < vf32(0.0)); }
+// `<=` so that relu(-0) is +0, as maximum(x, +0).
+fn relu_f32(x: vf32) -> vf32 { return select(x, vf32(0.0), x <= vf32(0.0)); }
 
 // tanh that saturates instead of computing inf/inf.
 fn tanh_f32(x: vf32) -> vf32 {
@@ -83,8 +84,17 @@ fn add_f32(a: vf32, b: vf32) -> vf32 { return a + b; }
 fn sub_f32(a: vf32, b: vf32) -> vf32 { return a - b; }
 fn mul_f32(a: vf32, b: vf32) -> vf32 { return a * b; }
 fn div_f32(a: vf32, b: vf32) -> vf32 { return a / b; }
-fn maximum_f32(a: vf32, b: vf32) -> vf32 { return select(b, a, (a >= b) | is_nan_f32(a)); }
-fn minimum_f32(a: vf32, b: vf32) -> vf32 { return select(b, a, (a <= b) | is_nan_f32(a)); }
+// IEEE 754-2019 maximum and minimum, as the reference's: NaN propagates and
+// +0 > -0 whatever the operand order (equal operands differ at most in the
+// sign of zero, which the AND or OR of their bits settles).
+fn maximum_f32(a: vf32, b: vf32) -> vf32 {
+    let tied = bitcast<vf32>(bitcast<vu32>(a) & bitcast<vu32>(b));
+    return select(select(b, a, (a > b) | is_nan_f32(a)), tied, a == b);
+}
+fn minimum_f32(a: vf32, b: vf32) -> vf32 {
+    let tied = bitcast<vf32>(bitcast<vu32>(a) | bitcast<vu32>(b));
+    return select(select(b, a, (a < b) | is_nan_f32(a)), tied, a == b);
+}
 
 // x^y with the special cases of C99 / IEEE 754 `pow` (F.9.4.4), which the
 // reference's `powf` follows: exp2(y·log2|x|) alone gets them wrong (0^-1
