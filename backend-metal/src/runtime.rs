@@ -21,12 +21,14 @@ use kiln_kernels::pool::IdleBuffers;
 use kiln_kernels::program::{Buffer, Caps, Check, Program, Range, Step};
 use kiln_kernels::{from_words, storage_bytes, to_words};
 use objc2::rc::Retained;
-use objc2::runtime::ProtocolObject;
+use objc2::runtime::{NSObjectProtocol, ProtocolObject};
+use objc2::sel;
 use objc2_foundation::{NSRange, NSString};
 use objc2_metal::{
     MTLBlitCommandEncoder, MTLBuffer, MTLCommandBuffer, MTLCommandBufferStatus, MTLCommandEncoder,
-    MTLCommandQueue, MTLComputeCommandEncoder, MTLComputePipelineState, MTLCopyAllDevices,
-    MTLCreateSystemDefaultDevice, MTLDevice, MTLLibrary, MTLResourceOptions, MTLSize,
+    MTLCommandQueue, MTLCompileOptions, MTLComputeCommandEncoder, MTLComputePipelineState,
+    MTLCopyAllDevices, MTLCreateSystemDefaultDevice, MTLDevice, MTLLibrary,
+    MTLMathFloatingPointFunctions, MTLMathMode, MTLResourceOptions, MTLSize,
 };
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -298,7 +300,10 @@ impl Shared {
             .map_err(|e| backend_err(e.to_string()))?;
         let library = self
             .device
-            .newLibraryWithSource_options_error(&NSString::from_str(&kernel.source), None)
+            .newLibraryWithSource_options_error(
+                &NSString::from_str(&kernel.source),
+                Some(&precise_math_options()),
+            )
             .map_err(|e| {
                 backend_err(format!(
                     "the MSL of `{op}` does not compile: {}",
@@ -382,6 +387,23 @@ impl Shared {
         entry.push(prepared.clone());
         Ok(prepared)
     }
+}
+
+/// Compile options without fast math, which Metal enables by default: it
+/// may reassociate float arithmetic and assume NaN and infinities never
+/// occur, which would undo the WGSL library's exact error terms and its
+/// special values (the CPU's results, within their bounds). `mathMode`
+/// exists from macOS 15 / iOS 18; older systems take the flag it replaced.
+fn precise_math_options() -> Retained<MTLCompileOptions> {
+    let options = MTLCompileOptions::new();
+    if options.respondsToSelector(sel!(setMathMode:)) {
+        options.setMathMode(MTLMathMode::Safe);
+        options.setMathFloatingPointFunctions(MTLMathFloatingPointFunctions::Precise);
+    } else {
+        #[allow(deprecated)]
+        options.setFastMathEnabled(false);
+    }
+    options
 }
 
 /// Writes `words` at byte `offset` of a shared buffer no command buffer

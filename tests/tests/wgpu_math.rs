@@ -236,6 +236,43 @@ fn erf_sin_tanh_and_sqrt_of_negative_zero_are_negative_zero() {
 }
 
 #[test]
+fn maximum_minimum_and_relu_order_signed_zeros_as_ieee_754_2019_on_wgpu() {
+    // +0 > -0 whatever the operand order; NaN from either side propagates.
+    let programs: [(&str, Program, [f64; 4]); 3] = [
+        (
+            "maximum",
+            |a| vec![a[0].maximum(&a[1])],
+            [0.0, 0.0, -0.0, 0.0],
+        ),
+        (
+            "minimum",
+            |a| vec![a[0].minimum(&a[1])],
+            [-0.0, -0.0, -0.0, 0.0],
+        ),
+        ("relu", |a| vec![a[0].relu()], [0.0, 0.0, 0.0, 0.0]),
+    ];
+    let lhs = HostData::F32(vec![-0.0, 0.0, -0.0, 0.0]);
+    let rhs = HostData::F32(vec![0.0, -0.0, -0.0, 0.0]);
+    for (name, program, want) in programs {
+        let Some(Outputs { want: cpu, got, .. }) =
+            cpu_and_wgpu(program, &[lhs.clone(), rhs.clone()])
+        else {
+            return;
+        };
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&cpu), bits(&want), "{name} on the CPU: {cpu:?}");
+        assert_eq!(bits(&got), bits(&want), "{name} on wgpu: {got:?}");
+    }
+    let Some(Outputs { got, .. }) = cpu_and_wgpu(
+        |a| vec![a[0].maximum(&a[1]), a[1].maximum(&a[0])],
+        &[HostData::F32(vec![f32::NAN]), HostData::F32(vec![1.0])],
+    ) else {
+        return;
+    };
+    assert!(got[0].is_nan(), "maximum(NaN, 1) = {}", got[0]);
+}
+
+#[test]
 fn sin_and_cos_of_huge_arguments_are_reduced_exactly() {
     let xs = [
         1e10,
