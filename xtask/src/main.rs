@@ -24,10 +24,11 @@ commands:
                     in headless Chromium)
   wasm [--debian]   build `kiln` for wasm32-unknown-unknown (rustup target if it can be
                     installed, else Debian's rustc-web with build-std; --debian forces it)
-  web [--e2e]       build the playground into target/web/ (a static site): kiln-web for
+  web [--e2e [--repeat N]]
+                    build the playground into target/web/ (a static site): kiln-web for
                     wasm32, wasm-bindgen, wasm-opt; installs what it needs on first use;
                     --e2e then runs the browser tests in headless Chromium (screenshots
-                    in target/web-e2e/)
+                    in target/web-e2e/); --repeat N runs them N times and counts passes
   serve [--port N]  build the playground and serve it on http://127.0.0.1:N/ (8000)
   help              this text
 ";

@@ -24,12 +24,21 @@ const PROFILE: &str = "playground";
 const STATIC_FILES: &[&str] = &["index.html", "worker.js", "style.css"];
 const DEFAULT_PORT: u16 = 8000;
 
-/// `cargo xtask web [--e2e]`.
+/// `cargo xtask web [--e2e [--repeat N]]`.
 pub fn run(args: &[String]) -> Result<(), String> {
+    let usage = || format!("usage: cargo xtask web [--e2e [--repeat N]] (got {args:?})");
     match args {
         [] => build().map(|_| ()),
         [flag] if flag == "--e2e" => e2e(),
-        _ => Err(format!("usage: cargo xtask web [--e2e] (got {args:?})")),
+        [flag, repeat, n] if flag == "--e2e" && repeat == "--repeat" => {
+            let runs = n
+                .parse()
+                .ok()
+                .filter(|&n: &usize| n > 0)
+                .ok_or_else(usage)?;
+            e2e_repeated(runs)
+        }
+        _ => Err(usage()),
     }
 }
 
@@ -62,18 +71,45 @@ pub fn serve(args: &[String]) -> Result<(), String> {
 pub fn e2e() -> Result<(), String> {
     let site = build()?;
     let (tools, script, port) = browser_script("web/e2e/e2e.mjs", "e2e.mjs", site)?;
+    e2e_modes(&tools, &script, port)
+}
+
+/// Both modes of the browser tests against the site served on `port`.
+fn e2e_modes(tools: &Path, script: &Path, port: u16) -> Result<(), String> {
     let shots = target_dir().join("web-e2e");
     for mode in ["webgpu", "cpu"] {
         process::run(
             Command::new("node")
-                .arg(&script)
+                .arg(script)
                 .arg(format!("http://127.0.0.1:{port}/"))
                 .arg(&shots)
                 .arg(mode)
-                .current_dir(&tools),
+                .current_dir(tools),
         )?;
     }
     Ok(())
+}
+
+/// `cargo xtask web --e2e --repeat N`: the browser tests `runs` times on
+/// one build, every run to the end, then the pass count (a flaky check
+/// shows up as a count below `runs`, with each failure's output above).
+fn e2e_repeated(runs: usize) -> Result<(), String> {
+    let site = build()?;
+    let (tools, script, port) = browser_script("web/e2e/e2e.mjs", "e2e.mjs", site)?;
+    let mut passed = 0;
+    for run in 1..=runs {
+        println!("e2e run {run} of {runs}");
+        match e2e_modes(&tools, &script, port) {
+            Ok(()) => passed += 1,
+            Err(e) => println!("e2e run {run} failed: {e}"),
+        }
+    }
+    println!("e2e: {passed} of {runs} runs passed");
+    if passed == runs {
+        Ok(())
+    } else {
+        Err(format!("{} of {runs} e2e runs failed", runs - passed))
+    }
 }
 
 /// The playground's benchmark figures, by name.
