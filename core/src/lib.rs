@@ -154,5 +154,5 @@ pub use transform::implicit::ImplicitArray;
 pub use tree::{
     tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten, DifferenceKind,
     KeyPath, NodeDef, NodeType, PathEntry, Registry, StaticValue, Tree, TreeDef, TreeDifference,
-    Value, MAX_TREE_DEPTH,
+    Value, ValueParts, MAX_TREE_DEPTH,
 };

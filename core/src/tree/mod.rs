@@ -49,7 +49,7 @@ pub use def::{intern_key, DifferenceKind, MapKey, NodeDef, TreeDef, TreeDifferen
 pub use depth::MAX_TREE_DEPTH;
 pub use path::{prefix_error, KeyPath, PathEntry};
 pub use static_value::{StaticBound, StaticValue};
-pub use value::{FlattenFn, NodeType, Registry, UnflattenFn, Value};
+pub use value::{FlattenFn, NodeType, Registry, UnflattenFn, Value, ValueParts};
 
 use crate::error::Result;
 use crate::handle::array::Array;

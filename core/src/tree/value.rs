@@ -18,10 +18,11 @@ use std::vec::IntoIter;
 /// Scripts can nest values arbitrarily deep, so dropping and cloning one
 /// recurse a few levels at most (a list nested ten thousand deep drops like
 /// a flat one), and `Debug` prints levels beyond [`MAX_TREE_DEPTH`] as `..`. Because
-/// `Value` implements `Drop`, take a payload out of a value by
-/// `std::mem::take` (the default value is [`Value::None`]) rather than by
-/// moving it out in a pattern. Flattening a value nested deeper than
-/// [`MAX_TREE_DEPTH`] is an `Err` naming the path.
+/// `Value` implements `Drop`, a pattern cannot move a payload out of it:
+/// take a value apart with [`Value::into_parts`] (or [`Value::into_list`],
+/// [`Value::into_map`]), or take one payload by `std::mem::take` (the
+/// default value is [`Value::None`]). Flattening a value nested deeper
+/// than [`MAX_TREE_DEPTH`] is an `Err` naming the path.
 ///
 /// ```
 /// use kiln::Value;
@@ -87,6 +88,118 @@ impl Value {
             Value::Map(_) => "map",
             Value::Object { class, .. } => class,
             Value::Opaque { type_name } => type_name,
+        }
+    }
+}
+
+/// A [`Value`] taken apart by value ([`Value::into_parts`]): the same
+/// variants, without `Value`'s `Drop`, so a `match` can move the payloads
+/// out. `Value::from` puts one back together.
+///
+/// ```
+/// use kiln::{Value, ValueParts};
+/// let rename = |v: Value| match v.into_parts() {
+///     ValueParts::Map(mut map) => {
+///         let w = map.remove("weight").unwrap_or_default();
+///         map.insert("w".into(), w);
+///         Value::Map(map)
+///     }
+///     other => Value::from(other),
+/// };
+/// let v = Value::Map([("weight".to_string(), Value::Int(3))].into());
+/// let Value::Map(map) = &rename(v) else { unreachable!() };
+/// assert_eq!(map["w"].type_name(), "int");
+/// assert_eq!(rename(Value::Int(1)).type_name(), "int");
+/// ```
+#[derive(Debug)]
+pub enum ValueParts {
+    /// [`Value::None`].
+    None,
+    /// [`Value::Bool`].
+    Bool(bool),
+    /// [`Value::Int`].
+    Int(i64),
+    /// [`Value::Float`].
+    Float(f64),
+    /// [`Value::Str`].
+    Str(String),
+    /// [`Value::Array`].
+    Array(Array),
+    /// [`Value::List`].
+    List(Vec<Value>),
+    /// [`Value::Tuple`].
+    Tuple(Vec<Value>),
+    /// [`Value::Map`].
+    Map(BTreeMap<String, Value>),
+    /// [`Value::Object`].
+    Object {
+        /// The class name.
+        class: Arc<str>,
+        /// The payload.
+        inner: Box<Value>,
+    },
+    /// [`Value::Opaque`].
+    Opaque {
+        /// Its type, for error messages.
+        type_name: String,
+    },
+}
+
+impl Value {
+    /// The value taken apart, its payload moved out (no copy of nested
+    /// values, which keep their own iterative drop).
+    pub fn into_parts(mut self) -> ValueParts {
+        match &mut self {
+            Value::None => ValueParts::None,
+            Value::Bool(b) => ValueParts::Bool(*b),
+            Value::Int(i) => ValueParts::Int(*i),
+            Value::Float(x) => ValueParts::Float(*x),
+            Value::Str(s) => ValueParts::Str(std::mem::take(s)),
+            Value::Array(a) => ValueParts::Array(a.clone()),
+            Value::List(items) => ValueParts::List(std::mem::take(items)),
+            Value::Tuple(items) => ValueParts::Tuple(std::mem::take(items)),
+            Value::Map(map) => ValueParts::Map(std::mem::take(map)),
+            Value::Object { class, inner } => ValueParts::Object {
+                class: class.clone(),
+                inner: std::mem::take(inner),
+            },
+            Value::Opaque { type_name } => ValueParts::Opaque {
+                type_name: std::mem::take(type_name),
+            },
+        }
+    }
+
+    /// The items of a list; any other value is given back as the `Err`.
+    pub fn into_list(self) -> std::result::Result<Vec<Value>, Value> {
+        match self.into_parts() {
+            ValueParts::List(items) => Ok(items),
+            other => Err(Value::from(other)),
+        }
+    }
+
+    /// The entries of a map; any other value is given back as the `Err`.
+    pub fn into_map(self) -> std::result::Result<BTreeMap<String, Value>, Value> {
+        match self.into_parts() {
+            ValueParts::Map(map) => Ok(map),
+            other => Err(Value::from(other)),
+        }
+    }
+}
+
+impl From<ValueParts> for Value {
+    fn from(parts: ValueParts) -> Value {
+        match parts {
+            ValueParts::None => Value::None,
+            ValueParts::Bool(b) => Value::Bool(b),
+            ValueParts::Int(i) => Value::Int(i),
+            ValueParts::Float(x) => Value::Float(x),
+            ValueParts::Str(s) => Value::Str(s),
+            ValueParts::Array(a) => Value::Array(a),
+            ValueParts::List(items) => Value::List(items),
+            ValueParts::Tuple(items) => Value::Tuple(items),
+            ValueParts::Map(map) => Value::Map(map),
+            ValueParts::Object { class, inner } => Value::Object { class, inner },
+            ValueParts::Opaque { type_name } => Value::Opaque { type_name },
         }
     }
 }
@@ -491,5 +604,64 @@ impl Registry {
     pub(super) fn lookup(&self, name: &str) -> Option<Arc<NodeType>> {
         let types = self.types.read().unwrap_or_else(PoisonError::into_inner);
         types.get(name).cloned()
+    }
+}
+
+#[cfg(test)]
+mod into_parts_tests {
+    use super::*;
+
+    #[test]
+    fn into_parts_and_back_is_the_same_value_for_every_variant() {
+        let values = [
+            Value::None,
+            Value::Bool(true),
+            Value::Int(-3),
+            Value::Float(0.5),
+            Value::Str("s".into()),
+            Value::List(vec![Value::Int(1)]),
+            Value::Tuple(vec![Value::None, Value::Int(2)]),
+            Value::Map([("k".to_string(), Value::Bool(false))].into()),
+            Value::Object {
+                class: "Linear".into(),
+                inner: Box::new(Value::Int(4)),
+            },
+            Value::Opaque {
+                type_name: "fn".into(),
+            },
+        ];
+        for v in values {
+            let before = format!("{v:?}");
+            assert_eq!(format!("{:?}", Value::from(v.into_parts())), before);
+        }
+    }
+
+    #[test]
+    fn into_list_and_into_map_give_other_values_back() {
+        let items = Value::List(vec![Value::Int(1), Value::Int(2)])
+            .into_list()
+            .unwrap();
+        assert_eq!(items.len(), 2);
+        let back = Value::Int(7).into_list().unwrap_err();
+        assert!(matches!(back, Value::Int(7)));
+        let map = Value::Map([("a".to_string(), Value::None)].into())
+            .into_map()
+            .unwrap();
+        assert!(map.contains_key("a"));
+        let back = Value::List(vec![]).into_map().unwrap_err();
+        assert_eq!(back.type_name(), "list");
+    }
+
+    #[test]
+    fn taking_apart_a_deeply_nested_value_drops_it_without_recursion() {
+        let mut deep = Value::Int(1);
+        for _ in 0..100_000 {
+            deep = Value::List(vec![deep]);
+        }
+        let mut items = deep.into_list().unwrap();
+        let inner = items.pop().unwrap();
+        drop(items);
+        assert_eq!(inner.type_name(), "list");
+        drop(inner);
     }
 }
