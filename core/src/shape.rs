@@ -331,8 +331,10 @@ impl Dim {
         }
     }
 
-    /// True when the two dims are provably equal (same constant or same
-    /// canonical expression).
+    /// True when the two dims are equal as written (same constant or same
+    /// canonical expression). Inside a trace, dims a guard made equal are
+    /// equal too: compare them with [`crate::symbolic::dims_equal`], which
+    /// knows the trace's guards.
     pub fn provably_eq(&self, other: &Dim) -> bool {
         self == other
     }
