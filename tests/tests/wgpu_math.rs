@@ -344,6 +344,52 @@ fn exp_log_and_pow_keep_their_bounds_at_the_ends_of_the_range() {
 }
 
 #[test]
+fn division_gives_the_cpus_correctly_rounded_quotients() {
+    // WGSL allows `/` 2.5 ulp; Kiln's kernels correct it to the CPU's
+    // quotient: every pair of special values, then a sweep of dividends
+    // over divisors that reach overflow, underflow and subnormal quotients.
+    let classes: Vec<f32> = SPECIAL
+        .iter()
+        .copied()
+        .chain([3.0, -7.0, 0.1, 1e30, 1e-30])
+        .collect();
+    let divisors = [
+        3.0,
+        -7.0,
+        0.1,
+        1.3,
+        1.000_000_1,
+        1e-38,
+        3e38,
+        1e-40,
+        f32::MIN_POSITIVE,
+    ];
+    let dividends = bit_pattern_sweep(sweep_stride().saturating_mul(16));
+    let pairs = classes
+        .iter()
+        .flat_map(|&x| classes.iter().map(move |&y| (x, y)))
+        .chain(
+            dividends
+                .iter()
+                .flat_map(|&x| divisors.iter().map(move |&y| (x, y))),
+        );
+    let (xs, ys): (Vec<f32>, Vec<f32>) = pairs.unzip();
+    let inputs = [HostData::F32(xs.clone()), HostData::F32(ys.clone())];
+    let Some(outputs) = cpu_and_wgpu(|a| vec![&a[0] / &a[1]], &inputs) else {
+        return;
+    };
+    let (err, at) = worst(DType::F32, &outputs);
+    assert!(
+        err == 0.0,
+        "{:e} / {:e}: wgpu {:e}, cpu {:e}: {err} ulp",
+        xs[at],
+        ys[at],
+        outputs.got[at],
+        outputs.want[at]
+    );
+}
+
+#[test]
 fn pow_gives_the_cpus_results_on_every_pair_of_special_values() {
     let classes: Vec<f32> = SPECIAL
         .iter()

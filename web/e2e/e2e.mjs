@@ -113,20 +113,22 @@ async function settled(body, timeout = 15000) {
 
 const text = (selector) => page.locator(selector).first().innerText();
 
-/// Marks the report on screen stale: a new report re-renders the outputs,
-/// so `NEW_OUTPUT` then matches only what the next run shows, never the
-/// same label left by the previous one.
+/// The request the report on screen answers (`#outputs[data-report]`).
+let staleReport = "";
+
+/// Notes the report on screen as stale, so that `newOutput()` matches only
+/// what the next run shows, never the same label left by the previous one.
 async function markReportStale() {
-  await page.evaluate(() => document.querySelector("#outputs")?.setAttribute("data-stale", ""));
+  staleReport = await page.evaluate(() => document.querySelector("#outputs")?.getAttribute("data-report") ?? "");
 }
 
-const NEW_OUTPUT = "#outputs:not([data-stale]) .output .label";
+const newOutput = () => `#outputs:not([data-report="${staleReport}"]) .output .label`;
 
 /// Runs example `id` and waits until its report shows output `label`.
 async function runExample(id, label) {
   await markReportStale();
   await page.click(`.example[data-id="${id}"]`);
-  await page.locator(NEW_OUTPUT, { hasText: label }).first().waitFor({ timeout: 30000 });
+  await page.locator(newOutput(), { hasText: label }).first().waitFor({ timeout: 30000 });
   await page.locator("#status", { hasText: "ready" }).waitFor({ timeout: 30000 });
 }
 
@@ -352,7 +354,7 @@ await check("a-script-error-shows-its-line-and-the-next-run-works", async () => 
   await eventually(marked, 2, "the error's line marked in the editor");
   await eventually(() => page.locator("#editor .cm-lintRange-error").count(), 1, "the error's column marked");
   await runScript("ones([2]) * 3.0");
-  await page.locator(NEW_OUTPUT, { hasText: "result" }).waitFor({ timeout: 30000 });
+  await page.locator(newOutput(), { hasText: "result" }).waitFor({ timeout: 30000 });
   await eventually(() => page.locator("#error").count(), 0, "error cleared");
   await eventually(() => page.locator("#editor .cm-error-line").count(), 0, "mark cleared");
   await eventually(() => text(".output pre"), "array([3., 3.], dtype=float32)", "result");
@@ -361,7 +363,7 @@ await check("a-script-error-shows-its-line-and-the-next-run-works", async () => 
 await check("a-share-link-round-trips", async () => {
   const script = 'show("shared", arange(3) * 2.0)';
   await runScript(script);
-  await page.locator(NEW_OUTPUT, { hasText: "shared" }).waitFor({ timeout: 30000 });
+  await page.locator(newOutput(), { hasText: "shared" }).waitFor({ timeout: 30000 });
   const link = await settled(async () => {
     const url = page.url();
     if (!url.includes("#s=")) throw new Error(`no program in the link ${url}`);
@@ -395,7 +397,7 @@ await check("an-exported-report-re-opens", async () => {
 
 await check("the-editor-runs-on-ctrl-enter-and-highlights-the-script", async () => {
   await runScript('show("typed", ones([2]) + 1.0)');
-  await page.locator(NEW_OUTPUT, { hasText: "typed" }).waitFor({ timeout: 30000 });
+  await page.locator(newOutput(), { hasText: "typed" }).waitFor({ timeout: 30000 });
   await eventually(() => page.locator("#editor .cm-content").count(), 1, "a CodeMirror editor");
   await settled(async () => {
     if ((await page.locator("#editor .cm-line span").count()) < 2) throw new Error("no highlighting");

@@ -131,12 +131,21 @@ fn df_mul_f32(a: Df32, b: vf32) -> Df32 {
 // a / b as the CPU rounds it (within a hair of half an ulp): WGSL allows
 // `/` 2.5 ulp, so the quotient is corrected once by its exact residual
 // a − q·b. Where that residual is not finite (b infinite, a quotient
-// overflowing to inf) the plain quotient is already exact.
+// overflowing to inf) the plain quotient is already exact, and where it is
+// zero q is the exact quotient (whose zero keeps its sign: −0 + 0 is +0).
+// The residual is exact only while two_prod's split halves and partial
+// products stay above the subnormal range (|q|, |b| ≥ 2^-102 and
+// |q·b| ≥ 2^-78); outside it, where a GPU may flush anyway, the plain
+// quotient stands.
 fn div_rounded(a: vf32, b: vf32) -> vf32 {
     let q = a / b;
     let p = two_prod(q, b);
-    let corrected = q + ((a - p.hi) - p.lo) / b;
-    return select(corrected, q, is_nan_f32(corrected));
+    let residual = (a - p.hi) - p.lo;
+    let corrected = q + residual / b;
+    let exact_residual = (abs(p.hi) >= vf32(3.3087225e-24))
+        & (min(abs(q), abs(b)) >= vf32(1.9721523e-31));
+    let keep = is_nan_f32(corrected) | (residual == vf32(0.0)) | !exact_residual;
+    return select(corrected, q, keep);
 }
 
 // ---- unary ----
@@ -403,7 +412,8 @@ fn relu_u32(x: vu32) -> vu32 { return x; }
 fn add_f32(a: vf32, b: vf32) -> vf32 { return a + b; }
 fn sub_f32(a: vf32, b: vf32) -> vf32 { return a - b; }
 fn mul_f32(a: vf32, b: vf32) -> vf32 { return a * b; }
-fn div_f32(a: vf32, b: vf32) -> vf32 { return a / b; }
+// Rounded as the CPU's division, not to WGSL's 2.5 ulp (see div_rounded).
+fn div_f32(a: vf32, b: vf32) -> vf32 { return div_rounded(a, b); }
 // IEEE 754-2019 maximum and minimum, as the reference's: NaN propagates and
 // +0 > -0 whatever the operand order (equal operands differ at most in the
 // sign of zero, which the AND or OR of their bits settles).

@@ -437,9 +437,12 @@ fn report_view(page: Page, report: RunReport) -> impl IntoView {
     let error = report.error.clone().map(|e| {
         view! { <div id="error" class="error">{e.to_string()}</div> }
     });
+    // Which request this report answers (the latest when it came): tests
+    // wait for a new one rather than read a view the last run left.
+    let request = page.latest.get_untracked().to_string();
     view! {
         {error}
-        <div id="outputs" class="view">
+        <div id="outputs" class="view" data-report=request>
             <h2>"Outputs"</h2>
             <p class="meta">
                 {format!(
