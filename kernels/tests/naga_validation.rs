@@ -215,9 +215,12 @@ fn reductions_argmax_and_matmuls_validate_for_every_dtype_they_support() {
                     MatmulVariant::Skinny,
                     MatmulVariant::Naive,
                 ] {
-                    let spec =
-                        matmul(variant, dtype, &[2, 3, 4], &[4, 5], &[2, 3, 5], target).unwrap();
-                    assert_valid("matmul", &spec);
+                    // n = 5 reads b by elements, n = 8 (and k = 4) a vec4 at a time.
+                    for n in [5, 8] {
+                        let spec = matmul(variant, dtype, &[2, 3, 4], &[4, n], &[2, 3, n], target)
+                            .unwrap();
+                        assert_valid("matmul", &spec);
+                    }
                 }
             }
         }
