@@ -21,7 +21,7 @@ const MATMUL_TILED: &str = include_str!("wgsl/matmul_tiled.wgsl");
 const MATMUL_SKINNY: &str = include_str!("wgsl/matmul_skinny.wgsl");
 const MATMUL_NAIVE: &str = include_str!("wgsl/matmul_naive.wgsl");
 
-/// True when [`reduce`] and [`matmul`] write f32 words for a result of
+/// True when [`reduce`], [`matmul`] and [`crate::scatter_add`] write f32 words for a result of
 /// `dtype` (f16 and bf16), to be packed by an elementwise cast.
 pub fn stores_f32(dtype: DType) -> bool {
     matches!(dtype, DType::F16 | DType::BF16)
@@ -29,7 +29,7 @@ pub fn stores_f32(dtype: DType) -> bool {
 
 /// The type reductions and products accumulate in: f32 for the floats,
 /// u32 for bool (0/1) and u8.
-fn accumulator(dtype: DType) -> &'static str {
+pub(crate) fn accumulator(dtype: DType) -> &'static str {
     match dtype {
         DType::Bool => "u32",
         other => value_type(other),
@@ -37,7 +37,7 @@ fn accumulator(dtype: DType) -> &'static str {
 }
 
 /// `store_value(v: T) -> u32` for an accumulator of `dtype`.
-fn store_accumulator(dtype: DType) -> &'static str {
+pub(crate) fn store_accumulator(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 | DType::I32 => {
             "fn store_value(v: T) -> u32 {\n    return bitcast<u32>(v);\n}\n"
