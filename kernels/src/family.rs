@@ -296,7 +296,7 @@ pub fn matmul(
     let vector = |shape: &[usize], width: usize| {
         let tiled = variant == MatmulVariant::Tiled;
         let nonempty = shape.iter().all(|&d| d > 0);
-        vec4_buffer(dtype, target).filter(|_| tiled && nonempty && width % 4 == 0)
+        vec4_buffer(dtype, target).filter(|_| tiled && nonempty && width.is_multiple_of(4))
     };
     let (a_vec, b_vec) = (vector(a_shape, k), vector(b_shape, n));
     let scalar = buffer_type(dtype, target);

@@ -491,7 +491,7 @@ fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
         // added into 8,192 rows at indices spread over the whole table.
         let f = compile(|(g, idx): (Array, Array)| g.scatter_add(&idx, 0, 8192))
             .with_backend(gpu.clone());
-        let idx: Vec<i32> = (0..2048).map(|i| (i * 7919 % 8192) as i32).collect();
+        let idx: Vec<i32> = (0..2048).map(|i| i * 7919 % 8192).collect();
         let idx = Array::from_vec(idx, &[2048]).expect("sized indices");
         let ms = device_ms(&gpu, &f, (ramp(&[2048, 64]), idx), 3);
         report.record("wgpu_scatter_add_8192x64_2048", ms, "ms");
