@@ -21,7 +21,7 @@ const MATMUL_TILED: &str = include_str!("wgsl/matmul_tiled.wgsl");
 const MATMUL_SKINNY: &str = include_str!("wgsl/matmul_skinny.wgsl");
 const MATMUL_NAIVE: &str = include_str!("wgsl/matmul_naive.wgsl");
 
-/// True when [`reduce`] and [`matmul`] write f32 words for a result of
+/// True when [`reduce`], [`matmul`] and [`crate::scatter_add`] write f32 words for a result of
 /// `dtype` (f16 and bf16), to be packed by an elementwise cast.
 pub fn stores_f32(dtype: DType) -> bool {
     matches!(dtype, DType::F16 | DType::BF16)
@@ -29,7 +29,7 @@ pub fn stores_f32(dtype: DType) -> bool {
 
 /// The type reductions and products accumulate in: f32 for the floats,
 /// u32 for bool (0/1) and u8.
-fn accumulator(dtype: DType) -> &'static str {
+pub(crate) fn accumulator(dtype: DType) -> &'static str {
     match dtype {
         DType::Bool => "u32",
         other => value_type(other),
@@ -37,7 +37,7 @@ fn accumulator(dtype: DType) -> &'static str {
 }
 
 /// `store_value(v: T) -> u32` for an accumulator of `dtype`.
-fn store_accumulator(dtype: DType) -> &'static str {
+pub(crate) fn store_accumulator(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 | DType::I32 => {
             "fn store_value(v: T) -> u32 {\n    return bitcast<u32>(v);\n}\n"
@@ -59,13 +59,54 @@ fn load_accumulated(name: &str, k: usize, dtype: DType, target: Target) -> Strin
 /// Prelude and bindings of `operands` operands of `dtype`; the output is
 /// words (f32 for f16 and bf16 results, see [`stores_f32`]).
 fn header(operands: usize, dtype: DType, target: Target) -> String {
-    let mut source = prelude(target);
     let bound: Vec<(usize, &str)> = (0..operands)
         .map(|k| (k, buffer_type(dtype, target)))
         .collect();
-    source.push_str(&bindings(&bound, "u32"));
+    header_bound(&bound, dtype, target)
+}
+
+/// [`header`] with each operand's buffer element type given.
+fn header_bound(bound: &[(usize, &str)], dtype: DType, target: Target) -> String {
+    let mut source = prelude(target);
+    source.push_str(&bindings(bound, "u32"));
     let _ = writeln!(source, "alias T = {};", accumulator(dtype));
     source
+}
+
+/// The buffer element type through which operands of `dtype` are read
+/// four elements at a time, where that is one aligned load: one-word
+/// dtypes as vec4 words, f16 on a native-f16 target as vec4<f16>.
+fn vec4_buffer(dtype: DType, target: Target) -> Option<&'static str> {
+    match dtype {
+        DType::F32 | DType::I32 | DType::U32 | DType::U8 => Some("vec4<u32>"),
+        DType::F16 if target.native_f16 => Some("vec4<f16>"),
+        _ => None,
+    }
+}
+
+/// `{name}(i, valid) -> vec4<T>`: elements `i..i+4` of operand `k`, of
+/// which the first `valid` exist and the rest read as zero. Through a
+/// `vec4_buffer` binding (`vector`, where `i` is a multiple of four and
+/// all four exist) it is one load; otherwise `valid` scalar loads by
+/// `scalar`.
+fn load_four(name: &str, scalar: &str, k: usize, dtype: DType, vector: bool) -> String {
+    if !vector {
+        return format!(
+            "fn {name}(i: u32, valid: u32) -> vec4<T> {{\n    var v = vec4<T>(zero());\n    \
+             for (var j = 0u; j < valid; j++) {{\n        v[j] = {scalar}(i + j);\n    }}\n    \
+             return v;\n}}\n"
+        );
+    }
+    let value = match dtype {
+        DType::F32 => "bitcast<vec4<f32>>(w)",
+        DType::I32 => "bitcast<vec4<i32>>(w)",
+        DType::F16 => "vec4<f32>(w)",
+        _ => "w",
+    };
+    format!(
+        "fn {name}(i: u32, valid: u32) -> vec4<T> {{\n    let w = in_{k}[i >> 2u];\n    \
+         return {value};\n}}\n"
+    )
 }
 
 fn workgroups_of(op: &str, n: usize) -> Result<u64, KernelError> {
@@ -188,7 +229,9 @@ pub fn argmax(
 /// Which matmul kernel computes a product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MatmulVariant {
-    /// 32×32 output blocks staged through workgroup memory.
+    /// 64×32 output blocks, 8×4 per invocation, staged through workgroup
+    /// memory as vec4s (read from the operands a vec4 at a time where the
+    /// inner and output widths are multiples of four).
     Tiled,
     /// One workgroup per output element splitting the inner dimension:
     /// for few outputs and a long inner dimension.
@@ -247,28 +290,52 @@ pub fn matmul(
             params.push(param("matmul", s * size)?);
         }
     }
-    let mut source = header(2, dtype, target);
+    // The tiled kernel reads a row four elements at a time: one vec4 load
+    // where rows (and so batch matrices) start at multiples of four. An
+    // empty operand keeps its word binding (a vec4 binding needs 16 bytes).
+    let vector = |shape: &[usize], width: usize| {
+        let tiled = variant == MatmulVariant::Tiled;
+        let nonempty = shape.iter().all(|&d| d > 0);
+        vec4_buffer(dtype, target).filter(|_| tiled && nonempty && width.is_multiple_of(4))
+    };
+    let (a_vec, b_vec) = (vector(a_shape, k), vector(b_shape, n));
+    let scalar = buffer_type(dtype, target);
+    let mut source = header_bound(
+        &[(0, a_vec.unwrap_or(scalar)), (1, b_vec.unwrap_or(scalar))],
+        dtype,
+        target,
+    );
     let zero = match dtype {
         d if d.is_float() => "0.0",
         DType::I32 => "0",
         _ => "0u",
     };
     let _ = writeln!(source, "fn zero() -> T {{\n    return {zero};\n}}");
-    source.push_str(&load_accumulated("load_a", 0, dtype, target));
-    source.push_str(&load_accumulated("load_b", 1, dtype, target));
     source.push_str(store_accumulator(dtype));
     source.push_str(MATMUL_COMMON);
     let outputs = batches * m * n;
     let workgroups = match variant {
         MatmulVariant::Tiled => {
+            for (name, k, vector) in [("a", 0, a_vec), ("b", 1, b_vec)] {
+                if vector.is_none() {
+                    source.push_str(&load_accumulated(&format!("load_{name}"), k, dtype, target));
+                }
+                let four = format!("load_{name}4");
+                let scalar = format!("load_{name}");
+                source.push_str(&load_four(&four, &scalar, k, dtype, vector.is_some()));
+            }
             source.push_str(MATMUL_TILED);
-            batches * m.div_ceil(32) * n.div_ceil(32)
+            batches * m.div_ceil(64) * n.div_ceil(32)
         }
         MatmulVariant::Skinny => {
+            source.push_str(&load_accumulated("load_a", 0, dtype, target));
+            source.push_str(&load_accumulated("load_b", 1, dtype, target));
             source.push_str(MATMUL_SKINNY);
             outputs
         }
         MatmulVariant::Naive => {
+            source.push_str(&load_accumulated("load_a", 0, dtype, target));
+            source.push_str(&load_accumulated("load_b", 1, dtype, target));
             source.push_str(MATMUL_NAIVE);
             outputs.div_ceil(256)
         }

@@ -146,8 +146,10 @@ fn scatter_add_validates_for_every_dtype_but_bool_and_reports_through_a_status_w
                 assert_valid("scatter_add", &spec);
                 assert!(spec.status);
                 assert_eq!(spec.bound, [0, 1]);
-                // [count, inner, index count, n]
-                assert_eq!(spec.params, [24, 3, 5, 4]);
+                // [workgroups, inner, index count, n]: a workgroup per
+                // eight rows of each of the two outer slices.
+                assert_eq!(spec.params, [2, 3, 5, 4]);
+                assert_eq!(spec.workgroups, 2);
             }
             assert!(scatter_add(dtype, DType::F32, 5, 0, &[4], target).is_err());
         }
@@ -215,9 +217,12 @@ fn reductions_argmax_and_matmuls_validate_for_every_dtype_they_support() {
                     MatmulVariant::Skinny,
                     MatmulVariant::Naive,
                 ] {
-                    let spec =
-                        matmul(variant, dtype, &[2, 3, 4], &[4, 5], &[2, 3, 5], target).unwrap();
-                    assert_valid("matmul", &spec);
+                    // n = 5 reads b by elements, n = 8 (and k = 4) a vec4 at a time.
+                    for n in [5, 8] {
+                        let spec = matmul(variant, dtype, &[2, 3, 4], &[4, n], &[2, 3, n], target)
+                            .unwrap();
+                        assert_valid("matmul", &spec);
+                    }
                 }
             }
         }

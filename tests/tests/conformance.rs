@@ -354,8 +354,13 @@ fn reduction_cases(cases: &mut Vec<Case>) {
 
 fn matmul_cases(cases: &mut Vec<Case>) {
     let product: Program = |a| vec![a[0].matmul(&a[1])];
-    let shapes: [(&str, &[usize], &[usize]); 6] = [
+    let shapes: [(&str, &[usize], &[usize]); 8] = [
         ("odd sizes", &[33, 65], &[65, 31]),
+        // Inner and output widths multiples of four (read a vec4 at a time
+        // by the tiled kernel), with rows, inner and columns beyond one
+        // tile and not multiples of it.
+        ("rows of four", &[70, 36], &[36, 40]),
+        ("broadcast batch, rows of four", &[2, 1, 9, 8], &[3, 8, 12]),
         ("small", &[5, 7], &[7, 3]),
         ("broadcast batch", &[2, 1, 4, 6], &[3, 6, 5]),
         ("skinny", &[1, 700], &[700, 3]),

@@ -263,6 +263,51 @@ fn transposition_gaps<B: Backend>(
         .collect()
 }
 
+/// A `scatter_add` into `[outer, n, inner]` along axis 1 of f32 updates
+/// at `indices` (negative ones counting from the end): sizes that cross
+/// the wgpu kernel's blocks of eight rows, 64 columns and 512-index chunks.
+fn scatter_problem() -> impl Strategy<Value = (usize, usize, usize, Vec<i32>)> {
+    (1usize..3, 1usize..20, 1usize..70).prop_flat_map(|(outer, n, inner)| {
+        let index = -(n as i32)..(n as i32);
+        let indices = prop::collection::vec(index, 0..1300);
+        (Just(outer), Just(n), Just(inner), indices)
+    })
+}
+
+/// The scatter_add of [`scatter_problem`] on `backend`, as f32 bits.
+fn scatter_bits<B: Backend>(
+    backend: B,
+    (outer, n, inner, indices): &(usize, usize, usize, Vec<i32>),
+) -> Vec<u32> {
+    let count = indices.len();
+    let updates: Vec<f32> = (0..outer * count * inner)
+        .map(|i| ((i * 7919) % 1000) as f32 / 7.0 - 70.0)
+        .collect();
+    let updates = Array::from_vec(updates, &[*outer, count, *inner]).expect("updates");
+    let idx = Array::from_vec(indices.clone(), &[count]).expect("indices");
+    let n = *n;
+    let f = compile(move |(g, i): (Array, Array)| g.scatter_add(&i, 1, n)).with_backend(backend);
+    let out = f
+        .call(&(updates, idx))
+        .expect("runs")
+        .to_vec::<f32>()
+        .expect("f32");
+    out.iter().map(|v| v.to_bits()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases(16)))]
+
+    /// Every output sums its updates in index order on wgpu as on the CPU
+    /// executor, so the f32 sums agree to the bit.
+    #[test]
+    fn scatter_add_on_wgpu_matches_the_cpu_executor_bit_for_bit(p in scatter_problem()) {
+        if let Some(gpu) = kiln_tests::gpu::backend() {
+            prop_assert_eq!(scatter_bits(gpu, &p), scatter_bits(CpuBackend, &p));
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(cases(64)))]
 

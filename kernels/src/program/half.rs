@@ -1,5 +1,5 @@
 //! f16 and bf16 results of kernels that accumulate in f32: reductions,
-//! matmuls and quantized ops write f32 words to scratch, and an
+//! matmuls, quantized ops and scatter_add write f32 words to scratch, and an
 //! elementwise cast packs them into the result's two-per-word layout.
 
 use super::loc::Loc;
@@ -12,7 +12,10 @@ use kiln::{DType, Op, Result};
 /// to be packed afterwards.
 fn packs_after(op: Option<&Op>, dtype: DType) -> bool {
     crate::family::stores_f32(dtype)
-        && matches!(op, Some(Op::Reduce { .. } | Op::Matmul | Op::Quant(_)))
+        && matches!(
+            op,
+            Some(Op::Reduce { .. } | Op::Matmul | Op::Quant(_) | Op::ScatterAdd { .. })
+        )
 }
 
 impl Lowering<'_> {

@@ -432,7 +432,7 @@ fn main() {
 /// The wgpu figures, on the default adapter; omitted (with a note on
 /// stderr) where there is none.
 fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
-    const NAMES: [&str; 10] = [
+    const NAMES: [&str; 11] = [
         "wgpu_block_device_bytes",
         "wgpu_mlp4_device_bytes",
         "wgpu_grad_mlp4_device_bytes",
@@ -441,6 +441,7 @@ fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
         "wgpu_elementwise_1op_4m",
         "wgpu_matmul_1024",
         "wgpu_matmul_1024_naive",
+        "wgpu_scatter_add_8192x64_2048",
         "wgpu_host_overhead_10op",
         "wgpu_rss_growth_10k_calls",
     ];
@@ -484,6 +485,16 @@ fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
             let ms = device_ms(&gpu, &f, (ramp(&[1024, 1024]), ramp(&[1024, 1024])), 3);
             report.record(name, 2.0 * 1024f64.powi(3) / (ms * 1e-3) / 1e9, "gflops");
         }
+    }
+    if selected("wgpu_scatter_add_8192x64_2048", names) {
+        // An embedding table's gradient: 2,048 update rows of 64 values
+        // added into 8,192 rows at indices spread over the whole table.
+        let f = compile(|(g, idx): (Array, Array)| g.scatter_add(&idx, 0, 8192))
+            .with_backend(gpu.clone());
+        let idx: Vec<i32> = (0..2048).map(|i| i * 7919 % 8192).collect();
+        let idx = Array::from_vec(idx, &[2048]).expect("sized indices");
+        let ms = device_ms(&gpu, &f, (ramp(&[2048, 64]), idx), 3);
+        report.record("wgpu_scatter_add_8192x64_2048", ms, "ms");
     }
     if selected("wgpu_host_overhead_10op", names) {
         report.record("wgpu_host_overhead_10op", host_overhead_10op(&gpu), "us");
