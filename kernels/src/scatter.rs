@@ -12,6 +12,9 @@ use kiln::DType;
 use std::fmt::Write;
 
 const SCATTER_ADD: &str = include_str!("wgsl/scatter_add.wgsl");
+/// Output rows per workgroup of `scatter_add`: each index read serves all
+/// of them. Defined here once; the kernel gets it as the constant `ROWS`.
+const ROWS: usize = 8;
 
 /// Adds contiguous updates into zeros of contiguous `out_shape` along
 /// `axis` at `index_count` contiguous indices (i32 or u32; negative i32
@@ -48,8 +51,6 @@ pub fn scatter_add(
         })?;
     param(OP, updates)?;
     param(OP, outer * n * inner)?;
-    // Output rows per workgroup, as `ROWS` in the kernel.
-    const ROWS: usize = 8;
     let workgroups = outer * n.div_ceil(ROWS);
     // The output words: f32 for f16 and bf16, which are packed afterwards.
     let word = if crate::stores_f32(dtype) {
@@ -67,6 +68,7 @@ pub fn scatter_add(
     ));
     source.push_str(&status_binding(4));
     let _ = writeln!(source, "alias T = {};", accumulator(dtype));
+    let _ = writeln!(source, "const ROWS: u32 = {ROWS}u;");
     source.push_str(&load_fn("load_0", "in_0", dtype, target, 1));
     source.push_str(&load_fn("load_out", "out", word, Target::default(), 1));
     source.push_str(&load_index(OP, dtype, index_dtype, "in_1")?);

@@ -80,7 +80,7 @@ function expectEqual(actual, expected, what) {
 /// Waits until `read()` gives `expected`: a view may update after the
 /// action that changed it (a worker reply, a redraw), so a check never reads
 /// once. Fails naming `what`, the expectation and the last value read.
-async function eventually(read, expected, what, timeout = 15000) {
+async function eventually(read, expected, what, timeout = 30000) {
   const deadline = Date.now() + timeout;
   for (;;) {
     let actual;
@@ -99,7 +99,7 @@ async function eventually(read, expected, what, timeout = 15000) {
 
 /// Retries `body` (reads and assertions, no actions) until it passes, for
 /// checks that are not one value: the last failure is the error.
-async function settled(body, timeout = 15000) {
+async function settled(body, timeout = 30000) {
   const deadline = Date.now() + timeout;
   for (;;) {
     try {
@@ -153,7 +153,7 @@ await check("loads-and-runs-the-first-example", async () => {
       const backend = await text("#backend");
       if (!backend.startsWith("backend: WebGPU (")) throw new Error(`backend: ${backend}`);
     });
-    await page.locator("#outputs > .meta", { hasText: "on WebGPU" }).waitFor({ timeout: 10000 });
+    await page.locator("#outputs > .meta", { hasText: "on WebGPU" }).waitFor({ timeout: 60000 });
   } else {
     await eventually(() => text("#backend"), "backend: CPU (no WebGPU)", "backend");
     await eventually(() => page.locator("#backend-choice option").count(), 1, "only the CPU offered");
@@ -174,8 +174,8 @@ await check("custom-node", async () => {
   // The latest entry's views are shown; clicking the other entry shows its.
   await eventually(() => page.locator(".cache li.entry.selected").getAttribute("data-entry"), "1", "shown entry");
   await page.locator('.cache li.entry[data-entry="0"]').click();
-  await page.locator(".shown-entry", { hasText: "entry 0" }).waitFor({ timeout: 10000 });
-  await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 10000 });
+  await page.locator(".shown-entry", { hasText: "entry 0" }).waitFor({ timeout: 60000 });
+  await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 60000 });
   await eventually(() => page.locator(".cache li.entry.selected").getAttribute("data-entry"), "0", "picked entry");
 });
 
@@ -212,7 +212,7 @@ await check("mlp", async () => {
   });
   // Selecting a slot selects the values it holds in every view, and
   // selecting a value selects its slot.
-  await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 10000 });
+  await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 60000 });
   const shared = await settled(async () => {
     const slot = await page.evaluate(() => {
       const held = {};
@@ -346,7 +346,7 @@ await check("a-script-error-shows-its-line-and-the-next-run-works", async () => 
     const error = await text("#error");
     if (!error.startsWith("line 2, column")) throw new Error(`error text: ${error}`);
   });
-  await page.locator("#editor .cm-error-line").waitFor({ timeout: 5000 });
+  await page.locator("#editor .cm-error-line").waitFor({ timeout: 30000 });
   const marked = () => page.evaluate(() => {
     const line = document.querySelector("#editor .cm-error-line");
     return [...document.querySelectorAll("#editor .cm-line")].indexOf(line) + 1;
@@ -390,8 +390,8 @@ await check("an-exported-report-re-opens", async () => {
   await download.saveAs(saved);
   await runExample("donation", "params");
   await page.setInputFiles("#import", saved);
-  await page.locator("#status", { hasText: "showing an imported report" }).waitFor({ timeout: 10000 });
-  await page.locator(".output .label", { hasText: "row sums" }).waitFor({ timeout: 10000 });
+  await page.locator("#status", { hasText: "showing an imported report" }).waitFor({ timeout: 60000 });
+  await page.locator(".output .label", { hasText: "row sums" }).waitFor({ timeout: 60000 });
   await eventually(() => text(".peak"), peak, "imported peak");
 });
 
@@ -426,14 +426,14 @@ await check("the-graph-draws-fused-groups-as-clusters-with-script-lines", async 
 await check("the-graph-toggles-to-the-traced-graph-and-back", async () => {
   const optimized = await page.locator(".graph g.box").count();
   await page.click("#graph-traced");
-  await page.locator('.graph svg[data-drawn="traced"]').waitFor({ timeout: 10000 });
+  await page.locator('.graph svg[data-drawn="traced"]').waitFor({ timeout: 60000 });
   await eventually(() => page.locator(".graph .cluster").count(), 0, "no clusters before the passes");
   await settled(async () => {
     const traced = await page.locator(".graph g.box").count();
     if (!(traced >= optimized)) throw new Error(`traced ${traced} < optimized ${optimized}`);
   });
   await page.click("#graph-optimized");
-  await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 10000 });
+  await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 60000 });
   await eventually(() => page.locator(".graph .cluster").count(), 1, "the fused group again");
 });
 
@@ -477,10 +477,10 @@ await check("a-2000-node-graph-is-laid-out-and-searchable", async () => {
 
 await check("an-endless-loop-is-stopped-and-the-page-responds", async () => {
   await runScript("loop { }");
-  await page.locator("#status", { hasText: "running" }).waitFor({ timeout: 10000 });
+  await page.locator("#status", { hasText: "running" }).waitFor({ timeout: 60000 });
   await page.waitForTimeout(500);
   await page.click("#stop");
-  await page.locator("#status", { hasText: "stopped" }).waitFor({ timeout: 5000 });
+  await page.locator("#status", { hasText: "stopped" }).waitFor({ timeout: 30000 });
   await runExample("donation", "params");
 });
 

@@ -13,13 +13,12 @@
 // The generated part above defines `load_0(i)` (the updates, as T),
 // `load_index(j)` (as i32), `load_out(i)` and `store_value(v)` (an output
 // word as T and back: f16 and bf16 results sum in f32 words, packed
-// afterwards) and `report_bad_input`.
+// afterwards), `report_bad_input` and `ROWS` (the output rows per
+// workgroup, from `scatter.rs`).
 //
 // params: [workgroups (outer · ⌈n / ROWS⌉), inner, index count, n]
 
 const WG: u32 = 64u;
-// Output rows per workgroup: each index read serves all of them.
-const ROWS: u32 = 8u;
 // Indices scanned between two barriers (lavapipe pays for every barrier),
 // CHUNK / 32 mask words per row.
 const CHUNK: u32 = 512u;
