@@ -132,17 +132,29 @@ async function runExample(id, label) {
   await page.locator("#status", { hasText: "ready" }).waitFor({ timeout: 30000 });
 }
 
-/// Replaces the editor's script (as typing does) and runs it with Ctrl+Enter.
-async function runScript(script) {
-  await markReportStale();
+/// Replaces the editor's script, as typing does (a pause in typing may run it).
+async function typeScript(script) {
   await page.evaluate((text) => {
     const view = window.kilnEditor.view;
     view.dispatch({ changes: { from: 0, to: view.state.doc.length, insert: text } });
   }, script);
+}
+
+/// Replaces the editor's script (as typing does) and runs it with Ctrl+Enter.
+async function runScript(script) {
+  await markReportStale();
+  await typeScript(script);
   await page.press("#editor .cm-content", "Control+Enter");
 }
 
+const shownReport = () => page.evaluate(() => document.querySelector("#outputs")?.getAttribute("data-report") ?? "");
+
+/// The page's wait before a run after a pause in typing (`RUN_AFTER_MS`),
+/// with a margin: what has not happened by then does not happen.
+const PAST_THE_PAUSE_MS = 1500;
+
 const editorText = (p) => p.evaluate(() => window.kilnEditor.text());
+
 
 await check("loads-and-runs-the-first-example", async () => {
   await page.goto(url);
@@ -378,8 +390,53 @@ await check("a-share-link-round-trips", async () => {
   await fresh.close();
 });
 
+await check("a-damaged-share-link-names-the-problem-and-the-page-runs", async () => {
+  const fresh = await context.newPage();
+  // Base64 of "not deflate": decodes, does not inflate.
+  await fresh.goto(`${url.replace(/#.*$/, "")}#s=bm90IGRlZmxhdGU`);
+  await fresh.locator("#notice", { hasText: "the link's program cannot be read" }).waitFor({ timeout: 60000 });
+  await settled(async () => {
+    const notice = await fresh.locator("#notice").innerText();
+    if (!notice.includes("does not inflate") || !notice.includes("showing the first example instead")) {
+      throw new Error(`notice: ${notice}`);
+    }
+  });
+  // The first example is shown and runs; the page takes the next script.
+  await fresh.locator(".output .label", { hasText: "tanh (a miss: act differs)" }).waitFor({ timeout: 60000 });
+  await fresh.evaluate(() => {
+    const view = window.kilnEditor.view;
+    view.dispatch({ changes: { from: 0, to: view.state.doc.length, insert: 'show("after a bad link", ones([2]))' } });
+  });
+  await fresh.press("#editor .cm-content", "Control+Enter");
+  await fresh.locator(".output .label", { hasText: "after a bad link" }).waitFor({ timeout: 30000 });
+  await eventually(() => fresh.locator("#notice").count(), 0, "the notice cleared by the run");
+  await fresh.close();
+});
+
+await check("a-file-that-is-not-a-report-leaves-the-page-usable", async () => {
+  const notReport = { name: "notes.json", mimeType: "application/json", buffer: Buffer.from("hello") };
+  const openBadFile = async () => {
+    await page.setInputFiles("#import", notReport);
+    await page.locator("#notice", { hasText: "not an exported Kiln report" }).waitFor({ timeout: 10000 });
+  };
+  // Typing and Ctrl+Enter.
+  await openBadFile();
+  await runScript('show("after a bad file", ones([2]))');
+  await page.locator(newOutput(), { hasText: "after a bad file" }).waitFor({ timeout: 30000 });
+  await eventually(() => page.locator("#notice").count(), 0, "the notice cleared by the run");
+  // The Run button.
+  await openBadFile();
+  await markReportStale();
+  await page.click("#run");
+  await page.locator(newOutput(), { hasText: "after a bad file" }).waitFor({ timeout: 30000 });
+  // The examples.
+  await openBadFile();
+  await runExample("donation", "params");
+});
+
 await check("an-exported-report-re-opens", async () => {
   await runExample("mlp", "row sums");
+  const script = await editorText(page);
   const peak = await settled(async () => {
     const shown = await text(".peak");
     if (!shown.startsWith("peak ")) throw new Error(`peak: ${shown}`);
@@ -393,6 +450,53 @@ await check("an-exported-report-re-opens", async () => {
   await page.locator("#status", { hasText: "showing an imported report" }).waitFor({ timeout: 10000 });
   await page.locator(".output .label", { hasText: "row sums" }).waitFor({ timeout: 10000 });
   await eventually(() => text(".peak"), peak, "imported peak");
+  await eventually(() => editorText(page), script, "the imported report's script in the editor");
+});
+
+await check("ctrl-enter-runs-the-script-once", async () => {
+  // A function of its own: the session's caches outlive runs.
+  const own = Date.now() % 100000;
+  await runScript(`let f = compile(|x| x + ${own}.0);\nlet y = ones([2]);\nfor i in 0..20 { y = f.run(y); }\nshow("twenty calls", y)`);
+  await page.locator(newOutput(), { hasText: "twenty calls" }).waitFor({ timeout: 30000 });
+  await eventually(() => text(".cache .summary"), "1 entries, 19 hits, 1 misses", "cache after the run");
+  const shown = await shownReport();
+  await page.waitForTimeout(PAST_THE_PAUSE_MS);
+  expectEqual(await shownReport(), shown, "no second run after the pause");
+  expectEqual(await text(".cache .summary"), "1 entries, 19 hits, 1 misses", "cache after the pause");
+});
+
+await check("a-pause-in-typing-runs-holds-back-errors-and-can-be-switched-off", async () => {
+  await eventually(() => page.locator("#auto-run").isChecked(), true, "runs after a pause, by default");
+  await markReportStale();
+  await typeScript('show("typed, then a pause", ones([3]))');
+  await page.locator(newOutput(), { hasText: "typed, then a pause" }).waitFor({ timeout: 30000 });
+  // Half-typed syntax: the automatic run's error is held back.
+  const shown = await shownReport();
+  await typeScript('show("half typed", ones([3]');
+  await page.locator("#held", { hasText: "the edited script fails at line 1" }).waitFor({ timeout: 30000 });
+  expectEqual(await page.locator("#error").count(), 0, "no error shown");
+  expectEqual(await page.locator("#editor .cm-error-line").count(), 0, "no error marked");
+  expectEqual(await shownReport(), shown, "the last good run still shown");
+  // An explicit run shows it.
+  await page.press("#editor .cm-content", "Control+Enter");
+  await page.locator("#error", { hasText: "syntax error" }).waitFor({ timeout: 30000 });
+  await eventually(() => page.locator("#held").count(), 0, "the held note gone");
+  // Switched off, and remembered across a reload.
+  await page.uncheck("#auto-run");
+  await runScript('show("before the reload", ones([1]))');
+  await page.locator(newOutput(), { hasText: "before the reload" }).waitFor({ timeout: 30000 });
+  await page.reload();
+  await page.locator(".output .label", { hasText: "before the reload" }).waitFor({ timeout: 60000 });
+  await page.locator("#status", { hasText: "ready" }).waitFor({ timeout: 30000 });
+  await eventually(() => page.locator("#auto-run").isChecked(), false, "off after a reload");
+  await markReportStale();
+  await typeScript('show("run by hand", ones([1]))');
+  await page.waitForTimeout(PAST_THE_PAUSE_MS);
+  expectEqual(await page.locator(newOutput()).count(), 0, "no run after the pause");
+  await page.press("#editor .cm-content", "Control+Enter");
+  await page.locator(newOutput(), { hasText: "run by hand" }).waitFor({ timeout: 30000 });
+  await page.check("#auto-run");
+  await eventually(() => page.evaluate(() => localStorage.getItem("kiln.autoRun")), "on", "remembered on");
 });
 
 await check("the-editor-runs-on-ctrl-enter-and-highlights-the-script", async () => {
@@ -480,7 +584,11 @@ await check("an-endless-loop-is-stopped-and-the-page-responds", async () => {
   await page.locator("#status", { hasText: "running" }).waitFor({ timeout: 10000 });
   await page.waitForTimeout(500);
   await page.click("#stop");
-  await page.locator("#status", { hasText: "stopped" }).waitFor({ timeout: 5000 });
+  const stopped = Date.now();
+  await page.locator("#status", { hasText: "stopped" }).waitFor({ timeout: 2000 });
+  await runScript('show("after stop", ones([1]))');
+  await page.locator(newOutput(), { hasText: "after stop" }).waitFor({ timeout: 2000 });
+  console.log(`     the next script ran ${Date.now() - stopped} ms after Stop`);
   await runExample("donation", "params");
 });
 

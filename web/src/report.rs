@@ -12,6 +12,10 @@ use serde::{Deserialize, Serialize};
 /// The result of one run of a script.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunReport {
+    /// The script that ran: an exported report opens it in the editor.
+    /// Reports exported before it was kept have none.
+    #[serde(default)]
+    pub script: String,
     /// Values the script showed with `show(label, value)`, then its final
     /// value (labelled `result`) when it has one.
     pub outputs: Vec<Output>,

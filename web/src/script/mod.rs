@@ -503,6 +503,7 @@ impl Session {
             .borrow_mut()
             .retain(|_, f| f.last_run.get() + KEEP_UNUSED_RUNS > run);
         RunReport {
+            script: shared.source.borrow().to_string(),
             outputs,
             log: shared.log.take(),
             functions,
