@@ -337,6 +337,34 @@ if (mode === "webgpu") {
   });
 }
 
+await check("errors-are-in-script-terms", async () => {
+  const expectError = async (script, parts) => {
+    await runScript(script);
+    await page.locator(`#outputs:not([data-report="${staleReport}"])`).waitFor({ timeout: 30000 });
+    await settled(async () => {
+      const error = await text("#error");
+      for (const part of parts) {
+        if (!error.includes(part)) throw new Error(`error ${JSON.stringify(error)} lacks ${JSON.stringify(part)}`);
+      }
+      for (const word of ["anon$", "Limits", "vjp", "Function not found"]) {
+        if (error.includes(word)) throw new Error(`error ${JSON.stringify(error)} says ${word}`);
+      }
+    });
+  };
+  await expectError("let a = ones([2]);\nlet g = |x, y| x + y;\ng.call(a)",
+    ["line 3", "the closure at line 2 (`|x, y|`) takes 2 arguments, but was called with 1 (ndarray)"]);
+  await expectError("let h = ones([2, 3]);\nh.sum(1, true)",
+    ["line 2", "no `sum` takes (ndarray, i64, bool); did you mean x.sum(), x.sum(i64), x.sum(list) or x.sum(list, bool)?"]);
+  await expectError("zeros([8192, 8192])", ["needs 256 MiB, above the playground's limit of 64 MiB per array"]);
+  await expectError("let g = grad(|x| x * 2.0);\ng.run(ones([3]))", ["scalar float loss", "`.sum()`"]);
+  // NumPy's dtype names, as arrays print them, are accepted.
+  await runScript('show("float32", ones([2]).cast("float32"));\nshow("int32", arange(3).cast("int32"))');
+  await eventually(() => page.locator(newOutput(), { hasText: "int32" }).locator("xpath=..").locator("pre").innerText(),
+    "array([0, 1, 2], dtype=int32)", "cast to int32");
+  await eventually(() => page.locator(newOutput(), { hasText: "float32" }).locator("xpath=..").locator("pre").innerText(),
+    "array([1., 1.], dtype=float32)", "cast to float32");
+});
+
 await check("what-if-compares-the-variants", async () => {
   await runExample("donation", "params");
   await page.click("#compare");
