@@ -155,6 +155,29 @@ const PAST_THE_PAUSE_MS = 1500;
 
 const editorText = (p) => p.evaluate(() => window.kilnEditor.text());
 
+/// The numbers an output prints, `nan` and `inf` included, as strings.
+const numbers = (printed) => printed.replace(/dtype=\w+/, "").match(/nan|-?inf|-?\d+(\.\d*)?(e[-+]?\d+)?/g);
+
+/// A verification with a difference names the shown value and the element.
+async function expectNamedDifference(verdict, largest) {
+  if (largest === 0) return;
+  const labels = await page.locator("#outputs .output .label").allInnerTexts();
+  const m = verdict.match(/, at "(.+)" \[[\d, ]*\]: \S+ on WebGPU, \S+ on the CPU$/);
+  if (!m || !labels.some((l) => m[1].startsWith(l))) {
+    throw new Error(`the difference is not placed in a shown value (${labels}): ${verdict}`);
+  }
+}
+
+/// log at and below zero, pow's special cases (IEEE's `pow`) and sin of
+/// large arguments.
+const SPECIAL_VALUES = `show("log", array([-1.0, 0.0, 1.0, 4.0]).log());
+let z = zeros([1]);
+let inf = ones([1]) / z;
+let nan = z / z;
+let base = concat([array([0.0, 0.0, -2.0, -2.0, -8.0, 1.0, 2.0, -1.0, 0.5]), inf, nan, ones([1])], 0);
+let exponent = concat([array([0.0, -1.0, 3.0, 0.5, 0.3333333, 1e30, -200.0, 1e30, -1e30]), z, z, nan], 0);
+show("pow", base.pow(exponent));
+show("sin", array([1e10, -1e10, 3e7, 1e30]).sin());`;
 
 await check("loads-and-runs-the-first-example", async () => {
   await page.goto(url);
@@ -320,12 +343,31 @@ if (mode === "webgpu") {
       await page.locator("#verification", { hasText: "verify on WebGPU" }).waitFor({ timeout: 60000 });
       await settled(async () => {
         const verdict = await text("#verification");
-        const m = verdict.match(/largest difference to the CPU \S+ \(relative (\S+)\) over (\d+) values/);
+        const m = verdict.match(/largest difference to the CPU (\S+) \(relative (\S+)\) over (\d+) values/);
         if (!m) throw new Error(`verification: ${verdict}`);
-        if (!(Number(m[1]) < 1e-4) || !(Number(m[2]) > 0)) throw new Error(`verification: ${verdict}`);
+        if (!(Number(m[2]) < 1e-4) || !(Number(m[3]) > 0)) throw new Error(`verification: ${verdict}`);
+        await expectNamedDifference(verdict, Number(m[1]));
       });
     });
   }
+
+  await check("webgpu-special-values-match-the-cpu", async () => {
+    // The WGSL math is the CPU's own: log at and below zero, pow's special
+    // cases and sin of a large argument give the CPU's values.
+    await runScript(SPECIAL_VALUES);
+    await page.locator(newOutput(), { hasText: "sin" }).waitFor({ timeout: 30000 });
+    await page.locator("#outputs > .meta", { hasText: "on WebGPU" }).waitFor({ timeout: 10000 });
+    await page.click("#verify");
+    await page.locator("#verification", { hasText: "verify on WebGPU" }).waitFor({ timeout: 60000 });
+    await settled(async () => {
+      const verdict = await text("#verification");
+      const m = verdict.match(/largest difference to the CPU (\S+) \(relative (\S+)\) over (\d+) values/);
+      if (!m) throw new Error(`verification: ${verdict}`);
+      expectEqual(Number(m[3]), 4 + 12 + 4, `values compared in ${verdict}`);
+      if (!(Number(m[2]) <= 1e-6)) throw new Error(`WebGPU differs from the CPU: ${verdict}`);
+      await expectNamedDifference(verdict, Number(m[1]));
+    });
+  });
 
   await check("the-backend-switches-to-the-cpu-and-back", async () => {
     await page.selectOption("#backend-choice", "cpu");
@@ -336,6 +378,16 @@ if (mode === "webgpu") {
     await page.locator("#outputs > .meta", { hasText: "on WebGPU" }).waitFor({ timeout: 30000 });
   });
 }
+
+await check("log-of-special-values", async () => {
+  await runScript(SPECIAL_VALUES);
+  await settled(async () => {
+    const log = await page.locator(newOutput(), { hasText: "log" }).locator("xpath=..").locator("pre").innerText();
+    const values = numbers(log);
+    expectEqual(values.slice(0, 3).join(" "), "nan -inf 0", `log of -1, 0, 1 in ${log}`);
+    if (Math.abs(Number(values[3]) - Math.log(4)) > 1e-6) throw new Error(`log of 4 in ${log}`);
+  });
+});
 
 await check("errors-are-in-script-terms", async () => {
   const expectError = async (script, parts) => {

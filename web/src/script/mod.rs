@@ -422,13 +422,24 @@ impl Session {
             .collect()
     }
 
-    /// The arrays of the last run's shown values, in order, flattened.
-    fn shown_arrays(&self) -> Vec<kiln::Array> {
-        let mut arrays = Vec::new();
+    /// The arrays of the last run's shown values, in order, flattened,
+    /// each with its value's label (and its place, where a value holds
+    /// several).
+    fn shown_arrays(&self) -> Vec<(String, kiln::Array)> {
+        let mut labelled = Vec::new();
         for shown in self.shared.shown.borrow().iter() {
+            let mut arrays = Vec::new();
             arrays_in(&shown.value, &mut arrays);
+            let several = arrays.len() > 1;
+            labelled.extend(arrays.into_iter().enumerate().map(|(k, a)| {
+                let label = match several {
+                    true => format!("{} (array {})", shown.label, k + 1),
+                    false => shown.label.clone(),
+                };
+                (label, a)
+            }));
         }
-        arrays
+        labelled
     }
 
     /// Runs the script itself; shown values are kept unrendered.

@@ -422,6 +422,7 @@ fn verify_on_the_cpu_compares_every_shown_element_and_finds_no_difference() {
             compared: 8,
             max_abs_diff: 0.0,
             max_rel_diff: 0.0,
+            largest: None,
             error: None,
         }
     );
@@ -429,14 +430,15 @@ fn verify_on_the_cpu_compares_every_shown_element_and_finds_no_difference() {
 
 #[test]
 fn verification_reports_the_largest_difference_and_mismatched_shapes() {
+    let shown = |a: kiln::Array| ("y".to_string(), a);
     let a = kiln::Array::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
     let b = kiln::Array::from_vec(vec![1.5f32, 4.0], &[2]).unwrap();
-    let v = Verification::compare("gpu".to_string(), std::slice::from_ref(&a), &[b]);
+    let v = Verification::compare("gpu".to_string(), &[shown(a.clone())], &[shown(b)]);
     assert_eq!((v.compared, v.max_abs_diff, v.error), (2, 2.0, None));
     // |2 - 4| / 4 beats |1 - 1.5| / 1.
     assert_eq!(v.max_rel_diff, 0.5);
     let c = kiln::Array::from_vec(vec![1.0f32], &[1]).unwrap();
-    let v = Verification::compare("gpu".to_string(), &[a], &[c]);
+    let v = Verification::compare("gpu".to_string(), &[shown(a)], &[shown(c)]);
     assert!(v
         .error
         .unwrap()
@@ -533,4 +535,35 @@ fn cast_takes_the_dtype_names_arrays_print() {
     );
     assert_eq!(text(&report, "f16"), "array([1., 1.], dtype=float16)");
     assert_eq!(text(&report, "i32"), "array([0], dtype=int32)");
+}
+
+#[test]
+fn verification_names_the_shown_value_and_the_index_of_the_largest_difference() {
+    let shown = |label: &str, values: Vec<f32>, dims: &[usize]| {
+        (
+            label.to_string(),
+            kiln::Array::from_vec(values, dims).unwrap(),
+        )
+    };
+    let device = [
+        shown("x", vec![1.0, 2.0], &[2]),
+        shown("log", vec![0.0, 1.0, 2.0, 0.0, 5.0, 0.0], &[2, 3]),
+    ];
+    let cpu = [
+        shown("x", vec![1.0, 2.0], &[2]),
+        shown("log", vec![0.0, 1.0, 2.0, 0.0, 5.0, f32::NAN], &[2, 3]),
+    ];
+    let v = Verification::compare("gpu".to_string(), &device, &cpu);
+    let largest = v.largest.unwrap();
+    assert_eq!((largest.label.as_str(), largest.index), ("log", vec![1, 2]));
+    assert_eq!(largest.device, 0.0);
+    assert!(largest.cpu.is_nan());
+}
+
+#[test]
+fn verify_labels_each_array_of_a_shown_list_by_its_place() {
+    let mut s = Session::new();
+    s.run("show(\"pair\", [ones([1]), zeros([1])]); show(\"one\", ones([2]))");
+    let labels: Vec<String> = s.shown_arrays().into_iter().map(|(l, _)| l).collect();
+    assert_eq!(labels, ["pair (array 1)", "pair (array 2)", "one"]);
 }
