@@ -156,7 +156,8 @@ const PAST_THE_PAUSE_MS = 1500;
 const editorText = (p) => p.evaluate(() => window.kilnEditor.text());
 
 /// The numbers an output prints, `nan` and `inf` included, as strings.
-const numbers = (printed) => printed.replace(/dtype=\w+/, "").match(/nan|-?inf|-?\d+(\.\d*)?(e[-+]?\d+)?/g);
+const numbers = (printed) => printed.replace(/dtype=\w+/, "").match(/nan|-?inf|-?\d+(\.\d*)?(e[-+]?\d+)?/g)
+  .map((n) => (/nan|inf/.test(n) ? n : String(Number(n))));
 
 /// A verification with a difference names the shown value and the element.
 async function expectNamedDifference(verdict, largest) {
@@ -366,7 +367,8 @@ if (mode === "webgpu") {
       expectEqual(Number(m[3]), 4 + 12 + 4, `values compared in ${verdict}`);
       if (!(Number(m[2]) <= 1e-6)) throw new Error(`WebGPU differs from the CPU: ${verdict}`);
       await expectNamedDifference(verdict, Number(m[1]));
-    });
+      return verdict;
+    }).then((verdict) => console.log(`     ${verdict}`));
   });
 
   await check("the-backend-switches-to-the-cpu-and-back", async () => {
