@@ -495,6 +495,26 @@ await check("a-damaged-share-link-names-the-problem-and-the-page-runs", async ()
   await fresh.close();
 });
 
+await check("a-crashed-worker-is-replaced-with-a-notice", async () => {
+  const fresh = await context.newPage();
+  // The first worker dies as it starts; the one that replaces it is real.
+  let crashes = 1;
+  await fresh.route("**/worker.js", (route) => (crashes-- > 0
+    ? route.fulfill({ contentType: "text/javascript", body: 'throw new Error("e2e: the worker crashes");' })
+    : route.continue()));
+  await fresh.goto(url);
+  await fresh.locator("#notice", { hasText: "the worker running scripts crashed" }).waitFor({ timeout: 60000 });
+  await fresh.locator("#backend", { hasText: "backend: " + (mode === "webgpu" ? "WebGPU" : "CPU") }).waitFor({ timeout: 60000 });
+  await fresh.evaluate(() => {
+    const view = window.kilnEditor.view;
+    view.dispatch({ changes: { from: 0, to: view.state.doc.length, insert: 'show("after a crash", ones([2]))' } });
+  });
+  await fresh.press("#editor .cm-content", "Control+Enter");
+  await fresh.locator(".output .label", { hasText: "after a crash" }).waitFor({ timeout: 30000 });
+  await eventually(() => fresh.locator("#notice").count(), 0, "the notice cleared by the run");
+  await fresh.close();
+});
+
 await check("a-file-that-is-not-a-report-leaves-the-page-usable", async () => {
   const notReport = { name: "notes.json", mimeType: "application/json", buffer: Buffer.from("hello") };
   const openBadFile = async () => {

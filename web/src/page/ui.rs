@@ -313,6 +313,7 @@ impl Page {
         // Answers of the old worker, were any still in flight, are stale.
         self.latest.update(|id| *id += 1);
         self.held.set(None);
+        self.backend.set(None);
         self.spawn_worker();
         self.status.set(Status::Stopped);
     }
