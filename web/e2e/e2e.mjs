@@ -132,17 +132,53 @@ async function runExample(id, label) {
   await page.locator("#status", { hasText: "ready" }).waitFor({ timeout: 30000 });
 }
 
-/// Replaces the editor's script (as typing does) and runs it with Ctrl+Enter.
-async function runScript(script) {
-  await markReportStale();
+/// Replaces the editor's script, as typing does (a pause in typing may run it).
+async function typeScript(script) {
   await page.evaluate((text) => {
     const view = window.kilnEditor.view;
     view.dispatch({ changes: { from: 0, to: view.state.doc.length, insert: text } });
   }, script);
+}
+
+/// Replaces the editor's script (as typing does) and runs it with Ctrl+Enter.
+async function runScript(script) {
+  await markReportStale();
+  await typeScript(script);
   await page.press("#editor .cm-content", "Control+Enter");
 }
 
+const shownReport = () => page.evaluate(() => document.querySelector("#outputs")?.getAttribute("data-report") ?? "");
+
+/// The page's wait before a run after a pause in typing (`RUN_AFTER_MS`),
+/// with a margin: what has not happened by then does not happen.
+const PAST_THE_PAUSE_MS = 1500;
+
 const editorText = (p) => p.evaluate(() => window.kilnEditor.text());
+
+/// The numbers an output prints, `nan` and `inf` included, as strings.
+const numbers = (printed) => printed.replace(/dtype=\w+/, "").match(/nan|-?inf|-?\d+(\.\d*)?(e[-+]?\d+)?/g)
+  .map((n) => (/nan|inf/.test(n) ? n : String(Number(n))));
+
+/// A verification with a difference names the shown value and the element.
+async function expectNamedDifference(verdict, largest) {
+  if (largest === 0) return;
+  const labels = await page.locator("#outputs .output .label").allInnerTexts();
+  const m = verdict.match(/, at "(.+)" \[[\d, ]*\]: \S+ on WebGPU, \S+ on the CPU$/);
+  if (!m || !labels.some((l) => m[1].startsWith(l))) {
+    throw new Error(`the difference is not placed in a shown value (${labels}): ${verdict}`);
+  }
+}
+
+/// log at and below zero, pow's special cases (IEEE's `pow`) and sin of
+/// large arguments.
+const SPECIAL_VALUES = `show("log", array([-1.0, 0.0, 1.0, 4.0]).log());
+let z = zeros([1]);
+let inf = ones([1]) / z;
+let nan = z / z;
+let base = concat([array([0.0, 0.0, -2.0, -2.0, -8.0, 1.0, 2.0, -1.0, 0.5]), inf, nan, ones([1])], 0);
+let exponent = concat([array([0.0, -1.0, 3.0, 0.5, 0.3333333, 1e30, -200.0, 1e30, -1e30]), z, z, nan], 0);
+show("pow", base.pow(exponent));
+show("sin", array([1e10, -1e10, 3e7, 1e30]).sin());`;
 
 await check("loads-and-runs-the-first-example", async () => {
   await page.goto(url);
@@ -308,12 +344,32 @@ if (mode === "webgpu") {
       await page.locator("#verification", { hasText: "verify on WebGPU" }).waitFor({ timeout: 60000 });
       await settled(async () => {
         const verdict = await text("#verification");
-        const m = verdict.match(/largest difference to the CPU \S+ \(relative (\S+)\) over (\d+) values/);
+        const m = verdict.match(/largest difference to the CPU (\S+) \(relative (\S+)\) over (\d+) values/);
         if (!m) throw new Error(`verification: ${verdict}`);
-        if (!(Number(m[1]) < 1e-4) || !(Number(m[2]) > 0)) throw new Error(`verification: ${verdict}`);
+        if (!(Number(m[2]) < 1e-4) || !(Number(m[3]) > 0)) throw new Error(`verification: ${verdict}`);
+        await expectNamedDifference(verdict, Number(m[1]));
       });
     });
   }
+
+  await check("webgpu-special-values-match-the-cpu", async () => {
+    // The WGSL math is the CPU's own: log at and below zero, pow's special
+    // cases and sin of a large argument give the CPU's values.
+    await runScript(SPECIAL_VALUES);
+    await page.locator(newOutput(), { hasText: "sin" }).waitFor({ timeout: 30000 });
+    await page.locator("#outputs > .meta", { hasText: "on WebGPU" }).waitFor({ timeout: 10000 });
+    await page.click("#verify");
+    await page.locator("#verification", { hasText: "verify on WebGPU" }).waitFor({ timeout: 60000 });
+    await settled(async () => {
+      const verdict = await text("#verification");
+      const m = verdict.match(/largest difference to the CPU (\S+) \(relative (\S+)\) over (\d+) values/);
+      if (!m) throw new Error(`verification: ${verdict}`);
+      expectEqual(Number(m[3]), 4 + 12 + 4, `values compared in ${verdict}`);
+      if (!(Number(m[2]) <= 1e-6)) throw new Error(`WebGPU differs from the CPU: ${verdict}`);
+      await expectNamedDifference(verdict, Number(m[1]));
+      return verdict;
+    }).then((verdict) => console.log(`     ${verdict}`));
+  });
 
   await check("the-backend-switches-to-the-cpu-and-back", async () => {
     await page.selectOption("#backend-choice", "cpu");
@@ -324,6 +380,44 @@ if (mode === "webgpu") {
     await page.locator("#outputs > .meta", { hasText: "on WebGPU" }).waitFor({ timeout: 30000 });
   });
 }
+
+await check("log-of-special-values", async () => {
+  await runScript(SPECIAL_VALUES);
+  await settled(async () => {
+    const log = await page.locator(newOutput(), { hasText: "log" }).locator("xpath=..").locator("pre").innerText();
+    const values = numbers(log);
+    expectEqual(values.slice(0, 3).join(" "), "nan -inf 0", `log of -1, 0, 1 in ${log}`);
+    if (Math.abs(Number(values[3]) - Math.log(4)) > 1e-6) throw new Error(`log of 4 in ${log}`);
+  });
+});
+
+await check("errors-are-in-script-terms", async () => {
+  const expectError = async (script, parts) => {
+    await runScript(script);
+    await page.locator(`#outputs:not([data-report="${staleReport}"])`).waitFor({ timeout: 30000 });
+    await settled(async () => {
+      const error = await text("#error");
+      for (const part of parts) {
+        if (!error.includes(part)) throw new Error(`error ${JSON.stringify(error)} lacks ${JSON.stringify(part)}`);
+      }
+      for (const word of ["anon$", "Limits", "vjp", "Function not found"]) {
+        if (error.includes(word)) throw new Error(`error ${JSON.stringify(error)} says ${word}`);
+      }
+    });
+  };
+  await expectError("let a = ones([2]);\nlet g = |x, y| x + y;\ng.call(a)",
+    ["line 3", "the closure at line 2 (`|x, y|`) takes 2 arguments, but was called with 1 (ndarray)"]);
+  await expectError("let h = ones([2, 3]);\nh.sum(1, true)",
+    ["line 2", "no `sum` takes (ndarray, i64, bool); did you mean x.sum(), x.sum(i64), x.sum(list) or x.sum(list, bool)?"]);
+  await expectError("zeros([8192, 8192])", ["needs 256 MiB, above the playground's limit of 64 MiB per array"]);
+  await expectError("let g = grad(|x| x * 2.0);\ng.run(ones([3]))", ["scalar float loss", "`.sum()`"]);
+  // NumPy's dtype names, as arrays print them, are accepted.
+  await runScript('show("float32", ones([2]).cast("float32"));\nshow("int32", arange(3).cast("int32"))');
+  await eventually(() => page.locator(newOutput(), { hasText: "int32" }).locator("xpath=..").locator("pre").innerText(),
+    "array([0, 1, 2], dtype=int32)", "cast to int32");
+  await eventually(() => page.locator(newOutput(), { hasText: "float32" }).locator("xpath=..").locator("pre").innerText(),
+    "array([1., 1.], dtype=float32)", "cast to float32");
+});
 
 await check("what-if-compares-the-variants", async () => {
   await runExample("donation", "params");
@@ -378,8 +472,73 @@ await check("a-share-link-round-trips", async () => {
   await fresh.close();
 });
 
+await check("a-damaged-share-link-names-the-problem-and-the-page-runs", async () => {
+  const fresh = await context.newPage();
+  // Base64 of "not deflate": decodes, does not inflate.
+  await fresh.goto(`${url.replace(/#.*$/, "")}#s=bm90IGRlZmxhdGU`);
+  await fresh.locator("#notice", { hasText: "the link's program cannot be read" }).waitFor({ timeout: 60000 });
+  await settled(async () => {
+    const notice = await fresh.locator("#notice").innerText();
+    if (!notice.includes("does not inflate") || !notice.includes("showing the first example instead")) {
+      throw new Error(`notice: ${notice}`);
+    }
+  });
+  // The first example is shown and runs; the page takes the next script.
+  await fresh.locator(".output .label", { hasText: "tanh (a miss: act differs)" }).waitFor({ timeout: 60000 });
+  await fresh.evaluate(() => {
+    const view = window.kilnEditor.view;
+    view.dispatch({ changes: { from: 0, to: view.state.doc.length, insert: 'show("after a bad link", ones([2]))' } });
+  });
+  await fresh.press("#editor .cm-content", "Control+Enter");
+  await fresh.locator(".output .label", { hasText: "after a bad link" }).waitFor({ timeout: 30000 });
+  await eventually(() => fresh.locator("#notice").count(), 0, "the notice cleared by the run");
+  await fresh.close();
+});
+
+await check("a-crashed-worker-is-replaced-with-a-notice", async () => {
+  const fresh = await context.newPage();
+  // The first worker dies as it starts; the one that replaces it is real.
+  let crashes = 1;
+  await fresh.route("**/worker.js", (route) => (crashes-- > 0
+    ? route.fulfill({ contentType: "text/javascript", body: 'throw new Error("e2e: the worker crashes");' })
+    : route.continue()));
+  await fresh.goto(url);
+  await fresh.locator("#notice", { hasText: "the worker running scripts crashed" }).waitFor({ timeout: 60000 });
+  await fresh.locator("#backend", { hasText: "backend: " + (mode === "webgpu" ? "WebGPU" : "CPU") }).waitFor({ timeout: 60000 });
+  await fresh.evaluate(() => {
+    const view = window.kilnEditor.view;
+    view.dispatch({ changes: { from: 0, to: view.state.doc.length, insert: 'show("after a crash", ones([2]))' } });
+  });
+  await fresh.press("#editor .cm-content", "Control+Enter");
+  await fresh.locator(".output .label", { hasText: "after a crash" }).waitFor({ timeout: 30000 });
+  await eventually(() => fresh.locator("#notice").count(), 0, "the notice cleared by the run");
+  await fresh.close();
+});
+
+await check("a-file-that-is-not-a-report-leaves-the-page-usable", async () => {
+  const notReport = { name: "notes.json", mimeType: "application/json", buffer: Buffer.from("hello") };
+  const openBadFile = async () => {
+    await page.setInputFiles("#import", notReport);
+    await page.locator("#notice", { hasText: "not an exported Kiln report" }).waitFor({ timeout: 10000 });
+  };
+  // Typing and Ctrl+Enter.
+  await openBadFile();
+  await runScript('show("after a bad file", ones([2]))');
+  await page.locator(newOutput(), { hasText: "after a bad file" }).waitFor({ timeout: 30000 });
+  await eventually(() => page.locator("#notice").count(), 0, "the notice cleared by the run");
+  // The Run button.
+  await openBadFile();
+  await markReportStale();
+  await page.click("#run");
+  await page.locator(newOutput(), { hasText: "after a bad file" }).waitFor({ timeout: 30000 });
+  // The examples.
+  await openBadFile();
+  await runExample("donation", "params");
+});
+
 await check("an-exported-report-re-opens", async () => {
   await runExample("mlp", "row sums");
+  const script = await editorText(page);
   const peak = await settled(async () => {
     const shown = await text(".peak");
     if (!shown.startsWith("peak ")) throw new Error(`peak: ${shown}`);
@@ -393,6 +552,53 @@ await check("an-exported-report-re-opens", async () => {
   await page.locator("#status", { hasText: "showing an imported report" }).waitFor({ timeout: 60000 });
   await page.locator(".output .label", { hasText: "row sums" }).waitFor({ timeout: 60000 });
   await eventually(() => text(".peak"), peak, "imported peak");
+  await eventually(() => editorText(page), script, "the imported report's script in the editor");
+});
+
+await check("ctrl-enter-runs-the-script-once", async () => {
+  // A function of its own: the session's caches outlive runs.
+  const own = Date.now() % 100000;
+  await runScript(`let f = compile(|x| x + ${own}.0);\nlet y = ones([2]);\nfor i in 0..20 { y = f.run(y); }\nshow("twenty calls", y)`);
+  await page.locator(newOutput(), { hasText: "twenty calls" }).waitFor({ timeout: 30000 });
+  await eventually(() => text(".cache .summary"), "1 entries, 19 hits, 1 misses", "cache after the run");
+  const shown = await shownReport();
+  await page.waitForTimeout(PAST_THE_PAUSE_MS);
+  expectEqual(await shownReport(), shown, "no second run after the pause");
+  expectEqual(await text(".cache .summary"), "1 entries, 19 hits, 1 misses", "cache after the pause");
+});
+
+await check("a-pause-in-typing-runs-holds-back-errors-and-can-be-switched-off", async () => {
+  await eventually(() => page.locator("#auto-run").isChecked(), true, "runs after a pause, by default");
+  await markReportStale();
+  await typeScript('show("typed, then a pause", ones([3]))');
+  await page.locator(newOutput(), { hasText: "typed, then a pause" }).waitFor({ timeout: 30000 });
+  // Half-typed syntax: the automatic run's error is held back.
+  const shown = await shownReport();
+  await typeScript('show("half typed", ones([3]');
+  await page.locator("#held", { hasText: "the edited script fails at line 1" }).waitFor({ timeout: 30000 });
+  expectEqual(await page.locator("#error").count(), 0, "no error shown");
+  expectEqual(await page.locator("#editor .cm-error-line").count(), 0, "no error marked");
+  expectEqual(await shownReport(), shown, "the last good run still shown");
+  // An explicit run shows it.
+  await page.press("#editor .cm-content", "Control+Enter");
+  await page.locator("#error", { hasText: "syntax error" }).waitFor({ timeout: 30000 });
+  await eventually(() => page.locator("#held").count(), 0, "the held note gone");
+  // Switched off, and remembered across a reload.
+  await page.uncheck("#auto-run");
+  await runScript('show("before the reload", ones([1]))');
+  await page.locator(newOutput(), { hasText: "before the reload" }).waitFor({ timeout: 30000 });
+  await page.reload();
+  await page.locator(".output .label", { hasText: "before the reload" }).waitFor({ timeout: 60000 });
+  await page.locator("#status", { hasText: "ready" }).waitFor({ timeout: 30000 });
+  await eventually(() => page.locator("#auto-run").isChecked(), false, "off after a reload");
+  await markReportStale();
+  await typeScript('show("run by hand", ones([1]))');
+  await page.waitForTimeout(PAST_THE_PAUSE_MS);
+  expectEqual(await page.locator(newOutput()).count(), 0, "no run after the pause");
+  await page.press("#editor .cm-content", "Control+Enter");
+  await page.locator(newOutput(), { hasText: "run by hand" }).waitFor({ timeout: 30000 });
+  await page.check("#auto-run");
+  await eventually(() => page.evaluate(() => localStorage.getItem("kiln.autoRun")), "on", "remembered on");
 });
 
 await check("the-editor-runs-on-ctrl-enter-and-highlights-the-script", async () => {
@@ -480,7 +686,11 @@ await check("an-endless-loop-is-stopped-and-the-page-responds", async () => {
   await page.locator("#status", { hasText: "running" }).waitFor({ timeout: 60000 });
   await page.waitForTimeout(500);
   await page.click("#stop");
-  await page.locator("#status", { hasText: "stopped" }).waitFor({ timeout: 30000 });
+  const stopped = Date.now();
+  await page.locator("#status", { hasText: "stopped" }).waitFor({ timeout: 2000 });
+  await runScript('show("after stop", ones([1]))');
+  await page.locator(newOutput(), { hasText: "after stop" }).waitFor({ timeout: 2000 });
+  console.log(`     the next script ran ${Date.now() - stopped} ms after Stop`);
   await runExample("donation", "params");
 });
 

@@ -115,12 +115,33 @@ impl Verification {
             BackendChoice::of_backend(&self.backend).map_or(self.backend.as_str(), |c| c.label());
         match &self.error {
             Some(e) => format!("verify on {backend}: {e}"),
-            None => format!(
-                "verify on {backend}: largest difference to the CPU {:.3e} \
-                 (relative {:.3e}) over {} values",
-                self.max_abs_diff, self.max_rel_diff, self.compared
-            ),
+            None => {
+                let at = self.largest.as_ref().map_or_else(String::new, |d| {
+                    let index: Vec<String> = d.index.iter().map(ToString::to_string).collect();
+                    format!(
+                        ", at \"{}\" [{}]: {} on {backend}, {} on the CPU",
+                        d.label,
+                        index.join(", "),
+                        element(d.device),
+                        element(d.cpu)
+                    )
+                });
+                format!(
+                    "verify on {backend}: largest difference to the CPU {:.3e} \
+                     (relative {:.3e}) over {} values{at}",
+                    self.max_abs_diff, self.max_rel_diff, self.compared
+                )
+            }
         }
+    }
+}
+
+/// An element as the outputs print it: `nan`, `-inf`, `1.386294`.
+fn element(x: f64) -> String {
+    match x {
+        x if x.is_nan() => "nan".to_string(),
+        x if x.is_infinite() => if x > 0.0 { "inf" } else { "-inf" }.to_string(),
+        x => format!("{}", x as f32),
     }
 }
 
@@ -180,12 +201,35 @@ mod tests {
             compared: 80,
             max_abs_diff: 2.8e-6,
             max_rel_diff: 1.4e-6,
+            largest: None,
             error: None,
         };
         assert_eq!(
             v.summary(),
             "verify on WebGPU: largest difference to the CPU 2.800e-6 (relative 1.400e-6) \
              over 80 values"
+        );
+    }
+
+    #[test]
+    fn a_verification_summary_names_the_value_and_element_that_differ() {
+        let v = Verification {
+            backend: "wgpu:".to_string(),
+            compared: 4,
+            max_abs_diff: f64::INFINITY,
+            max_rel_diff: f64::INFINITY,
+            largest: Some(crate::report::Difference {
+                label: "log".to_string(),
+                index: vec![0],
+                device: 0.0,
+                cpu: f64::NAN,
+            }),
+            error: None,
+        };
+        assert_eq!(
+            v.summary(),
+            "verify on WebGPU: largest difference to the CPU inf (relative inf) over 4 values, \
+             at \"log\" [0]: 0 on WebGPU, nan on the CPU"
         );
     }
 }

@@ -12,6 +12,10 @@ use serde::{Deserialize, Serialize};
 /// The result of one run of a script.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunReport {
+    /// The script that ran: an exported report opens it in the editor.
+    /// Reports exported before it was kept have none.
+    #[serde(default)]
+    pub script: String,
     /// Values the script showed with `show(label, value)`, then its final
     /// value (labelled `result`) when it has one.
     pub outputs: Vec<Output>,
@@ -104,8 +108,25 @@ pub struct Verification {
     /// The largest difference relative to the CPU's value (to 1 where
     /// the value is smaller): float rounding grows with magnitude.
     pub max_rel_diff: f64,
+    /// Where the largest absolute difference is, when there is one.
+    #[serde(default)]
+    pub largest: Option<Difference>,
     /// Why the values could not be compared, if they could not.
     pub error: Option<String>,
+}
+
+/// The element where a device's value and the CPU's differ the most.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Difference {
+    /// The shown value it is in: its output label (with the array's
+    /// place when the value holds several).
+    pub label: String,
+    /// The element's index, one entry per dim.
+    pub index: Vec<usize>,
+    /// The element on the device.
+    pub device: f64,
+    /// The element on the CPU.
+    pub cpu: f64,
 }
 
 impl Verification {
@@ -116,14 +137,20 @@ impl Verification {
             compared: 0,
             max_abs_diff: 0.0,
             max_rel_diff: 0.0,
+            largest: None,
             error: Some(error),
         }
     }
 
-    /// Compares the arrays of two runs, in order: same count, shapes and
-    /// dtypes, then element by element (as f64; NaN against NaN is equal,
-    /// NaN against a number an infinite difference).
-    pub fn compare(backend: String, device: &[kiln::Array], cpu: &[kiln::Array]) -> Verification {
+    /// Compares the arrays of two runs, each with the label of the shown
+    /// value it is in, in order: same count, shapes and dtypes, then
+    /// element by element (as f64; NaN against NaN is equal, NaN against a
+    /// number an infinite difference).
+    pub fn compare(
+        backend: String,
+        device: &[(String, kiln::Array)],
+        cpu: &[(String, kiln::Array)],
+    ) -> Verification {
         if device.len() != cpu.len() {
             return Verification::failed(
                 backend,
@@ -137,7 +164,8 @@ impl Verification {
         let mut compared = 0;
         let mut max_abs_diff = 0f64;
         let mut max_rel_diff = 0f64;
-        for (i, (d, c)) in device.iter().zip(cpu).enumerate() {
+        let mut largest = None;
+        for (i, ((label, d), (_, c))) in device.iter().zip(cpu).enumerate() {
             if d.aval() != c.aval() {
                 return Verification::failed(
                     backend,
@@ -148,19 +176,28 @@ impl Verification {
                     ),
                 );
             }
+            let dims = c.dims().unwrap_or_default();
             let (d, c) = match (d.data(), c.data()) {
                 (Ok(d), Ok(c)) => (d.to_f64_vec(), c.to_f64_vec()),
                 (Err(e), _) | (_, Err(e)) => {
                     return Verification::failed(backend, format!("array {i}: {e}"))
                 }
             };
-            for (x, y) in d.iter().zip(&c) {
+            for (flat, (x, y)) in d.iter().zip(&c).enumerate() {
                 let diff = match (x.is_nan(), y.is_nan()) {
                     (true, true) => 0.0,
                     (false, false) if x == y => 0.0,
                     (false, false) => (x - y).abs(),
                     _ => f64::INFINITY,
                 };
+                if diff > max_abs_diff || (diff > 0.0 && largest.is_none()) {
+                    largest = Some(Difference {
+                        label: label.clone(),
+                        index: unravel(flat, &dims),
+                        device: *x,
+                        cpu: *y,
+                    });
+                }
                 max_abs_diff = max_abs_diff.max(diff);
                 max_rel_diff = max_rel_diff.max(diff / y.abs().max(1.0));
             }
@@ -171,9 +208,23 @@ impl Verification {
             compared,
             max_abs_diff,
             max_rel_diff,
+            largest,
             error: None,
         }
     }
+}
+
+/// The index, one entry per dim, of the element at `flat` in row-major
+/// order.
+fn unravel(mut flat: usize, dims: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; dims.len()];
+    for (i, &d) in dims.iter().enumerate().rev() {
+        if d > 0 {
+            index[i] = flat % d;
+            flat /= d;
+        }
+    }
+    index
 }
 
 /// One what-if variant of a run: the same script with options forced on

@@ -42,6 +42,25 @@ pub fn decode_fragment(fragment: &str) -> Result<String, String> {
     String::from_utf8(bytes).map_err(|_| "the shared program is not UTF-8 text".to_string())
 }
 
+/// The program a page address's fragment (`location.hash`) carries:
+/// `None` when it carries none, an `Err` saying what is wrong with a
+/// damaged one (the page shows it, then the first example).
+///
+/// ```
+/// use kiln_web::share::{encode_fragment, program_in_link};
+/// assert_eq!(program_in_link("").unwrap(), None);
+/// assert_eq!(program_in_link(&encode_fragment("1")).unwrap().as_deref(), Some("1"));
+/// assert!(program_in_link("#s=%%%").unwrap_err().contains("not valid base64"));
+/// ```
+pub fn program_in_link(hash: &str) -> Result<Option<String>, String> {
+    if !hash.starts_with(FRAGMENT_PREFIX) {
+        return Ok(None);
+    }
+    decode_fragment(hash).map(Some).map_err(|e| {
+        format!("the link's program cannot be read ({e}); showing the first example instead")
+    })
+}
+
 /// A report as the JSON file the Export button saves.
 pub fn export_report(report: &RunReport) -> Result<String, String> {
     serde_json::to_string_pretty(report).map_err(|e| format!("cannot export the report: {e}"))
@@ -82,6 +101,33 @@ mod tests {
             .contains("starts with #s="));
         assert!(decode_fragment("#s=%%%").unwrap_err().contains("base64"));
         assert!(decode_fragment("#s=AAAA").unwrap_err().contains("inflate"));
+    }
+
+    #[test]
+    fn a_link_without_a_program_is_not_an_error() {
+        assert_eq!(program_in_link("").unwrap(), None);
+        assert_eq!(program_in_link("#graph").unwrap(), None);
+    }
+
+    #[test]
+    fn a_damaged_link_names_the_problem_and_what_is_shown_instead() {
+        let truncated = &encode_fragment(EXAMPLES[0].script)[..43];
+        for (hash, problem) in [
+            ("#s=%%%", "not valid base64"),
+            (truncated, "does not inflate"),
+        ] {
+            let e = program_in_link(hash).unwrap_err();
+            assert!(e.starts_with("the link's program cannot be read"), "{e}");
+            assert!(e.contains(problem), "{e}");
+            assert!(e.ends_with("showing the first example instead"), "{e}");
+        }
+    }
+
+    #[test]
+    fn an_exported_report_carries_its_script() {
+        let report = Session::new().run(EXAMPLES[1].script);
+        let back = import_report(&export_report(&report).unwrap()).unwrap();
+        assert_eq!(back.script, EXAMPLES[1].script);
     }
 
     #[test]

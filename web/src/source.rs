@@ -64,6 +64,65 @@ pub fn function_definitions(source: &str) -> Vec<&str> {
     found
 }
 
+/// A closure of a script: `|a, b| ...` where an expression starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClosureAt {
+    /// The 1-based line of its opening `|`.
+    pub line: usize,
+    /// Its parameters, in order.
+    pub params: Vec<String>,
+}
+
+/// Every closure of `source`, in order. A `|` opens one where an
+/// expression starts (after `(`, `,`, `=`, `{`, `[`, `;`, `:` or at the
+/// start) and is followed by identifiers separated by commas and a `|`;
+/// elsewhere `|` is an operator.
+pub fn closures(source: &str) -> Vec<ClosureAt> {
+    let mut scanner = Scanner::new(source, 0);
+    let code: Vec<(usize, char)> = std::iter::from_fn(|| scanner.next_code_char()).collect();
+    let mut found = Vec::new();
+    let mut previous = None;
+    let mut k = 0;
+    while k < code.len() {
+        let (at, c) = code[k];
+        let starts_expression = previous.is_none_or(|p| "(,={[;:".contains(p));
+        if c == '|' && starts_expression {
+            if let Some((params, close)) = closure_params(&code[k + 1..]) {
+                found.push(ClosureAt {
+                    line: source[..at].matches('\n').count() + 1,
+                    params,
+                });
+                k += close + 2;
+                previous = Some('|');
+                continue;
+            }
+        }
+        if !c.is_whitespace() {
+            previous = Some(c);
+        }
+        k += 1;
+    }
+    found
+}
+
+/// The parameters between a closure's bars, given the code after its
+/// opening `|`, and the index of the closing one.
+fn closure_params(after: &[(usize, char)]) -> Option<(Vec<String>, usize)> {
+    let close = after.iter().position(|&(_, c)| c == '|')?;
+    let text: String = after[..close].iter().map(|&(_, c)| c).collect();
+    if text.trim().is_empty() {
+        return Some((Vec::new(), close));
+    }
+    let params: Vec<String> = text.split(',').map(|p| p.trim().to_string()).collect();
+    let is_identifier = |p: &String| {
+        p.chars()
+            .next()
+            .is_some_and(|c| c.is_alphabetic() || c == '_')
+            && p.chars().all(|c| c.is_alphanumeric() || c == '_')
+    };
+    params.iter().all(is_identifier).then_some((params, close))
+}
+
 /// True when the `len` bytes at `at` form a whole word.
 fn is_word_at(source: &str, at: usize, len: usize) -> bool {
     let is_ident = |c: char| c.is_alphanumeric() || c == '_';
@@ -189,6 +248,21 @@ mod tests {
     fn call_argument_is_none_without_a_call() {
         assert_eq!(call_argument("compile + 1", 0), None);
         assert_eq!(call_argument("compile(|x| x", 0), None);
+    }
+
+    #[test]
+    fn closures_are_found_with_their_lines_and_parameters() {
+        let src =
+            "let f = compile(|x| x | 1);\n// |no| comment\nlet g = |a, b| {\n  a.map(|| 2)\n};";
+        let all = closures(src);
+        let found: Vec<(usize, Vec<&str>)> = all
+            .iter()
+            .map(|c| (c.line, c.params.iter().map(String::as_str).collect()))
+            .collect();
+        assert_eq!(
+            found,
+            vec![(1, vec!["x"]), (3, vec!["a", "b"]), (4, vec![])]
+        );
     }
 
     #[test]

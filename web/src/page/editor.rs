@@ -1,14 +1,11 @@
 //! The code editor: CodeMirror 6 (from `views.js`) in a Leptos element,
-//! running the script on Ctrl+Enter and after a pause in typing, with the
-//! last run's error marked at its line and column.
+//! telling the page of every edit and of Ctrl+Enter, with the last run's
+//! error marked at its line and column. The page decides when an edit runs.
 
 use super::views::{create_editor, Editor};
 use crate::report::ScriptError;
 use leptos::prelude::*;
 use wasm_bindgen::prelude::*;
-
-/// Milliseconds of quiet typing before the script re-runs.
-const RUN_AFTER_MS: u64 = 600;
 
 /// The page's editor, once mounted.
 #[derive(Clone, Copy)]
@@ -53,30 +50,19 @@ impl EditorHandle {
 }
 
 /// The editor element: mounts CodeMirror holding `script`'s text, keeps
-/// `script` in step with typing and calls `run` on Ctrl+Enter and after
-/// a pause in typing.
+/// `script` in step with typing, calls `edited` after each edit and `run`
+/// on Ctrl+Enter.
 pub fn editor_view(
     handle: EditorHandle,
     script: RwSignal<String>,
-    run: impl Fn() + Copy + 'static,
+    edited: impl Fn() + 'static,
+    run: impl Fn() + 'static,
 ) -> impl IntoView {
     let host = NodeRef::<leptos::html::Div>::new();
-    let typed = RwSignal::new(0u64);
     host.on_load(move |element| {
         let on_change = Closure::<dyn Fn(String)>::new(move |text: String| {
             script.set(text);
-            // Runs after a pause in typing: only the last keystroke's
-            // timer runs.
-            let generation = typed.get_untracked() + 1;
-            typed.set(generation);
-            set_timeout(
-                move || {
-                    if typed.get_untracked() == generation {
-                        run();
-                    }
-                },
-                std::time::Duration::from_millis(RUN_AFTER_MS),
-            );
+            edited();
         });
         let on_run = Closure::<dyn Fn()>::new(run);
         let editor = create_editor(&element, &script.get_untracked(), &on_change, &on_run);

@@ -7,8 +7,8 @@ use super::graph::graph_view;
 use crate::backend::{BackendChoice, BackendStatus};
 use crate::examples::{Example, EXAMPLES};
 use crate::protocol::{Request, Response};
-use crate::report::{Comparison, FunctionReport, RunReport, Verification};
-use crate::share::{decode_fragment, encode_fragment, export_report, import_report};
+use crate::report::{Comparison, FunctionReport, RunReport, ScriptError, Verification};
+use crate::share::{encode_fragment, export_report, import_report, program_in_link};
 use crate::view::{entry_leaves, miss_lines, reinplace_rows, timeline, EntryScope, Selection};
 use kiln::Report;
 use leptos::prelude::*;
@@ -27,6 +27,12 @@ pub fn start_ui() {
     leptos::mount::mount_to_body(App);
 }
 
+/// Milliseconds of quiet typing before an edited script runs by itself.
+const RUN_AFTER_MS: u64 = 600;
+
+/// Where the page remembers whether edits run by themselves.
+const AUTO_RUN_KEY: &str = "kiln.autoRun";
+
 /// Where the page stands with its worker.
 #[derive(Clone, Debug, PartialEq)]
 enum Status {
@@ -36,6 +42,7 @@ enum Status {
     Stopped,
     /// Showing a report opened from a file.
     Imported,
+    /// No worker could be started; a run tries again.
     Failed(String),
 }
 
@@ -64,6 +71,19 @@ struct Page {
     ready: RwSignal<bool>,
     /// Whether a run waits for the worker to be ready.
     pending: RwSignal<bool>,
+    /// What went wrong outside a script (a damaged link, a file that is
+    /// not a report, a crashed worker): shown until the next run.
+    notice: RwSignal<Option<String>>,
+    /// Whether an edit runs the script after a pause in typing.
+    auto_run: RwSignal<bool>,
+    /// Counts edits and explicit runs: a pending run after a pause goes
+    /// only if nothing happened since it was scheduled.
+    edits: RwSignal<u64>,
+    /// The id of the latest run started by a pause in typing.
+    auto_request: RwSignal<u64>,
+    /// The error of a run started by a pause in typing: held back (the
+    /// views keep the last report) until an explicit run shows it.
+    held: RwSignal<Option<ScriptError>>,
     editor: EditorHandle,
 }
 
@@ -107,8 +127,13 @@ impl Page {
                     }
                 }
                 Ok(Response::Report { id, report }) if id == self.latest.get_untracked() => {
-                    self.report.set(Some(report));
                     self.status.set(Status::Ready);
+                    if id == self.auto_request.get_untracked() && report.error.is_some() {
+                        self.held.set(report.error);
+                    } else {
+                        self.held.set(None);
+                        self.report.set(Some(report));
+                    }
                 }
                 Ok(Response::Comparison { id, rows }) if id == self.latest.get_untracked() => {
                     self.comparison.set(Some(rows));
@@ -134,13 +159,66 @@ impl Page {
             }
         });
         worker.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
-        // The handler lives as long as the worker does.
+        // An uncaught error in the worker (a panic traps its module) leaves
+        // it unable to answer: replace it.
+        let on_error = Closure::<dyn Fn(web_sys::Event)>::new(move |event: web_sys::Event| {
+            let message = js_sys::Reflect::get(&event, &"message".into())
+                .ok()
+                .and_then(|m| m.as_string())
+                .unwrap_or_else(|| "no message".to_string());
+            self.replace_worker();
+            self.notice.set(Some(format!(
+                "the worker running scripts crashed ({message}); a fresh one was started: \
+                 run the script again"
+            )));
+        });
+        worker.set_onerror(Some(on_error.as_ref().unchecked_ref()));
+        // The handlers live as long as the worker does.
         on_message.forget();
+        on_error.forget();
         self.worker.set_value(Some(worker));
         self.ready.set(false);
     }
 
+    /// Runs the editor's script now (Run, Ctrl+Enter, an example): a run
+    /// scheduled by a pause in typing is dropped, so the script runs once.
     fn run(self) {
+        self.edits.update(|n| *n += 1);
+        self.notice.set(None);
+        self.run_script(false);
+    }
+
+    /// Called after every edit: runs the script once typing has paused for
+    /// [`RUN_AFTER_MS`], when runs after a pause are on.
+    fn edited(self) {
+        self.edits.update(|n| *n += 1);
+        let generation = self.edits.get_untracked();
+        set_timeout(
+            move || {
+                if self.edits.get_untracked() == generation && self.auto_run.get_untracked() {
+                    self.run_script(true);
+                }
+            },
+            std::time::Duration::from_millis(RUN_AFTER_MS),
+        );
+    }
+
+    /// Switches runs after a pause on or off, remembered across visits.
+    fn set_auto_run(self, on: bool) {
+        self.auto_run.set(on);
+        if let Ok(Some(storage)) = window().local_storage() {
+            storage
+                .set_item(AUTO_RUN_KEY, if on { "on" } else { "off" })
+                .ok();
+        }
+    }
+
+    /// Runs the script; `auto` when a pause in typing started it (its
+    /// error, if any, is held back).
+    fn run_script(self, auto: bool) {
+        if self.worker.with_value(Option::is_none) {
+            self.spawn_worker();
+        }
         // A message posted before the worker's handler is installed is
         // lost: wait for its Ready.
         if !self.ready.get_untracked() {
@@ -159,6 +237,9 @@ impl Page {
         self.comparison.set(None);
         self.verification.set(None);
         self.send(|id| Request::Run { id, script });
+        if auto {
+            self.auto_request.set(self.latest.get_untracked());
+        }
     }
 
     /// Runs the editor's script on the active backend and on the CPU, and
@@ -191,9 +272,6 @@ impl Page {
 
     /// Posts the request `make` builds with a fresh id.
     fn send(self, make: impl FnOnce(u64) -> Request) {
-        if matches!(self.status.get_untracked(), Status::Failed(_)) {
-            return;
-        }
         let id = self.latest.get_untracked() + 1;
         self.latest.set(id);
         let request = make(id);
@@ -218,11 +296,24 @@ impl Page {
     /// interrupted from outside) and a fresh one started, so compile
     /// caches start empty.
     fn stop(self) {
+        self.edits.update(|n| *n += 1);
+        self.pending.set(false);
+        self.replace_worker();
+        self.status.set(Status::Stopped);
+    }
+
+    /// Terminates the worker and starts a fresh one; requests still
+    /// unanswered are dropped.
+    fn replace_worker(self) {
         self.worker.with_value(|worker| {
             if let Some(worker) = worker {
                 worker.terminate();
             }
         });
+        // Answers of the old worker, were any still in flight, are stale.
+        self.latest.update(|id| *id += 1);
+        self.held.set(None);
+        self.backend.set(None);
         self.spawn_worker();
         self.status.set(Status::Stopped);
     }
@@ -255,17 +346,28 @@ impl Page {
             match text.ok().and_then(|t| t.as_string()) {
                 Some(json) => match import_report(&json) {
                     Ok(report) => {
-                        // A run still under way must not replace it.
-                        self.latest.set(self.latest.get_untracked() + 1);
+                        // A run still under way, or one scheduled by a
+                        // pause in typing, must not replace it.
+                        self.latest.update(|id| *id += 1);
+                        self.edits.update(|n| *n += 1);
+                        self.example.set("");
+                        self.editor.set_text(&report.script);
+                        self.script.set(report.script.clone());
+                        self.held.set(None);
+                        self.notice.set(None);
                         self.report.set(Some(report));
                         self.status.set(Status::Imported);
                     }
-                    Err(e) => self.status.set(Status::Failed(e)),
+                    Err(e) => self
+                        .notice
+                        .set(Some(format!("cannot open the report: {e}"))),
                 },
                 None => self
-                    .status
-                    .set(Status::Failed("cannot read the chosen file".to_string())),
+                    .notice
+                    .set(Some("cannot read the chosen file".to_string())),
             }
+            // The same file chosen again is a change too.
+            input.set_value("");
         });
     }
 
@@ -280,16 +382,23 @@ impl Page {
 #[component]
 fn App() -> impl IntoView {
     let first = &EXAMPLES[0];
-    // A share link's program wins over the first example.
-    let shared = window()
-        .location()
-        .hash()
-        .ok()
-        .and_then(|hash| decode_fragment(&hash).ok());
+    // A share link's program wins over the first example; a damaged one
+    // is said so.
+    let hash = window().location().hash().unwrap_or_default();
+    let (shared, notice) = match program_in_link(&hash) {
+        Ok(shared) => (shared, None),
+        Err(e) => (None, Some(e)),
+    };
     let (script, example) = match shared {
         Some(script) => (script, ""),
         None => (first.script.to_string(), first.id),
     };
+    let auto_run = window()
+        .local_storage()
+        .ok()
+        .flatten()
+        .and_then(|storage| storage.get_item(AUTO_RUN_KEY).ok().flatten())
+        .is_none_or(|value| value != "off");
     let page = Page {
         script: RwSignal::new(script),
         example: RwSignal::new(example),
@@ -304,6 +413,11 @@ fn App() -> impl IntoView {
         worker: StoredValue::new_local(None),
         ready: RwSignal::new(false),
         pending: RwSignal::new(false),
+        notice: RwSignal::new(notice),
+        auto_run: RwSignal::new(auto_run),
+        edits: RwSignal::new(0),
+        auto_request: RwSignal::new(0),
+        held: RwSignal::new(None),
         editor: EditorHandle::new(),
     };
     page.spawn_worker();
@@ -352,6 +466,15 @@ fn App() -> impl IntoView {
             >
                 "Export report"
             </button>
+            <label class="auto-run" title="Run the script after a pause in typing">
+                <input
+                    id="auto-run"
+                    type="checkbox"
+                    prop:checked=move || page.auto_run.get()
+                    on:change=move |ev| page.set_auto_run(event_target_checked(&ev))
+                />
+                " run after a pause"
+            </label>
             <label class="import">
                 "Open report "
                 <input
@@ -362,6 +485,7 @@ fn App() -> impl IntoView {
                 />
             </label>
         </header>
+        {move || page.notice.get().map(|n| view! { <div id="notice" class="notice" role="alert">{n}</div> })}
         <main>
             <section id="left">
                 <nav id="examples">
@@ -382,7 +506,20 @@ fn App() -> impl IntoView {
                         .collect_view()}
                 </nav>
                 <p id="explanation">{explanation}</p>
-                {editor_view(page.editor, page.script, move || page.run())}
+                <p id="help" class="meta">
+                    "Run or Ctrl+Enter runs the script and shows any error. With \u{201c}run after a \
+                     pause\u{201d} on, an edit also runs it once typing pauses; the error of such \
+                     a run is held back (the views keep the last good run) until you run it."
+                </p>
+                {editor_view(page.editor, page.script, move || page.edited(), move || page.run())}
+                {move || page.held.get().map(|e| view! {
+                    <p id="held" class="held">
+                        {format!(
+                            "the edited script fails{}; Run or Ctrl+Enter shows the error",
+                            e.line.map(|l| format!(" at line {l}")).unwrap_or_default(),
+                        )}
+                    </p>
+                })}
             </section>
             <section id="right">
                 {move || page.report.get().map(|r| report_view(page, r))}

@@ -2,7 +2,7 @@
 //! functions a session keeps across runs, keyed by source text.
 
 use super::values::{from_value, into_value, runtime_error, to_value, ScriptResult};
-use super::Shared;
+use super::{script_message, Shared};
 use crate::report::{CallTiming, FunctionReport};
 use kiln::{AnyBackend, Array, Compiled, DType, Function, Value};
 use rhai::{Dynamic, EvalAltResult, FnPtr};
@@ -316,7 +316,10 @@ impl ScriptFunction {
         match (failure, result) {
             (Some(script_error), _) => Err(script_error),
             (None, Ok(out)) => Ok(from_value(out)),
-            (None, Err(e)) => Err(runtime_error(format!("compiled function: {e}"))),
+            (None, Err(e)) => Err(runtime_error(format!(
+                "compiled function: {}",
+                script_message(&e)
+            ))),
         }
     }
 
@@ -396,7 +399,7 @@ fn transformed(
     if let Some(e) = failure.into_inner() {
         return Err(e);
     }
-    result.map_err(|e| runtime_error(format!("{name}: {e}")))
+    result.map_err(|e| runtime_error(format!("{name}: {}", script_message(&e))))
 }
 
 /// The gradients of the arguments at `argnums`: one, or a list.

@@ -15,11 +15,13 @@
 
 mod api;
 mod custom;
+mod errors;
 mod function;
 mod nodes;
 mod quant;
 mod values;
 
+pub use errors::script_message;
 pub use function::{Options, Transform, WhatIf};
 pub use nodes::{register_node, NodeSpec, ScriptObject};
 
@@ -173,7 +175,7 @@ impl At {
     /// `e`, which reading the value back gave, at this position.
     fn error(&self, e: kiln::Error) -> ScriptError {
         ScriptError {
-            message: e.to_string(),
+            message: script_message(&e),
             line: self.line,
             column: self.column,
         }
@@ -252,7 +254,7 @@ impl Shared {
 /// A value as the outputs view prints it: arrays the NumPy way.
 fn render(value: &Dynamic) -> ScriptResult<String> {
     if let Some(a) = value.read_lock::<kiln::Array>() {
-        return numpy_repr(&a).map_err(|e| runtime_error(e.to_string()));
+        return numpy_repr(&a).map_err(|e| runtime_error(script_message(&e)));
     }
     if let Some(items) = value.read_lock::<rhai::Array>() {
         let items = items.iter().map(render).collect::<ScriptResult<Vec<_>>>()?;
@@ -420,13 +422,24 @@ impl Session {
             .collect()
     }
 
-    /// The arrays of the last run's shown values, in order, flattened.
-    fn shown_arrays(&self) -> Vec<kiln::Array> {
-        let mut arrays = Vec::new();
+    /// The arrays of the last run's shown values, in order, flattened,
+    /// each with its value's label (and its place, where a value holds
+    /// several).
+    fn shown_arrays(&self) -> Vec<(String, kiln::Array)> {
+        let mut labelled = Vec::new();
         for shown in self.shared.shown.borrow().iter() {
+            let mut arrays = Vec::new();
             arrays_in(&shown.value, &mut arrays);
+            let several = arrays.len() > 1;
+            labelled.extend(arrays.into_iter().enumerate().map(|(k, a)| {
+                let label = match several {
+                    true => format!("{} (array {})", shown.label, k + 1),
+                    false => shown.label.clone(),
+                };
+                (label, a)
+            }));
         }
-        arrays
+        labelled
     }
 
     /// Runs the script itself; shown values are kept unrendered.
@@ -455,7 +468,7 @@ impl Session {
                         shared.show("result".to_string(), value, Position::NONE);
                         None
                     }
-                    Err(e) => Some(eval_error(&e)),
+                    Err(e) => Some(eval_error_in(&e, Some((script, &ast)))),
                 };
                 *shared.ast.borrow_mut() = None;
                 error
@@ -503,6 +516,7 @@ impl Session {
             .borrow_mut()
             .retain(|_, f| f.last_run.get() + KEEP_UNUSED_RUNS > run);
         RunReport {
+            script: shared.source.borrow().to_string(),
             outputs,
             log: shared.log.take(),
             functions,
@@ -534,6 +548,12 @@ fn parse_error(e: &ParseError) -> ScriptError {
 /// The innermost error (inside the function call that failed) with its
 /// position; the outer positions only say which call it was.
 fn eval_error(e: &EvalAltResult) -> ScriptError {
+    eval_error_in(e, None)
+}
+
+/// [`eval_error`] of a run of `script` (parsed as the AST): a function
+/// not found is said in script terms.
+fn eval_error_in(e: &EvalAltResult, run: Option<(&str, &AST)>) -> ScriptError {
     let inner = e.unwrap_inner();
     let position = match inner.position() {
         p if p.is_none() => e.position(),
@@ -544,12 +564,20 @@ fn eval_error(e: &EvalAltResult) -> ScriptError {
             value.to_string()
         }
         other => {
-            // Rhai appends the position; the report carries it apart.
-            let text = other.to_string();
-            match text.strip_suffix(&format!(" ({})", inner.position())) {
-                Some(bare) => bare.to_string(),
-                None => text,
-            }
+            let in_script_terms = match (other, run) {
+                (EvalAltResult::ErrorFunctionNotFound(signature, _), Some((script, ast))) => {
+                    errors::function_not_found(signature, script, ast)
+                }
+                _ => None,
+            };
+            in_script_terms.unwrap_or_else(|| {
+                // Rhai appends the position; the report carries it apart.
+                let text = other.to_string();
+                match text.strip_suffix(&format!(" ({})", inner.position())) {
+                    Some(bare) => bare.to_string(),
+                    None => text,
+                }
+            })
         }
     };
     let (line, column) = position_parts(position);

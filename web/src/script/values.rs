@@ -2,6 +2,8 @@
 //! [`kiln::Value`] trees at the `compile` boundary, and results come back.
 
 use super::nodes::ScriptObject;
+use super::script_message;
+use crate::format::numpy_dtype;
 use kiln::{Array, DType, Value};
 use rhai::{Dynamic, EvalAltResult, ImmutableString, Position, FLOAT, INT};
 use std::collections::BTreeMap;
@@ -17,25 +19,32 @@ pub fn runtime_error(message: impl Into<String>) -> Box<EvalAltResult> {
 
 /// Turns a Kiln result into a script error naming the failed operation.
 pub fn kiln_result<T>(what: &str, result: kiln::Result<T>) -> ScriptResult<T> {
-    result.map_err(|e| runtime_error(format!("{what}: {e}")))
+    result.map_err(|e| runtime_error(format!("{what}: {}", script_message(&e))))
 }
 
 /// `array` itself, or the error it carries (Kiln builds failed arrays
 /// lazily; a script wants the error at the line that made it).
 pub fn checked(array: Array) -> ScriptResult<Array> {
     match array.error() {
-        Some(e) => Err(runtime_error(e.to_string())),
+        Some(e) => Err(runtime_error(script_message(e))),
         None => Ok(array),
     }
 }
 
-/// The dtype named `name` (`f32`, `i32`, ...).
+/// The dtype named `name`: Kiln's name (`f32`, `i32`, ...) or the NumPy
+/// name arrays print with (`float32`, `int32`, ...).
 pub fn parse_dtype(name: &str) -> ScriptResult<DType> {
     DType::ALL
         .into_iter()
-        .find(|d| d.name() == name)
+        .find(|&d| d.name() == name || numpy_dtype(d) == name)
         .ok_or_else(|| {
-            let known: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
+            let known: Vec<String> = DType::ALL
+                .iter()
+                .map(|&d| match numpy_dtype(d) {
+                    numpy if numpy == d.name() => numpy.to_string(),
+                    numpy => format!("{} ({numpy})", d.name()),
+                })
+                .collect();
             runtime_error(format!(
                 "unknown dtype \"{name}\"; known: {}",
                 known.join(", ")
@@ -174,8 +183,30 @@ mod tests {
     fn unknown_dtypes_list_the_known_ones() {
         let err = parse_dtype("f64").unwrap_err().to_string();
         assert!(
-            err.contains("unknown dtype \"f64\"; known: f32, f16"),
+            err.contains("unknown dtype \"f64\"; known: f32 (float32), f16 (float16)"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn numpy_dtype_names_are_accepted_beside_kiln_ones() {
+        for (alias, kiln) in [
+            ("float32", "f32"),
+            ("float16", "f16"),
+            ("bfloat16", "bf16"),
+            ("int32", "i32"),
+            ("uint32", "u32"),
+            ("uint8", "u8"),
+            ("bool", "bool"),
+        ] {
+            assert_eq!(parse_dtype(alias).unwrap(), parse_dtype(kiln).unwrap());
+        }
+    }
+
+    #[test]
+    fn every_printed_dtype_name_parses_back() {
+        for d in DType::ALL {
+            assert_eq!(parse_dtype(numpy_dtype(d)).unwrap(), d);
+        }
     }
 }
