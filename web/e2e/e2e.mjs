@@ -357,7 +357,7 @@ if (mode === "webgpu") {
     // cases and sin of a large argument give the CPU's values.
     await runScript(SPECIAL_VALUES);
     await page.locator(newOutput(), { hasText: "sin" }).waitFor({ timeout: 30000 });
-    await page.locator("#outputs > .meta", { hasText: "on WebGPU" }).waitFor({ timeout: 10000 });
+    await page.locator("#outputs > .meta", { hasText: "on WebGPU" }).waitFor({ timeout: 60000 });
     await page.click("#verify");
     await page.locator("#verification", { hasText: "verify on WebGPU" }).waitFor({ timeout: 60000 });
     await settled(async () => {
@@ -519,7 +519,7 @@ await check("a-file-that-is-not-a-report-leaves-the-page-usable", async () => {
   const notReport = { name: "notes.json", mimeType: "application/json", buffer: Buffer.from("hello") };
   const openBadFile = async () => {
     await page.setInputFiles("#import", notReport);
-    await page.locator("#notice", { hasText: "not an exported Kiln report" }).waitFor({ timeout: 10000 });
+    await page.locator("#notice", { hasText: "not an exported Kiln report" }).waitFor({ timeout: 60000 });
   };
   // Typing and Ctrl+Enter.
   await openBadFile();
