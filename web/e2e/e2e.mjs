@@ -111,7 +111,9 @@ async function settled(body, timeout = 30000) {
   }
 }
 
-const text = (selector) => page.locator(selector).first().innerText();
+// A short timeout: reads are retried by `eventually` and `settled`, which
+// give the condition its time.
+const text = (selector) => page.locator(selector).first().innerText({ timeout: 5000 });
 
 /// The request the report on screen answers (`#outputs[data-report]`).
 let staleReport = "";
@@ -478,7 +480,7 @@ await check("a-damaged-share-link-names-the-problem-and-the-page-runs", async ()
   await fresh.goto(`${url.replace(/#.*$/, "")}#s=bm90IGRlZmxhdGU`);
   await fresh.locator("#notice", { hasText: "the link's program cannot be read" }).waitFor({ timeout: 60000 });
   await settled(async () => {
-    const notice = await fresh.locator("#notice").innerText();
+    const notice = await fresh.locator("#notice").innerText({ timeout: 5000 });
     if (!notice.includes("does not inflate") || !notice.includes("showing the first example instead")) {
       throw new Error(`notice: ${notice}`);
     }

@@ -123,7 +123,7 @@ impl Page {
                     // A run asked for while the worker was loading (the
                     // first example, or a run right after Stop) goes now.
                     if self.pending.get_untracked() {
-                        self.run();
+                        self.run_pending();
                     }
                 }
                 Ok(Response::Report { id, report }) if id == self.latest.get_untracked() => {
@@ -183,8 +183,15 @@ impl Page {
     /// Runs the editor's script now (Run, Ctrl+Enter, an example): a run
     /// scheduled by a pause in typing is dropped, so the script runs once.
     fn run(self) {
-        self.edits.update(|n| *n += 1);
         self.notice.set(None);
+        self.run_pending();
+    }
+
+    /// Runs the run that waited for the worker (the first example, a run
+    /// asked for right after Stop or a crash). Unlike [`Page::run`] it is no
+    /// act of the user's, so a notice about the link or the crash stays.
+    fn run_pending(self) {
+        self.edits.update(|n| *n += 1);
         self.run_script(false);
     }
 
