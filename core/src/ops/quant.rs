@@ -1417,6 +1417,30 @@ mod tests {
         }
     }
 
+    #[test]
+    fn word_aligned_codes_are_within_the_bound_for_every_group_size() {
+        // Each group size gives the in-register kernels a different word
+        // layout: groups of 2 to 8 words share a vector register (4-bit
+        // groups of 32 and 64), 16 words fill one (4-bit groups of 128),
+        // and groups under eight words take the scalar tail (2-bit groups
+        // of 32).
+        let (k, n) = (768, 40);
+        let formats = [2, 4, 8]
+            .iter()
+            .flat_map(|&bits| AFFINE_GROUP_SIZES.map(|group| QuantFormat::affine(bits, group)))
+            .chain([QuantFormat::Nf4]);
+        for format in formats {
+            let q = quantize(&matrix(wavy(n * k, 5, 1.0), &[1, n, k]), format);
+            let deq = q.dequantize().swap_axes(-1, -2);
+            for m in [1, 3] {
+                let x = matrix(wavy(m * k, 6, 1.0), &[1, m, k]);
+                let got = quantized_matmul(&x, &q, true);
+                let checked = within_bound(&f32s(&x), &f32s(&deq), &f32s(&got), (1, m, k));
+                assert!(checked.is_ok(), "{format} m={m}: {checked:?}");
+            }
+        }
+    }
+
     /// `got` (`[batch, m, n]`) against the f64 product of `x` (`[m, k]`)
     /// and each decoded `w` (`[batch, k, n]`): within
     /// [`crate::ops::matmul::error_bound`] widened by one rounding of each
