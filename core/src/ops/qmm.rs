@@ -424,7 +424,7 @@ fn decode_row(w: &Weight, row: usize, out: &mut [f32]) {
         };
         if let Some(kind) = four_bit.filter(|_| {
             w.dtype == DType::F32
-                && group % 16 == 0
+                && group.is_multiple_of(16)
                 && std::arch::is_x86_feature_detected!("avx512f")
         }) {
             // SAFETY: the CPU has AVX-512F, checked just above.
@@ -454,7 +454,9 @@ unsafe fn decode4_avx512<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]
     let row_words = w.cols / 8;
     let words = &w.words[row * row_words..(row + 1) * row_words];
     let (scales, biases) = row_scales(w, row);
-    assert!(out.len() == w.cols && group % 16 == 0 && words.len() * 8 == scales.len() * group);
+    assert!(
+        out.len() == w.cols && group.is_multiple_of(16) && words.len() * 8 == scales.len() * group
+    );
     let levels = if KIND == 0 {
         _mm512_cvtepi32_ps(_mm512_setr_epi32(
             0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
@@ -484,7 +486,7 @@ unsafe fn decode4_avx512<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]
 /// fill whole registers.
 #[cfg(target_arch = "x86_64")]
 fn lut4_fits(group: usize) -> bool {
-    matches!(group / 8, 2 | 4 | 8) || (group % 128 == 0 && group > 0)
+    matches!(group / 8, 2 | 4 | 8) || (group.is_multiple_of(128) && group > 0)
 }
 
 /// [`fused_dot`] of 4-bit affine (`KIND` 0) or NF4 (`KIND` 1) codes in
