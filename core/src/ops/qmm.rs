@@ -6,10 +6,13 @@
 //!   word per lane; for 3-, 5- and 6-bit codes the `bits` words of 32
 //!   codes per lane), decoded with their group's scale and bias, and
 //!   multiplied into `x` permuted once into the same lane order: one pass
-//!   over the codes.
+//!   over the codes. With AVX-512, 4-bit codes (affine and NF4) index a
+//!   16-entry table of their group's decoded values held in a register
+//!   (`vpermps`): a shift, a lookup and an FMA per 16 codes.
 //! * More rows: a panel of decoded weight rows (a tile of at most
 //!   [`PANEL_ROWS`]·k values, cache-resident) feeds the dense GEMM
-//!   microkernels, so each decoded tile serves every row of `x`.
+//!   microkernels, so each decoded tile serves every row of `x` (4-bit
+//!   rows are decoded with the same table lookups).
 //! * Otherwise (`x @ w` with few rows, f16/bf16 weights) one decoded row
 //!   at a time.
 //!
@@ -144,8 +147,7 @@ impl Matrix<'_, '_> {
             for first in (0..width).step_by(PANEL_ROWS) {
                 let rows = PANEL_ROWS.min(width - first);
                 for (t, decoded) in panel.chunks_exact_mut(k).take(rows).enumerate() {
-                    self.w
-                        .decode_cols(self.first_row + cols.start + first + t, 0, decoded);
+                    decode_row(self.w, self.first_row + cols.start + first + t, decoded);
                 }
                 let mut block = vec![0.0f32; m * rows];
                 let job = Product {
@@ -226,16 +228,20 @@ const fn unit(bits: u32) -> (usize, usize) {
 }
 
 /// `x` (one row of length k) in the order [`fused_dot`] reads it. Codes
-/// that never straddle words: code `j` of every word, word by word
-/// (`[j][word]`). Otherwise, for each run of [`LANES`] units, code `j` of
+/// that never straddle words: group by group, code `j` of every word of
+/// the group, word by word (`[group][j][word]`; int8's group is the row). Otherwise, for each run of [`LANES`] units, code `j` of
 /// every lane's unit, lane by lane; the tail after the last full run stays
 /// in order.
 fn permute(x: &[f32], format: QuantFormat) -> Vec<f32> {
     let (words_per_unit, codes) = unit(format.bits());
     if words_per_unit == 1 {
-        let words = x.len() / codes;
-        return (0..codes)
-            .flat_map(|j| (0..words).map(move |w| x[w * codes + j]))
+        let group = format.group_size().unwrap_or(x.len()).max(1);
+        let group_words = group / codes;
+        return x
+            .chunks_exact(group)
+            .flat_map(|g| {
+                (0..codes).flat_map(move |j| (0..group_words).map(move |w| g[w * codes + j]))
+            })
             .collect();
     }
     let run = LANES * codes;
@@ -278,6 +284,11 @@ fn dispatch<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32])
             row_kernel::<BITS, KIND, true>(w, row, xp)
         }
         if std::arch::is_x86_feature_detected!("avx512bw") {
+            let group = w.format.group_size().unwrap_or(w.cols);
+            if BITS == 4 && KIND < 2 && lut4_fits(group) {
+                // SAFETY: the CPU has AVX-512F, checked just above.
+                return unsafe { lut4_avx512::<KIND>(w, row, xp) };
+            }
             // SAFETY: the CPU has AVX-512F/BW (and so AVX2 and FMA).
             return unsafe { avx512::<BITS, KIND>(w, row, xp) };
         }
@@ -329,10 +340,11 @@ fn decode<const BITS: u32, const KIND: u8, const FMA: bool>(
     }
 }
 
-/// The body of [`fused_dot`] for codes that never straddle words: for
-/// each code position `j`, every word of the row is unpacked and decoded
-/// into a row-long buffer (a loop the compiler vectorizes: one shift, mask
-/// and convert per lane), then multiplied into `x` in that order.
+/// The body of [`fused_dot`] for codes that never straddle words, group
+/// by group: for each code position `j`, every word of the group is
+/// unpacked (one shift, mask and convert per lane: a loop the compiler
+/// vectorizes when a group holds eight words or more), decoded with the
+/// group's scale and bias and multiplied into `x` in that order.
 #[inline(always)]
 fn aligned_row<const BITS: u32, const KIND: u8, const FMA: bool>(
     w: &Weight,
@@ -343,36 +355,211 @@ fn aligned_row<const BITS: u32, const KIND: u8, const FMA: bool>(
     let mask = ((1u64 << BITS) - 1) as u32;
     let row_words = w.cols / per_word;
     let words = &w.words[row * row_words..(row + 1) * row_words];
-    let group_words = w.format.group_size().unwrap_or(w.cols) / per_word;
-    let groups = row * w.groups_per_row..(row + 1) * w.groups_per_row;
-    let expand = |v: &[f32]| -> Vec<f32> {
-        v.iter()
-            .flat_map(|&s| std::iter::repeat_n(s, group_words))
-            .collect()
-    };
-    let scale = expand(&w.scales[groups.clone()]);
-    let bias = match &w.biases {
-        Some(b) => expand(&b[groups]),
-        None => vec![0.0; row_words],
-    };
-    let mut decoded = vec![0.0f32; row_words];
-    let mut acc = [0.0f32; LANES];
-    for (j, x) in xp.chunks_exact(row_words).enumerate() {
-        let shift = j as u32 * BITS;
-        for (((d, &word), &s), &b) in decoded.iter_mut().zip(words).zip(&scale).zip(&bias) {
-            *d = decode::<BITS, KIND, FMA>((word >> shift) & mask, s, b);
-        }
-        let (dc, xc) = (decoded.chunks_exact(LANES), x.chunks_exact(LANES));
-        for (&d, &x) in dc.remainder().iter().zip(xc.remainder()) {
-            acc[0] = madd::<FMA>(d, x, acc[0]);
-        }
-        for (d, x) in dc.zip(xc) {
-            for l in 0..LANES {
-                acc[l] = madd::<FMA>(d[l], x[l], acc[l]);
+    let group = w.format.group_size().unwrap_or(w.cols);
+    let group_words = group / per_word;
+    let (scales, biases) = row_scales(w, row);
+    let mut acc = [0.0f32; 8];
+    let mut tail = 0.0f32;
+    for (g, (gwords, x)) in words
+        .chunks_exact(group_words)
+        .zip(xp.chunks_exact(group))
+        .enumerate()
+    {
+        let (s, b) = (scales[g], biases.map_or(0.0, |b| b[g]));
+        for (j, xj) in x.chunks_exact(group_words).enumerate() {
+            let shift = j as u32 * BITS;
+            let (wc, xc) = (gwords.chunks_exact(8), xj.chunks_exact(8));
+            for (&word, &x) in wc.remainder().iter().zip(xc.remainder()) {
+                let v = decode::<BITS, KIND, FMA>((word >> shift) & mask, s, b);
+                tail = madd::<FMA>(v, x, tail);
+            }
+            for (wv, xv) in wc.zip(xc) {
+                for l in 0..8 {
+                    let v = decode::<BITS, KIND, FMA>((wv[l] >> shift) & mask, s, b);
+                    acc[l] = madd::<FMA>(v, xv[l], acc[l]);
+                }
             }
         }
     }
-    acc.iter().sum()
+    acc.iter().sum::<f32>() + tail
+}
+
+/// The scales and biases of weight row `row`, one per group.
+fn row_scales<'w>(w: &'w Weight, row: usize) -> (&'w [f32], Option<&'w [f32]>) {
+    let groups = row * w.groups_per_row..(row + 1) * w.groups_per_row;
+    (
+        &w.scales[groups.clone()],
+        w.biases.as_ref().map(|b| &b[groups]),
+    )
+}
+
+/// The 16 decoded values of one group's 4-bit codes: `s·q + b` (a product
+/// and a sum, rounded as [`Weight::decode_cols`] rounds them) or `s·level`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn lut4_table<const KIND: u8>(
+    s: std::arch::x86_64::__m512,
+    levels: std::arch::x86_64::__m512,
+    bias: Option<f32>,
+) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    match bias {
+        Some(b) if KIND == 0 => _mm512_add_ps(_mm512_mul_ps(s, levels), _mm512_set1_ps(b)),
+        _ => _mm512_mul_ps(s, levels),
+    }
+}
+
+/// Weight row `row` decoded into `out` (`w.cols` long), as
+/// [`Weight::decode_cols`] decodes it, with AVX-512 table lookups for
+/// 4-bit affine and NF4 codes with f32 scales.
+fn decode_row(w: &Weight, row: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let group = w.format.group_size().unwrap_or(w.cols);
+        let four_bit = match w.format {
+            QuantFormat::Affine { bits: 4, .. } => Some(0),
+            QuantFormat::Nf4 => Some(1),
+            _ => None,
+        };
+        if let Some(kind) = four_bit.filter(|_| {
+            w.dtype == DType::F32
+                && group.is_multiple_of(16)
+                && std::arch::is_x86_feature_detected!("avx512f")
+        }) {
+            // SAFETY: the CPU has AVX-512F, checked just above.
+            unsafe {
+                match kind {
+                    0 => decode4_avx512::<0>(w, row, out),
+                    _ => decode4_avx512::<1>(w, row, out),
+                }
+            }
+            return;
+        }
+    }
+    w.decode_cols(row, 0, out);
+}
+
+/// [`decode_row`] for 4-bit codes in groups of a multiple of 16: two words
+/// (16 codes) per step, spread over the lanes, shifted into place and
+/// looked up in the group's [`lut4_table`].
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn decode4_avx512<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let group = w.format.group_size().unwrap_or(w.cols);
+    let row_words = w.cols / 8;
+    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let (scales, biases) = row_scales(w, row);
+    assert!(
+        out.len() == w.cols && group.is_multiple_of(16) && words.len() * 8 == scales.len() * group
+    );
+    let levels = if KIND == 0 {
+        _mm512_cvtepi32_ps(_mm512_setr_epi32(
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+        ))
+    } else {
+        _mm512_loadu_ps(NF4_LEVELS.as_ptr())
+    };
+    let pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    let shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    for (g, &s) in scales.iter().enumerate() {
+        let table = lut4_table::<KIND>(_mm512_set1_ps(s), levels, biases.map(|b| b[g]));
+        for t in 0..group / 16 {
+            let first = g * group + 16 * t;
+            let pair = _mm_loadl_epi64(words.as_ptr().add(first / 8).cast());
+            let spread = _mm512_permutexvar_epi32(pick, _mm512_castsi128_si512(pair));
+            let codes = _mm512_srlv_epi32(spread, shifts);
+            _mm512_storeu_ps(
+                out.as_mut_ptr().add(first),
+                _mm512_permutexvar_ps(codes, table),
+            );
+        }
+    }
+}
+
+/// Whether [`lut4_avx512`] takes 4-bit groups of `group` codes: a
+/// group's words either divide a 16-lane register (2, 4 or 8 words) or
+/// fill whole registers.
+#[cfg(target_arch = "x86_64")]
+fn lut4_fits(group: usize) -> bool {
+    matches!(group / 8, 2 | 4 | 8) || (group.is_multiple_of(128) && group > 0)
+}
+
+/// [`fused_dot`] of 4-bit affine (`KIND` 0) or NF4 (`KIND` 1) codes in
+/// groups that [`lut4_fits`], with AVX-512: each group's 16
+/// decoded values ([`lut4_table`]) form a table in one register, and a code, shifted into the low bits of its
+/// lane, indexes it (`vpermps` reads only the low 4 bits), so a vector
+/// of 16 products costs a shift, a permute and an FMA. Lane `l` of step
+/// `t` of a group reads flat position `16t + l` of the group's
+/// [`permute`]d `x`: word `(16t + l) % group_words`, code
+/// `(16t + l) / group_words`.
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn lut4_avx512<const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let group = w.format.group_size().unwrap_or(w.cols);
+    let group_words = group / 8;
+    let row_words = w.cols / 8;
+    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let (scales, biases) = row_scales(w, row);
+    assert!(xp.len() >= w.cols && lut4_fits(group) && words.len() * 8 == scales.len() * group);
+    let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let levels = if KIND == 0 {
+        _mm512_cvtepi32_ps(lane)
+    } else {
+        _mm512_loadu_ps(NF4_LEVELS.as_ptr())
+    };
+    // Groups of fewer than 16 words: the group's words broadcast to every
+    // lane block, each block shifted to its own code position.
+    let narrow = group_words < 16;
+    let first_shift = if narrow {
+        let log2 = _mm512_set1_epi32(group_words.trailing_zeros() as i32);
+        _mm512_slli_epi32::<2>(_mm512_srlv_epi32(lane, log2))
+    } else {
+        _mm512_setzero_si512()
+    };
+    let step_shift = _mm512_set1_epi32(if narrow {
+        (4 * 16 / group_words) as i32
+    } else {
+        0
+    });
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for (g, &s) in scales.iter().enumerate() {
+        let s = _mm512_set1_ps(s);
+        let table = lut4_table::<KIND>(s, levels, biases.map(|b| b[g]));
+        let gwords = words[g * group_words..].as_ptr();
+        let x = xp[g * group..].as_ptr();
+        let mut shift = first_shift;
+        let broadcast = match group_words {
+            2 => _mm512_set1_epi64(gwords.cast::<i64>().read_unaligned()),
+            4 => _mm512_broadcast_i32x4(_mm_loadu_si128(gwords.cast())),
+            8 => _mm512_broadcast_i64x4(_mm256_loadu_si256(gwords.cast())),
+            _ => _mm512_setzero_si512(),
+        };
+        for t in 0..group / 16 {
+            let codes = if narrow {
+                let c = _mm512_srlv_epi32(broadcast, shift);
+                shift = _mm512_add_epi32(shift, step_shift);
+                c
+            } else {
+                let f = 16 * t;
+                let v = _mm512_loadu_si512(gwords.add(f % group_words).cast());
+                _mm512_srlv_epi32(v, _mm512_set1_epi32((4 * (f / group_words)) as i32))
+            };
+            let decoded = _mm512_permutexvar_ps(codes, table);
+            let a = &mut acc[t % 4];
+            *a = _mm512_fmadd_ps(decoded, _mm512_loadu_ps(x.add(16 * t)), *a);
+        }
+    }
+    let pair = (_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    _mm512_reduce_add_ps(_mm512_add_ps(pair.0, pair.1))
 }
 
 /// The body of [`fused_dot`] for codes that straddle words: runs of [`LANES`] units, lane `l` unpacking

@@ -59,6 +59,7 @@ use crate::shape::{Aval, Dim, Shape};
 use crate::DType;
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::fmt;
 
 /// The 16 NF4 levels of QLoRA (bitsandbytes), ascending: quantiles of a
@@ -774,11 +775,13 @@ fn broadcast_known(a: &[usize], b: &[usize]) -> Vec<usize> {
 }
 
 /// Float data widened to f32.
-fn to_f32(op: &str, data: &HostData) -> Result<Vec<f32>> {
+/// `data` as f32 values: borrowed when it is f32 already, so a product
+/// does not copy its scales on every call.
+fn to_f32<'d>(op: &str, data: &'d HostData) -> Result<Cow<'d, [f32]>> {
     match data {
-        HostData::F32(v) => Ok(v.clone()),
-        HostData::F16(v) => Ok(v.iter().map(|x| x.to_f32()).collect()),
-        HostData::BF16(v) => Ok(v.iter().map(|x| x.to_f32()).collect()),
+        HostData::F32(v) => Ok(Cow::Borrowed(v)),
+        HostData::F16(v) => Ok(Cow::Owned(v.iter().map(|x| x.to_f32()).collect())),
+        HostData::BF16(v) => Ok(Cow::Owned(v.iter().map(|x| x.to_f32()).collect())),
         other => Err(arg_err(
             op,
             format!("expects float data, got {}", other.dtype()),
@@ -836,8 +839,8 @@ pub(super) struct Weight<'a> {
     pub format: QuantFormat,
     pub dtype: DType,
     pub words: &'a [u32],
-    pub scales: Vec<f32>,
-    pub biases: Option<Vec<f32>>,
+    pub scales: Cow<'a, [f32]>,
+    pub biases: Option<Cow<'a, [f32]>>,
     /// Batch dims (all but the last two of the dequantized shape).
     batch: Vec<usize>,
     /// Rows over every batch entry, and rows of one matrix.
@@ -986,7 +989,7 @@ impl Lhs {
             ));
         }
         Ok(Lhs {
-            values: to_f32(op, x)?,
+            values: to_f32(op, x)?.into_owned(),
             m,
             k,
         })
@@ -1413,6 +1416,30 @@ mod tests {
                     checked.is_ok(),
                     "{format} m={m} transpose={transpose}: {checked:?}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn word_aligned_codes_are_within_the_bound_for_every_group_size() {
+        // Each group size gives the in-register kernels a different word
+        // layout: groups of 2 to 8 words share a vector register (4-bit
+        // groups of 32 and 64), 16 words fill one (4-bit groups of 128),
+        // and groups under eight words take the scalar tail (2-bit groups
+        // of 32).
+        let (k, n) = (768, 40);
+        let formats = [2, 4, 8]
+            .iter()
+            .flat_map(|&bits| AFFINE_GROUP_SIZES.map(|group| QuantFormat::affine(bits, group)))
+            .chain([QuantFormat::Nf4]);
+        for format in formats {
+            let q = quantize(&matrix(wavy(n * k, 5, 1.0), &[1, n, k]), format);
+            let deq = q.dequantize().swap_axes(-1, -2);
+            for m in [1, 3] {
+                let x = matrix(wavy(m * k, 6, 1.0), &[1, m, k]);
+                let got = quantized_matmul(&x, &q, true);
+                let checked = within_bound(&f32s(&x), &f32s(&deq), &f32s(&got), (1, m, k));
+                assert!(checked.is_ok(), "{format} m={m}: {checked:?}");
             }
         }
     }
