@@ -283,7 +283,7 @@ fn dispatch<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32])
         fn avx2<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
             row_kernel::<BITS, KIND, true>(w, row, xp)
         }
-        if std::arch::is_x86_feature_detected!("avx512bw") {
+        if vector_kernels_allowed() && std::arch::is_x86_feature_detected!("avx512bw") {
             let group = w.format.group_size().unwrap_or(w.cols);
             if BITS == 4 && KIND < 2 && lut4_fits(group) {
                 // SAFETY: the CPU has AVX-512F, checked just above.
@@ -292,13 +292,31 @@ fn dispatch<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32])
             // SAFETY: the CPU has AVX-512F/BW (and so AVX2 and FMA).
             return unsafe { avx512::<BITS, KIND>(w, row, xp) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        if vector_kernels_allowed()
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
         {
             // SAFETY: the CPU has AVX2 and FMA, checked just above.
             return unsafe { avx2::<BITS, KIND>(w, row, xp) };
         }
     }
     row_kernel::<BITS, KIND, false>(w, row, xp)
+}
+
+/// Set by unit tests to run the portable kernels on a CPU that has the
+/// vector units, which would otherwise always take the vector kernels.
+#[cfg(test)]
+pub(super) static PORTABLE_ONLY: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the vector kernels may run (always, outside unit tests that
+/// check the portable ones).
+#[cfg(target_arch = "x86_64")]
+fn vector_kernels_allowed() -> bool {
+    #[cfg(test)]
+    return !PORTABLE_ONLY.load(std::sync::atomic::Ordering::Relaxed);
+    #[cfg(not(test))]
+    true
 }
 
 /// [`aligned_row`] or [`fused_row`], by whether codes straddle words.
@@ -425,6 +443,7 @@ fn decode_row(w: &Weight, row: usize, out: &mut [f32]) {
         if let Some(kind) = four_bit.filter(|_| {
             w.dtype == DType::F32
                 && group.is_multiple_of(16)
+                && vector_kernels_allowed()
                 && std::arch::is_x86_feature_detected!("avx512f")
         }) {
             // SAFETY: the CPU has AVX-512F, checked just above.

@@ -1432,16 +1432,25 @@ mod tests {
             .iter()
             .flat_map(|&bits| AFFINE_GROUP_SIZES.map(|group| QuantFormat::affine(bits, group)))
             .chain([QuantFormat::Nf4]);
-        for format in formats {
-            let q = quantize(&matrix(wavy(n * k, 5, 1.0), &[1, n, k]), format);
-            let deq = q.dequantize().swap_axes(-1, -2);
-            for m in [1, 3] {
-                let x = matrix(wavy(m * k, 6, 1.0), &[1, m, k]);
-                let got = quantized_matmul(&x, &q, true);
-                let checked = within_bound(&f32s(&x), &f32s(&deq), &f32s(&got), (1, m, k));
-                assert!(checked.is_ok(), "{format} m={m}: {checked:?}");
+        // The vector kernels where the CPU has them, then the portable
+        // ones (what a CPU without AVX-512 or AVX2 runs).
+        for portable in [false, true] {
+            super::super::qmm::PORTABLE_ONLY.store(portable, std::sync::atomic::Ordering::Relaxed);
+            for format in formats.clone() {
+                let q = quantize(&matrix(wavy(n * k, 5, 1.0), &[1, n, k]), format);
+                let deq = q.dequantize().swap_axes(-1, -2);
+                for m in [1, 3, 5] {
+                    let x = matrix(wavy(m * k, 6, 1.0), &[1, m, k]);
+                    let got = quantized_matmul(&x, &q, true);
+                    let checked = within_bound(&f32s(&x), &f32s(&deq), &f32s(&got), (1, m, k));
+                    assert!(
+                        checked.is_ok(),
+                        "{format} m={m} portable={portable}: {checked:?}"
+                    );
+                }
             }
         }
+        super::super::qmm::PORTABLE_ONLY.store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// `got` (`[batch, m, n]`) against the f64 product of `x` (`[m, k]`)
