@@ -684,7 +684,10 @@ await check("a-2000-node-graph-is-laid-out-and-searchable", async () => {
 });
 
 await check("an-endless-loop-is-stopped-and-the-page-responds", async () => {
-  await runScript("loop { }");
+  // Real work in every iteration: an empty `loop { }` reaches the script
+  // engine's operation limit within a tenth of a second, before a check
+  // could see it running.
+  await runScript("loop { let a = ones([128, 128]); a.matmul(a).sum(); }");
   await page.locator("#status", { hasText: "running" }).waitFor({ timeout: 60000 });
   await page.waitForTimeout(500);
   await page.click("#stop");
