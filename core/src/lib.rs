@@ -16,13 +16,14 @@
 //! depth limit. They import nothing above them.
 //!
 //! **Ops and the handle** (`ops/`, `handle/`): the closed [`Op`] enum and one
-//! module per family holding its shape rule, reference evaluation, vjp and
-//! the [`Array`] user methods for it; `handle/` holds the lazy [`Array`]
+//! module per family holding its shape rule, reference evaluation, vjp,
+//! jvp and the [`Array`] user methods for it; `handle/` holds the lazy [`Array`]
 //! handle itself and its constructors. The handle stores an [`Op`] per node
 //! and the families' methods build nodes through the handle: the one import
 //! circle kept on purpose, so that everything about an op sits in one place.
 //! What a family needs from higher layers comes in through narrow
-//! interfaces: reverse mode is an argument of `Op::vjp`, a custom op's
+//! interfaces: reverse and forward mode are arguments of `Op::vjp` and
+//! `Op::jvp`, a custom op's
 //! tracing and small executable come through the `CustomRuntime` its
 //! constructor hands in.
 //!
@@ -53,7 +54,8 @@
 //! **Compile** (`compile/`): the compile cache with explained misses, the
 //! [`Report`], eager evaluation (the same pipeline, cached by graph
 //! structure) and the user-facing transformations built on `compile`
-//! (`grad`, `value_and_grad`, `vjp`).
+//! (`grad`, `value_and_grad`, `vjp`, `jvp`, `linearize`, `jacfwd`,
+//! `jacrev`, `hessian`).
 //!
 //! # Data flow
 //!
@@ -116,6 +118,9 @@ pub mod passes {
 }
 
 pub use compile::eval::{eval, eval_async, eval_cache_stats, EvalCacheStats};
+pub use compile::forward::{
+    hessian, jacfwd, jacrev, jvp, linearize, Hessian, JacFwd, JacRev, Linear,
+};
 pub use compile::grad::{
     grad, value_and_grad, vjp, Grad, Pullback, ValueAndGrad, ValueAndGradWithAux,
 };

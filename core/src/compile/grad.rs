@@ -10,7 +10,7 @@ use crate::exec::{Backend, CpuBackend, Executable};
 use crate::handle::array::Array;
 use crate::ir::passes::Passes;
 use crate::trace::{extract, next_trace_id, Leaves};
-use crate::transform::autodiff::{backward, zeros_like};
+use crate::transform::autodiff::backward;
 use crate::transform::implicit::optimize;
 use crate::tree::{tree_unflatten, Tree, TreeDef};
 use std::collections::HashSet;
@@ -239,7 +239,7 @@ fn differentiate<In: Tree>(
         .map(
             |(leaf, &s)| match s.then(|| grads.next().flatten()).flatten() {
                 Some(g) => g,
-                None => zeros_like(leaf),
+                None => leaf.zeros_like(),
             },
         )
         .collect();
@@ -340,7 +340,7 @@ impl<In: Tree, Out: Tree> Pullback<In, Out> {
         let grads: Vec<Array> = grads
             .into_iter()
             .zip(&self.params)
-            .map(|(g, p)| g.unwrap_or_else(|| zeros_like(p)))
+            .map(|(g, p)| g.unwrap_or_else(|| p.zeros_like()))
             .collect();
         let values = run_traced(&grads, self.trace, &self.primals)?;
         tree_unflatten(&self.in_tree, values)
@@ -350,21 +350,42 @@ impl<In: Tree, Out: Tree> Pullback<In, Out> {
 /// Runs the traced `outputs` of trace `trace` on the CPU executor with
 /// `inputs` as its arguments.
 fn run_traced(outputs: &[Array], trace: u64, inputs: &[Array]) -> Result<Vec<Array>> {
-    let (graph, _) = extract(
-        outputs,
-        Leaves::Trace {
-            id: trace,
-            num_inputs: inputs.len(),
-        },
-        &HashSet::new(),
-    )?;
-    let (graph, _) = optimize(&graph, Passes::default())?;
     let shapes: Vec<Vec<usize>> = inputs
         .iter()
         .map(|a| a.shape().as_known().unwrap_or_default())
         .collect();
+    run_built(&build_traced(outputs, trace, &shapes)?, &shapes, inputs)
+}
+
+/// The optimized CPU executable of the traced `outputs` of trace `trace`,
+/// whose arguments have `shapes`.
+pub(super) fn build_traced(
+    outputs: &[Array],
+    trace: u64,
+    shapes: &[Vec<usize>],
+) -> Result<Executable> {
+    let (graph, _) = extract(
+        outputs,
+        Leaves::Trace {
+            id: trace,
+            num_inputs: shapes.len(),
+        },
+        &HashSet::new(),
+    )?;
+    let (graph, _) = optimize(&graph, Passes::default())?;
     let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
-    let exe = Executable::new(graph, Vec::new(), &vec![false; inputs.len()], &refs)?;
+    Executable::new(graph, Vec::new(), &vec![false; shapes.len()], &refs)
+}
+
+/// Runs `exe` (from [`build_traced`]) on the CPU executor with `inputs`, of
+/// `shapes`, as its arguments.
+pub(super) fn run_built(
+    exe: &Executable,
+    shapes: &[Vec<usize>],
+    inputs: &[Array],
+) -> Result<Vec<Array>> {
+    crate::compile::eval::eval(inputs)?;
+    let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
     let buffers = inputs
         .iter()
         .map(|a| {
@@ -374,7 +395,7 @@ fn run_traced(outputs: &[Array], trace: u64, inputs: &[Array]) -> Result<Vec<Arr
         })
         .collect::<Result<Vec<_>>>()?;
     let resolved = exe.resolve_shapes(&refs)?;
-    let results = CpuBackend.run(&exe, buffers, &resolved)?;
+    let results = CpuBackend.run(exe, buffers, &resolved)?;
     Ok(results
         .into_iter()
         .zip(&exe.graph().outputs)

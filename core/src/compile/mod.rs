@@ -1,10 +1,12 @@
 //! Compiling functions of trees: the cache ([`cache`]) keyed by
 //! [`CacheKey`] with explained misses, the [`report`] of what the compiler
 //! did, eager evaluation through the same pipeline ([`eval`]), and the
-//! transformations built on `compile` ([`grad`]).
+//! transformations built on `compile`: reverse mode ([`grad`]), forward
+//! mode and Jacobians ([`forward`]).
 
 pub mod cache;
 pub mod eval;
+pub mod forward;
 pub mod grad;
 pub mod key;
 pub mod report;

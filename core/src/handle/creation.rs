@@ -58,6 +58,20 @@ impl Array {
         Array::filled("zeros", shape, 0.0, dtype)
     }
 
+    /// Zeros with this array's shape (symbolic dims included) and dtype,
+    /// built by broadcasting a scalar, so that nothing large is
+    /// materialised until a kernel writes it.
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![1.0f32, 2.0], &[2])?;
+    /// assert_eq!(x.zeros_like().to_vec::<f32>()?, vec![0.0, 0.0]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn zeros_like(&self) -> Array {
+        Array::scalar(0.0, self.dtype()).broadcast_to(self.shape().clone())
+    }
+
     /// Ones of `shape` and `dtype`.
     pub fn ones(shape: &[usize], dtype: DType) -> Array {
         Array::filled("ones", shape, 1.0, dtype)

@@ -636,6 +636,59 @@ pub(crate) fn vjp(op: BinaryOp, a: &Array, b: &Array, y: &Array, g: &Array) -> [
     ]
 }
 
+/// The tangent of `y = op(a, b)` for the tangents `ta`, `tb` (`None` where
+/// zero), in `y`'s shape; the same tie and `pow` conventions as [`vjp`].
+/// Comparisons have none.
+pub(crate) fn jvp(
+    op: BinaryOp,
+    a: &Array,
+    b: &Array,
+    y: &Array,
+    ta: Option<Array>,
+    tb: Option<Array>,
+) -> Option<Array> {
+    let zero = || Array::scalar(0.0, y.dtype());
+    let (da, db) = match op {
+        BinaryOp::Add => (ta, tb),
+        BinaryOp::Sub => (ta, tb.map(|t| -t)),
+        BinaryOp::Mul => (ta.map(|t| t * b), tb.map(|t| a * t)),
+        BinaryOp::Div => (ta.map(|t| t / b), tb.map(|t| -(t * y) / b)),
+        BinaryOp::Pow => (
+            ta.map(|t| t * b * a.pow(b - 1.0)),
+            tb.map(|t| a.greater(0.0).select(t * y * a.log(), zero())),
+        ),
+        BinaryOp::Maximum | BinaryOp::Minimum => {
+            let a_wins = match op {
+                BinaryOp::Maximum => a.greater(b),
+                _ => a.less(b),
+            };
+            let one = Array::scalar(1.0, y.dtype());
+            let half = Array::scalar(0.5, y.dtype());
+            let share = a_wins.select(&one, a.equal(b).select(half, zero()));
+            (ta.map(|t| t * &share), tb.map(|t| t * (1.0 - &share)))
+        }
+        BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge => {
+            return None
+        }
+    };
+    let sum = match (da, db) {
+        (Some(da), Some(db)) => da + db,
+        (Some(d), None) | (None, Some(d)) => d,
+        (None, None) => return None,
+    };
+    Some(broadcast_like(sum, y))
+}
+
+/// `t` broadcast to `like`'s shape where it is not already that shape
+/// (a tangent computed from one operand of a broadcasting op).
+pub(crate) fn broadcast_like(t: Array, like: &Array) -> Array {
+    if crate::symbolic::shapes_equal(t.shape(), like.shape()) {
+        t
+    } else {
+        t.broadcast_to(like.shape().clone())
+    }
+}
+
 /// `g` summed over the axes along which `shape` was broadcast to `g`'s
 /// shape (leading axes, and known 1s that grew), in `shape`.
 pub(crate) fn unbroadcast(g: &Array, shape: &Shape) -> Array {

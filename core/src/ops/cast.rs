@@ -57,6 +57,12 @@ pub(crate) fn vjp(x: &Array, g: &Array) -> Option<Array> {
     (x.dtype().is_float() && g.dtype().is_float()).then(|| g.cast(x.dtype()))
 }
 
+/// The tangent through a cast to `dtype`: `t` cast along between floats;
+/// none to integers and bool (an integer operand has no tangent).
+pub(crate) fn jvp(t: &Array, dtype: DType) -> Option<Array> {
+    (t.dtype().is_float() && dtype.is_float()).then(|| t.cast(dtype))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

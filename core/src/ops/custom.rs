@@ -34,6 +34,8 @@ use std::sync::Arc;
 pub(crate) type ForwardFn = dyn Fn(&TreeDef, Vec<Array>) -> Result<Array> + Send + Sync;
 pub(crate) type VjpFn =
     dyn Fn(&TreeDef, Vec<Array>, &Array, &Array) -> Result<(Vec<Array>, TreeDef)> + Send + Sync;
+pub(crate) type JvpFn =
+    dyn Fn(&TreeDef, Vec<Array>, &Array, Vec<Array>) -> Result<Array> + Send + Sync;
 
 /// What a custom op needs from the layers above the op families: its
 /// forward traced abstractly (the shape rule) and run on host data (the
@@ -58,6 +60,7 @@ pub(crate) struct CustomDef {
     pub(crate) name: String,
     pub(crate) forward: Arc<ForwardFn>,
     pub(crate) vjp: Option<Arc<VjpFn>>,
+    pub(crate) jvp: Option<Arc<JvpFn>>,
     /// Traces and runs the forward (and keeps its executables).
     pub(crate) runtime: Arc<dyn CustomRuntime>,
 }
@@ -108,6 +111,7 @@ impl<A> fmt::Debug for CustomOp<A> {
         f.debug_struct("CustomOp")
             .field("name", &self.def.name)
             .field("has_vjp", &self.def.vjp.is_some())
+            .field("has_jvp", &self.def.jvp.is_some())
             .finish()
     }
 }
@@ -185,7 +189,7 @@ pub struct SchemaEntry {
 
 impl CustomDef {
     /// A def named `name` computing `forward` through `runtime`, without a
-    /// vjp.
+    /// vjp or jvp.
     pub(crate) fn new(
         name: impl Into<String>,
         forward: Arc<ForwardFn>,
@@ -195,6 +199,7 @@ impl CustomDef {
             name: name.into(),
             forward,
             vjp: None,
+            jvp: None,
             runtime,
         })
     }
@@ -343,6 +348,37 @@ impl CustomCall {
             }
         }
         Ok(out)
+    }
+
+    /// The output's tangent from the op's jvp, given the operands'
+    /// tangents (zeros where `None`, so the jvp sees its arguments' own
+    /// tree type), checked against the output's shape and dtype.
+    pub(crate) fn jvp(
+        &self,
+        inputs: &[Array],
+        output: &Array,
+        tangents: &[Option<Array>],
+    ) -> Result<Option<Array>> {
+        let jvp = self.def.jvp.as_ref().ok_or_else(|| {
+            self.error(
+                "custom op has no jvp, so forward-mode derivatives cannot flow through it; \
+                 give it one with `CustomOp::with_jvp`",
+            )
+        })?;
+        let tangents = inputs
+            .iter()
+            .zip(tangents)
+            .map(|(x, t)| t.clone().unwrap_or_else(|| x.zeros_like()))
+            .collect();
+        let tangent = jvp(&self.args, inputs.to_vec(), output, tangents)?;
+        if !crate::symbolic::avals_equal(tangent.aval(), output.aval()) {
+            return Err(self.error(format!(
+                "its jvp returned a tangent of {} for an output of {}",
+                tangent.aval(),
+                output.aval()
+            )));
+        }
+        Ok(Some(tangent))
     }
 
     /// Walks the arguments' def `primal` and the vjp's def `cotangent`

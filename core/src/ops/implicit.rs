@@ -4,7 +4,7 @@
 //! `transform/implicit.rs`.
 
 use super::custom::CustomCall;
-use super::{Backward, ShapeCx};
+use super::{Backward, Forward, ShapeCx};
 use crate::data::HostData;
 use crate::error::{Error, Result};
 use crate::handle::array::Array;
@@ -86,6 +86,24 @@ impl ImplicitCall {
         }
         let value = self.body.apply_forward(inputs.to_vec())?;
         backward(&[value], vec![Some(g.clone())], inputs)
+    }
+
+    /// The tangent of the value for its leaves' (and master copy's)
+    /// tangents: the master copy's straight through, or `forward` (forward
+    /// mode, from the transform layer) over the materialization.
+    pub(crate) fn jvp(
+        &self,
+        inputs: &[Array],
+        tangents: &[Option<Array>],
+        forward: Forward<'_>,
+    ) -> Result<Option<Array>> {
+        if self.straight_through {
+            return Ok(tangents.last().cloned().flatten());
+        }
+        let value = self.body.apply_forward(inputs.to_vec())?;
+        Ok(forward(&[value], inputs, tangents.to_vec())?
+            .pop()
+            .flatten())
     }
 
     fn error(&self, detail: impl Into<String>) -> Error {

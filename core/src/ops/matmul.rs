@@ -247,6 +247,15 @@ pub(crate) fn vjp(a: &Array, b: &Array, g: &Array) -> [Option<Array>; 2] {
     ]
 }
 
+/// The tangent of `a @ b`: `ta @ b + a @ tb` (a term dropped where its
+/// operand has no tangent), in the product's broadcast shape.
+pub(crate) fn jvp(a: &Array, b: &Array, ta: Option<Array>, tb: Option<Array>) -> Option<Array> {
+    match (ta.map(|t| t.matmul(b)), tb.map(|t| a.matmul(&t))) {
+        (Some(x), Some(y)) => Some(x + y),
+        (one, other) => one.or(other),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -60,6 +60,13 @@ pub use unary::UnaryOp;
 pub(crate) type Backward<'a> =
     &'a dyn Fn(&[Array], Vec<Option<Array>>, &[Array]) -> Result<Vec<Option<Array>>>;
 
+/// Forward mode over the lazy graph, as the transform layer implements it
+/// (`transform::forward::push_tangents`): the tangents of `outputs` when
+/// the values `wrt` have the tangents `tangents`. Handed to [`Op::jvp`] for
+/// the rules that differentiate a composition, as [`Backward`] is.
+pub(crate) type Forward<'a> =
+    &'a dyn Fn(&[Array], &[Array], Vec<Option<Array>>) -> Result<Vec<Option<Array>>>;
+
 /// An operation of the graph: a closed set of families plus one open
 /// variant for custom kernels.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -399,6 +406,71 @@ impl Op {
                 return Err(crate::error::arg_err(
                     self.name(),
                     "has no vjp, so gradients cannot flow through it",
+                ))
+            }
+        })
+    }
+
+    /// The tangent of `output`, the value this op computed from `inputs`,
+    /// when the inputs have the tangents `tangents` (one per operand,
+    /// `None` where structurally zero): `None` where the output's tangent
+    /// is structurally zero (no operand has one, or the output is not a
+    /// float). Each family's rule sits beside its vjp; ops linear in their
+    /// float operands apply themselves to the tangents.
+    pub(crate) fn jvp(
+        &self,
+        inputs: &[Array],
+        output: &Array,
+        tangents: &[Option<Array>],
+        forward: Forward<'_>,
+    ) -> Result<Option<Array>> {
+        if !output.dtype().is_float() || tangents.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        let t = |i: usize| tangents[i].clone();
+        Ok(match self {
+            Op::Unary(u) => t(0).map(|t| unary::jvp(*u, &inputs[0], output, &t)),
+            Op::Binary(b) => binary::jvp(*b, &inputs[0], &inputs[1], output, t(0), t(1)),
+            Op::Select => select::jvp(&inputs[0], output, t(1), t(2)),
+            Op::Cast(d) => t(0).and_then(|t| cast::jvp(&t, *d)),
+            Op::Reduce { op, axes, keepdims } => {
+                t(0).map(|t| reduce::jvp(*op, axes, *keepdims, &inputs[0], output, &t))
+            }
+            Op::Matmul => matmul::jvp(&inputs[0], &inputs[1], t(0), t(1)),
+            Op::Reshape(_)
+            | Op::Permute(_)
+            | Op::BroadcastTo(_)
+            | Op::Slice(_)
+            | Op::PadSlice { .. }
+            | Op::Take { .. }
+            | Op::ScatterAdd { .. } => t(0).map(|t| {
+                let mut operands = inputs.to_vec();
+                operands[0] = t;
+                Array::apply(self.clone(), operands)
+            }),
+            Op::Concat { .. } => Some(Array::apply(
+                self.clone(),
+                inputs
+                    .iter()
+                    .zip(tangents)
+                    .map(|(x, t)| t.clone().unwrap_or_else(|| x.zeros_like()))
+                    .collect(),
+            )),
+            Op::ArgMax { .. } | Op::DimSize { .. } | Op::StopGradient => None,
+            Op::Custom(c) => c.jvp(inputs, output, tangents)?,
+            Op::Implicit(i) => i.jvp(inputs, tangents, forward)?,
+            Op::Quant(q) => q.jvp(inputs, output, tangents)?,
+            Op::Kernel(_) => {
+                return Err(crate::error::arg_err(
+                    self.name(),
+                    "is a kernel and has no jvp, so forward-mode derivatives cannot flow \
+                     through it; wrap it in a `CustomOp` with a jvp",
+                ))
+            }
+            Op::Fused(_) => {
+                return Err(crate::error::arg_err(
+                    self.name(),
+                    "has no jvp: fused groups only exist in optimized graphs",
                 ))
             }
         })

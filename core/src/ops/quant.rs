@@ -437,6 +437,95 @@ impl QuantOp {
     }
 }
 
+impl QuantOp {
+    /// The tangent of the output for the operands' tangents (`None` where
+    /// zero). The dequantized weight is linear in its scales and biases
+    /// together, so its tangent is the same codes dequantized with the
+    /// tangent scales and biases; a product's tangent adds `x`'s term (the
+    /// quantized product of `ẋ`) and the weight's (a dense product with the
+    /// weight's tangent).
+    pub(crate) fn jvp(
+        &self,
+        inputs: &[Array],
+        output: &Array,
+        tangents: &[Option<Array>],
+    ) -> Result<Option<Array>> {
+        let biases = self.format.has_biases();
+        // The tangent of the dequantized weight whose packed codes are
+        // operand `at`, `None` when neither scales nor biases have one.
+        let weight_tangent = |at: usize| -> Option<Array> {
+            let (ts, tb) = (&tangents[at + 1], tangents.get(at + 2).filter(|_| biases));
+            if ts.is_none() && tb.is_none_or(Option::is_none) {
+                return None;
+            }
+            let scales = &inputs[at + 1];
+            let mut operands = vec![
+                inputs[at].clone(),
+                ts.clone().unwrap_or_else(|| scales.zeros_like()),
+            ];
+            if biases {
+                operands.push(tb.cloned().flatten().unwrap_or_else(|| scales.zeros_like()));
+            }
+            Some(Array::apply(
+                Op::Quant(QuantOp {
+                    kind: QuantKind::Dequantize,
+                    format: self.format,
+                }),
+                operands,
+            ))
+        };
+        let with_tangent_x = |tx: &Array| {
+            let mut operands = inputs.to_vec();
+            operands[0] = tx.clone();
+            Array::apply(Op::Quant(*self), operands)
+        };
+        let sum = |a: Option<Array>, b: Option<Array>| match (a, b) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+        match self.kind {
+            QuantKind::Quantize(QuantPart::Packed) => Ok(None),
+            QuantKind::Quantize(_) => Err(arg_err(
+                "quantize",
+                "its scales and biases have no derivative; differentiate through the \
+                 dequantized weight instead (a straight-through estimator)",
+            )),
+            QuantKind::Dequantize => Ok(weight_tangent(0)),
+            QuantKind::Matmul { transpose } => {
+                let x = &inputs[0];
+                let through_x = tangents[0].as_ref().map(with_tangent_x);
+                let through_w = weight_tangent(1).map(|tw| {
+                    let tw = if transpose { tw.swap_axes(-1, -2) } else { tw };
+                    crate::ops::binary::broadcast_like(x.matmul(&tw), output)
+                });
+                Ok(sum(through_x, through_w))
+            }
+            QuantKind::GatherMatmul { transpose } => {
+                let weight = 2 + usize::from(biases);
+                let (x, lhs, rhs) = (&inputs[0], &inputs[1 + weight], &inputs[2 + weight]);
+                let through_x = tangents[0].as_ref().map(with_tangent_x);
+                let through_w = weight_tangent(1).map(|tw| {
+                    // Each output batch entry's product with the gathered
+                    // tangent matrices, as `gather_qmm` gathers the codes.
+                    let batch_rank = output.ndim() - 2;
+                    let batch = Shape(output.shape().dims()[..batch_rank].to_vec());
+                    let flat_index =
+                        |i: &Array| flatten_lead(&i.broadcast_to(batch.clone()), batch_rank);
+                    let xs = flatten_lead(x, x.ndim() - 2).take(&flat_index(lhs), 0);
+                    let tws = flatten_lead(&tw, tw.ndim() - 2).take(&flat_index(rhs), 0);
+                    let tws = if transpose {
+                        tws.swap_axes(-1, -2)
+                    } else {
+                        tws
+                    };
+                    xs.matmul(&tws).reshape_to(output.shape().clone())
+                });
+                Ok(sum(through_x, through_w))
+            }
+        }
+    }
+}
+
 /// `a` with its leading `lead` dims flattened into one.
 fn flatten_lead(a: &Array, lead: usize) -> Array {
     let dims = a.shape().dims();

@@ -400,6 +400,35 @@ pub(crate) fn vjp(
     }
 }
 
+/// The tangent of `y = op(x)` over `axes` for the tangent `t` of `x`: a sum
+/// sums `t`; a maximum or minimum takes the mean of `t` over the elements
+/// equal to the result (the ties [`vjp`] splits the cotangent between).
+pub(crate) fn jvp(
+    op: ReduceOp,
+    axes: &[usize],
+    keepdims: bool,
+    x: &Array,
+    y: &Array,
+    t: &Array,
+) -> Array {
+    let axes_i: Vec<isize> = axes.iter().map(|&a| a as isize).collect();
+    match op {
+        ReduceOp::Sum => t.sum(&axes_i, keepdims),
+        ReduceOp::Max | ReduceOp::Min => {
+            let kept = if keepdims {
+                y.clone()
+            } else {
+                y.reshape_to(reduced_shape(x.shape(), axes, true))
+            };
+            let hit = x
+                .equal(kept.broadcast_to(x.shape().clone()))
+                .cast(x.dtype());
+            let ties = hit.sum(&axes_i, keepdims);
+            (t * hit).sum(&axes_i, keepdims) / ties
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

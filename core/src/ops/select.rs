@@ -121,6 +121,17 @@ pub(crate) fn vjp(cond: &Array, a: &Array, b: &Array, g: &Array) -> [Option<Arra
     ]
 }
 
+/// The tangent of `y = where(cond, a, b)`: `ta` where the condition holds,
+/// `tb` elsewhere (zero for a branch without one), in `y`'s shape.
+pub(crate) fn jvp(cond: &Array, y: &Array, ta: Option<Array>, tb: Option<Array>) -> Option<Array> {
+    if ta.is_none() && tb.is_none() {
+        return None;
+    }
+    let zero = || Array::scalar(0.0, y.dtype());
+    let picked = cond.select(ta.unwrap_or_else(zero), tb.unwrap_or_else(zero));
+    Some(crate::ops::binary::broadcast_like(picked, y))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

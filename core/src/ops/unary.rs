@@ -397,6 +397,13 @@ pub(crate) fn vjp(op: UnaryOp, x: &Array, y: &Array, g: &Array) -> Array {
     }
 }
 
+/// The tangent of `y = op(x)` for the tangent `t` of `x`. The derivative
+/// is diagonal, so it is the cotangent rule applied to `t` (same kink
+/// conventions).
+pub(crate) fn jvp(op: UnaryOp, x: &Array, y: &Array, t: &Array) -> Array {
+    vjp(op, x, y, t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -139,7 +139,7 @@ fn accumulate(cotangents: &mut FastMap<usize, Array>, id: usize, grad: Array) {
 
 /// Every array `outputs` depend on, each after its inputs (an iterative
 /// post-order walk: chains can be a hundred thousand ops long).
-fn topological_order(outputs: &[Array]) -> Vec<Array> {
+pub(crate) fn topological_order(outputs: &[Array]) -> Vec<Array> {
     let mut order = Vec::new();
     let mut seen: HashSet<usize> = HashSet::new();
     let mut stack: Vec<(Array, bool)> = outputs.iter().rev().map(|a| (a.clone(), false)).collect();
@@ -176,10 +176,4 @@ fn topological_order(outputs: &[Array]) -> Vec<Array> {
 /// ```
 pub fn stop_gradient(x: &Array) -> Array {
     Array::apply(Op::StopGradient, vec![x.clone()])
-}
-
-/// Zeros with `x`'s aval (symbolic dims included), built by broadcasting a
-/// scalar so that nothing large is materialised until a kernel writes it.
-pub(crate) fn zeros_like(x: &Array) -> Array {
-    Array::scalar(0.0, x.dtype()).broadcast_to(x.shape().clone())
 }

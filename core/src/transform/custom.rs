@@ -27,6 +27,7 @@ impl<A: Tree + 'static> CustomOp<A> {
                 name: name.into(),
                 forward: Arc::new(forward),
                 vjp: None,
+                jvp: None,
                 runtime: Bodies::runtime(optimize),
             }),
             arguments: PhantomData,
@@ -51,6 +52,46 @@ impl<A: Tree + 'static> CustomOp<A> {
                 name: self.def.name.clone(),
                 forward: self.def.forward.clone(),
                 vjp: Some(Arc::new(vjp)),
+                jvp: self.def.jvp.clone(),
+                runtime: Bodies::runtime(optimize),
+            }),
+            arguments: PhantomData,
+        }
+    }
+
+    /// The same op with a jvp (forward mode): from the arguments, the
+    /// output and the arguments' tangents (in the arguments' own tree type,
+    /// zeros for leaves without one; static fields as in the arguments),
+    /// the output's tangent. A tangent of another shape or dtype than the
+    /// output is an `Err` naming the op.
+    ///
+    /// ```
+    /// use kiln::ops::custom::CustomOp;
+    /// use kiln::{jvp, Array};
+    /// let cube = CustomOp::new("cube", |x: &Array| Ok(x * x * x))
+    ///     .with_jvp(|x: &Array, _out: &Array, t: &Array| Ok(x * x * 3.0 * t));
+    /// let x = Array::from_vec(vec![2.0f32], &[1])?;
+    /// let (y, dy) = jvp(|x: Array| cube.call(&x), &x, &Array::from_vec(vec![1.0f32], &[1])?)?;
+    /// assert_eq!((y.to_vec::<f32>()?, dy.to_vec::<f32>()?), (vec![8.0], vec![12.0]));
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn with_jvp(
+        self,
+        jvp: impl Fn(&A, &Array, &A) -> Result<Array> + Send + Sync + 'static,
+    ) -> Self {
+        let jvp = move |def: &TreeDef, primals: Vec<Array>, out: &Array, tangents: Vec<Array>| {
+            jvp(
+                &tree_unflatten(def, primals)?,
+                out,
+                &tree_unflatten(def, tangents)?,
+            )
+        };
+        CustomOp {
+            def: Arc::new(CustomDef {
+                name: self.def.name.clone(),
+                forward: self.def.forward.clone(),
+                vjp: self.def.vjp.clone(),
+                jvp: Some(Arc::new(jvp)),
                 runtime: Bodies::runtime(optimize),
             }),
             arguments: PhantomData,

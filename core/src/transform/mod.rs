@@ -1,5 +1,5 @@
 //! Transformations of lazy and traced graphs: reverse-mode autodiff
-//! ([`autodiff`]), implicit arrays and their lowering ([`implicit`]), and
+//! ([`autodiff`]), forward mode ([`forward`]), implicit arrays and their lowering ([`implicit`]), and
 //! custom ops: their user-facing constructors ([`custom`]) and their
 //! runtime ([`custom_runtime`]: the forward traced, optimized and built
 //! into a small executable per operand shapes).
@@ -7,4 +7,5 @@
 pub mod autodiff;
 pub mod custom;
 pub mod custom_runtime;
+pub mod forward;
 pub mod implicit;

@@ -1,0 +1,500 @@
+//! The user-facing forward-mode transformations and Jacobians: [`jvp`],
+//! [`linearize`], [`jacfwd`], [`jacrev`] and [`hessian`]. Like the reverse
+//! ones in `grad.rs` they trace and run through `compile`, so inside
+//! another trace (a compiled function, `grad`) they add to that trace and
+//! compose with it; the walk that pushes tangents is
+//! `transform/forward.rs`.
+//!
+//! A Jacobian is built from one forward pass per argument element
+//! ([`jacfwd`]) or one reverse pass per output element ([`jacrev`]), all in
+//! one graph: fine for the small Jacobians and Hessians these are meant
+//! for (tens to hundreds of elements); for large ones use [`jvp`] or
+//! [`crate::vjp`] directly.
+
+use super::cache::{compile, Function};
+use super::grad::{build_traced, run_built};
+use super::report::arg_path;
+use crate::data::HostData;
+use crate::error::{Error, Result};
+use crate::exec::Executable;
+use crate::handle::array::{Array, NodeKind};
+use crate::ops::layout::concat;
+use crate::shape::Shape;
+use crate::trace::next_trace_id;
+use crate::transform::autodiff::{backward, topological_order};
+use crate::transform::forward::push_tangents;
+use crate::tree::path::KeyPath;
+use crate::tree::{tree_flatten, tree_unflatten, Tree, TreeDef};
+use std::collections::HashSet;
+use std::marker::PhantomData;
+
+/// The Jacobian-vector product of `f` at `primals` along `tangents`:
+/// `(f(primals), J·tangents)`, the second in the outputs' tree type.
+/// `tangents` must have the primals' structure, shapes and dtypes (an
+/// `Err` names the first leaf path that differs); integer leaves carry no
+/// tangent, and an output that depends on no tangent (or is not a float)
+/// gets zeros. An op on the way without a jvp rule is an `Err` naming it.
+///
+/// Inside a compiled function (or `grad`) it adds to that trace, so
+/// `grad(|x| jvp(f, &x, &v).1 ...)` and forward-over-reverse
+/// (Hessian-vector products) compose.
+///
+/// ```
+/// use kiln::{jvp, Array};
+/// let x = Array::from_vec(vec![1.0f32, 2.0], &[2])?;
+/// let v = Array::from_vec(vec![1.0f32, 0.5], &[2])?;
+/// let (y, dy) = jvp(|x: Array| &x * &x, &x, &v)?;
+/// assert_eq!(y.to_vec::<f32>()?, vec![1.0, 4.0]);
+/// assert_eq!(dy.to_vec::<f32>()?, vec![2.0, 2.0]);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn jvp<In: Tree, Out: Tree>(
+    f: impl Fn(In) -> Out,
+    primals: &In,
+    tangents: &In,
+) -> Result<(Out, Out)> {
+    let (primal_leaves, primal_tree) = tree_flatten(primals)?;
+    let (tangent_leaves, tangent_tree) = tree_flatten(tangents)?;
+    check_tangents(
+        "jvp",
+        &primal_tree,
+        &primal_leaves,
+        &tangent_tree,
+        &tangent_leaves,
+    )?;
+    let args: (In, In) = (
+        tree_unflatten(&primal_tree, primal_leaves)?,
+        tree_unflatten(&tangent_tree, tangent_leaves)?,
+    );
+    compile(PushForward { f: &f }).call(&args)
+}
+
+/// `f` and its tangent map as one function of `(primals, tangents)`: what
+/// [`jvp`] compiles.
+struct PushForward<F> {
+    f: F,
+}
+
+/// Marks the [`Function`] implementation of [`jvp`]'s function.
+enum PushForwardMarker {}
+
+impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Function<(In, In), (Out, Out), PushForwardMarker>
+    for PushForward<F>
+{
+    fn apply(&self, (primals, tangents): (In, In)) -> Result<(Out, Out)> {
+        let (primal_leaves, in_tree) = tree_flatten(&primals)?;
+        let (tangent_leaves, _) = tree_flatten(&tangents)?;
+        let out = (self.f)(primals);
+        let (out_leaves, out_tree) = tree_flatten(&out)?;
+        let given = primal_leaves
+            .iter()
+            .zip(tangent_leaves)
+            .map(|(p, t)| p.dtype().is_float().then_some(t))
+            .collect();
+        let pushed = push_tangents(&out_leaves, &primal_leaves, given)
+            .map_err(|e| in_function("jvp", &in_tree, e))?;
+        let tangents_out = out_leaves
+            .iter()
+            .zip(pushed)
+            .map(|(o, t)| t.unwrap_or_else(|| o.zeros_like()))
+            .collect();
+        Ok((out, tree_unflatten(&out_tree, tangents_out)?))
+    }
+}
+
+/// `Err` unless `tangents` (def and leaves) has the structure and the
+/// leaves' avals of `primals`, naming the first path that differs;
+/// symbolic dims that may be equal are assumed equal.
+fn check_tangents(
+    op: &str,
+    primal_tree: &TreeDef,
+    primals: &[Array],
+    tangent_tree: &TreeDef,
+    tangents: &[Array],
+) -> Result<()> {
+    if let Some(diff) = primal_tree.first_difference(tangent_tree) {
+        return Err(Error::Tree {
+            path: arg_path(&diff.path),
+            detail: format!(
+                "{op}: the tangents' structure differs from the primals': {:?}",
+                diff.kind
+            ),
+        });
+    }
+    for ((p, t), path) in primals.iter().zip(tangents).zip(primal_tree.leaf_paths()) {
+        let dims = p.shape().dims().iter().zip(t.shape().dims());
+        let compatible = p.dtype() == t.dtype()
+            && p.ndim() == t.ndim()
+            && dims.clone().all(|(a, b)| match (a.known(), b.known()) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            });
+        if !compatible {
+            return Err(Error::Tree {
+                path: arg_path(&path),
+                detail: format!(
+                    "{op}: the tangent is {} but the primal is {}",
+                    t.aval(),
+                    p.aval()
+                ),
+            });
+        }
+        // Under shapeless compile a primal and its tangent get symbols of
+        // their own: they must be equal, which the entry's guards check.
+        for (a, b) in dims {
+            if !crate::symbolic::dims_equal(a, b) {
+                crate::symbolic::assume_equal(op, a, b);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `error` unchanged, unless it is a tree error without a path, which gets
+/// the arguments' root.
+fn in_function(op: &str, in_tree: &TreeDef, error: Error) -> Error {
+    match error {
+        Error::Tree { path, detail } if path.is_empty() => Error::Tree {
+            path: format!("{op} of a function of {}", in_tree.brief()),
+            detail,
+        },
+        other => other,
+    }
+}
+
+/// [`f`](linearize)'s outputs at the primals, and its tangent map there:
+/// the Jacobian-vector product as a function of the tangents alone,
+/// compiled once. The primal values the tangent map reads (the residuals:
+/// `cos(x)` for `sin(x)`, the operands of a product) are computed once,
+/// when `linearize` runs, and kept as constants of the map's executable, so
+/// each [`Linear::call`] runs only the tangent arithmetic, on the CPU.
+///
+/// ```
+/// use kiln::{linearize, Array};
+/// let x = Array::from_vec(vec![0.0f32, 1.0], &[2])?;
+/// let (y, tangent_map) = linearize(|x: Array| x.exp(), &x)?;
+/// assert_eq!(y.to_vec::<f32>()?, vec![1.0, std::f32::consts::E]);
+/// let dy = tangent_map.call(&Array::from_vec(vec![2.0f32, 1.0], &[2])?)?;
+/// assert_eq!(dy.to_vec::<f32>()?, vec![2.0, std::f32::consts::E]);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn linearize<In: Tree, Out: Tree>(
+    f: impl FnOnce(In) -> Out,
+    primals: &In,
+) -> Result<(Out, Linear<In, Out>)> {
+    let (leaves, in_tree) = tree_flatten(primals)?;
+    if leaves.iter().any(Array::is_tracer) {
+        return Err(crate::error::arg_err(
+            "linearize",
+            "runs eagerly on concrete primals; inside a compiled function use `jvp`",
+        ));
+    }
+    crate::compile::eval::eval(&leaves)?;
+    let out = f(tree_unflatten(&in_tree, leaves.clone())?);
+    let (out_leaves, out_tree) = tree_flatten(&out)?;
+    let trace = next_trace_id();
+    let params: Vec<Array> = leaves
+        .iter()
+        .enumerate()
+        .map(|(i, leaf)| Array::param(trace, i, leaf.aval().clone()))
+        .collect();
+    let given = leaves
+        .iter()
+        .zip(&params)
+        .map(|(leaf, p)| leaf.dtype().is_float().then(|| p.clone()))
+        .collect();
+    let pushed = push_tangents(&out_leaves, &leaves, given)
+        .map_err(|e| in_function("linearize", &in_tree, e))?;
+    let tangents_out: Vec<Array> = out_leaves
+        .iter()
+        .zip(pushed)
+        .map(|(o, t)| t.unwrap_or_else(|| o.zeros_like()))
+        .collect();
+    let mut computed_once = out_leaves.clone();
+    computed_once.extend(residuals(&tangents_out, trace));
+    crate::compile::eval::eval(&computed_once)?;
+    let shapes: Vec<Vec<usize>> = leaves
+        .iter()
+        .map(|a| a.shape().as_known().unwrap_or_default())
+        .collect();
+    let exe = build_traced(&tangents_out, trace, &shapes)?;
+    Ok((
+        out,
+        Linear {
+            exe,
+            shapes,
+            primals: leaves,
+            in_tree,
+            out_tree,
+            types: PhantomData,
+        },
+    ))
+}
+
+/// The primal values (not depending on a param of `trace`, not yet
+/// computed) that the tangent computation below `tangents` reads.
+fn residuals(tangents: &[Array], trace: u64) -> Vec<Array> {
+    let order = topological_order(tangents);
+    let mut active: HashSet<usize> = HashSet::new();
+    let mut found: Vec<Array> = Vec::new();
+    let mut seen: HashSet<usize> = HashSet::new();
+    for array in &order {
+        match &array.node.kind {
+            NodeKind::Param { trace: t, .. } if *t == trace => {
+                active.insert(array.id());
+            }
+            NodeKind::Op { inputs, .. } if !array.is_computed() => {
+                let inputs = inputs.lock().unwrap_or_else(|p| p.into_inner());
+                if inputs.iter().any(|i| active.contains(&i.id())) {
+                    active.insert(array.id());
+                    for input in inputs.iter() {
+                        if !active.contains(&input.id())
+                            && !input.is_computed()
+                            && seen.insert(input.id())
+                        {
+                            found.push(input.clone());
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    found
+}
+
+/// The tangent map made by [`linearize`].
+pub struct Linear<In, Out> {
+    exe: Executable,
+    shapes: Vec<Vec<usize>>,
+    primals: Vec<Array>,
+    in_tree: TreeDef,
+    out_tree: TreeDef,
+    types: PhantomData<fn(In) -> Out>,
+}
+
+impl<In: Tree, Out: Tree> Linear<In, Out> {
+    /// `J·tangents`, in the outputs' tree type. `tangents` must have the
+    /// primals' structure, shapes and dtypes (an `Err` names the first path
+    /// that differs).
+    pub fn call(&self, tangents: &In) -> Result<Out> {
+        let (leaves, tree) = tree_flatten(tangents)?;
+        check_tangents("linearize", &self.in_tree, &self.primals, &tree, &leaves)?;
+        let values = run_built(&self.exe, &self.shapes, &leaves)?;
+        tree_unflatten(&self.out_tree, values)
+    }
+}
+
+/// The Jacobian of `f`, a function of any tree returning one float array,
+/// by forward mode: in the argument's tree type, each leaf holding
+/// `∂out/∂leaf` with shape `out.shape ++ leaf.shape`. One forward pass per
+/// argument element (see the [module docs](self)); shapes must be known.
+/// Compiles like [`crate::grad`]: `compile(jacfwd(f))` is one cache entry.
+///
+/// ```
+/// use kiln::{jacfwd, Array};
+/// let j = jacfwd(|x: Array| &x * &x).call(&Array::from_vec(vec![1.0f32, 3.0], &[2])?)?;
+/// assert_eq!(j.to_vec::<f32>()?, vec![2.0, 0.0, 0.0, 6.0]);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn jacfwd<F>(f: F) -> JacFwd<F> {
+    JacFwd { f }
+}
+
+/// The Jacobian of `f` by reverse mode (see [`jacfwd`] for the layout):
+/// one reverse pass per output element.
+///
+/// ```
+/// use kiln::{jacrev, Array};
+/// let j = jacrev(|x: Array| x.sum_all()).call(&Array::from_vec(vec![1.0f32, 3.0], &[2])?)?;
+/// assert_eq!(j.to_vec::<f32>()?, vec![1.0, 1.0]);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn jacrev<F>(f: F) -> JacRev<F> {
+    JacRev { f }
+}
+
+/// The Hessian of `f`, a function of one array returning a scalar (or any
+/// float array): `jacfwd(jacrev(f))`, shape `out.shape ++ x.shape ++
+/// x.shape`.
+///
+/// ```
+/// use kiln::{hessian, Array};
+/// let h = hessian(|x: Array| (&x * &x * &x).sum_all())
+///     .call(&Array::from_vec(vec![1.0f32, 2.0], &[2])?)?;
+/// assert_eq!(h.to_vec::<f32>()?, vec![6.0, 0.0, 0.0, 12.0]);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn hessian<F>(f: F) -> Hessian<F> {
+    Hessian { f }
+}
+
+/// A function's Jacobian by forward mode; made by [`jacfwd`].
+pub struct JacFwd<F> {
+    f: F,
+}
+
+/// A function's Jacobian by reverse mode; made by [`jacrev`].
+pub struct JacRev<F> {
+    f: F,
+}
+
+/// A function's Hessian; made by [`hessian`].
+pub struct Hessian<F> {
+    f: F,
+}
+
+/// Marks the [`Function`] implementation of [`JacFwd`].
+pub enum JacFwdMarker {}
+/// Marks the [`Function`] implementation of [`JacRev`].
+pub enum JacRevMarker {}
+/// Marks the [`Function`] implementation of [`Hessian`].
+pub enum HessianMarker {}
+
+impl<F> JacFwd<F> {
+    /// The Jacobian at `args`, computed now.
+    pub fn call<In: Tree>(&self, args: &In) -> Result<In>
+    where
+        F: Fn(In) -> Array,
+    {
+        compile(JacFwd { f: &self.f }).call(args)
+    }
+}
+
+impl<F> JacRev<F> {
+    /// The Jacobian at `args`, computed now.
+    pub fn call<In: Tree>(&self, args: &In) -> Result<In>
+    where
+        F: Fn(In) -> Array,
+    {
+        compile(JacRev { f: &self.f }).call(args)
+    }
+}
+
+impl<F> Hessian<F> {
+    /// The Hessian at `x`, computed now.
+    pub fn call(&self, x: &Array) -> Result<Array>
+    where
+        F: Fn(Array) -> Array,
+    {
+        compile(Hessian { f: &self.f }).call(x)
+    }
+}
+
+impl<In: Tree, F: Fn(In) -> Array> Function<In, In, JacFwdMarker> for JacFwd<F> {
+    fn apply(&self, args: In) -> Result<In> {
+        jacobian_forward(|args| Ok((self.f)(args)), args)
+    }
+}
+
+impl<In: Tree, F: Fn(In) -> Array> Function<In, In, JacRevMarker> for JacRev<F> {
+    fn apply(&self, args: In) -> Result<In> {
+        jacobian_reverse(|args| Ok((self.f)(args)), args)
+    }
+}
+
+impl<F: Fn(Array) -> Array> Function<Array, Array, HessianMarker> for Hessian<F> {
+    fn apply(&self, x: Array) -> Result<Array> {
+        jacobian_forward(
+            |x: Array| jacobian_reverse(|x: Array| Ok((self.f)(x)), x),
+            x,
+        )
+    }
+}
+
+/// The leaves of `args`, its structure, and `f`'s output at them, checked
+/// for a Jacobian: a float output and float leaves of known shapes.
+fn jacobian_setup<In: Tree>(
+    op: &str,
+    f: impl FnOnce(In) -> Result<Array>,
+    args: In,
+) -> Result<(Vec<Array>, TreeDef, Array, Vec<usize>)> {
+    let (leaves, tree) = tree_flatten(&args)?;
+    for (leaf, path) in leaves.iter().zip(tree.leaf_paths()) {
+        known_float_dims(op, leaf, &path)?;
+    }
+    let out = f(args)?.check()?;
+    let out_dims = known_float_dims(op, &out, &KeyPath::default()).map_err(|_| Error::Shape {
+        op: op.into(),
+        detail: "the function must return a float array of known shape".into(),
+        operands: out.aval().to_string(),
+    })?;
+    Ok((leaves, tree, out, out_dims))
+}
+
+/// `a`'s dims, or an `Err` naming `path` when `a` is not a float or has a
+/// symbolic dim.
+fn known_float_dims(op: &str, a: &Array, path: &KeyPath) -> Result<Vec<usize>> {
+    match a.shape().as_known() {
+        Some(dims) if a.dtype().is_float() => Ok(dims),
+        _ => Err(Error::Tree {
+            path: arg_path(path),
+            detail: format!(
+                "{op} needs float leaves of known shape (one pass per element), got {}",
+                a.aval()
+            ),
+        }),
+    }
+}
+
+/// The one-hot arrays of `dims` and `dtype`, one per element, in order.
+fn one_hots(dims: &[usize], dtype: crate::DType) -> Result<Vec<Array>> {
+    let n: usize = dims.iter().product();
+    (0..n)
+        .map(|hot| {
+            let data = HostData::from_f64s(dtype, (0..n).map(|i| f64::from(u8::from(i == hot))));
+            Array::from_data(data, dims)
+        })
+        .collect()
+}
+
+/// `parts` (each of shape `part_dims`) stacked along a new axis at `axis`
+/// (0 or the end), then reshaped to `dims`; zeros of `dims` when there are
+/// no parts.
+fn stack_into(parts: Vec<Array>, axis: isize, dims: &[usize], dtype: crate::DType) -> Array {
+    if parts.is_empty() {
+        return Array::zeros(dims, dtype);
+    }
+    let expanded: Vec<Array> = parts.iter().map(|p| p.expand_dims(axis)).collect();
+    concat(&expanded, axis).reshape_to(Shape::known(dims))
+}
+
+fn jacobian_forward<In: Tree>(f: impl FnOnce(In) -> Result<Array>, args: In) -> Result<In> {
+    let (leaves, tree, out, out_dims) = jacobian_setup("jacfwd", f, args)?;
+    let mut jacobian = Vec::with_capacity(leaves.len());
+    for (i, leaf) in leaves.iter().enumerate() {
+        let leaf_dims = leaf.shape().as_known().unwrap_or_default();
+        let mut columns = Vec::new();
+        for hot in one_hots(&leaf_dims, leaf.dtype())? {
+            let mut tangents = vec![None; leaves.len()];
+            tangents[i] = Some(hot);
+            let pushed = push_tangents(std::slice::from_ref(&out), &leaves, tangents)?;
+            let column = pushed.into_iter().next().flatten();
+            columns.push(column.unwrap_or_else(|| out.zeros_like()));
+        }
+        let dims: Vec<usize> = out_dims.iter().chain(&leaf_dims).copied().collect();
+        jacobian.push(stack_into(columns, -1, &dims, out.dtype()));
+    }
+    tree_unflatten(&tree, jacobian)
+}
+
+fn jacobian_reverse<In: Tree>(f: impl FnOnce(In) -> Result<Array>, args: In) -> Result<In> {
+    let (leaves, tree, out, out_dims) = jacobian_setup("jacrev", f, args)?;
+    let mut rows: Vec<Vec<Array>> = vec![Vec::new(); leaves.len()];
+    for seed in one_hots(&out_dims, out.dtype())? {
+        let grads = backward(std::slice::from_ref(&out), vec![Some(seed)], &leaves)?;
+        for ((row, grad), leaf) in rows.iter_mut().zip(grads).zip(&leaves) {
+            row.push(grad.unwrap_or_else(|| leaf.zeros_like()));
+        }
+    }
+    let jacobian = rows
+        .into_iter()
+        .zip(&leaves)
+        .map(|(row, leaf)| {
+            let leaf_dims = leaf.shape().as_known().unwrap_or_default();
+            let dims: Vec<usize> = out_dims.iter().chain(&leaf_dims).copied().collect();
+            stack_into(row, 0, &dims, leaf.dtype())
+        })
+        .collect();
+    tree_unflatten(&tree, jacobian)
+}
