@@ -17,7 +17,7 @@
 //!
 //! **Ops and the handle** (`ops/`, `handle/`): the closed [`Op`] enum and one
 //! module per family holding its shape rule, reference evaluation, vjp,
-//! jvp and the [`Array`] user methods for it; `handle/` holds the lazy [`Array`]
+//! jvp, batching rule and the [`Array`] user methods for it; `handle/` holds the lazy [`Array`]
 //! handle itself and its constructors. The handle stores an [`Op`] per node
 //! and the families' methods build nodes through the handle: the one import
 //! circle kept on purpose, so that everything about an op sits in one place.
@@ -55,7 +55,7 @@
 //! [`Report`], eager evaluation (the same pipeline, cached by graph
 //! structure) and the user-facing transformations built on `compile`
 //! (`grad`, `value_and_grad`, `vjp`, `jvp`, `linearize`, `jacfwd`,
-//! `jacrev`, `hessian`).
+//! `jacrev`, `hessian`, `vmap`).
 //!
 //! # Data flow
 //!
@@ -127,6 +127,7 @@ pub use compile::grad::{
 pub use compile::report::{
     CacheInfo, CacheMiss, MissReason, PlanReport, Report, ReportNode, SlotReport, SlotValue,
 };
+pub use compile::vmap::{vmap, Vmap};
 pub use compile::{compile, CacheKey, Compiled, Function, LeafSignature};
 pub use data::{HostData, HostElement};
 pub use dtype::{DType, Element};

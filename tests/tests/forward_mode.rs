@@ -581,6 +581,16 @@ fn jacobians_forward_and_reverse_agree_in_the_arguments_tree_type() {
 }
 
 #[test]
+fn a_jacobians_graph_does_not_grow_with_the_element_count() {
+    let nodes = |n: usize| {
+        let f = compile(jacfwd(|x: Array| x.sin() * x.sum_all()));
+        f.call(&normal(n as u64, &[n])).unwrap();
+        f.cache().reports[0].traced_nodes
+    };
+    assert_eq!(nodes(4), nodes(32));
+}
+
+#[test]
 fn the_hessian_of_a_quadratic_form_is_a_plus_a_transposed() {
     let a = normal(95, &[4, 4]);
     let h = {

@@ -5,11 +5,11 @@
 //! compose with it; the walk that pushes tangents is
 //! `transform/forward.rs`.
 //!
-//! A Jacobian is built from one forward pass per argument element
-//! ([`jacfwd`]) or one reverse pass per output element ([`jacrev`]), all in
-//! one graph: fine for the small Jacobians and Hessians these are meant
-//! for (tens to hundreds of elements); for large ones use [`jvp`] or
-//! [`crate::vjp`] directly.
+//! A Jacobian is one forward pass ([`jacfwd`]) or one reverse pass
+//! ([`jacrev`]) batched over the identity basis of the argument's (or the
+//! output's) elements by the vmap batching rules, as JAX builds them: one
+//! graph whose size does not grow with the element count (the basis
+//! itself is an `n × n` constant).
 
 use super::cache::{compile, Function};
 use super::grad::{build_traced, run_built};
@@ -18,10 +18,11 @@ use crate::data::HostData;
 use crate::error::{Error, Result};
 use crate::exec::Executable;
 use crate::handle::array::{Array, NodeKind};
-use crate::ops::layout::concat;
-use crate::shape::Shape;
+use crate::ops::batching::Batched;
+use crate::shape::{Dim, Shape};
 use crate::trace::next_trace_id;
 use crate::transform::autodiff::{backward, topological_order};
+use crate::transform::batching::batch_values;
 use crate::transform::forward::push_tangents;
 use crate::tree::path::KeyPath;
 use crate::tree::{tree_flatten, tree_unflatten, Tree, TreeDef};
@@ -287,8 +288,9 @@ impl<In: Tree, Out: Tree> Linear<In, Out> {
 
 /// The Jacobian of `f`, a function of any tree returning one float array,
 /// by forward mode: in the argument's tree type, each leaf holding
-/// `∂out/∂leaf` with shape `out.shape ++ leaf.shape`. One forward pass per
-/// argument element (see the [module docs](self)); shapes must be known.
+/// `∂out/∂leaf` with shape `out.shape ++ leaf.shape`: one forward pass
+/// batched over the leaf's elements (see the [module docs](self)); shapes
+/// must be known.
 /// Compiles like [`crate::grad`]: `compile(jacfwd(f))` is one cache entry.
 ///
 /// ```
@@ -302,7 +304,7 @@ pub fn jacfwd<F>(f: F) -> JacFwd<F> {
 }
 
 /// The Jacobian of `f` by reverse mode (see [`jacfwd`] for the layout):
-/// one reverse pass per output element.
+/// one reverse pass batched over the output's elements.
 ///
 /// ```
 /// use kiln::{jacrev, Array};
@@ -430,71 +432,89 @@ fn known_float_dims(op: &str, a: &Array, path: &KeyPath) -> Result<Vec<usize>> {
         _ => Err(Error::Tree {
             path: arg_path(path),
             detail: format!(
-                "{op} needs float leaves of known shape (one pass per element), got {}",
+                "{op} needs float leaves of known shape (the basis has one vector per element), got {}",
                 a.aval()
             ),
         }),
     }
 }
 
-/// The one-hot arrays of `dims` and `dtype`, one per element, in order.
-fn one_hots(dims: &[usize], dtype: crate::DType) -> Result<Vec<Array>> {
+/// The identity basis for values of `dims`: `[n] ++ dims` with example
+/// `k` the one-hot array of element `k` (`n` the element count).
+fn basis(dims: &[usize], dtype: crate::DType) -> Result<Array> {
     let n: usize = dims.iter().product();
-    (0..n)
-        .map(|hot| {
-            let data = HostData::from_f64s(dtype, (0..n).map(|i| f64::from(u8::from(i == hot))));
-            Array::from_data(data, dims)
-        })
-        .collect()
+    let data = HostData::from_f64s(
+        dtype,
+        (0..n * n).map(|i| f64::from(u8::from(i / n == i % n))),
+    );
+    let mut shape = vec![n];
+    shape.extend(dims);
+    Array::from_data(data, &shape)
 }
 
-/// `parts` (each of shape `part_dims`) stacked along a new axis at `axis`
-/// (0 or the end), then reshaped to `dims`; zeros of `dims` when there are
-/// no parts.
-fn stack_into(parts: Vec<Array>, axis: isize, dims: &[usize], dtype: crate::DType) -> Array {
-    if parts.is_empty() {
-        return Array::zeros(dims, dtype);
-    }
-    let expanded: Vec<Array> = parts.iter().map(|p| p.expand_dims(axis)).collect();
-    concat(&expanded, axis).reshape_to(Shape::known(dims))
+/// `per_example` (a function of the placeholder `at`) evaluated for every
+/// vector of the identity basis of `at`'s values at once, through the
+/// batching rules: `[n] ++ per_example.shape`.
+fn over_basis(per_example: &Array, at: &Array) -> Result<Array> {
+    let dims = at.shape().as_known().unwrap_or_default();
+    let n: usize = dims.iter().product();
+    let batched = batch_values(
+        std::slice::from_ref(per_example),
+        std::slice::from_ref(at),
+        vec![Batched::along(basis(&dims, at.dtype())?, 0)],
+        &Dim::Known(n),
+    )?;
+    Ok(batched[0].materialized(&Dim::Known(n)))
 }
 
+/// The Jacobian by forward mode: per leaf, the tangent of the output for
+/// a placeholder tangent of the leaf, batched over the leaf's basis (one
+/// batched forward pass), its basis axis moved last.
 fn jacobian_forward<In: Tree>(f: impl FnOnce(In) -> Result<Array>, args: In) -> Result<In> {
     let (leaves, tree, out, out_dims) = jacobian_setup("jacfwd", f, args)?;
+    let trace = next_trace_id();
     let mut jacobian = Vec::with_capacity(leaves.len());
     for (i, leaf) in leaves.iter().enumerate() {
         let leaf_dims = leaf.shape().as_known().unwrap_or_default();
-        let mut columns = Vec::new();
-        for hot in one_hots(&leaf_dims, leaf.dtype())? {
-            let mut tangents = vec![None; leaves.len()];
-            tangents[i] = Some(hot);
-            let pushed = push_tangents(std::slice::from_ref(&out), &leaves, tangents)?;
-            let column = pushed.into_iter().next().flatten();
-            columns.push(column.unwrap_or_else(|| out.zeros_like()));
-        }
         let dims: Vec<usize> = out_dims.iter().chain(&leaf_dims).copied().collect();
-        jacobian.push(stack_into(columns, -1, &dims, out.dtype()));
+        let tangent = Array::param(trace, i, leaf.aval().clone());
+        let mut tangents = vec![None; leaves.len()];
+        tangents[i] = Some(tangent.clone());
+        let pushed = push_tangents(std::slice::from_ref(&out), &leaves, tangents)?;
+        let Some(column) = pushed.into_iter().next().flatten() else {
+            jacobian.push(Array::zeros(&dims, out.dtype()));
+            continue;
+        };
+        let columns = over_basis(&column, &tangent)?;
+        let mut last: Vec<usize> = (1..columns.ndim()).collect();
+        last.push(0);
+        jacobian.push(columns.permute(&last).reshape_to(Shape::known(&dims)));
     }
     tree_unflatten(&tree, jacobian)
 }
 
+/// The Jacobian by reverse mode: the cotangents of the leaves for a
+/// placeholder seed of the output, batched over the output's basis (one
+/// batched reverse pass).
 fn jacobian_reverse<In: Tree>(f: impl FnOnce(In) -> Result<Array>, args: In) -> Result<In> {
     let (leaves, tree, out, out_dims) = jacobian_setup("jacrev", f, args)?;
-    let mut rows: Vec<Vec<Array>> = vec![Vec::new(); leaves.len()];
-    for seed in one_hots(&out_dims, out.dtype())? {
-        let grads = backward(std::slice::from_ref(&out), vec![Some(seed)], &leaves)?;
-        for ((row, grad), leaf) in rows.iter_mut().zip(grads).zip(&leaves) {
-            row.push(grad.unwrap_or_else(|| leaf.zeros_like()));
-        }
-    }
-    let jacobian = rows
+    let seed = Array::param(next_trace_id(), 0, out.aval().clone());
+    let grads = backward(
+        std::slice::from_ref(&out),
+        vec![Some(seed.clone())],
+        &leaves,
+    )?;
+    let jacobian = grads
         .into_iter()
         .zip(&leaves)
-        .map(|(row, leaf)| {
+        .map(|(grad, leaf)| {
             let leaf_dims = leaf.shape().as_known().unwrap_or_default();
             let dims: Vec<usize> = out_dims.iter().chain(&leaf_dims).copied().collect();
-            stack_into(row, 0, &dims, leaf.dtype())
+            match grad {
+                Some(grad) => Ok(over_basis(&grad, &seed)?.reshape_to(Shape::known(&dims))),
+                None => Ok(Array::zeros(&dims, leaf.dtype())),
+            }
         })
-        .collect();
+        .collect::<Result<Vec<_>>>()?;
     tree_unflatten(&tree, jacobian)
 }

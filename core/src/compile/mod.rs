@@ -2,7 +2,7 @@
 //! [`CacheKey`] with explained misses, the [`report`] of what the compiler
 //! did, eager evaluation through the same pipeline ([`eval`]), and the
 //! transformations built on `compile`: reverse mode ([`grad`]), forward
-//! mode and Jacobians ([`forward`]).
+//! mode and Jacobians ([`forward`]), batching ([`vmap`]).
 
 pub mod cache;
 pub mod eval;
@@ -10,6 +10,7 @@ pub mod forward;
 pub mod grad;
 pub mod key;
 pub mod report;
+pub mod vmap;
 
 pub use cache::{compile, Compiled, Function, MISS_LOG_CAPACITY};
 pub use key::{CacheKey, LeafSignature};

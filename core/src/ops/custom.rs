@@ -18,11 +18,12 @@
 //!
 //! [`Kernel`]: super::kernel::Kernel
 
-use super::{Guard, ShapeCx};
+use super::batching::{per_example, Batched};
+use super::{Guard, Op, ShapeCx};
 use crate::data::HostData;
 use crate::error::{Error, Result};
 use crate::handle::array::Array;
-use crate::shape::Aval;
+use crate::shape::{Aval, Dim, Shape};
 use crate::tree::def::TreeDef;
 use crate::tree::path::{KeyPath, PathEntry};
 use std::any::Any;
@@ -34,6 +35,7 @@ use std::sync::Arc;
 pub(crate) type ForwardFn = dyn Fn(&TreeDef, Vec<Array>) -> Result<Array> + Send + Sync;
 pub(crate) type VjpFn =
     dyn Fn(&TreeDef, Vec<Array>, &Array, &Array) -> Result<(Vec<Array>, TreeDef)> + Send + Sync;
+pub(crate) type VmapFn = dyn Fn(&TreeDef, Vec<Array>, &Dim) -> Result<Array> + Send + Sync;
 pub(crate) type JvpFn =
     dyn Fn(&TreeDef, Vec<Array>, &Array, Vec<Array>) -> Result<Array> + Send + Sync;
 
@@ -61,6 +63,7 @@ pub(crate) struct CustomDef {
     pub(crate) forward: Arc<ForwardFn>,
     pub(crate) vjp: Option<Arc<VjpFn>>,
     pub(crate) jvp: Option<Arc<JvpFn>>,
+    pub(crate) vmap: Option<Arc<VmapFn>>,
     /// Traces and runs the forward (and keeps its executables).
     pub(crate) runtime: Arc<dyn CustomRuntime>,
 }
@@ -112,6 +115,7 @@ impl<A> fmt::Debug for CustomOp<A> {
             .field("name", &self.def.name)
             .field("has_vjp", &self.def.vjp.is_some())
             .field("has_jvp", &self.def.jvp.is_some())
+            .field("has_vmap", &self.def.vmap.is_some())
             .finish()
     }
 }
@@ -189,7 +193,7 @@ pub struct SchemaEntry {
 
 impl CustomDef {
     /// A def named `name` computing `forward` through `runtime`, without a
-    /// vjp or jvp.
+    /// vjp, jvp or batching rule.
     pub(crate) fn new(
         name: impl Into<String>,
         forward: Arc<ForwardFn>,
@@ -200,6 +204,7 @@ impl CustomDef {
             forward,
             vjp: None,
             jvp: None,
+            vmap: None,
             runtime,
         })
     }
@@ -379,6 +384,33 @@ impl CustomCall {
             )));
         }
         Ok(Some(tangent))
+    }
+
+    /// The batched output under vmap: the op's batching rule, given every
+    /// array leaf with the batch axis first (shared leaves broadcast), or
+    /// without one the op once per example (`op` is this call's op).
+    pub(crate) fn batch(
+        &self,
+        op: &Op,
+        operands: &[Batched],
+        output: &Array,
+        size: &Dim,
+    ) -> Result<Batched> {
+        let Some(rule) = self.def.vmap.as_ref() else {
+            return per_example(op, operands, output, size);
+        };
+        let leaves = operands.iter().map(|b| b.materialized(size)).collect();
+        let batched = rule(&self.args, leaves, size)?;
+        let mut want = vec![size.clone()];
+        want.extend(output.shape().dims().iter().cloned());
+        let want = Aval::new(Shape(want), output.dtype());
+        if !crate::symbolic::avals_equal(batched.aval(), &want) {
+            return Err(self.error(format!(
+                "its batching rule returned {} where the batched output is {want}",
+                batched.aval()
+            )));
+        }
+        Ok(Batched::along(batched, 0))
     }
 
     /// Walks the arguments' def `primal` and the vjp's def `cotangent`

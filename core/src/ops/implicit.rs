@@ -3,12 +3,13 @@
 //! lowering that resolves the ops reading one sits above, in
 //! `transform/implicit.rs`.
 
+use super::batching::Batched;
 use super::custom::CustomCall;
-use super::{Backward, Forward, ShapeCx};
+use super::{Backward, BatchWalk, Forward, ShapeCx};
 use crate::data::HostData;
 use crate::error::{Error, Result};
 use crate::handle::array::Array;
-use crate::shape::Aval;
+use crate::shape::{Aval, Dim};
 use std::fmt;
 
 /// The op of an implicit value: its kind, its materialization over its
@@ -104,6 +105,21 @@ impl ImplicitCall {
         Ok(forward(&[value], inputs, tangents.to_vec())?
             .pop()
             .flatten())
+    }
+
+    /// The batched value under vmap: the materialization batched (through
+    /// `walk`, from the transform layer) like any composition.
+    pub(crate) fn batch(
+        &self,
+        inputs: &[Array],
+        operands: &[Batched],
+        size: &Dim,
+        walk: BatchWalk<'_>,
+    ) -> Result<Batched> {
+        let value = self.body.apply_forward(inputs.to_vec())?;
+        walk(&[value], inputs, operands.to_vec(), size)?
+            .pop()
+            .ok_or_else(|| self.error("batching its materialization gave no value"))
     }
 
     fn error(&self, detail: impl Into<String>) -> Error {

@@ -1,5 +1,6 @@
 //! NumPy `take` along one axis: shape rule and reference evaluation.
 
+use super::batching::Batched;
 use super::strided::numel;
 use crate::data::{HostData, HostElement};
 use crate::error::{arg_err, dtype_err, Error, Result};
@@ -127,6 +128,30 @@ fn take_typed<T: Copy>(
 pub(crate) fn vjp(axis: usize, x: &Array, indices: &Array, g: &Array) -> [Option<Array>; 2] {
     let size = x.shape().dims()[axis].clone();
     [Some(g.scatter_add(indices, axis, size)), None]
+}
+
+/// The batched take, where a rule exists: batched values with shared
+/// indices take along the shifted axis; shared values with batched
+/// indices take as they are (the batch axis lands inside the index dims).
+/// `None` when both are batched (the op then runs per example).
+pub(crate) fn batch(axis: usize, x: &Batched, indices: &Batched) -> Option<Batched> {
+    match (x.axis, indices.axis) {
+        (Some(_), None) => Some(Batched::along(
+            Array::apply(
+                Op::Take { axis: axis + 1 },
+                vec![x.front(), indices.value.clone()],
+            ),
+            0,
+        )),
+        (None, Some(i)) => Some(Batched::along(
+            Array::apply(
+                Op::Take { axis },
+                vec![x.value.clone(), indices.value.clone()],
+            ),
+            axis + i,
+        )),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! broadcast, slice, concat, and the dim-size scalar. Shape rules and
 //! reference evaluation.
 
+use super::batching::Batched;
 use super::strided::{broadcast_strides, gather, numel, row_major_strides};
 use super::ShapeCx;
 use crate::data::{HostData, HostElement};
@@ -597,6 +598,67 @@ pub(crate) fn vjp(op: &Op, inputs: &[Array], g: &Array) -> Result<Vec<Option<Arr
         }
         _ => vec![None; inputs.len()],
     })
+}
+
+/// The batched layout op, with the batch axis first: the op's axes shift
+/// by one and its shapes gain the batch dim; concat broadcasts shared
+/// operands to every example; `dim_size` counts the per-example axes and
+/// is shared.
+pub(crate) fn batch(op: &Op, operands: &[Batched], size: &Dim) -> Batched {
+    let x = &operands[0];
+    let with_batch = |shape: &Shape| {
+        let mut dims = vec![size.clone()];
+        dims.extend(shape.dims().iter().cloned());
+        Shape(dims)
+    };
+    let batched = |op: Op, inputs: Vec<Array>| Batched::along(Array::apply(op, inputs), 0);
+    match op {
+        Op::Reshape(shape) => batched(Op::Reshape(with_batch(shape)), vec![x.front()]),
+        Op::Permute(perm) => {
+            let mut shifted = vec![0];
+            shifted.extend(perm.iter().map(|p| p + 1));
+            batched(Op::Permute(shifted), vec![x.front()])
+        }
+        Op::BroadcastTo(shape) => batched(
+            Op::BroadcastTo(with_batch(shape)),
+            vec![x.aligned(shape.rank())],
+        ),
+        Op::Slice(axes) => {
+            let mut shifted = vec![SliceAxis::full()];
+            shifted.extend(axes.iter().cloned());
+            batched(Op::Slice(shifted), vec![x.front()])
+        }
+        Op::PadSlice { axes, shape } => {
+            let mut shifted = vec![SliceAxis::full()];
+            shifted.extend(axes.iter().cloned());
+            batched(
+                Op::PadSlice {
+                    axes: shifted,
+                    shape: with_batch(shape),
+                },
+                vec![x.front()],
+            )
+        }
+        Op::Concat { axis } => batched(
+            Op::Concat { axis: axis + 1 },
+            operands.iter().map(|b| b.materialized(size)).collect(),
+        ),
+        Op::DimSize { axes, dtype } => {
+            let skip = x.axis.unwrap_or(usize::MAX);
+            let axes = axes
+                .iter()
+                .map(|&a| if a >= skip { a + 1 } else { a })
+                .collect();
+            Batched::shared(Array::apply(
+                Op::DimSize {
+                    axes,
+                    dtype: *dtype,
+                },
+                vec![x.value.clone()],
+            ))
+        }
+        other => unreachable!("{} is not a layout op", other.name()),
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! custom op's tracing and executable through its `CustomRuntime`, the CPU
 //! thread count from the base layer ([`crate::threads`]).
 
+pub(crate) mod batching;
 pub mod binary;
 pub mod cast;
 pub mod custom;
@@ -66,6 +67,14 @@ pub(crate) type Backward<'a> =
 /// the rules that differentiate a composition, as [`Backward`] is.
 pub(crate) type Forward<'a> =
     &'a dyn Fn(&[Array], &[Array], Vec<Option<Array>>) -> Result<Vec<Option<Array>>>;
+
+/// Batching over the lazy graph, as the transform layer implements it
+/// (`transform::batching::batch_values`): the batched values of `outputs`
+/// (per-example values) when the per-example values `inputs` are batched
+/// as `batched`, for `size` examples. Handed to [`Op::batch`] for the rules
+/// that batch a composition (an implicit value's materialization).
+pub(crate) type BatchWalk<'a> =
+    &'a dyn Fn(&[Array], &[Array], Vec<batching::Batched>, &Dim) -> Result<Vec<batching::Batched>>;
 
 /// An operation of the graph: a closed set of families plus one open
 /// variant for custom kernels.
@@ -471,6 +480,83 @@ impl Op {
                 return Err(crate::error::arg_err(
                     self.name(),
                     "has no jvp: fused groups only exist in optimized graphs",
+                ))
+            }
+        })
+    }
+
+    /// The batched output of this op under vmap, from its per-example
+    /// `inputs` and `output` and the batched operands (`size` examples).
+    /// Each family's rule sits beside its vjp and jvp and moves a batch
+    /// axis only when the op needs it in front; ops without a rule of
+    /// their own (kernels, custom ops, `gather_qmm`, a `take` or
+    /// `scatter_add` whose indices are batched) run once per example.
+    pub(crate) fn batch(
+        &self,
+        inputs: &[Array],
+        operands: &[batching::Batched],
+        output: &Array,
+        size: &Dim,
+        walk: BatchWalk<'_>,
+    ) -> Result<batching::Batched> {
+        use batching::{per_example, Batched};
+        if operands.iter().all(|b| b.axis.is_none()) {
+            let values = operands.iter().map(|b| b.value.clone()).collect();
+            return Ok(Batched::shared(Array::apply(self.clone(), values)));
+        }
+        let apply = |values: Vec<Array>| Array::apply(self.clone(), values);
+        Ok(match self {
+            // Elementwise on one operand: the batch axis stays where it is.
+            Op::Unary(_) | Op::Cast(_) | Op::StopGradient => Batched {
+                value: apply(vec![operands[0].value.clone()]),
+                axis: operands[0].axis,
+            },
+            // Broadcasting: batched operands get their batch axis first and
+            // the per-example rank of the output.
+            Op::Binary(_) | Op::Select => {
+                let rank = output.ndim();
+                Batched::along(apply(operands.iter().map(|b| b.aligned(rank)).collect()), 0)
+            }
+            Op::Reduce { op, axes, keepdims } => reduce::batch(*op, axes, *keepdims, &operands[0]),
+            Op::ArgMax { axis, keepdims } => Batched::along(
+                Array::apply(
+                    Op::ArgMax {
+                        axis: axis + 1,
+                        keepdims: *keepdims,
+                    },
+                    vec![operands[0].front()],
+                ),
+                0,
+            ),
+            Op::Matmul => matmul::batch(&operands[0], &operands[1], output),
+            Op::Reshape(_)
+            | Op::Permute(_)
+            | Op::BroadcastTo(_)
+            | Op::Slice(_)
+            | Op::PadSlice { .. }
+            | Op::Concat { .. }
+            | Op::DimSize { .. } => layout::batch(self, operands, size),
+            Op::Take { axis } => match index::batch(*axis, &operands[0], &operands[1]) {
+                Some(batched) => batched,
+                None => per_example(self, operands, output, size)?,
+            },
+            Op::ScatterAdd { axis, size: rows } => {
+                match scatter::batch(*axis, rows, &operands[0], &operands[1]) {
+                    Some(batched) => batched,
+                    None => per_example(self, operands, output, size)?,
+                }
+            }
+            Op::Quant(q) => match q.batch(operands, output, size) {
+                Some(batched) => batched,
+                None => per_example(self, operands, output, size)?,
+            },
+            Op::Custom(c) => c.batch(self, operands, output, size)?,
+            Op::Implicit(i) => i.batch(inputs, operands, size, walk)?,
+            Op::Kernel(_) => per_example(self, operands, output, size)?,
+            Op::Fused(_) => {
+                return Err(crate::error::arg_err(
+                    self.name(),
+                    "has no batching rule: fused groups only exist in optimized graphs",
                 ))
             }
         })

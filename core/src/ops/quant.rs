@@ -49,6 +49,7 @@
 //! }
 //! ```
 
+use super::batching::Batched;
 use super::qmm;
 use super::strided::{broadcast_shapes, broadcast_strides, for_each_offset, numel};
 use super::{Op, ShapeCx};
@@ -522,6 +523,57 @@ impl QuantOp {
                 });
                 Ok(sum(through_x, through_w))
             }
+        }
+    }
+}
+
+impl QuantOp {
+    /// The batched op under vmap, where a rule exists: quantize and
+    /// dequantize treat the batch as one more leading dim; a product with
+    /// a shared 2-D weight folds the examples into the rows of `x` (one
+    /// product), otherwise the batch becomes a broadcast batch dim. `None`
+    /// for `gather_qmm` (it then runs once per example).
+    pub(crate) fn batch(
+        &self,
+        operands: &[Batched],
+        output: &Array,
+        size: &Dim,
+    ) -> Option<Batched> {
+        let apply = |values: Vec<Array>| Array::apply(Op::Quant(*self), values);
+        match self.kind {
+            QuantKind::Quantize(_) => Some(Batched::along(apply(vec![operands[0].front()]), 0)),
+            QuantKind::Dequantize => Some(Batched::along(
+                apply(operands.iter().map(|b| b.materialized(size)).collect()),
+                0,
+            )),
+            QuantKind::Matmul { .. } => {
+                let (x, weight) = (&operands[0], &operands[1..]);
+                let shared_weight = weight.iter().all(|b| b.axis.is_none());
+                if shared_weight && weight[0].value.ndim() == 2 {
+                    let front = x.front();
+                    let dims = front.shape().dims();
+                    let rows = dims[..dims.len() - 1]
+                        .iter()
+                        .fold(Dim::Known(1), |acc, d| acc.mul(d));
+                    let k = dims[dims.len() - 1].clone();
+                    let mut values = vec![front.reshape_to(Shape(vec![rows, k]))];
+                    values.extend(weight.iter().map(|b| b.value.clone()));
+                    let mut out = dims[..dims.len() - 1].to_vec();
+                    out.extend(output.shape().dims().last().cloned());
+                    return Some(Batched::along(apply(values).reshape_to(Shape(out)), 0));
+                }
+                let rank = output.ndim();
+                let mut values = vec![x.aligned(rank)];
+                values.extend(weight.iter().map(|b| {
+                    if shared_weight {
+                        b.value.clone()
+                    } else {
+                        Batched::along(b.materialized(size), 0).aligned(rank)
+                    }
+                }));
+                Some(Batched::along(apply(values), 0))
+            }
+            QuantKind::GatherMatmul { .. } => None,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Reductions (sum, max, min) and argmax: shape rules and reference
 //! evaluation.
 
+use super::batching::Batched;
 use super::strided::{
     check_axes, eval_dtype_err, for_each_offset, nan_max, nan_min, narrow, numel,
     row_major_strides, widen, WrappingInt,
@@ -427,6 +428,21 @@ pub(crate) fn jvp(
             (t * hit).sum(&axes_i, keepdims) / ties
         }
     }
+}
+
+/// The batched reduction: the batch axis first, the reduced axes after it.
+pub(crate) fn batch(op: ReduceOp, axes: &[usize], keepdims: bool, x: &Batched) -> Batched {
+    Batched::along(
+        Array::apply(
+            Op::Reduce {
+                op,
+                axes: axes.iter().map(|a| a + 1).collect(),
+                keepdims,
+            },
+            vec![x.front()],
+        ),
+        0,
+    )
 }
 
 #[cfg(test)]

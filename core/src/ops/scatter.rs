@@ -2,6 +2,7 @@
 //! along one axis at integer positions. The user method, shape rule and
 //! reference evaluation.
 
+use super::batching::Batched;
 use super::index::resolve_indices;
 use super::strided::{eval_dtype_err, narrow, numel, widen, WrappingInt};
 use super::{Op, ShapeCx};
@@ -201,6 +202,29 @@ impl Rows<'_> {
 /// indices, none for the indices.
 pub(crate) fn vjp(axis: usize, indices: &Array, g: &Array) -> [Option<Array>; 2] {
     [Some(g.take(indices, axis as isize)), None]
+}
+
+/// The batched scatter_add, where a rule exists: batched updates with
+/// shared indices scatter along the shifted axis. `None` when the indices
+/// are batched (the op then runs per example).
+pub(crate) fn batch(
+    axis: usize,
+    size: &Dim,
+    updates: &Batched,
+    indices: &Batched,
+) -> Option<Batched> {
+    (indices.axis.is_none()).then(|| {
+        Batched::along(
+            Array::apply(
+                Op::ScatterAdd {
+                    axis: axis + 1,
+                    size: size.clone(),
+                },
+                vec![updates.front(), indices.value.clone()],
+            ),
+            0,
+        )
+    })
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use crate::error::Result;
 use crate::handle::array::Array;
 use crate::ops::custom::{CustomCall, CustomDef, CustomOp};
 use crate::ops::Op;
+use crate::shape::Dim;
 use crate::tree::def::TreeDef;
 use crate::tree::{tree_flatten, tree_unflatten, Tree};
 use std::marker::PhantomData;
@@ -28,6 +29,7 @@ impl<A: Tree + 'static> CustomOp<A> {
                 forward: Arc::new(forward),
                 vjp: None,
                 jvp: None,
+                vmap: None,
                 runtime: Bodies::runtime(optimize),
             }),
             arguments: PhantomData,
@@ -53,6 +55,7 @@ impl<A: Tree + 'static> CustomOp<A> {
                 forward: self.def.forward.clone(),
                 vjp: Some(Arc::new(vjp)),
                 jvp: self.def.jvp.clone(),
+                vmap: self.def.vmap.clone(),
                 runtime: Bodies::runtime(optimize),
             }),
             arguments: PhantomData,
@@ -92,6 +95,44 @@ impl<A: Tree + 'static> CustomOp<A> {
                 forward: self.def.forward.clone(),
                 vjp: self.def.vjp.clone(),
                 jvp: Some(Arc::new(jvp)),
+                vmap: self.def.vmap.clone(),
+                runtime: Bodies::runtime(optimize),
+            }),
+            arguments: PhantomData,
+        }
+    }
+
+    /// The same op with a batching rule for [`crate::vmap`]: from the
+    /// arguments with every array leaf batched along a new first axis of
+    /// `size` examples (leaves shared by all examples broadcast; static
+    /// fields as they are), the batched output, its batch axis first. A
+    /// result of another shape or dtype is an `Err` naming the op. Without
+    /// a rule, vmap runs the op once per example.
+    ///
+    /// ```
+    /// use kiln::ops::custom::CustomOp;
+    /// use kiln::{vmap, Array};
+    /// let norm = CustomOp::new("norm", |x: &Array| Ok((x * x).sum_all().sqrt()))
+    ///     .with_vmap(|x: &Array, _size| Ok((x * x).sum(&[-1], false).sqrt()));
+    /// let xs = Array::from_vec(vec![3.0f32, 4.0, 6.0, 8.0], &[2, 2])?;
+    /// let norms = vmap(|x: Array| norm.call(&x)).call(&xs)?;
+    /// assert_eq!(norms.to_vec::<f32>()?, vec![5.0, 10.0]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn with_vmap(
+        self,
+        rule: impl Fn(&A, &Dim) -> Result<Array> + Send + Sync + 'static,
+    ) -> Self {
+        let rule = move |def: &TreeDef, leaves: Vec<Array>, size: &Dim| {
+            rule(&tree_unflatten(def, leaves)?, size)
+        };
+        CustomOp {
+            def: Arc::new(CustomDef {
+                name: self.def.name.clone(),
+                forward: self.def.forward.clone(),
+                vjp: self.def.vjp.clone(),
+                jvp: self.def.jvp.clone(),
+                vmap: Some(Arc::new(rule)),
                 runtime: Bodies::runtime(optimize),
             }),
             arguments: PhantomData,

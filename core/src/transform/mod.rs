@@ -1,10 +1,11 @@
 //! Transformations of lazy and traced graphs: reverse-mode autodiff
-//! ([`autodiff`]), forward mode ([`forward`]), implicit arrays and their lowering ([`implicit`]), and
+//! ([`autodiff`]), forward mode ([`forward`]), batching ([`batching`]), implicit arrays and their lowering ([`implicit`]), and
 //! custom ops: their user-facing constructors ([`custom`]) and their
 //! runtime ([`custom_runtime`]: the forward traced, optimized and built
 //! into a small executable per operand shapes).
 
 pub mod autodiff;
+pub mod batching;
 pub mod custom;
 pub mod custom_runtime;
 pub mod forward;

@@ -1,0 +1,131 @@
+//! The vocabulary of batching rules ([`crate::vmap`]): a value under vmap
+//! is an array with the batch axis somewhere in it, or the same array for
+//! every example. The families' rules (`batch` beside each `vjp` and `jvp`)
+//! use these helpers to move the batch axis only when an op needs it at
+//! the front, and the per-example fallback for ops that have no rule of
+//! their own (custom ops without `with_vmap`, kernels).
+
+use super::Op;
+use crate::error::{arg_err, Result};
+use crate::handle::array::Array;
+use crate::ops::layout::concat;
+use crate::shape::{Dim, Shape};
+
+/// A value under vmap: `value` holds every example's value along `axis`,
+/// or (`axis` is `None`) is the one value all examples share.
+#[derive(Clone, Debug)]
+pub(crate) struct Batched {
+    pub(crate) value: Array,
+    pub(crate) axis: Option<usize>,
+}
+
+impl Batched {
+    /// A value batched along `axis`.
+    pub(crate) fn along(value: Array, axis: usize) -> Batched {
+        Batched {
+            value,
+            axis: Some(axis),
+        }
+    }
+
+    /// A value every example shares.
+    pub(crate) fn shared(value: Array) -> Batched {
+        Batched { value, axis: None }
+    }
+
+    /// The per-example rank.
+    pub(crate) fn rank(&self) -> usize {
+        self.value.ndim() - usize::from(self.axis.is_some())
+    }
+
+    /// The value with its batch axis first (unchanged when it already is,
+    /// or when it has none).
+    pub(crate) fn front(&self) -> Array {
+        match self.axis {
+            Some(a) if a != 0 => {
+                let mut perm = vec![a];
+                perm.extend((0..self.value.ndim()).filter(|&i| i != a));
+                self.value.permute(&perm)
+            }
+            _ => self.value.clone(),
+        }
+    }
+
+    /// The value with its batch axis first and singleton axes after it so
+    /// that its per-example rank is `rank`: it then broadcasts against
+    /// per-example values of rank `rank` as the example did. A shared value
+    /// is returned as is (it broadcasts from the right).
+    pub(crate) fn aligned(&self, rank: usize) -> Array {
+        if self.axis.is_none() {
+            return self.value.clone();
+        }
+        let front = self.front();
+        let missing = rank.saturating_sub(self.rank());
+        if missing == 0 {
+            return front;
+        }
+        let dims = front.shape().dims();
+        let mut shape = vec![dims[0].clone()];
+        shape.extend(std::iter::repeat_n(Dim::Known(1), missing));
+        shape.extend(dims[1..].iter().cloned());
+        front.reshape_to(Shape(shape))
+    }
+
+    /// The value with its batch axis first, a shared value broadcast to
+    /// `size` examples.
+    pub(crate) fn materialized(&self, size: &Dim) -> Array {
+        match self.axis {
+            Some(_) => self.front(),
+            None => {
+                let mut shape = vec![size.clone()];
+                shape.extend(self.value.shape().dims().iter().cloned());
+                self.value.expand_dims(0).broadcast_to(Shape(shape))
+            }
+        }
+    }
+}
+
+/// `op` applied once per example, the results stacked along a new first
+/// axis: the rule of ops without one of their own (`output` is the
+/// per-example result). Needs a known batch size (an `Err` naming the op
+/// otherwise).
+pub(crate) fn per_example(
+    op: &Op,
+    operands: &[Batched],
+    output: &Array,
+    size: &Dim,
+) -> Result<Batched> {
+    let Some(n) = size.known() else {
+        return Err(arg_err(
+            op.name(),
+            format!(
+                "has no batching rule, and running it once per example needs a known batch \
+                 size, not {size}"
+            ),
+        ));
+    };
+    if n == 0 {
+        let mut shape = vec![Dim::Known(0)];
+        shape.extend(output.shape().dims().iter().cloned());
+        let empty = Array::scalar(0.0, output.dtype()).broadcast_to(Shape(shape));
+        return Ok(Batched::along(empty, 0));
+    }
+    let results: Vec<Array> = (0..n)
+        .map(|i| {
+            let example: Vec<Array> = operands
+                .iter()
+                .map(|b| match b.axis {
+                    Some(a) => {
+                        let i = i as i64;
+                        b.value
+                            .slice_axis(a as isize, i, Some(i + 1), 1)
+                            .squeeze(&[a as isize])
+                    }
+                    None => b.value.clone(),
+                })
+                .collect();
+            Array::apply(op.clone(), example).expand_dims(0)
+        })
+        .collect();
+    Ok(Batched::along(concat(&results, 0), 0))
+}
