@@ -240,7 +240,7 @@ fn a_custom_op_uses_its_batching_rule_or_runs_per_example() {
 }
 
 #[test]
-fn a_kernel_runs_once_per_example() {
+fn a_kernel_runs_once_per_example_and_the_report_says_so() {
     let kernel = kiln::Kernel::builder("twice", ["x"])
         .shape_rule(|inputs, _| Ok(inputs[0].clone()))
         .reference(|call| {
@@ -252,10 +252,45 @@ fn a_kernel_runs_once_per_example() {
         .build()
         .unwrap();
     let xs = normal(50, &[3, 4]);
-    let got = vmap(move |x: Array| kernel.call(&[&x]) + 1.0)
-        .call(&xs)
+    let f = compile(vmap(move |x: Array| kernel.call(&[&x]) + 1.0));
+    close(&f.call(&xs).unwrap(), &(&xs * 2.0 + 1.0), 1e-6, 1e-6);
+    // The loop is on the report, not hidden.
+    assert_eq!(
+        f.cache().reports[0].vmap_fallbacks,
+        vec![kiln::VmapFallback {
+            op: "twice".into(),
+            examples: 3,
+            reason: "a user kernel has no batching rule".into(),
+        }]
+    );
+}
+
+#[test]
+fn a_kernel_that_batches_its_leading_dim_runs_once_for_all_examples() {
+    let kernel = kiln::Kernel::builder("twice_batched", ["x"])
+        .shape_rule(|inputs, _| Ok(inputs[0].clone()))
+        .reference(|call| {
+            Ok(kiln::HostData::from_f64s(
+                call.out_dtype,
+                call.inputs[0].to_f64_vec().into_iter().map(|v| 2.0 * v),
+            ))
+        })
+        .batches_leading_dim()
+        .build()
         .unwrap();
-    close(&got, &(&xs * 2.0 + 1.0), 1e-6, 1e-6);
+    let xs = normal(51, &[3, 4]);
+    let f = compile(vmap(move |x: Array| kernel.call(&[&x])));
+    close(&f.call(&xs).unwrap(), &(&xs * 2.0), 1e-6, 1e-6);
+    let report = &f.cache().reports[0];
+    assert!(report.vmap_fallbacks.is_empty());
+    assert_eq!(
+        report
+            .nodes
+            .iter()
+            .filter(|n| n.op.starts_with("twice_batched"))
+            .count(),
+        1
+    );
 }
 
 #[test]

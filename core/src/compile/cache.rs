@@ -12,6 +12,7 @@ use crate::handle::array::Array;
 use crate::hash::FastMap;
 use crate::ir::graph::Graph;
 use crate::ir::passes::{PassRecord, Passes};
+use crate::ops::batching::{collecting_fallbacks, VmapFallback};
 use crate::ops::{Condition, Guard};
 use crate::shape::{Aval, Dim, Shape, Symbol};
 use crate::symbolic::{DimFacts, TraceScope};
@@ -100,6 +101,7 @@ struct Traced {
     traced: crate::ir::graph::Graph,
     passes: Vec<PassRecord>,
     symbols: Vec<(Symbol, SymbolSource)>,
+    vmap_fallbacks: Vec<VmapFallback>,
 }
 
 struct Entry {
@@ -511,6 +513,7 @@ where
             traced,
             passes,
             symbols,
+            vmap_fallbacks,
         } = traced;
         let mut state = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         // Another thread may have traced and inserted this signature while we
@@ -528,7 +531,7 @@ where
         let index = state.entries.len();
         let leaf_paths = key.tree.leaf_paths();
         let representative = exe.representative_shapes(shapes);
-        let report = Arc::new(build_report(
+        let mut report = build_report(
             &representative,
             index,
             exe.is_shapeless(),
@@ -539,7 +542,9 @@ where
             &exe,
             &symbols,
             &leaf_paths,
-        ));
+        );
+        report.vmap_fallbacks = vmap_fallbacks;
+        let report = Arc::new(report);
         let entry = Arc::new(Entry {
             key,
             exe,
@@ -570,7 +575,8 @@ where
             })
             .collect();
         let args: In = tree_unflatten(tree, params)?;
-        let (out, backward) = collecting_backward(|| self.f.apply(args));
+        let ((out, backward), vmap_fallbacks) =
+            collecting_fallbacks(|| collecting_backward(|| self.f.apply(args)));
         let out = out?;
         let backward: HashSet<usize> = backward.iter().map(Array::id).collect();
         let mut out_leaves = Vec::new();
@@ -606,6 +612,7 @@ where
             traced: graph,
             passes,
             symbols,
+            vmap_fallbacks,
         })
     }
 

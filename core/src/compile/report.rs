@@ -8,6 +8,7 @@ use crate::exec::{Executable, SymbolSource};
 use crate::ir::graph::{Graph, GraphNode, ImplicitDecision, Origin, ValueKind};
 use crate::ir::passes::PassRecord;
 use crate::location::SourceLocation;
+use crate::ops::batching::VmapFallback;
 use crate::ops::{FusedArg, Op};
 use crate::plan::{Home, PlanMemory, ReinplaceDecision};
 use crate::shape::Symbol;
@@ -251,6 +252,10 @@ pub struct Report {
     /// the handler chosen, or the op that forced a materialization.
     #[serde(default)]
     pub implicit: Vec<ImplicitDecision>,
+    /// The ops [`crate::vmap`] ran once per example (no batching rule for
+    /// their operands), in trace order; empty without vmap.
+    #[serde(default)]
+    pub vmap_fallbacks: Vec<VmapFallback>,
 }
 
 impl Report {
@@ -465,6 +470,7 @@ pub(crate) fn build_report(
     }
     Report {
         implicit: graph.implicit.clone(),
+        vmap_fallbacks: Vec::new(),
         entry,
         shapeless,
         input_tree: input_tree.to_string(),

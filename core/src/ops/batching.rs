@@ -10,6 +10,8 @@ use crate::error::{arg_err, Result};
 use crate::handle::array::Array;
 use crate::ops::layout::concat;
 use crate::shape::{Dim, Shape};
+use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
 
 /// A value under vmap: `value` holds every example's value along `axis`,
 /// or (`axis` is `None`) is the one value all examples share.
@@ -85,25 +87,61 @@ impl Batched {
     }
 }
 
+/// An op that vmap ran once per example because it has no batching rule
+/// for its operands: what the [`Report`](crate::Report) lists, so a loop
+/// hidden in a batched program is visible.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmapFallback {
+    /// The op with its parameters, like `take(axis=0)`.
+    pub op: String,
+    /// How many times it runs (the batch size).
+    pub examples: usize,
+    /// Why it has no batching rule here.
+    pub reason: String,
+}
+
+thread_local! {
+    /// The fallbacks of the running compile trace, if one collects them.
+    static FALLBACKS: RefCell<Option<Vec<VmapFallback>>> = const { RefCell::new(None) };
+}
+
+/// Runs `trace` collecting the per-example fallbacks vmap takes in it.
+pub(crate) fn collecting_fallbacks<T>(trace: impl FnOnce() -> T) -> (T, Vec<VmapFallback>) {
+    let outer = FALLBACKS.with(|f| f.replace(Some(Vec::new())));
+    let result = trace();
+    let fallbacks = FALLBACKS.with(|f| f.replace(outer)).unwrap_or_default();
+    (result, fallbacks)
+}
+
 /// `op` applied once per example, the results stacked along a new first
 /// axis: the rule of ops without one of their own (`output` is the
-/// per-example result). Needs a known batch size (an `Err` naming the op
-/// otherwise).
+/// per-example result; `reason` says why there is no rule). Needs a known
+/// batch size (an `Err` naming the op otherwise). Recorded for the report.
 pub(crate) fn per_example(
     op: &Op,
     operands: &[Batched],
     output: &Array,
     size: &Dim,
+    reason: &str,
 ) -> Result<Batched> {
     let Some(n) = size.known() else {
         return Err(arg_err(
             op.name(),
             format!(
-                "has no batching rule, and running it once per example needs a known batch \
-                 size, not {size}"
+                "cannot be batched ({reason}), and running it once per example needs a known \
+                 batch size, not {size}"
             ),
         ));
     };
+    FALLBACKS.with(|f| {
+        if let Some(all) = f.borrow_mut().as_mut() {
+            all.push(VmapFallback {
+                op: op.describe(),
+                examples: n,
+                reason: reason.to_string(),
+            });
+        }
+    });
     if n == 0 {
         let mut shape = vec![Dim::Known(0)];
         shape.extend(output.shape().dims().iter().cloned());

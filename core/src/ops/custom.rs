@@ -397,7 +397,13 @@ impl CustomCall {
         size: &Dim,
     ) -> Result<Batched> {
         let Some(rule) = self.def.vmap.as_ref() else {
-            return per_example(op, operands, output, size);
+            return per_example(
+                op,
+                operands,
+                output,
+                size,
+                "the custom op has no rule; give it one with `CustomOp::with_vmap`",
+            );
         };
         let leaves = operands.iter().map(|b| b.materialized(size)).collect();
         let batched = rule(&self.args, leaves, size)?;

@@ -318,6 +318,7 @@ struct KernelDef {
     shape_rule: Box<ShapeRuleFn>,
     reference: Box<ReferenceFn>,
     wgsl: Option<WgslKernel>,
+    batches_leading_dim: bool,
 }
 
 /// A user kernel, built by [`Kernel::builder`]. Cheap to clone; calls of
@@ -379,6 +380,7 @@ impl Kernel {
             wgsl: None,
             entry_point: "main".into(),
             grid: None,
+            batches_leading_dim: false,
         }
     }
 
@@ -396,6 +398,12 @@ impl Kernel {
     /// place.
     pub fn in_place(&self) -> Option<usize> {
         self.0.in_place
+    }
+
+    /// Whether the kernel handles a leading batch dim itself (see
+    /// [`KernelBuilder::batches_leading_dim`]).
+    pub fn batches_leading_dim(&self) -> bool {
+        self.0.batches_leading_dim
     }
 
     /// The WGSL part, if the kernel has one.
@@ -583,6 +591,7 @@ pub struct KernelBuilder {
     wgsl: Option<String>,
     entry_point: String,
     grid: Option<Arc<GridFn>>,
+    batches_leading_dim: bool,
 }
 
 impl KernelBuilder {
@@ -641,6 +650,16 @@ impl KernelBuilder {
     /// into the output first.
     pub fn in_place(mut self, name: impl Into<String>) -> Self {
         self.in_place = Some(name.into());
+        self
+    }
+
+    /// Declares the kernel's batching rule for [`crate::vmap`]: given every
+    /// input with one more leading dim (the examples; inputs shared by all
+    /// examples are broadcast), its shape rule, reference and WGSL compute
+    /// every example's output along a leading dim of the result. Without
+    /// it, vmap runs the kernel once per example (and the report says so).
+    pub fn batches_leading_dim(mut self) -> Self {
+        self.batches_leading_dim = true;
         self
     }
 
@@ -705,6 +724,7 @@ impl KernelBuilder {
             shape_rule,
             reference,
             wgsl,
+            batches_leading_dim: self.batches_leading_dim,
         })))
     }
 }

@@ -538,21 +538,59 @@ impl Op {
             | Op::DimSize { .. } => layout::batch(self, operands, size),
             Op::Take { axis } => match index::batch(*axis, &operands[0], &operands[1]) {
                 Some(batched) => batched,
-                None => per_example(self, operands, output, size)?,
+                None => per_example(
+                    self,
+                    operands,
+                    output,
+                    size,
+                    "both the values and the indices differ per example",
+                )?,
             },
             Op::ScatterAdd { axis, size: rows } => {
                 match scatter::batch(*axis, rows, &operands[0], &operands[1]) {
                     Some(batched) => batched,
-                    None => per_example(self, operands, output, size)?,
+                    None => per_example(
+                        self,
+                        operands,
+                        output,
+                        size,
+                        "the indices differ per example",
+                    )?,
                 }
             }
             Op::Quant(q) => match q.batch(operands, output, size) {
                 Some(batched) => batched,
-                None => per_example(self, operands, output, size)?,
+                None => per_example(self, operands, output, size, "gather_qmm has no rule")?,
             },
             Op::Custom(c) => c.batch(self, operands, output, size)?,
             Op::Implicit(i) => i.batch(inputs, operands, size, walk)?,
-            Op::Kernel(_) => per_example(self, operands, output, size)?,
+            Op::Kernel(k) if k.kernel.batches_leading_dim() => {
+                let values = operands.iter().map(|b| b.materialized(size)).collect();
+                let batched = apply(values);
+                if let Some(e) = batched.error() {
+                    return Err(e.clone());
+                }
+                let mut want = vec![size.clone()];
+                want.extend(output.shape().dims().iter().cloned());
+                if !crate::symbolic::shapes_equal(batched.shape(), &Shape(want.clone())) {
+                    return Err(crate::error::arg_err(
+                        self.name(),
+                        format!(
+                            "batches its leading dim, but gave {} for {size} examples of {}",
+                            batched.aval(),
+                            output.aval()
+                        ),
+                    ));
+                }
+                Batched::along(batched, 0)
+            }
+            Op::Kernel(_) => per_example(
+                self,
+                operands,
+                output,
+                size,
+                "a user kernel has no batching rule",
+            )?,
             Op::Fused(_) => {
                 return Err(crate::error::arg_err(
                     self.name(),
