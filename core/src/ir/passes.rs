@@ -56,9 +56,18 @@ pub fn optimize_lowered(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<Pas
     let (mut simplified, mut folded, mut merged) = (0, 0, 0);
     let no_origin = Origin::default();
     for node in &graph.nodes {
-        let inputs: Operands = node.inputs.iter().map(|&i| remap[i]).collect();
+        let mut inputs: Operands = node.inputs.iter().map(|&i| remap[i]).collect();
         let backward = graph.is_backward(remap.len());
         let origin = graph.origin(remap.len()).unwrap_or(&no_origin);
+        if let ValueKind::Op(Op::Reshape(_)) = &node.kind {
+            // A reshape of a reshape reads the first one's operand (row-major
+            // order is kept by both): vmap's batching rules make such pairs.
+            let source = &out.nodes[inputs[0]];
+            if let ValueKind::Op(Op::Reshape(_)) = &source.kind {
+                inputs[0] = source.inputs[0];
+                simplified += 1;
+            }
+        }
         if let ValueKind::Op(op) = &node.kind {
             if let Some(&alias) = inputs
                 .first()

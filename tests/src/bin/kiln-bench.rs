@@ -373,6 +373,47 @@ fn grad_benchmarks(names: &[String], report: &mut BenchReport) {
     );
 }
 
+/// The 4-layer MLP's forward pass on a batch, or on one example.
+fn mlp4_on((layers, x): (Vec<Layer>, Array)) -> Array {
+    layers.iter().fold(x, |h, (w, b)| (h.matmul(w) + b).tanh())
+}
+
+/// The figures of [`vmap_benchmarks`].
+const VMAP_FIGURES: [&str; 3] = ["vmap_mlp4_cached", "batched_mlp4_cached", "vmap_mlp4_ratio"];
+
+/// `compile(vmap(f))` of the per-example MLP forward pass against the same
+/// work written batched by hand (`batched_mlp4_cached`), cached calls on a
+/// batch of 64, measured in alternating rounds so load hits both alike;
+/// `vmap_mlp4_ratio` is their quotient (target ≤ 1.05). Runs in the
+/// one-thread child.
+fn vmap_benchmarks(names: &[String], report: &mut BenchReport) {
+    let wanted = VMAP_FIGURES.iter().any(|n| selected(n, names));
+    if !wanted {
+        return;
+    }
+    let (layers, x, _) = mlp4_arguments();
+    let args = (layers, x);
+    let mapped = compile(kiln::vmap(mlp4_on).in_axes([("args[0]", None)]));
+    let by_hand = compile(mlp4_on);
+    let (mut vmapped, mut batched) = (Vec::new(), Vec::new());
+    for _ in 0..7 {
+        vmapped.push(median_micros(30, || {
+            std::hint::black_box(mapped.call(&args).expect("vmap runs"));
+        }));
+        batched.push(median_micros(30, || {
+            std::hint::black_box(by_hand.call(&args).expect("the batched MLP runs"));
+        }));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (v, b) = (median(&mut vmapped), median(&mut batched));
+    report.record("vmap_mlp4_cached", v, "us");
+    report.record("batched_mlp4_cached", b, "us");
+    report.record("vmap_mlp4_ratio", v / b, "ratio");
+}
+
 /// The hidden first argument under which the program re-runs itself with
 /// `KILN_THREADS=1` to take the single-thread CPU figures.
 const CPU_CHILD: &str = "--cpu-single-thread";
@@ -389,6 +430,7 @@ fn main() {
         cpu_figures(&names, &mut report);
         matmul::one_thread(&names, &mut report);
         grad_benchmarks(&names, &mut report);
+        vmap_benchmarks(&names, &mut report);
         println!("{}", report.to_json());
         return;
     }
@@ -640,7 +682,8 @@ fn cpu_benchmarks(names: &[String], report: &mut BenchReport) {
         .chain(WIDE.iter().map(|(op, _)| format!("cpu_unary_{op}_wide_ns")))
         .chain(CHAINS.iter().map(|n| format!("cpu_chain_{n}")))
         .chain([format!("cpu_scalar_chain_{SCALAR_CHAIN}")])
-        .chain(quant::CPU_FIGURES.map(String::from));
+        .chain(quant::CPU_FIGURES.map(String::from))
+        .chain(VMAP_FIGURES.map(String::from));
     let one_thread = wanted.into_iter().any(|name| selected(&name, names))
         || grad_wanted(names)
         || matmul::ONE_THREAD

@@ -4,7 +4,7 @@
 //! Every binding surfaces Kiln's errors at once, so a script error points
 //! at the line that made the bad array, not at a later use of it.
 
-use super::function::{Options, ScriptCompiled, Transform};
+use super::function::{JacobianKind, Options, ScriptCompiled, Transform};
 use super::nodes::{register_node, NodeSpec, ScriptObject};
 use super::values::{checked, kiln_result, parse_dtype, runtime_error, ScriptResult};
 use super::{ScriptLimits, Shared};
@@ -653,12 +653,13 @@ fn register_compile(engine: &mut Engine, shared: &Rc<Shared>) {
                     Transform::Grad { argnums: a } | Transform::ValueAndGrad { argnums: a, .. } => {
                         *a = argnums
                     }
-                    Transform::None => {}
+                    _ => {}
                 }
                 Ok::<_, Box<rhai::EvalAltResult>>(h)
             },
         );
     }
+    register_transformations(engine, shared, &make);
     engine.register_fn("has_aux", |h: &mut ScriptCompiled| {
         let mut h = h.clone();
         match &mut h.options.transform {
@@ -721,6 +722,127 @@ fn register_compile(engine: &mut Engine, shared: &Rc<Shared>) {
     run_with!(a, b, c);
     run_with!(a, b, c, d);
     run_with!(a, b, c, d, e);
+}
+
+/// `transform` applied to a function that is already a compiled or
+/// transformed handle (`vmap(grad(f))`): its transform becomes the inner one.
+fn wrapped(
+    h: &ScriptCompiled,
+    transform: impl FnOnce(Box<Transform>) -> Transform,
+) -> ScriptCompiled {
+    let mut h = h.clone();
+    let inner = std::mem::take(&mut h.options.transform);
+    let written = match inner {
+        Transform::None => format!("compile({})", h.source),
+        _ => h.source.to_string(),
+    };
+    h.options.transform = transform(Box::new(inner));
+    h.source = Rc::from(format!("{}({written})", h.options.transform.name()));
+    h
+}
+
+/// A script's `in_axes` (`[0, (), 1]`) or `out_axis` (`0` or `()`).
+fn axis_of(value: &Dynamic, what: &str) -> ScriptResult<Option<i64>> {
+    if value.is_unit() {
+        return Ok(None);
+    }
+    value.as_int().map(Some).map_err(|t| {
+        runtime_error(format!(
+            "vmap's {what} holds axes (integers) or () for a shared argument, got a {t}"
+        ))
+    })
+}
+
+/// `vmap`, `jvp`, `jacfwd`, `jacrev` and `hessian`: of a closure, or of a
+/// compiled or transformed function (they compose: `vmap(grad(f))`).
+fn register_transformations<Make, Handle>(engine: &mut Engine, shared: &Rc<Shared>, make: &Make)
+where
+    Make: Fn(&Rc<Shared>, Transform) -> Handle,
+    Handle: Fn(&NativeCallContext, FnPtr) -> ScriptCompiled + 'static,
+{
+    let vmap = |in_axes: Vec<Option<i64>>, out_axis: Option<i64>| {
+        move |inner: Box<Transform>| Transform::Vmap {
+            in_axes: in_axes.clone(),
+            out_axis,
+            inner,
+        }
+    };
+    let axes = |list: &rhai::Array| -> ScriptResult<Vec<Option<i64>>> {
+        list.iter().map(|a| axis_of(a, "in_axes")).collect()
+    };
+    let plain = make(shared, vmap(Vec::new(), Some(0))(Box::default()));
+    engine.register_fn("vmap", move |ctx: NativeCallContext, f: FnPtr| {
+        plain(&ctx, f)
+    });
+    engine.register_fn("vmap", move |h: ScriptCompiled| {
+        wrapped(&h, vmap(Vec::new(), Some(0)))
+    });
+    let with_axes = make(shared, Transform::None);
+    engine.register_fn(
+        "vmap",
+        move |ctx: NativeCallContext, f: FnPtr, in_axes: rhai::Array| {
+            let mut h = with_axes(&ctx, f);
+            h.options.transform = vmap(axes(&in_axes)?, Some(0))(Box::default());
+            h.source = Rc::from(format!("vmap({})", h.source));
+            Ok::<_, Box<rhai::EvalAltResult>>(h)
+        },
+    );
+    engine.register_fn("vmap", move |h: ScriptCompiled, in_axes: rhai::Array| {
+        Ok::<_, Box<rhai::EvalAltResult>>(wrapped(&h, vmap(axes(&in_axes)?, Some(0))))
+    });
+    let with_both = make(shared, Transform::None);
+    engine.register_fn(
+        "vmap",
+        move |ctx: NativeCallContext, f: FnPtr, in_axes: rhai::Array, out_axis: Dynamic| {
+            let mut h = with_both(&ctx, f);
+            h.options.transform =
+                vmap(axes(&in_axes)?, axis_of(&out_axis, "out_axis")?)(Box::default());
+            h.source = Rc::from(format!("vmap({})", h.source));
+            Ok::<_, Box<rhai::EvalAltResult>>(h)
+        },
+    );
+    engine.register_fn(
+        "vmap",
+        move |h: ScriptCompiled, in_axes: rhai::Array, out_axis: Dynamic| {
+            Ok::<_, Box<rhai::EvalAltResult>>(wrapped(
+                &h,
+                vmap(axes(&in_axes)?, axis_of(&out_axis, "out_axis")?),
+            ))
+        },
+    );
+    for (name, kind) in [
+        ("jacfwd", JacobianKind::Forward),
+        ("jacrev", JacobianKind::Reverse),
+        ("hessian", JacobianKind::Hessian),
+    ] {
+        let of = move |inner: Box<Transform>| Transform::Jacobian { kind, inner };
+        let plain = make(shared, of(Box::default()));
+        engine.register_fn(name, move |ctx: NativeCallContext, f: FnPtr| plain(&ctx, f));
+        engine.register_fn(name, move |h: ScriptCompiled| wrapped(&h, of));
+    }
+    // `jvp(f, primals, tangents)` runs now: `[f(primals), J·tangents]`.
+    let jvp = |inner: Box<Transform>| Transform::Jvp { inner };
+    let pushed = make(shared, jvp(Box::default()));
+    let session = shared.clone();
+    engine.register_fn(
+        "jvp",
+        move |ctx: NativeCallContext, f: FnPtr, primals: rhai::Array, tangents: rhai::Array| {
+            let h = pushed(&ctx, f);
+            session
+                .function_for(&h)
+                .call(vec![primals.into(), tangents.into()])
+        },
+    );
+    let session = shared.clone();
+    engine.register_fn(
+        "jvp",
+        move |h: ScriptCompiled, primals: rhai::Array, tangents: rhai::Array| {
+            let h = wrapped(&h, jvp);
+            session
+                .function_for(&h)
+                .call(vec![primals.into(), tangents.into()])
+        },
+    );
 }
 
 /// Script classes: `register_node`, `node`, and field access.

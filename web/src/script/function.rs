@@ -4,7 +4,7 @@
 use super::values::{from_value, into_value, runtime_error, to_value, ScriptResult};
 use super::{script_message, Shared};
 use crate::report::{CallTiming, FunctionReport};
-use kiln::{AnyBackend, Array, Compiled, DType, Function, Value};
+use kiln::{AnyBackend, Array, Compiled, DType, Function, Value, ValueParts};
 use rhai::{Dynamic, EvalAltResult, FnPtr};
 use std::cell::{Cell, RefCell};
 use std::collections::hash_map::DefaultHasher;
@@ -30,8 +30,10 @@ pub struct ScriptCompiled {
     pub(super) options: Options,
 }
 
-/// The autodiff transformation a compiled script function applies to its
-/// closure: `grad(f)` and `value_and_grad(f)` in scripts.
+/// The transformation a compiled script function applies to its closure:
+/// `grad(f)`, `value_and_grad(f)`, `vmap(f)`, `jvp(f, ..)`, `jacfwd(f)`,
+/// `jacrev(f)` and `hessian(f)` in scripts. The last four also take a
+/// transformed function (`vmap(grad(f))`), which becomes their `inner`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Transform {
     /// The closure itself (`compile(f)`).
@@ -52,6 +54,40 @@ pub enum Transform {
         /// Whether the closure returns `[loss, aux]`.
         has_aux: bool,
     },
+    /// `vmap(f, in_axes, out_axis)`: `f` mapped over a batch axis of each
+    /// argument (`None`: shared by every example).
+    Vmap {
+        /// Per argument position, its batch axis (missing positions: 0).
+        in_axes: Vec<Option<i64>>,
+        /// Where the outputs get the batch axis (`None`: shared).
+        out_axis: Option<i64>,
+        /// What `f` already is.
+        inner: Box<Transform>,
+    },
+    /// `jvp(f, primals, tangents)`: `[f(primals), J·tangents]`; its
+    /// arguments are the list of primals and the list of tangents.
+    Jvp {
+        /// What `f` already is.
+        inner: Box<Transform>,
+    },
+    /// `jacfwd(f)`, `jacrev(f)` or `hessian(f)` with respect to argument 0.
+    Jacobian {
+        /// Which one.
+        kind: JacobianKind,
+        /// What `f` already is.
+        inner: Box<Transform>,
+    },
+}
+
+/// The Jacobians scripts take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JacobianKind {
+    /// `jacfwd(f)`: forward mode.
+    Forward,
+    /// `jacrev(f)`: reverse mode.
+    Reverse,
+    /// `hessian(f)`: `jacfwd(jacrev(f))`.
+    Hessian,
 }
 
 impl Transform {
@@ -61,6 +97,13 @@ impl Transform {
             Transform::None => "compile",
             Transform::Grad { .. } => "grad",
             Transform::ValueAndGrad { .. } => "value_and_grad",
+            Transform::Vmap { .. } => "vmap",
+            Transform::Jvp { .. } => "jvp",
+            Transform::Jacobian { kind, .. } => match kind {
+                JacobianKind::Forward => "jacfwd",
+                JacobianKind::Reverse => "jacrev",
+                JacobianKind::Hessian => "hessian",
+            },
         }
     }
 }
@@ -254,7 +297,7 @@ impl ScriptFunction {
             let transform = options.transform.clone();
             Box::new(move |args: Value| {
                 let call = |args: Value| invoke(&shared, &body, args);
-                match transformed(&transform, args, call) {
+                match transformed(&transform, args, &call) {
                     Ok(out) => out,
                     Err(e) => {
                         failure.borrow_mut().get_or_insert(e);
@@ -340,12 +383,19 @@ impl ScriptFunction {
 fn transformed(
     transform: &Transform,
     args: Value,
-    call: impl Fn(Value) -> ScriptResult<Value>,
+    call: &dyn Fn(Value) -> ScriptResult<Value>,
 ) -> ScriptResult<Value> {
     let (argnums, has_aux) = match transform {
         Transform::None => return call(args),
         Transform::Grad { argnums } => (argnums, false),
         Transform::ValueAndGrad { argnums, has_aux } => (argnums, *has_aux),
+        Transform::Vmap {
+            in_axes,
+            out_axis,
+            inner,
+        } => return mapped(in_axes, *out_axis, inner, args, call),
+        Transform::Jvp { inner } => return pushed_forward(inner, args, call),
+        Transform::Jacobian { kind, inner } => return jacobian(*kind, inner, args, call),
     };
     let name = transform.name();
     // The first script error inside the differentiated closure; Kiln sees
@@ -400,6 +450,147 @@ fn transformed(
         return Err(e);
     }
     result.map_err(|e| runtime_error(format!("{name}: {}", script_message(&e))))
+}
+
+/// Runs `f` (the closure `call` under `inner`) inside a Kiln transformation
+/// that calls it on traced values: the first script error it raises is
+/// kept, and the transformation sees a stand-in meanwhile.
+struct Inner<'a> {
+    inner: &'a Transform,
+    call: &'a dyn Fn(Value) -> ScriptResult<Value>,
+    failure: RefCell<Option<Box<EvalAltResult>>>,
+}
+
+impl<'a> Inner<'a> {
+    fn new(inner: &'a Transform, call: &'a dyn Fn(Value) -> ScriptResult<Value>) -> Self {
+        Inner {
+            inner,
+            call,
+            failure: RefCell::new(None),
+        }
+    }
+
+    /// `f(args)`, or `stand_in` after keeping the error.
+    fn value(&self, args: Value, stand_in: impl FnOnce() -> Value) -> Value {
+        match transformed(self.inner, args, self.call) {
+            Ok(v) => v,
+            Err(e) => {
+                self.failure.borrow_mut().get_or_insert(e);
+                stand_in()
+            }
+        }
+    }
+
+    /// `f(args)` as one array (what a Jacobian differentiates).
+    fn array(&self, name: &str, args: Value) -> Array {
+        match self.value(args, || Value::None).into_parts() {
+            ValueParts::Array(a) => a,
+            ValueParts::None => Array::scalar(0.0, DType::F32),
+            other => {
+                let e = runtime_error(format!(
+                    "{name} takes a function returning one array, this one returned {}",
+                    describe(&Value::from(other))
+                ));
+                self.failure.borrow_mut().get_or_insert(e);
+                Array::scalar(0.0, DType::F32)
+            }
+        }
+    }
+
+    /// The script error if `f` raised one, else Kiln's result.
+    fn finish(self, name: &str, result: kiln::Result<Value>) -> ScriptResult<Value> {
+        if let Some(e) = self.failure.into_inner() {
+            return Err(e);
+        }
+        result.map_err(|e| runtime_error(format!("{name}: {}", script_message(&e))))
+    }
+}
+
+/// `vmap(f, in_axes, out_axis)` on traced arguments.
+fn mapped(
+    in_axes: &[Option<i64>],
+    out_axis: Option<i64>,
+    inner: &Transform,
+    args: Value,
+    call: &dyn Fn(Value) -> ScriptResult<Value>,
+) -> ScriptResult<Value> {
+    let f = Inner::new(inner, call);
+    let spec: Vec<(String, Option<isize>)> = in_axes
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (format!("args[{i}]"), a.map(|a| a as isize)))
+        .collect();
+    let result = kiln::vmap(|a: Value| f.value(a, || Value::None))
+        .in_axes(spec)
+        .out_axes([("out", out_axis.map(|a| a as isize))])
+        .apply(args);
+    f.finish("vmap", result)
+}
+
+/// `jvp(f, primals, tangents)` on traced arguments: `[out, tangent]`.
+fn pushed_forward(
+    inner: &Transform,
+    args: Value,
+    call: &dyn Fn(Value) -> ScriptResult<Value>,
+) -> ScriptResult<Value> {
+    let as_args = |v: Value| match v.into_parts() {
+        ValueParts::List(items) | ValueParts::Tuple(items) => Value::Tuple(items),
+        one => Value::Tuple(vec![Value::from(one)]),
+    };
+    let ValueParts::Tuple(mut halves) = args.into_parts() else {
+        return Err(runtime_error("jvp(f, primals, tangents) takes two lists"));
+    };
+    if halves.len() != 2 {
+        return Err(runtime_error("jvp(f, primals, tangents) takes two lists"));
+    }
+    let tangents = as_args(halves.pop().unwrap_or(Value::None));
+    let primals = as_args(halves.pop().unwrap_or(Value::None));
+    let f = Inner::new(inner, call);
+    let result = kiln::jvp(|p: Value| f.value(p, || Value::None), &primals, &tangents)
+        .map(|(out, tangent)| Value::List(vec![out, tangent]));
+    f.finish("jvp", result)
+}
+
+/// `jacfwd(f)`, `jacrev(f)` or `hessian(f)` with respect to argument 0.
+fn jacobian(
+    kind: JacobianKind,
+    inner: &Transform,
+    args: Value,
+    call: &dyn Fn(Value) -> ScriptResult<Value>,
+) -> ScriptResult<Value> {
+    let name = Transform::Jacobian {
+        kind,
+        inner: Box::default(),
+    }
+    .name();
+    let f = Inner::new(inner, call);
+    let ValueParts::Tuple(items) = args.into_parts() else {
+        return Err(runtime_error(format!("{name} takes a function of arrays")));
+    };
+    let result = match kind {
+        JacobianKind::Forward => kiln::jacfwd(|a: Value| f.array(name, a))
+            .apply(Value::Tuple(items))
+            .map(|j| pick(j, &[0])),
+        JacobianKind::Reverse => kiln::jacrev(|a: Value| f.array(name, a))
+            .apply(Value::Tuple(items))
+            .map(|j| pick(j, &[0])),
+        JacobianKind::Hessian => {
+            let Some(Value::Array(x)) = items.first() else {
+                return Err(runtime_error(
+                    "hessian(f) differentiates an array argument 0",
+                ));
+            };
+            let rest = items[1..].to_vec();
+            kiln::hessian(|x: Array| {
+                let mut all = vec![Value::Array(x)];
+                all.extend(rest.iter().cloned());
+                f.array(name, Value::Tuple(all))
+            })
+            .apply(x.clone())
+            .map(Value::Array)
+        }
+    };
+    f.finish(name, result)
 }
 
 /// The gradients of the arguments at `argnums`: one, or a list.

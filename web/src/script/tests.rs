@@ -567,3 +567,51 @@ fn verify_labels_each_array_of_a_shown_list_by_its_place() {
     let labels: Vec<String> = s.shown_arrays().into_iter().map(|(l, _)| l).collect();
     assert_eq!(labels, ["pair (array 1)", "pair (array 2)", "one"]);
 }
+
+#[test]
+fn vmap_jvp_and_jacobians_are_bound_and_compose() {
+    let mut s = Session::new();
+    let report = run_ok(
+        &mut s,
+        r#"
+        let w = array([[1.0, 2.0], [3.0, 4.0]]);
+        let xs = array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]);
+        show("vmap", vmap(|x, w| x.matmul(w), [0, ()]).run(xs, w));
+        show("out axis", vmap(|x| x * 2.0, [0], 1).run(xs));
+        let loss = |x, w| (x.matmul(w) * x.matmul(w)).sum();
+        let per_example = vmap(grad(loss), [0, ()]).run(xs, w);
+        show("per-example", per_example);
+        let pushed = jvp(|x| x * x, [array([1.0, 3.0])], [array([1.0, 1.0])]);
+        show("jvp", pushed[1]);
+        show("jacfwd", jacfwd(|x| x * x).run(array([1.0, 3.0])));
+        show("jacrev", jacrev(|x| (x * x).sum()).run(array([1.0, 3.0])));
+        show("hessian", hessian(|x| (x * x * x).sum()).run(array([1.0, 2.0])));
+        let hvp = jvp(grad(|x| (x * x * x).sum()), [array([1.0, 2.0])], [array([1.0, 0.0])]);
+        show("hvp", hvp[1]);
+        "#,
+    );
+    assert_eq!(
+        text(&report, "vmap"),
+        "array([[1., 2.],\n       [3., 4.],\n       [4., 6.]], dtype=float32)"
+    );
+    assert_eq!(
+        text(&report, "out axis"),
+        "array([[2., 0., 2.],\n       [0., 2., 2.]], dtype=float32)"
+    );
+    // d/dx Σ(x·w)² = 2·w·(x·w)ᵀ per example.
+    assert_eq!(
+        text(&report, "per-example"),
+        "array([[10., 22.],\n       [22., 50.],\n       [32., 72.]], dtype=float32)"
+    );
+    assert_eq!(text(&report, "jvp"), "array([2., 6.], dtype=float32)");
+    assert_eq!(
+        text(&report, "jacfwd"),
+        "array([[2., 0.],\n       [0., 6.]], dtype=float32)"
+    );
+    assert_eq!(text(&report, "jacrev"), "array([2., 6.], dtype=float32)");
+    assert_eq!(
+        text(&report, "hessian"),
+        "array([[ 6.,  0.],\n       [ 0., 12.]], dtype=float32)"
+    );
+    assert_eq!(text(&report, "hvp"), "array([6., 0.], dtype=float32)");
+}
