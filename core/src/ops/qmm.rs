@@ -264,7 +264,7 @@ fn permute(x: &[f32], format: QuantFormat) -> Vec<f32> {
 
 /// The vector unit the kernels of one band use, chosen once per band by
 /// [`Isa::detect`]: a variant exists only where the CPU has that unit.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+#[derive(Clone, Copy, Debug)]
 #[repr(u8)]
 pub(super) enum Isa {
     /// Scalar code that the compiler may vectorize for the build target.
@@ -341,40 +341,42 @@ fn fused_dot(isa: Isa, w: &Weight, row: usize, xp: &[f32]) -> f32 {
 /// ([`lut4_avx512`], [`lut4_avx2`]). `KIND`: 0 affine, 1 NF4, 2 int8.
 fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, xp: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-        fn avx512<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
-            row_kernel::<BITS, KIND, true>(w, row, xp)
-        }
-        #[target_feature(enable = "avx2,fma")]
-        fn avx2<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
-            row_kernel::<BITS, KIND, true>(w, row, xp)
-        }
-        let lut4 = BITS == 4 && KIND < 2;
-        let group_words = w.format.group_size().unwrap_or(w.cols) / 8;
-        // SAFETY (every call below): `Isa::detect` names a unit only where
-        // the CPU has it (AVX-512F/BW implies AVX2 and FMA).
-        match isa {
-            Isa::Avx512 => unsafe {
-                return match group_words {
-                    4 if lut4 => lut4_avx512::<KIND, 4>(w, row, xp),
-                    8 if lut4 => lut4_avx512::<KIND, 8>(w, row, xp),
-                    g if lut4 && g > 0 && g.is_multiple_of(16) => {
-                        lut4_avx512::<KIND, 16>(w, row, xp)
-                    }
-                    _ => avx512::<BITS, KIND>(w, row, xp),
-                };
-            },
-            Isa::Avx2 => unsafe {
-                return match group_words {
-                    g if lut4 && g > 0 && g.is_multiple_of(8) => lut4_avx2::<KIND>(w, row, xp),
-                    _ => avx2::<BITS, KIND>(w, row, xp),
-                };
-            },
-            Isa::Portable => {}
-        }
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+    fn avx512<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+        row_kernel::<BITS, KIND, true>(w, row, xp)
     }
-    row_kernel::<BITS, KIND, false>(w, row, xp)
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn avx2<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+        row_kernel::<BITS, KIND, true>(w, row, xp)
+    }
+    // Words per group of the 4-bit formats the lookup kernels take; none
+    // for the other formats.
+    #[cfg(target_arch = "x86_64")]
+    let lut4_words = (BITS == 4 && KIND < 2)
+        .then(|| w.format.group_size().unwrap_or(w.cols) / 8)
+        .filter(|&g| g > 0);
+    // SAFETY (every call below): `Isa::detect` names a unit only where the
+    // CPU has it (AVX-512F/BW implies AVX2 and FMA).
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            match lut4_words {
+                Some(4) => lut4_avx512::<KIND, 4>(w, row, xp),
+                Some(8) => lut4_avx512::<KIND, 8>(w, row, xp),
+                Some(g) if g.is_multiple_of(16) => lut4_avx512::<KIND, 16>(w, row, xp),
+                _ => avx512::<BITS, KIND>(w, row, xp),
+            }
+        },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe {
+            match lut4_words {
+                Some(g) if g.is_multiple_of(8) => lut4_avx2::<KIND>(w, row, xp),
+                _ => avx2::<BITS, KIND>(w, row, xp),
+            }
+        },
+        Isa::Portable => row_kernel::<BITS, KIND, false>(w, row, xp),
+    }
 }
 
 /// [`aligned_row`] or [`fused_row`], by whether codes straddle words.
@@ -564,36 +566,35 @@ unsafe fn lut4_lookup_avx2(
 /// [`Weight::decode_cols`] decodes it, with table lookups for 4-bit affine
 /// and NF4 codes with f32 scales where `isa` has a vector unit.
 pub(super) fn decode_row(isa: Isa, w: &Weight, row: usize, out: &mut [f32]) {
+    let kind = match w.format {
+        _ if w.dtype != DType::F32 => None,
+        QuantFormat::Affine { bits: 4, .. } => Some(0),
+        QuantFormat::Nf4 => Some(1),
+        _ => None,
+    };
     #[cfg(target_arch = "x86_64")]
-    {
-        let group = w.format.group_size().unwrap_or(w.cols);
-        let four_bit = match w.format {
-            QuantFormat::Affine { bits: 4, .. } => Some(0),
-            QuantFormat::Nf4 => Some(1),
-            _ => None,
-        };
-        if let Some(kind) = four_bit.filter(|_| w.dtype == DType::F32) {
-            // SAFETY: `Isa::detect` names a unit only where the CPU has it.
-            unsafe {
-                match (isa, kind) {
-                    (Isa::Avx512, 0) if group.is_multiple_of(16) => {
-                        return decode4_avx512::<0>(w, row, out)
-                    }
-                    (Isa::Avx512, _) if group.is_multiple_of(16) => {
-                        return decode4_avx512::<1>(w, row, out)
-                    }
-                    (Isa::Avx2, 0) if group.is_multiple_of(8) => {
-                        return decode4_avx2::<0>(w, row, out)
-                    }
-                    (Isa::Avx2, _) if group.is_multiple_of(8) => {
-                        return decode4_avx2::<1>(w, row, out)
-                    }
-                    _ => {}
-                }
-            }
-        }
+    let group_is_multiple_of = |n: usize| w.format.group_size().unwrap_or(w.cols).is_multiple_of(n);
+    // SAFETY (every call below): `Isa::detect` names a unit only where the
+    // CPU has it.
+    match (isa, kind) {
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, Some(0)) if group_is_multiple_of(16) => unsafe {
+            decode4_avx512::<0>(w, row, out)
+        },
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, Some(_)) if group_is_multiple_of(16) => unsafe {
+            decode4_avx512::<1>(w, row, out)
+        },
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, Some(0)) if group_is_multiple_of(8) => unsafe {
+            decode4_avx2::<0>(w, row, out)
+        },
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, Some(_)) if group_is_multiple_of(8) => unsafe {
+            decode4_avx2::<1>(w, row, out)
+        },
+        _ => w.decode_cols(row, 0, out),
     }
-    w.decode_cols(row, 0, out);
 }
 
 /// [`decode_row`] for 4-bit codes in groups of a multiple of 16: two words

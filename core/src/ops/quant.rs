@@ -1422,17 +1422,17 @@ mod tests {
     }
 
     #[test]
-    fn word_aligned_codes_are_within_the_bound_for_every_group_size() {
+    fn every_format_and_group_size_is_within_the_bound_on_every_vector_unit() {
         // Each group size gives the in-register kernels a different word
-        // layout: groups of 2 to 8 words share a vector register (4-bit
-        // groups of 32 and 64), 16 words fill one (4-bit groups of 128),
-        // and groups under eight words take the scalar tail (2-bit groups
-        // of 32).
+        // layout: 4-bit groups of 32 and 64 share a vector register (the
+        // AVX2 lookup takes 64 and up), 128 fill one, 2-bit groups of 32
+        // take the scalar tail, and 3-, 5- and 6-bit codes run in units
+        // of `bits` words (k = 768: one full run of 16 units, then a tail).
         let (k, n) = (768, 40);
-        let formats = [2, 4, 8]
+        let formats = AFFINE_BITS
             .iter()
             .flat_map(|&bits| AFFINE_GROUP_SIZES.map(|group| QuantFormat::affine(bits, group)))
-            .chain([QuantFormat::Nf4]);
+            .chain([QuantFormat::Nf4, QuantFormat::Int8]);
         // Every kernel this build has (the portable ones are what a CPU
         // without AVX-512 or AVX2 runs).
         for &isa in qmm::ISAS {
