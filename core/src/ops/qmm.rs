@@ -279,7 +279,7 @@ pub(super) enum Isa {
 
 impl Isa {
     /// The widest unit this CPU has (the check is a cached load), no wider
-    /// than [`WIDEST_ISA`] in unit tests.
+    /// than `WIDEST_ISA` in unit tests.
     fn detect() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
