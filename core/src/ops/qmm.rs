@@ -102,6 +102,7 @@ impl Matrix<'_, '_> {
         let width = cols.len();
         let mut out = vec![0.0f32; m * width];
         let fused = transpose && m < PANEL_MIN_ROWS && self.w.dtype == DType::F32;
+        let isa = Isa::detect();
         if fused {
             let permuted: Vec<Vec<f32>> = a
                 .chunks_exact(k)
@@ -110,11 +111,11 @@ impl Matrix<'_, '_> {
             for (t, r) in cols.clone().enumerate() {
                 let row = self.first_row + r;
                 for (i, xp) in permuted.iter().enumerate() {
-                    out[i * width + t] = fused_dot(self.w, row, xp);
+                    out[i * width + t] = fused_dot(isa, self.w, row, xp);
                 }
             }
         } else if m >= PANEL_MIN_ROWS {
-            self.panels(a, transpose, cols, &mut out);
+            self.panels(isa, a, transpose, cols, &mut out);
         } else if transpose {
             let mut decoded = vec![0.0f32; k];
             for (t, r) in cols.clone().enumerate() {
@@ -137,7 +138,7 @@ impl Matrix<'_, '_> {
     }
 
     /// [`Matrix::band`] through decoded panels and the GEMM microkernels.
-    fn panels(&self, a: &[f32], transpose: bool, cols: Range<usize>, out: &mut [f32]) {
+    fn panels(&self, isa: Isa, a: &[f32], transpose: bool, cols: Range<usize>, out: &mut [f32]) {
         let (m, k) = (self.m, self.k);
         let width = cols.len();
         let x = View::row_major(a, k);
@@ -147,7 +148,12 @@ impl Matrix<'_, '_> {
             for first in (0..width).step_by(PANEL_ROWS) {
                 let rows = PANEL_ROWS.min(width - first);
                 for (t, decoded) in panel.chunks_exact_mut(k).take(rows).enumerate() {
-                    decode_row(self.w, self.first_row + cols.start + first + t, decoded);
+                    decode_row(
+                        isa,
+                        self.w,
+                        self.first_row + cols.start + first + t,
+                        decoded,
+                    );
                 }
                 let mut block = vec![0.0f32; m * rows];
                 let job = Product {
@@ -256,67 +262,121 @@ fn permute(x: &[f32], format: QuantFormat) -> Vec<f32> {
     out
 }
 
-/// `x · w[row]` for `x` [`permute`]d, decoding the codes in registers.
-fn fused_dot(w: &Weight, row: usize, xp: &[f32]) -> f32 {
-    match w.format {
-        QuantFormat::Affine { bits: 2, .. } => dispatch::<2, 0>(w, row, xp),
-        QuantFormat::Affine { bits: 3, .. } => dispatch::<3, 0>(w, row, xp),
-        QuantFormat::Affine { bits: 4, .. } => dispatch::<4, 0>(w, row, xp),
-        QuantFormat::Affine { bits: 5, .. } => dispatch::<5, 0>(w, row, xp),
-        QuantFormat::Affine { bits: 6, .. } => dispatch::<6, 0>(w, row, xp),
-        QuantFormat::Affine { .. } => dispatch::<8, 0>(w, row, xp),
-        QuantFormat::Nf4 => dispatch::<4, 1>(w, row, xp),
-        QuantFormat::Int8 => dispatch::<8, 2>(w, row, xp),
-    }
-}
-
-/// [`row_kernel`] compiled for the widest vector unit the CPU has (checked
-/// per call; the check is a cached load). `KIND`: 0 affine, 1 NF4, 2 int8.
-fn dispatch<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+/// The vector unit the kernels of one band use, chosen once per band by
+/// [`Isa::detect`]: a variant exists only where the CPU has that unit.
+#[derive(Clone, Copy, Debug)]
+#[repr(u8)]
+pub(super) enum Isa {
+    /// Scalar code that the compiler may vectorize for the build target.
+    Portable = 0,
+    /// AVX2 and FMA: eight f32 lanes.
     #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-        fn avx512<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
-            row_kernel::<BITS, KIND, true>(w, row, xp)
-        }
-        #[target_feature(enable = "avx2,fma")]
-        fn avx2<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
-            row_kernel::<BITS, KIND, true>(w, row, xp)
-        }
-        if vector_kernels_allowed() && std::arch::is_x86_feature_detected!("avx512bw") {
-            let group = w.format.group_size().unwrap_or(w.cols);
-            if BITS == 4 && KIND < 2 && lut4_fits(group) {
-                // SAFETY: the CPU has AVX-512F, checked just above.
-                return unsafe { lut4_avx512::<KIND>(w, row, xp) };
-            }
-            // SAFETY: the CPU has AVX-512F/BW (and so AVX2 and FMA).
-            return unsafe { avx512::<BITS, KIND>(w, row, xp) };
-        }
-        if vector_kernels_allowed()
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU has AVX2 and FMA, checked just above.
-            return unsafe { avx2::<BITS, KIND>(w, row, xp) };
-        }
-    }
-    row_kernel::<BITS, KIND, false>(w, row, xp)
+    Avx2 = 1,
+    /// AVX-512F/BW: sixteen f32 lanes.
+    #[cfg(target_arch = "x86_64")]
+    Avx512 = 2,
 }
 
-/// Set by unit tests to run the portable kernels on a CPU that has the
-/// vector units, which would otherwise always take the vector kernels.
-#[cfg(test)]
-pub(super) static PORTABLE_ONLY: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
+impl Isa {
+    /// The widest unit this CPU has (the check is a cached load), no wider
+    /// than `WIDEST_ISA` in unit tests.
+    fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[cfg(test)]
+            let cap = WIDEST_ISA.load(std::sync::atomic::Ordering::Relaxed);
+            #[cfg(not(test))]
+            let cap = Isa::Avx512 as u8;
+            if cap >= Isa::Avx512 as u8
+                && std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+            {
+                return Isa::Avx512;
+            }
+            if cap >= Isa::Avx2 as u8
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+}
 
-/// Whether the vector kernels may run (always, outside unit tests that
-/// check the portable ones).
-#[cfg(target_arch = "x86_64")]
-fn vector_kernels_allowed() -> bool {
-    #[cfg(test)]
-    return !PORTABLE_ONLY.load(std::sync::atomic::Ordering::Relaxed);
-    #[cfg(not(test))]
-    true
+/// Set by unit tests to an [`Isa`] (as `u8`) to run the kernels of a
+/// narrower unit than the CPU has, which would otherwise always take the
+/// widest: so every kernel is tested on a CPU with AVX-512.
+#[cfg(test)]
+pub(super) static WIDEST_ISA: std::sync::atomic::AtomicU8 =
+    std::sync::atomic::AtomicU8::new(u8::MAX);
+
+/// Every [`Isa`] this build has kernels for, narrowest first.
+#[cfg(test)]
+pub(super) const ISAS: &[Isa] = &[
+    Isa::Portable,
+    #[cfg(target_arch = "x86_64")]
+    Isa::Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Isa::Avx512,
+];
+
+/// `x · w[row]` for `x` [`permute`]d, decoding the codes in registers with
+/// the kernels of `isa`.
+fn fused_dot(isa: Isa, w: &Weight, row: usize, xp: &[f32]) -> f32 {
+    match w.format {
+        QuantFormat::Affine { bits: 2, .. } => dispatch::<2, 0>(isa, w, row, xp),
+        QuantFormat::Affine { bits: 3, .. } => dispatch::<3, 0>(isa, w, row, xp),
+        QuantFormat::Affine { bits: 4, .. } => dispatch::<4, 0>(isa, w, row, xp),
+        QuantFormat::Affine { bits: 5, .. } => dispatch::<5, 0>(isa, w, row, xp),
+        QuantFormat::Affine { bits: 6, .. } => dispatch::<6, 0>(isa, w, row, xp),
+        QuantFormat::Affine { .. } => dispatch::<8, 0>(isa, w, row, xp),
+        QuantFormat::Nf4 => dispatch::<4, 1>(isa, w, row, xp),
+        QuantFormat::Int8 => dispatch::<8, 2>(isa, w, row, xp),
+    }
+}
+
+/// [`row_kernel`] compiled for `isa`, or for 4-bit codes (affine and NF4)
+/// in groups of a word layout it has one for, its table-lookup kernel
+/// ([`lut4_avx512`], [`lut4_avx2`]). `KIND`: 0 affine, 1 NF4, 2 int8.
+fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, xp: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+    fn avx512<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+        row_kernel::<BITS, KIND, true>(w, row, xp)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn avx2<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+        row_kernel::<BITS, KIND, true>(w, row, xp)
+    }
+    // Words per group of the 4-bit formats the lookup kernels take; none
+    // for the other formats.
+    #[cfg(target_arch = "x86_64")]
+    let lut4_words = (BITS == 4 && KIND < 2)
+        .then(|| w.format.group_size().unwrap_or(w.cols) / 8)
+        .filter(|&g| g > 0);
+    // SAFETY (every call below): `Isa::detect` names a unit only where the
+    // CPU has it (AVX-512F/BW implies AVX2 and FMA).
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            match lut4_words {
+                Some(4) => lut4_avx512::<KIND, 4>(w, row, xp),
+                Some(8) => lut4_avx512::<KIND, 8>(w, row, xp),
+                Some(g) if g.is_multiple_of(16) => lut4_avx512::<KIND, 16>(w, row, xp),
+                _ => avx512::<BITS, KIND>(w, row, xp),
+            }
+        },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe {
+            match lut4_words {
+                Some(g) if g.is_multiple_of(8) => lut4_avx2::<KIND>(w, row, xp),
+                _ => avx2::<BITS, KIND>(w, row, xp),
+            }
+        },
+        Isa::Portable => row_kernel::<BITS, KIND, false>(w, row, xp),
+    }
 }
 
 /// [`aligned_row`] or [`fused_row`], by whether codes straddle words.
@@ -428,35 +488,113 @@ unsafe fn lut4_table<const KIND: u8>(
     }
 }
 
-/// Weight row `row` decoded into `out` (`w.cols` long), as
-/// [`Weight::decode_cols`] decodes it, with AVX-512 table lookups for
-/// 4-bit affine and NF4 codes with f32 scales.
-fn decode_row(w: &Weight, row: usize, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let group = w.format.group_size().unwrap_or(w.cols);
-        let four_bit = match w.format {
-            QuantFormat::Affine { bits: 4, .. } => Some(0),
-            QuantFormat::Nf4 => Some(1),
-            _ => None,
-        };
-        if let Some(kind) = four_bit.filter(|_| {
-            w.dtype == DType::F32
-                && group.is_multiple_of(16)
-                && vector_kernels_allowed()
-                && std::arch::is_x86_feature_detected!("avx512f")
-        }) {
-            // SAFETY: the CPU has AVX-512F, checked just above.
-            unsafe {
-                match kind {
-                    0 => decode4_avx512::<0>(w, row, out),
-                    _ => decode4_avx512::<1>(w, row, out),
-                }
-            }
-            return;
-        }
+/// The 16 codes' levels: `0..16` (affine) or [`NF4_LEVELS`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn lut4_levels<const KIND: u8>() -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    if KIND == 0 {
+        _mm512_cvtepi32_ps(_mm512_setr_epi32(
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+        ))
+    } else {
+        _mm512_loadu_ps(NF4_LEVELS.as_ptr())
     }
-    w.decode_cols(row, 0, out);
+}
+
+/// The two halves of [`lut4_table`] in AVX2 registers (`vpermps` of
+/// eight lanes reads three index bits; bit 3 picks the half).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn lut4_table_avx2<const KIND: u8>(
+    s: f32,
+    levels: [std::arch::x86_64::__m256; 2],
+    bias: Option<f32>,
+) -> [std::arch::x86_64::__m256; 2] {
+    use std::arch::x86_64::*;
+    let s = _mm256_set1_ps(s);
+    let scaled = [_mm256_mul_ps(s, levels[0]), _mm256_mul_ps(s, levels[1])];
+    match bias {
+        Some(b) if KIND == 0 => {
+            let b = _mm256_set1_ps(b);
+            [_mm256_add_ps(scaled[0], b), _mm256_add_ps(scaled[1], b)]
+        }
+        _ => scaled,
+    }
+}
+
+/// [`lut4_levels`] in two AVX2 halves.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn lut4_levels_avx2<const KIND: u8>() -> [std::arch::x86_64::__m256; 2] {
+    use std::arch::x86_64::*;
+    if KIND == 0 {
+        [
+            _mm256_cvtepi32_ps(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+            _mm256_cvtepi32_ps(_mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15)),
+        ]
+    } else {
+        [
+            _mm256_loadu_ps(NF4_LEVELS.as_ptr()),
+            _mm256_loadu_ps(NF4_LEVELS[8..].as_ptr()),
+        ]
+    }
+}
+
+/// The entries of `table` that the low four bits of each lane of `codes`
+/// pick; `sign` holds each code's bit 3 in its sign bit.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn lut4_lookup_avx2(
+    codes: std::arch::x86_64::__m256i,
+    sign: std::arch::x86_64::__m256i,
+    table: [std::arch::x86_64::__m256; 2],
+) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    _mm256_blendv_ps(
+        _mm256_permutevar8x32_ps(table[0], codes),
+        _mm256_permutevar8x32_ps(table[1], codes),
+        _mm256_castsi256_ps(sign),
+    )
+}
+
+/// Weight row `row` decoded into `out` (`w.cols` long), as
+/// [`Weight::decode_cols`] decodes it, with table lookups for 4-bit affine
+/// and NF4 codes with f32 scales where `isa` has a vector unit.
+pub(super) fn decode_row(isa: Isa, w: &Weight, row: usize, out: &mut [f32]) {
+    let kind = match w.format {
+        _ if w.dtype != DType::F32 => None,
+        QuantFormat::Affine { bits: 4, .. } => Some(0),
+        QuantFormat::Nf4 => Some(1),
+        _ => None,
+    };
+    #[cfg(target_arch = "x86_64")]
+    let group_is_multiple_of = |n: usize| w.format.group_size().unwrap_or(w.cols).is_multiple_of(n);
+    // SAFETY (every call below): `Isa::detect` names a unit only where the
+    // CPU has it.
+    match (isa, kind) {
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, Some(0)) if group_is_multiple_of(16) => unsafe {
+            decode4_avx512::<0>(w, row, out)
+        },
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, Some(_)) if group_is_multiple_of(16) => unsafe {
+            decode4_avx512::<1>(w, row, out)
+        },
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, Some(0)) if group_is_multiple_of(8) => unsafe {
+            decode4_avx2::<0>(w, row, out)
+        },
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, Some(_)) if group_is_multiple_of(8) => unsafe {
+            decode4_avx2::<1>(w, row, out)
+        },
+        _ => w.decode_cols(row, 0, out),
+    }
 }
 
 /// [`decode_row`] for 4-bit codes in groups of a multiple of 16: two words
@@ -476,13 +614,7 @@ unsafe fn decode4_avx512<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]
     assert!(
         out.len() == w.cols && group.is_multiple_of(16) && words.len() * 8 == scales.len() * group
     );
-    let levels = if KIND == 0 {
-        _mm512_cvtepi32_ps(_mm512_setr_epi32(
-            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
-        ))
-    } else {
-        _mm512_loadu_ps(NF4_LEVELS.as_ptr())
-    };
+    let levels = lut4_levels::<KIND>();
     let pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     let shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
     for (g, &s) in scales.iter().enumerate() {
@@ -500,85 +632,164 @@ unsafe fn decode4_avx512<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]
     }
 }
 
-/// Whether [`lut4_avx512`] takes 4-bit groups of `group` codes: a
-/// group's words either divide a 16-lane register (2, 4 or 8 words) or
-/// fill whole registers.
+/// [`decode_row`] for 4-bit codes in groups of a multiple of 8 with AVX2:
+/// one word (8 codes) per step, broadcast, shifted into place and looked
+/// up in the group's [`lut4_table_avx2`].
+///
+/// # Safety
+/// The CPU must have AVX2.
 #[cfg(target_arch = "x86_64")]
-fn lut4_fits(group: usize) -> bool {
-    matches!(group / 8, 2 | 4 | 8) || (group.is_multiple_of(128) && group > 0)
+#[target_feature(enable = "avx2")]
+unsafe fn decode4_avx2<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let group = w.format.group_size().unwrap_or(w.cols);
+    let row_words = w.cols / 8;
+    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let (scales, biases) = row_scales(w, row);
+    assert!(
+        out.len() == w.cols && group.is_multiple_of(8) && words.len() * 8 == scales.len() * group
+    );
+    let levels = lut4_levels_avx2::<KIND>();
+    // Code `l` of the word to the low bits of lane `l`, and its bit 3 to
+    // the lane's sign bit.
+    let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    let sign_shifts = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0);
+    for (g, &s) in scales.iter().enumerate() {
+        let table = lut4_table_avx2::<KIND>(s, levels, biases.map(|b| b[g]));
+        for t in 0..group / 8 {
+            let first = g * group + 8 * t;
+            let word = _mm256_set1_epi32(words[first / 8] as i32);
+            let decoded = lut4_lookup_avx2(
+                _mm256_srlv_epi32(word, shifts),
+                _mm256_sllv_epi32(word, sign_shifts),
+                table,
+            );
+            _mm256_storeu_ps(out.as_mut_ptr().add(first), decoded);
+        }
+    }
 }
 
-/// [`fused_dot`] of 4-bit affine (`KIND` 0) or NF4 (`KIND` 1) codes in
-/// groups that [`lut4_fits`], with AVX-512: each group's 16
-/// decoded values ([`lut4_table`]) form a table in one register, and a code, shifted into the low bits of its
-/// lane, indexes it (`vpermps` reads only the low 4 bits), so a vector
-/// of 16 products costs a shift, a permute and an FMA. Lane `l` of step
-/// `t` of a group reads flat position `16t + l` of the group's
-/// [`permute`]d `x`: word `(16t + l) % group_words`, code
-/// `(16t + l) / group_words`.
+/// [`fused_dot`] of 4-bit affine (`KIND` 0) or NF4 (`KIND` 1) codes with
+/// AVX-512, in groups of `GW` words (4 or 8), or of a multiple of 16
+/// words (`GW` = 16): each group's 16 decoded values ([`lut4_table`]) form
+/// a table in one register, and a code, shifted into the low bits of its
+/// lane, indexes it (`vpermps` reads only the low 4 bits), so a vector of
+/// 16 products costs a shift, a permute and an FMA. Lane `l` of step `t`
+/// of a group reads flat position `16t + l` of the group's [`permute`]d
+/// `x`: word `(16t + l) % GW`, code `(16t + l) / GW`. The word layout is a
+/// type parameter so that the steps of a group unroll with their shifts
+/// and accumulators in registers.
 ///
 /// # Safety
 /// The CPU must have AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn lut4_avx512<const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+unsafe fn lut4_avx512<const KIND: u8, const GW: usize>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
     use std::arch::x86_64::*;
     let group = w.format.group_size().unwrap_or(w.cols);
     let group_words = group / 8;
     let row_words = w.cols / 8;
     let words = &w.words[row * row_words..(row + 1) * row_words];
     let (scales, biases) = row_scales(w, row);
-    assert!(xp.len() >= w.cols && lut4_fits(group) && words.len() * 8 == scales.len() * group);
-    let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    let levels = if KIND == 0 {
-        _mm512_cvtepi32_ps(lane)
+    let layout = if GW < 16 {
+        group_words == GW
     } else {
-        _mm512_loadu_ps(NF4_LEVELS.as_ptr())
+        group_words.is_multiple_of(16)
     };
-    // Groups of fewer than 16 words: the group's words broadcast to every
-    // lane block, each block shifted to its own code position.
-    let narrow = group_words < 16;
-    let first_shift = if narrow {
-        let log2 = _mm512_set1_epi32(group_words.trailing_zeros() as i32);
-        _mm512_slli_epi32::<2>(_mm512_srlv_epi32(lane, log2))
-    } else {
-        _mm512_setzero_si512()
-    };
-    let step_shift = _mm512_set1_epi32(if narrow {
-        (4 * 16 / group_words) as i32
-    } else {
-        0
-    });
+    assert!(layout && xp.len() >= w.cols && words.len() * 8 == scales.len() * group);
+    let levels = lut4_levels::<KIND>();
     let mut acc = [_mm512_setzero_ps(); 4];
-    for (g, &s) in scales.iter().enumerate() {
-        let s = _mm512_set1_ps(s);
-        let table = lut4_table::<KIND>(s, levels, biases.map(|b| b[g]));
-        let gwords = words[g * group_words..].as_ptr();
-        let x = xp[g * group..].as_ptr();
-        let mut shift = first_shift;
-        let broadcast = match group_words {
-            2 => _mm512_set1_epi64(gwords.cast::<i64>().read_unaligned()),
-            4 => _mm512_broadcast_i32x4(_mm_loadu_si128(gwords.cast())),
-            8 => _mm512_broadcast_i64x4(_mm256_loadu_si256(gwords.cast())),
-            _ => _mm512_setzero_si512(),
-        };
-        for t in 0..group / 16 {
-            let codes = if narrow {
-                let c = _mm512_srlv_epi32(broadcast, shift);
-                shift = _mm512_add_epi32(shift, step_shift);
-                c
-            } else {
-                let f = 16 * t;
-                let v = _mm512_loadu_si512(gwords.add(f % group_words).cast());
-                _mm512_srlv_epi32(v, _mm512_set1_epi32((4 * (f / group_words)) as i32))
+    if GW < 16 {
+        // A group's words broadcast to every block of GW lanes: step 0
+        // shifts lane `l` to code `l / GW` of its word, and each further
+        // step moves every lane on by 16 / GW codes (a shift by a
+        // constant, which compiles to one immediate shift).
+        let first: [i32; 16] = std::array::from_fn(|l| (4 * (l / GW)) as i32);
+        let first = _mm512_loadu_si512(first.as_ptr().cast());
+        let step = _mm512_set1_epi32((4 * 16 / GW) as i32);
+        for (g, &s) in scales.iter().enumerate() {
+            let table = lut4_table::<KIND>(_mm512_set1_ps(s), levels, biases.map(|b| b[g]));
+            let gwords = words.as_ptr().add(g * GW);
+            let x = xp.as_ptr().add(g * group);
+            let broadcast = match GW {
+                4 => _mm512_broadcast_i32x4(_mm_loadu_si128(gwords.cast())),
+                _ => _mm512_broadcast_i64x4(_mm256_loadu_si256(gwords.cast())),
             };
-            let decoded = _mm512_permutexvar_ps(codes, table);
-            let a = &mut acc[t % 4];
-            *a = _mm512_fmadd_ps(decoded, _mm512_loadu_ps(x.add(16 * t)), *a);
+            let mut codes = _mm512_srlv_epi32(broadcast, first);
+            for (t, a) in acc.iter_mut().enumerate().take(GW / 2) {
+                if t > 0 {
+                    codes = _mm512_srlv_epi32(codes, step);
+                }
+                let decoded = _mm512_permutexvar_ps(codes, table);
+                *a = _mm512_fmadd_ps(decoded, _mm512_loadu_ps(x.add(16 * t)), *a);
+            }
+        }
+    } else {
+        // Sixteen words at a time, each step the next code of all of them.
+        for (g, &s) in scales.iter().enumerate() {
+            let table = lut4_table::<KIND>(_mm512_set1_ps(s), levels, biases.map(|b| b[g]));
+            let gwords = words.as_ptr().add(g * group_words);
+            let x = xp.as_ptr().add(g * group);
+            for c in 0..group_words / 16 {
+                let v = _mm512_loadu_si512(gwords.add(16 * c).cast());
+                for j in 0..8 {
+                    let codes = _mm512_srlv_epi32(v, _mm512_set1_epi32(4 * j as i32));
+                    let x = _mm512_loadu_ps(x.add(j * group_words + 16 * c));
+                    let a = &mut acc[j % 4];
+                    *a = _mm512_fmadd_ps(_mm512_permutexvar_ps(codes, table), x, *a);
+                }
+            }
         }
     }
     let pair = (_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
     _mm512_reduce_add_ps(_mm512_add_ps(pair.0, pair.1))
+}
+
+/// [`fused_dot`] of 4-bit affine (`KIND` 0) or NF4 (`KIND` 1) codes with
+/// AVX2, in groups of a multiple of 8 words: eight words at a time, each
+/// step the next code of all of them, looked up in the group's two
+/// 8-entry tables ([`lut4_lookup_avx2`]). Lane `l` of step `j` of the
+/// `c`-th eight words reads position `j·group_words + 8c + l` of the
+/// group's [`permute`]d `x`.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn lut4_avx2<const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let group = w.format.group_size().unwrap_or(w.cols);
+    let group_words = group / 8;
+    let row_words = w.cols / 8;
+    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let (scales, biases) = row_scales(w, row);
+    assert!(
+        group_words > 0
+            && group_words.is_multiple_of(8)
+            && xp.len() >= w.cols
+            && words.len() * 8 == scales.len() * group
+    );
+    let levels = lut4_levels_avx2::<KIND>();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (g, &s) in scales.iter().enumerate() {
+        let table = lut4_table_avx2::<KIND>(s, levels, biases.map(|b| b[g]));
+        let gwords = words.as_ptr().add(g * group_words);
+        let x = xp.as_ptr().add(g * group);
+        for c in 0..group_words / 8 {
+            let v = _mm256_loadu_si256(gwords.add(8 * c).cast());
+            for j in 0..8 {
+                let codes = _mm256_srlv_epi32(v, _mm256_set1_epi32(4 * j as i32));
+                let sign = _mm256_sllv_epi32(v, _mm256_set1_epi32(28 - 4 * j as i32));
+                let x = _mm256_loadu_ps(x.add(j * group_words + 8 * c));
+                let a = &mut acc[j % 4];
+                *a = _mm256_fmadd_ps(lut4_lookup_avx2(codes, sign, table), x, *a);
+            }
+        }
+    }
+    let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    _mm_cvtss_f32(_mm_add_ss(quad, _mm_movehdup_ps(quad)))
 }
 
 /// The body of [`fused_dot`] for codes that straddle words: runs of [`LANES`] units, lane `l` unpacking

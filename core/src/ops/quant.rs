@@ -1349,6 +1349,7 @@ pub fn gather_qmm(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::qmm;
     use crate::ops::strided::proptest_config;
     use crate::shape::Symbol;
     use proptest::prelude::*;
@@ -1562,36 +1563,93 @@ mod tests {
     }
 
     #[test]
-    fn word_aligned_codes_are_within_the_bound_for_every_group_size() {
+    fn every_format_and_group_size_is_within_the_bound_on_every_vector_unit() {
         // Each group size gives the in-register kernels a different word
-        // layout: groups of 2 to 8 words share a vector register (4-bit
-        // groups of 32 and 64), 16 words fill one (4-bit groups of 128),
-        // and groups under eight words take the scalar tail (2-bit groups
-        // of 32).
+        // layout: 4-bit groups of 32 and 64 share a vector register (the
+        // AVX2 lookup takes 64 and up), 128 fill one, 2-bit groups of 32
+        // take the scalar tail, and 3-, 5- and 6-bit codes run in units
+        // of `bits` words (k = 768: one full run of 16 units, then a tail).
         let (k, n) = (768, 40);
-        let formats = [2, 4, 8]
+        let formats = AFFINE_BITS
             .iter()
             .flat_map(|&bits| AFFINE_GROUP_SIZES.map(|group| QuantFormat::affine(bits, group)))
-            .chain([QuantFormat::Nf4]);
-        // The vector kernels where the CPU has them, then the portable
-        // ones (what a CPU without AVX-512 or AVX2 runs).
-        for portable in [false, true] {
-            super::super::qmm::PORTABLE_ONLY.store(portable, std::sync::atomic::Ordering::Relaxed);
-            for format in formats.clone() {
-                let q = quantize(&matrix(wavy(n * k, 5, 1.0), &[1, n, k]), format);
-                let deq = q.dequantize().swap_axes(-1, -2);
-                for m in [1, 3, 5] {
-                    let x = matrix(wavy(m * k, 6, 1.0), &[1, m, k]);
-                    let got = quantized_matmul(&x, &q, true);
-                    let checked = within_bound(&f32s(&x), &f32s(&deq), &f32s(&got), (1, m, k));
+            .chain([QuantFormat::Nf4, QuantFormat::Int8]);
+        // Every kernel this build has (the portable ones are what a CPU
+        // without AVX-512 or AVX2 runs).
+        for &isa in qmm::ISAS {
+            with_widest_isa(isa, || {
+                for format in formats.clone() {
+                    let q = quantize(&matrix(wavy(n * k, 5, 1.0), &[1, n, k]), format);
+                    let deq = q.dequantize().swap_axes(-1, -2);
+                    for m in [1, 3, 5] {
+                        let x = matrix(wavy(m * k, 6, 1.0), &[1, m, k]);
+                        let got = quantized_matmul(&x, &q, true);
+                        let checked = within_bound(&f32s(&x), &f32s(&deq), &f32s(&got), (1, m, k));
+                        assert!(checked.is_ok(), "{format} m={m} {isa:?}: {checked:?}");
+                    }
+                }
+            });
+        }
+    }
+
+    #[test]
+    fn four_bit_rows_decode_bit_identically_on_every_isa() {
+        // The table kernels build each group's values as the reference
+        // does (a product, then a sum), so panels hold the same weights.
+        let (rows, cols) = (3, 256);
+        for format in AFFINE_GROUP_SIZES
+            .map(|group| QuantFormat::affine(4, group))
+            .into_iter()
+            .chain([QuantFormat::Nf4])
+        {
+            let q = quantize(&matrix(wavy(rows * cols, 7, 1.5), &[rows, cols]), format);
+            let parts = [&q.packed, &q.scales]
+                .into_iter()
+                .chain(q.biases.as_ref())
+                .map(|a| a.data().expect("evaluates"))
+                .collect::<Vec<_>>();
+            let shapes = [&q.packed, &q.scales]
+                .into_iter()
+                .chain(q.biases.as_ref())
+                .map(|a| a.shape().as_known().expect("known"))
+                .collect::<Vec<_>>();
+            let w = Weight::new(
+                "test",
+                format,
+                &parts.iter().map(|p| &**p).collect::<Vec<_>>(),
+                &shapes.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+            )
+            .expect("one weight");
+            for row in 0..rows {
+                let mut reference = vec![0.0f32; cols];
+                w.decode_cols(row, 0, &mut reference);
+                for &isa in qmm::ISAS {
+                    let mut decoded = vec![f32::NAN; cols];
+                    qmm::decode_row(isa, &w, row, &mut decoded);
+                    let same = decoded
+                        .iter()
+                        .zip(&reference)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(
-                        checked.is_ok(),
-                        "{format} m={m} portable={portable}: {checked:?}"
+                        same,
+                        "{format} row {row} {isa:?}: {decoded:?} vs {reference:?}"
                     );
                 }
             }
         }
-        super::super::qmm::PORTABLE_ONLY.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Runs `f` with the kernels no wider than `isa`, one test at a time
+    /// (the cap is global).
+    fn with_widest_isa(isa: qmm::Isa, f: impl FnOnce()) {
+        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _held = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        qmm::WIDEST_ISA.store(isa as u8, std::sync::atomic::Ordering::Relaxed);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        qmm::WIDEST_ISA.store(u8::MAX, std::sync::atomic::Ordering::Relaxed);
+        if let Err(panic) = result {
+            std::panic::resume_unwind(panic);
+        }
     }
 
     /// `got` (`[batch, m, n]`) against the f64 product of `x` (`[m, k]`)
