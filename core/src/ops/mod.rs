@@ -475,7 +475,9 @@ impl Op {
                     target,
                 )
             }
-            Op::Fused(k) if fused::eval_in_place(k, inputs, out_shape, target) => return Ok(()),
+            Op::Fused(k) if fused::eval_in_place(k, inputs, in_shapes, out_shape, target) => {
+                return Ok(())
+            }
             _ => {}
         }
         let result = {
