@@ -212,7 +212,7 @@ fn last_two_swapped(graph: &Graph, v: ValueId) -> Option<ValueId> {
         && perm[rank - 2] == rank - 1
         && perm[rank - 1] == rank - 2
         && perm[..rank - 2].iter().enumerate().all(|(i, &p)| i == p);
-    swaps_last_two.then(|| node.inputs[0])
+    swaps_last_two.then_some(node.inputs[0])
 }
 
 /// Groups elementwise ops into [`Op::Fused`] ops; returns the graph and how
