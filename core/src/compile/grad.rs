@@ -358,7 +358,12 @@ fn run_traced(outputs: &[Array], trace: u64, inputs: &[Array]) -> Result<Vec<Arr
         },
         &HashSet::new(),
     )?;
-    let (graph, _) = optimize(&graph, Passes::default())?;
+    // As `compile` for the CPU executor, which runs it.
+    let passes = Passes {
+        transposed_operands: CpuBackend.reads_transposed_operands(),
+        ..Passes::default()
+    };
+    let (graph, _) = optimize(&graph, passes)?;
     let shapes: Vec<Vec<usize>> = inputs
         .iter()
         .map(|a| a.shape().as_known().unwrap_or_default())

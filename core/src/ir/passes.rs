@@ -33,10 +33,10 @@ pub struct Passes {
     /// Fuse trees of elementwise ops into single ops.
     pub fuse: bool,
     /// Let matmuls read operands transposed in place ([`transposed_operands`]).
-    /// `compile` sets it from its backend
-    /// ([`crate::Backend::reads_transposed_operands`]): only the CPU
-    /// executor has a kernel for [`Op::TransposedMatmul`], so it is off by
-    /// default.
+    /// `compile` sets it from its backend, eager evaluation from the
+    /// default device ([`crate::Backend::reads_transposed_operands`]), so
+    /// both run the same products: only the CPU executor has a kernel for
+    /// [`Op::TransposedMatmul`], so it is off by default.
     pub transposed_operands: bool,
 }
 
