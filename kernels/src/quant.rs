@@ -16,6 +16,8 @@ const DEQUANTIZE: &str = include_str!("wgsl/dequantize.wgsl");
 const QUANTIZE: &str = include_str!("wgsl/quantize.wgsl");
 const QMM: &str = include_str!("wgsl/qmm.wgsl");
 const QMM_TILED: &str = include_str!("wgsl/qmm_tiled.wgsl");
+const QMM_TILE_CODES: &str = include_str!("wgsl/qmm_tile_codes.wgsl");
+const QMM_TILE_WORDS: &str = include_str!("wgsl/qmm_tile_words.wgsl");
 
 /// Rows of x from which `x @ wᵀ` runs on the tiled kernel (`qmm_tiled.wgsl`):
 /// it decodes each code once per workgroup for 64 rows, so it pays once
@@ -410,6 +412,14 @@ pub fn quantized_matmul(
     param(op, batches * m * n)?;
     if tiled {
         source.push_str(QMM_TILED);
+        // Whole words per row and per group: decode a word at a time.
+        let bits = format.bits() as usize;
+        let words = 32 % bits == 0 && (k * bits) % 32 == 0 && (group * bits) % 32 == 0;
+        source.push_str(if words {
+            QMM_TILE_WORDS
+        } else {
+            QMM_TILE_CODES
+        });
         params[0] = param(op, batches)?;
         return checked(
             op,

@@ -7,8 +7,9 @@
 // its 64 rows of x; the one-block-per-invocation kernel (qmm.wgsl) decoded
 // every code once per four rows. Each output sums its products in k order,
 // as qmm.wgsl does. The generated part above defines `matrices(batch)` (the
-// x and w matrix of an output batch entry), the loads, `code_at` and
-// `decode`.
+// x and w matrix of an output batch entry), the loads, `decode` and
+// `stage_weights(w_mat, k0, col0, flat_id, live)`, which fills `tile_w`
+// (qmm_tile_codes.wgsl code by code, qmm_tile_words.wgsl word by word).
 //
 // params: [batches, m, n, k, group, groups per row, ...matrices' own]
 
@@ -21,19 +22,6 @@ const W_ROW: u32 = TILE_N / 4u;
 
 var<workgroup> tile_x: array<vec4<f32>, TILE_M * X_ROW>;
 var<workgroup> tile_w: array<vec4<f32>, BK * W_ROW>;
-
-// Element `kk` of row `row` of w matrix `w_mat` (its rows are the output's
-// columns), decoded; 0 past the matrix.
-fn weight(w_mat: u32, row: u32, kk: u32) -> f32 {
-    let n = params[2];
-    let k = params[3];
-    if (row >= n || kk >= k) {
-        return 0.0;
-    }
-    let w_row = w_mat * n + row;
-    let g = w_row * params[5] + kk / params[4];
-    return decode(code_at((w_row * k + kk) * BITS), load_scale(g), load_bias(g));
-}
 
 @compute @workgroup_size(8, 8)
 fn main(
@@ -67,8 +55,7 @@ fn main(
     var acc6 = vec4<f32>(0.0);
     var acc7 = vec4<f32>(0.0);
     for (var k0 = 0u; k0 < k; k0 += BK) {
-        // 512 vec4s of x and 256 of decoded weights, eight and four per
-        // invocation.
+        // 512 vec4s of x, eight per invocation, then the decoded weights.
         for (var e = flat_id; e < TILE_M * X_ROW; e += 64u) {
             let row = row0 + e / X_ROW;
             let kk = k0 + (e % X_ROW) * 4u;
@@ -82,20 +69,7 @@ fn main(
             }
             tile_x[e] = vx;
         }
-        for (var e = flat_id; e < BK * W_ROW; e += 64u) {
-            let kk = k0 + e / W_ROW;
-            let col = col0 + (e % W_ROW) * 4u;
-            var vw = vec4<f32>(0.0);
-            if (live) {
-                vw = vec4<f32>(
-                    weight(mats.y, col, kk),
-                    weight(mats.y, col + 1u, kk),
-                    weight(mats.y, col + 2u, kk),
-                    weight(mats.y, col + 3u, kk),
-                );
-            }
-            tile_w[e] = vw;
-        }
+        stage_weights(mats.y, k0, col0, flat_id, live);
         workgroupBarrier();
         let x_at = lid.y * 8u * X_ROW;
         for (var q = 0u; q < X_ROW; q++) {
