@@ -414,7 +414,9 @@ pub fn quantized_matmul(
         source.push_str(QMM_TILED);
         // Whole words per row and per group: decode a word at a time.
         let bits = format.bits() as usize;
-        let words = 32 % bits == 0 && (k * bits) % 32 == 0 && (group * bits) % 32 == 0;
+        let words = 32usize.is_multiple_of(bits)
+            && (k * bits).is_multiple_of(32)
+            && (group * bits).is_multiple_of(32);
         source.push_str(if words {
             QMM_TILE_WORDS
         } else {
