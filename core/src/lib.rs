@@ -113,7 +113,7 @@ pub mod autodiff {
 /// implicit values first ([`crate::transform::implicit::optimize`]), as it
 /// always did.
 pub mod passes {
-    pub use crate::ir::passes::{dce, fuse, PassRecord, Passes};
+    pub use crate::ir::passes::{dce, fuse, transposed_operands, PassRecord, Passes};
     pub use crate::transform::implicit::optimize;
 }
 

@@ -59,7 +59,7 @@ pub use family::{argmax, matmul, reduce, stores_f32, MatmulVariant};
 pub use layout::{check_indices, concat, copy, take};
 pub use pad::pad_slice;
 pub use program::{lower, Caps, Program};
-pub use quant::{dequantize, quantize, quantized_matmul, QmmBatch, QmmShape};
+pub use quant::{dequantize, quantize, quantized_matmul, QmmBatch, QmmShape, QMM_TILED_MIN_ROWS};
 pub use scatter::scatter_add;
 pub use source::elementwise;
 pub use spec::{checked, validate, KernelError, KernelSpec, Launch, Target, View};

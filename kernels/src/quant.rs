@@ -15,6 +15,15 @@ const CODE_AT: &str = include_str!("wgsl/quant_code_at.wgsl");
 const DEQUANTIZE: &str = include_str!("wgsl/dequantize.wgsl");
 const QUANTIZE: &str = include_str!("wgsl/quantize.wgsl");
 const QMM: &str = include_str!("wgsl/qmm.wgsl");
+const QMM_TILED: &str = include_str!("wgsl/qmm_tiled.wgsl");
+const QMM_TILE_CODES: &str = include_str!("wgsl/qmm_tile_codes.wgsl");
+const QMM_TILE_WORDS: &str = include_str!("wgsl/qmm_tile_words.wgsl");
+
+/// Rows of x from which `x @ wᵀ` runs on the tiled kernel (`qmm_tiled.wgsl`):
+/// it decodes each code once per workgroup for 64 rows, so it pays once
+/// several rows share a tile; below, a matrix times a few vectors streams
+/// the codes through `qmm.wgsl`.
+pub const QMM_TILED_MIN_ROWS: usize = 8;
 
 /// ROWS of `qmm.wgsl` and its block types: four rows share each decoded
 /// weight, except for products of fewer rows (a matrix times a vector),
@@ -314,8 +323,11 @@ pub fn quantized_matmul(
     source.push_str(CODE_AT);
     source.push_str(&scale_loads(2, biases, dtype, target));
     source.push_str(&load_fn("load_x", "in_0", dtype, target, 1));
+    let tiled = transpose && !gather && m >= QMM_TILED_MIN_ROWS;
     let (block_rows, block_part) = block(m);
-    source.push_str(block_part);
+    if !tiled {
+        source.push_str(block_part);
+    }
     let mut params = vec![
         0,
         param(op, m)?,
@@ -397,6 +409,32 @@ pub fn quantized_matmul(
         }
     };
     check_bits(op, batches.max(1) * rows * cols, format)?;
+    param(op, batches * m * n)?;
+    if tiled {
+        source.push_str(QMM_TILED);
+        // Whole words per row and per group: decode a word at a time.
+        let bits = format.bits() as usize;
+        let words = 32usize.is_multiple_of(bits)
+            && (k * bits).is_multiple_of(32)
+            && (group * bits).is_multiple_of(32);
+        source.push_str(if words {
+            QMM_TILE_WORDS
+        } else {
+            QMM_TILE_CODES
+        });
+        params[0] = param(op, batches)?;
+        return checked(
+            op,
+            KernelSpec {
+                source,
+                params,
+                workgroups: workgroups(op, batches * m.div_ceil(64) * n.div_ceil(32), 1)?,
+                bound: bound.iter().map(|&(k, _)| k).collect(),
+                status: false,
+                launch: None,
+            },
+        );
+    }
     // The sum over k for one block of x rows (element offsets `x_rows`)
     // and one output column of w matrix `w`.
     let product = if transpose && 32 % format.bits() == 0 {
@@ -442,7 +480,6 @@ pub fn quantized_matmul(
     source.push_str(QMM);
     let invocations = batches * m.div_ceil(block_rows) * n;
     params[0] = param(op, invocations)?;
-    param(op, batches * m * n)?;
     checked(
         op,
         KernelSpec {
@@ -480,7 +517,8 @@ mod tests {
                         quantize(format, part, dtype, 256, 128, target).unwrap();
                     }
                     dequantize(format, dtype, 256, 128, target).unwrap();
-                    for (m, transpose) in [(1, false), (5, false), (1, true), (5, true)] {
+                    for (m, transpose) in [(1, false), (5, false), (1, true), (5, true), (70, true)]
+                    {
                         let batch = QmmBatch::Broadcast {
                             batch: vec![2],
                             x_batch: vec![1],

@@ -5,9 +5,11 @@
 //! programs; errors name the leaf path, the shape or the op. Case count of
 //! the property test: `KILN_CASES` (CI default 24).
 
+use kiln::ops::matmul::error_bound;
 use kiln::random::Key;
 use kiln::{
-    compile, grad, nn, stop_gradient, value_and_grad, vjp, Array, DType, Error, SliceAxis, Tree,
+    compile, grad, nn, stop_gradient, value_and_grad, vjp, Array, DType, Error, Op, SliceAxis,
+    Tree, ValueKind,
 };
 use kiln_tests::conformance::compare_within;
 use kiln_tests::programs::{cases, instr, make_inputs, run};
@@ -385,6 +387,121 @@ fn compiled_grad_is_one_cache_entry_and_matches_eager() {
     assert!(report.plan.memory.peak_bytes >= report.plan.memory.lower_bound_bytes);
 }
 
+/// One layer of [`mlp4_loss`]: weight `[width, width]`, bias `[width]`.
+type Layer = (Array, Array);
+
+/// Mean squared error of a 4-layer tanh MLP, as the `grad_mlp4_cached`
+/// benchmark computes it.
+fn mlp4_loss((layers, x, y): (Vec<Layer>, Array, Array)) -> Array {
+    let out = layers.iter().fold(x, |h, (w, b)| (h.matmul(w) + b).tanh());
+    let error = out - &y;
+    (&error * &error).mean_all()
+}
+
+fn mlp4_arguments(batch: usize, width: usize) -> (Vec<Layer>, Array, Array) {
+    let layers = (0..4)
+        .map(|i| {
+            (
+                normal(i, &[width, width]) * 0.3,
+                normal(i + 4, &[width]) * 0.1,
+            )
+        })
+        .collect();
+    (
+        layers,
+        normal(10, &[batch, width]),
+        normal(11, &[batch, width]),
+    )
+}
+
+#[test]
+fn the_mlp_grad_step_reads_every_transpose_in_place() {
+    let step = compile(value_and_grad(mlp4_loss).wrt(["args[0]"]));
+    let args = mlp4_arguments(8, 16);
+    let exe = step.executable(&args).unwrap();
+    let mut products = Vec::new();
+    for node in &exe.graph().nodes {
+        match &node.kind {
+            ValueKind::Op(Op::Permute(perm)) => panic!("a permute {perm:?} is materialized"),
+            ValueKind::Op(op @ (Op::Matmul | Op::TransposedMatmul { .. })) => {
+                products.push(op.describe())
+            }
+            _ => {}
+        }
+    }
+    products.sort();
+    // Four forward products; per layer hᵀ·g for the weight's gradient, and
+    // g·wᵀ for the three layers whose input takes a gradient.
+    let mut want = [
+        vec!["matmul"; 4],
+        vec!["matmul(a @ bᵀ)"; 3],
+        vec!["matmul(aᵀ @ b)"; 4],
+    ]
+    .concat();
+    want.sort();
+    assert_eq!(products, want);
+    let (loss, (grads, _, _)) = step.call(&args).unwrap();
+    let record = step.cache().reports[0]
+        .passes
+        .iter()
+        .find(|p| p.pass == "transposed_operands")
+        .cloned();
+    assert_eq!(record.map(|r| r.changed), Some(7));
+    // Eager evaluation on the CPU reads the transposes in place too: the
+    // same products, the same bits.
+    let (eager_loss, (eager_grads, _, _)) = value_and_grad(mlp4_loss)
+        .wrt(["args[0]"])
+        .call(&args)
+        .unwrap();
+    let close =
+        |a: &Array, b: &Array| compare_within(&a.data().unwrap(), &b.data().unwrap(), 0.0, 0.0);
+    close(&loss, &eager_loss).unwrap();
+    for ((w, b), (eager_w, eager_b)) in grads.iter().zip(&eager_grads) {
+        close(w, eager_w).unwrap();
+        close(b, eager_b).unwrap();
+    }
+}
+
+/// `got` against `a @ b` computed in f64 (a `[batch, m, k]`, b `[batch, k,
+/// n]`, row-major), output by output within [`error_bound`].
+fn check_product_against_f64(
+    got: &[f64],
+    a: &[f64],
+    b: &[f64],
+    (batch, m, k, n): (usize, usize, usize, usize),
+) -> Result<(), String> {
+    for e in 0..batch {
+        for i in 0..m {
+            for j in 0..n {
+                let (mut exact, mut abs_sum) = (0.0f64, 0.0f64);
+                for p in 0..k {
+                    let t = a[(e * m + i) * k + p] * b[(e * k + p) * n + j];
+                    exact += t;
+                    abs_sum += t.abs();
+                }
+                let g = got[(e * m + i) * n + j];
+                if (g - exact).abs() > error_bound(k, abs_sum) {
+                    return Err(format!("output ({e}, {i}, {j}): {g} vs {exact} (k = {k})"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The row-major transpose of each of `batch` `rows`×`cols` matrices.
+fn transposed(x: &[f64], batch: usize, rows: usize, cols: usize) -> Vec<f64> {
+    let mut out = vec![0.0; x.len()];
+    for e in 0..batch {
+        for r in 0..rows {
+            for c in 0..cols {
+                out[(e * cols + c) * rows + r] = x[(e * rows + r) * cols + c];
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn grad_of_a_compiled_function_differentiates_through_it() {
     let inner = compile(|x: Array| x.sin() * 2.0);
@@ -502,6 +619,38 @@ fn a_pullback_checks_the_cotangent_structure_and_shapes() {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(cases(24)))]
+
+    /// The backward pass's products `g @ wᵀ` and `xᵀ @ g`, compiled for the
+    /// CPU, read the transposed operand in place (no permute is left) and
+    /// stay within the per-k bound of an f64 product.
+    #[test]
+    fn transposed_operands_are_read_in_place_within_the_per_k_bound(
+        batch in prop::sample::select(vec![0usize, 1, 3]),
+        m in 1usize..40,
+        k in 1usize..300,
+        n in 1usize..40,
+        seed in 0u64..1000,
+    ) {
+        // batch 0 stands for rank-2 operands.
+        let lead = if batch == 0 { vec![] } else { vec![batch] };
+        let mats = batch.max(1);
+        let shape = |r: usize, c: usize| [lead.clone(), vec![r, c]].concat();
+        let f = compile(|(x, w, g): (Array, Array, Array)| {
+            (g.matmul(&w.swap_axes(-1, -2)), x.swap_axes(-1, -2).matmul(&g))
+        });
+        // g·wᵀ: g [m, n], w [k, n] → [m, k]; xᵀ·g: x [m, k], g [m, n] → [k, n].
+        let (x, w, g) = (normal(seed, &shape(m, k)), normal(seed + 1, &shape(k, n)), normal(seed + 2, &shape(m, n)));
+        let args = (x.clone(), w.clone(), g.clone());
+        let exe = f.executable(&args).unwrap();
+        prop_assert!(!exe.graph().nodes.iter().any(|node| matches!(node.kind, ValueKind::Op(Op::Permute(_)))));
+        let (gw_t, x_t_g) = f.call(&args).unwrap();
+        let (x, w, g) = (values(&x), values(&w), values(&g));
+        let checked = check_product_against_f64(&values(&gw_t), &g, &transposed(&w, mats, k, n), (mats, m, n, k));
+        prop_assert!(checked.is_ok(), "g @ wᵀ: {:?}", checked);
+        let checked = check_product_against_f64(&values(&x_t_g), &transposed(&x, mats, m, k), &g, (mats, k, m, n));
+        prop_assert!(checked.is_ok(), "xᵀ @ g: {:?}", checked);
+    }
+
 
     #[test]
     fn grad_eager_compiled_shapeless_and_wgpu_agree_on_random_programs(

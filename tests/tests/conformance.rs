@@ -20,6 +20,7 @@ use half::{bf16, f16};
 use kiln::{compile, concat, Array, Backend, CpuBackend, DType, HostData, SliceAxis};
 use kiln_kernels::program::{Buffer, Caps, Program as Lowered, Step};
 use kiln_tests::conformance::{check_case, compare, Program, Rule};
+use std::sync::Arc;
 
 /// One case: a name, a program, its inputs, how the backend's outputs
 /// must match the CPU executor's, and the outputs it must give, if known.
@@ -1149,10 +1150,43 @@ fn lowering_caps() -> [Caps; 2] {
     [portable, with_f16]
 }
 
+/// The CPU executor under another name, compiling graphs as a GPU backend
+/// gets them: it does not claim to read transposed operands, so products
+/// keep their permutes (`Backend::reads_transposed_operands`).
+#[derive(Clone, Copy)]
+struct CompiledAsForAGpu;
+
+impl Backend for CompiledAsForAGpu {
+    type Buffer = Arc<HostData>;
+
+    fn name(&self) -> &str {
+        "cpu, compiled as for a gpu"
+    }
+
+    fn upload(&self, data: &Arc<HostData>) -> kiln::Result<Arc<HostData>> {
+        CpuBackend.upload(data)
+    }
+
+    fn download(&self, buffer: Arc<HostData>) -> kiln::Result<Arc<HostData>> {
+        CpuBackend.download(buffer)
+    }
+
+    fn run(
+        &self,
+        exe: &kiln::Executable,
+        inputs: Vec<Arc<HostData>>,
+        shapes: &[Vec<usize>],
+    ) -> kiln::Result<Vec<Arc<HostData>>> {
+        CpuBackend.run(exe, inputs, shapes)
+    }
+}
+
 /// The program of `case` (fused or not) for `caps`, lowered without a device.
 fn lower_case(case: &Case, fusion: bool, caps: &Caps) -> Result<(Lowered, Vec<u64>), String> {
     let program = case.program;
-    let compiled = compile(move |xs: Vec<Array>| program(&xs)).fusion(fusion);
+    let compiled = compile(move |xs: Vec<Array>| program(&xs))
+        .fusion(fusion)
+        .with_backend(CompiledAsForAGpu);
     let exe = compiled
         .executable(&case.inputs)
         .map_err(|e| format!("compile: {e}"))?;

@@ -171,6 +171,17 @@ fn cases() -> Vec<Case> {
             true,
             1,
         ));
+        // Rows enough for the tiled kernel (`QMM_TILED_MIN_ROWS` and more):
+        // two blocks of 64 rows and two of 32 columns, the second of each
+        // partial.
+        cases.push(qmm_case(
+            format,
+            DType::F32,
+            &[70, cols],
+            &[40, cols],
+            true,
+            10,
+        ));
         // Not transposed: w [k, n] with k = 37, no multiple of anything.
         cases.push(qmm_case(
             format,
@@ -189,8 +200,19 @@ fn cases() -> Vec<Case> {
         ] {
             cases.push(qmm_case(format, dtype, &[3, 64], &[9, 64], true, 3));
             cases.push(qmm_case(format, dtype, &[3, 7], &[7, 64], false, 4));
+            cases.push(qmm_case(format, dtype, &[9, 64], &[33, 64], true, 11));
         }
     }
+    // The tiled kernel over broadcast batch dims: x [2, 1, 9, k] against
+    // w [3, n, k].
+    cases.push(qmm_case(
+        QuantFormat::affine(4, 32),
+        DType::F32,
+        &[2, 1, 9, 64],
+        &[3, 6, 64],
+        true,
+        12,
+    ));
     // Broadcast batch dims: x [2, 1, m, k] against w [3, n, k].
     cases.push(qmm_case(
         QuantFormat::affine(4, 32),

@@ -593,7 +593,11 @@ where
             keep_assumed_equalities(&mut graph, &scope.facts());
         }
         // Still in the scope: implicit lowering checks handlers' results.
-        let (optimized, passes) = optimize(&graph, self.passes)?;
+        let passes = Passes {
+            transposed_operands: self.backend.reads_transposed_operands(),
+            ..self.passes
+        };
+        let (optimized, passes) = optimize(&graph, passes)?;
         drop(scope);
         let donated = self.donated_leaves(tree)?;
         let input_shapes: Vec<Vec<usize>> = leaves

@@ -30,7 +30,9 @@ pub struct EvalCacheStats {
 
 #[derive(Default)]
 struct EvalCache {
-    executables: FastMap<Graph, Arc<Executable>>,
+    /// By graph and by the passes the device asked for (a CPU executor's
+    /// products read transposed operands, a GPU's do not).
+    executables: FastMap<(Graph, Passes), Arc<Executable>>,
     hits: u64,
     misses: u64,
 }
@@ -67,9 +69,17 @@ pub fn eval(arrays: &[Array]) -> Result<()> {
         return Ok(());
     }
     let (graph, leaves) = extract(&pending, Leaves::Eager, &HashSet::new())?;
+    let device = default_device();
+    // The passes `compile` runs for this device, so that eager and compiled
+    // results have the same bits.
+    let passes = Passes {
+        transposed_operands: device.reads_transposed_operands(),
+        ..Passes::default()
+    };
+    let key = (graph, passes);
     let cached = {
         let mut cache = cache().lock().unwrap_or_else(|p| p.into_inner());
-        let found = cache.executables.get(&graph).cloned();
+        let found = cache.executables.get(&key).cloned();
         match found {
             Some(_) => cache.hits += 1,
             None => cache.misses += 1,
@@ -79,17 +89,16 @@ pub fn eval(arrays: &[Array]) -> Result<()> {
     let exe = match cached {
         Some(exe) => exe,
         None => {
-            let (optimized, _) = optimize(&graph, Passes::default())?;
+            let (optimized, _) = optimize(&key.0, passes)?;
             let exe = Arc::new(Executable::new(optimized, Vec::new(), &[], &[])?);
             let mut cache = cache().lock().unwrap_or_else(|p| p.into_inner());
             if cache.executables.len() >= EVAL_CACHE_CAPACITY {
                 cache.executables.clear();
             }
-            cache.executables.insert(graph, exe.clone());
+            cache.executables.insert(key, exe.clone());
             exe
         }
     };
-    let device = default_device();
     let inputs = leaves
         .iter()
         .map(|leaf| device_buffer(device.as_ref(), leaf))

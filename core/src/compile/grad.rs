@@ -372,7 +372,12 @@ pub(super) fn build_traced(
         },
         &HashSet::new(),
     )?;
-    let (graph, _) = optimize(&graph, Passes::default())?;
+    // As `compile` for the CPU executor, which runs it.
+    let passes = Passes {
+        transposed_operands: CpuBackend.reads_transposed_operands(),
+        ..Passes::default()
+    };
+    let (graph, _) = optimize(&graph, passes)?;
     let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
     Executable::new(graph, Vec::new(), &vec![false; shapes.len()], &refs)
 }

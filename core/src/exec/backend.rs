@@ -22,6 +22,12 @@ pub trait Backend: Send + Sync + 'static {
     fn name(&self) -> &str;
     /// Copies host data to the device.
     fn upload(&self, data: &Arc<HostData>) -> Result<Self::Buffer>;
+    /// True when `run` executes [`crate::Op::TransposedMatmul`], so
+    /// `compile` lets products read transposed operands in place
+    /// ([`crate::passes::transposed_operands`]). By default, false.
+    fn reads_transposed_operands(&self) -> bool {
+        false
+    }
     /// Copies a buffer back to the host.
     fn download(&self, buffer: Self::Buffer) -> Result<Arc<HostData>>;
     /// Copies a buffer back to the host without blocking, for a browser,

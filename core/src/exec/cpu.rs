@@ -136,6 +136,11 @@ impl Backend for CpuBackend {
         Ok(data.clone())
     }
 
+    /// Its products read operands through strides.
+    fn reads_transposed_operands(&self) -> bool {
+        true
+    }
+
     fn download(&self, buffer: Arc<HostData>) -> Result<Arc<HostData>> {
         Ok(buffer)
     }

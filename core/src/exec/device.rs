@@ -42,6 +42,10 @@ pub trait Device: Send + Sync {
     fn name(&self) -> &str;
     /// Copies host data to the device.
     fn upload(&self, data: &Arc<HostData>) -> Result<DeviceBuffer>;
+    /// As [`Backend::reads_transposed_operands`] (by default, false).
+    fn reads_transposed_operands(&self) -> bool {
+        false
+    }
     /// Runs `exe` like [`Backend::run`].
     fn run(
         &self,
@@ -71,6 +75,10 @@ impl<B: Backend> Device for B {
 
     fn upload(&self, data: &Arc<HostData>) -> Result<DeviceBuffer> {
         Ok(B::share(Backend::upload(self, data)?))
+    }
+
+    fn reads_transposed_operands(&self) -> bool {
+        Backend::reads_transposed_operands(self)
     }
 
     fn run(
@@ -154,6 +162,10 @@ impl Backend for AnyBackend {
 
     fn upload(&self, data: &Arc<HostData>) -> Result<DeviceBuffer> {
         self.0.upload(data)
+    }
+
+    fn reads_transposed_operands(&self) -> bool {
+        self.0.reads_transposed_operands()
     }
 
     fn download(&self, buffer: DeviceBuffer) -> Result<Arc<HostData>> {

@@ -1,5 +1,6 @@
 //! The passes that rewrite a graph: simplify, constant folding, CSE and DCE
-//! in one forward sweep, then elementwise fusion.
+//! in one forward sweep, then (for executors that read strided operands)
+//! transposed operands, then elementwise fusion.
 
 use crate::error::Result;
 use crate::hash::{fast_map, FastHasher, FastMap};
@@ -14,7 +15,8 @@ use std::sync::Arc;
 /// What one pass did, for the [`crate::Report`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PassRecord {
-    /// The pass: `simplify`, `constant_folding`, `cse`, `dce`, `fuse`.
+    /// The pass: `simplify`, `constant_folding`, `cse`, `dce`,
+    /// `transposed_operands`, `fuse`.
     pub pass: String,
     /// How many values it removed, folded or merged.
     pub changed: usize,
@@ -30,16 +32,26 @@ const FOLD_GROWTH_LIMIT: usize = 1024;
 pub struct Passes {
     /// Fuse trees of elementwise ops into single ops.
     pub fuse: bool,
+    /// Let matmuls read operands transposed in place ([`transposed_operands`]).
+    /// `compile` sets it from its backend, eager evaluation from the
+    /// default device ([`crate::Backend::reads_transposed_operands`]), so
+    /// both run the same products: only the CPU executor has a kernel for
+    /// [`Op::TransposedMatmul`], so it is off by default.
+    pub transposed_operands: bool,
 }
 
 impl Default for Passes {
     fn default() -> Passes {
-        Passes { fuse: true }
+        Passes {
+            fuse: true,
+            transposed_operands: false,
+        }
     }
 }
 
 /// Runs simplify, constant folding and CSE in one forward sweep, then
-/// DCE, then (if enabled) elementwise fusion, on a graph whose implicit
+/// DCE, then (if enabled) transposed operands and elementwise fusion, on a
+/// graph whose implicit
 /// values are already lowered (the whole pipeline, lowering first, is
 /// [`crate::transform::implicit::optimize`]).
 pub fn optimize_lowered(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<PassRecord>)> {
@@ -136,6 +148,16 @@ pub fn optimize_lowered(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<Pas
             changed: removed,
         },
     ];
+    let out = if passes.transposed_operands {
+        let (out, rewired) = transposed_operands(out);
+        records.push(PassRecord {
+            pass: "transposed_operands".into(),
+            changed: rewired,
+        });
+        out
+    } else {
+        out
+    };
     if !passes.fuse {
         return Ok((out, records));
     }
@@ -145,6 +167,61 @@ pub fn optimize_lowered(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<Pas
         changed: fused,
     });
     Ok((out, records))
+}
+
+/// Makes each matmul read a permute of its operand's last two axes in
+/// place: the product becomes an [`Op::TransposedMatmul`] of the permute's
+/// operand, so the transpose is never materialized (the permute goes when
+/// nothing else reads it). Autodiff's `g @ wᵀ` and `xᵀ @ g` are such
+/// products. Returns the graph and how many operands it rewired.
+///
+/// The permuted operand is now read by the product, later than by the
+/// permute, so its slot lives longer: the plan, made afterwards, sees it.
+pub fn transposed_operands(mut graph: Graph) -> (Graph, usize) {
+    let mut rewired = 0;
+    for v in 0..graph.nodes.len() {
+        let mut transposed = match &graph.nodes[v].kind {
+            ValueKind::Op(Op::Matmul) => [false, false],
+            ValueKind::Op(Op::TransposedMatmul { transposed }) => *transposed,
+            _ => continue,
+        };
+        let mut inputs = graph.nodes[v].inputs.clone();
+        for (operand, swapped) in inputs.iter_mut().zip(&mut transposed) {
+            // A permute of a permute swaps back.
+            while let Some(source) = last_two_swapped(&graph, *operand) {
+                let origin = graph.origin(*operand).cloned().unwrap_or_default();
+                absorb_origin(&mut graph, v, &origin);
+                *operand = source;
+                *swapped = !*swapped;
+                rewired += 1;
+            }
+        }
+        let node = &mut graph.nodes[v];
+        node.inputs = inputs;
+        node.kind = ValueKind::Op(if transposed == [false, false] {
+            Op::Matmul
+        } else {
+            Op::TransposedMatmul { transposed }
+        });
+    }
+    if rewired == 0 {
+        return (graph, 0);
+    }
+    (dce(graph).0, rewired)
+}
+
+/// The operand of `v` when `v` permutes only its last two axes.
+fn last_two_swapped(graph: &Graph, v: ValueId) -> Option<ValueId> {
+    let node = &graph.nodes[v];
+    let ValueKind::Op(Op::Permute(perm)) = &node.kind else {
+        return None;
+    };
+    let rank = perm.len();
+    let swaps_last_two = rank >= 2
+        && perm[rank - 2] == rank - 1
+        && perm[rank - 1] == rank - 2
+        && perm[..rank - 2].iter().enumerate().all(|(i, &p)| i == p);
+    swaps_last_two.then_some(node.inputs[0])
 }
 
 /// Groups elementwise ops into [`Op::Fused`] ops; returns the graph and how

@@ -414,7 +414,7 @@ pub fn eval(
     in_shapes: &[&[usize]],
     out_shape: &[usize],
 ) -> Result<HostData> {
-    if let Some(out) = eval_tiled_f32(kernel, inputs, out_shape) {
+    if let Some(out) = eval_tiled_f32(kernel, inputs, in_shapes, out_shape) {
         return Ok(out);
     }
     let mut values: Vec<Option<HostData>> = Vec::with_capacity(kernel.steps.len());
@@ -457,8 +457,33 @@ pub fn eval(
 enum Source<'a> {
     Full(&'a [f32]),
     Scalar(f32),
+    /// An operand broadcast along leading axes only (a bias row): output
+    /// element `i` reads element `i % len`.
+    Repeating(&'a [f32]),
     /// The output buffer itself, which the group writes in place.
     Aliased,
+}
+
+/// The tiled source of an f32 operand of shape `shape` for an output of
+/// `out_shape` (`n` elements); `None` when the operand broadcasts in a way
+/// the tiles do not read (along a trailing axis).
+fn source_of<'a>(
+    v: &'a [f32],
+    shape: &[usize],
+    out_shape: &[usize],
+    n: usize,
+) -> Option<Source<'a>> {
+    if v.len() == n {
+        return Some(Source::Full(v));
+    }
+    if v.len() == 1 {
+        return Some(Source::Scalar(v[0]));
+    }
+    let leading_ones = shape.iter().take_while(|&&d| d == 1).count();
+    let trailing = &shape[leading_ones..];
+    let repeats =
+        !v.is_empty() && trailing.len() <= out_shape.len() && out_shape.ends_with(trailing);
+    repeats.then_some(Source::Repeating(v))
 }
 
 /// Evaluates the group into `target`, the buffer of the external operand
@@ -468,6 +493,7 @@ enum Source<'a> {
 pub fn eval_in_place(
     kernel: &FusedKernel,
     inputs: &[Option<&HostData>],
+    in_shapes: &[&[usize]],
     out_shape: &[usize],
     target: &mut HostData,
 ) -> bool {
@@ -482,34 +508,34 @@ pub fn eval_in_place(
         return false;
     }
     let mut sources: SmallVec<[Source<'_>; 8]> = SmallVec::with_capacity(inputs.len());
-    for input in inputs {
-        sources.push(match input {
-            None => Source::Aliased,
-            Some(HostData::F32(v)) if v.len() == n => Source::Full(v),
-            Some(HostData::F32(v)) if v.len() == 1 => Source::Scalar(v[0]),
-            Some(_) => return false,
-        });
+    for (input, shape) in inputs.iter().zip(in_shapes) {
+        let source = match input {
+            None => Some(Source::Aliased),
+            Some(HostData::F32(v)) => source_of(v, shape, out_shape, n),
+            Some(_) => None,
+        };
+        let Some(source) = source else { return false };
+        sources.push(source);
     }
     run_split(kernel, &sources, out);
     true
 }
 
 /// The tiled path, when every step is f32 arithmetic and every operand is
-/// f32 with one element per output element or a single element.
+/// f32 with one element per output element, a single element, or a row
+/// repeated along leading axes.
 fn eval_tiled_f32(
     kernel: &FusedKernel,
     inputs: &[&HostData],
+    in_shapes: &[&[usize]],
     out_shape: &[usize],
 ) -> Option<HostData> {
     kernel.program.as_ref()?;
     let n = numel(out_shape);
     let mut sources: SmallVec<[Source<'_>; 8]> = SmallVec::with_capacity(inputs.len());
-    for data in inputs {
-        sources.push(match data {
-            HostData::F32(v) if v.len() == n => Source::Full(v),
-            HostData::F32(v) if v.len() == 1 => Source::Scalar(v[0]),
-            _ => return None,
-        });
+    for (data, shape) in inputs.iter().zip(in_shapes) {
+        let HostData::F32(v) = data else { return None };
+        sources.push(source_of(v, shape, out_shape, n)?);
     }
     let mut out = vec![0f32; n];
     run_split(kernel, &sources, &mut out);
@@ -532,7 +558,7 @@ impl Post {
     fn resolve(epilogue: Epilogue, sources: &[Source<'_>]) -> Option<Post> {
         let scalar = |k: usize| match sources[k] {
             Source::Scalar(x) => Some(x),
-            Source::Full(_) | Source::Aliased => None,
+            Source::Full(_) | Source::Repeating(_) | Source::Aliased => None,
         };
         // x − k is x + (−k) bitwise (IEEE 754 defines subtraction so).
         let add = match epilogue.add {
@@ -689,15 +715,35 @@ fn run_tiles_portable(tiles: &Tiles<'_>, out: &mut [f32], offset: usize) {
     let n = out.len();
     let tile = TILE.min(n.max(1));
     // An aliased operand is copied tile by tile into one extra register
-    // before the tile's steps run, since the last step overwrites it.
+    // before the tile's steps run, since the last step overwrites it; each
+    // repeating operand is laid out along the tile in one extra register.
     let aliased = sources.iter().any(|s| matches!(s, Source::Aliased));
     let alias_register = program.num_registers;
-    let mut registers = take_registers((program.num_registers + usize::from(aliased)) * tile);
+    let mut extra = program.num_registers + usize::from(aliased);
+    let mut repeat_register: SmallVec<[usize; 8]> = SmallVec::with_capacity(sources.len());
+    for source in sources {
+        repeat_register.push(extra);
+        extra += usize::from(matches!(source, Source::Repeating(_)));
+    }
+    let mut registers = take_registers(extra * tile);
     for start in (0..n).step_by(tile) {
         let len = tile.min(n - start);
         if aliased {
             let at = alias_register * tile;
             registers[at..at + len].copy_from_slice(&out[start..start + len]);
+        }
+        for (source, &r) in sources.iter().zip(&repeat_register) {
+            if let Source::Repeating(row) = *source {
+                let dst = &mut registers[r * tile..r * tile + len];
+                let mut from = (offset + start) % row.len();
+                let mut filled = 0;
+                while filled < len {
+                    let run = (row.len() - from).min(len - filled);
+                    dst[filled..filled + run].copy_from_slice(&row[from..from + run]);
+                    filled += run;
+                    from = 0;
+                }
+            }
         }
         for (step, &post) in program.steps.iter().zip(posts) {
             let dst_register = match *step {
@@ -728,6 +774,7 @@ fn run_tiles_portable(tiles: &Tiles<'_>, out: &mut [f32], offset: usize) {
                 TileSource::Input(k) => match sources[k] {
                     Source::Full(v) => Lane::Run(&v[offset + start..offset + start + len]),
                     Source::Scalar(x) => Lane::Splat(x),
+                    Source::Repeating(_) => register(repeat_register[k]),
                     Source::Aliased => register(alias_register),
                 },
                 TileSource::Register(r) => register(r),
@@ -786,7 +833,7 @@ mod tests {
         let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.013).sin()).collect();
         let kernel = chain_kernel();
         let inputs = [&HostData::F32(x.clone()), &HostData::F32(vec![2.5])];
-        let tiled = eval_tiled_f32(&kernel, &inputs, &[n]).unwrap();
+        let tiled = eval_tiled_f32(&kernel, &inputs, &[&[n], &[1]], &[n]).unwrap();
         let expected: Vec<f32> = x.iter().map(|&v| exp_f32(v) * 2.5 + v).collect();
         assert_eq!(tiled, HostData::F32(expected));
     }
@@ -799,9 +846,64 @@ mod tests {
         let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.0007).cos()).collect();
         let kernel = chain_kernel();
         let inputs = [&HostData::F32(x.clone()), &HostData::F32(vec![-0.75])];
-        let got = eval_tiled_f32(&kernel, &inputs, &[n]).unwrap();
+        let got = eval_tiled_f32(&kernel, &inputs, &[&[n], &[]], &[n]).unwrap();
         let expected: Vec<f32> = x.iter().map(|&v| exp_f32(v) * -0.75 + v).collect();
         assert_eq!(got, HostData::F32(expected));
+    }
+
+    /// `exp(x) * row + x` with `row` broadcast along leading axes, as the
+    /// member-by-member evaluation computes it.
+    fn with_repeating_row(rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let x: Vec<f32> = (0..rows * cols).map(|i| (i as f32 * 0.011).sin()).collect();
+        let row: Vec<f32> = (0..cols).map(|j| j as f32 * 0.25 - 3.0).collect();
+        let expected = x
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| exp_f32(v) * row[i % cols] + v)
+            .collect();
+        (x, row, expected)
+    }
+
+    #[test]
+    fn a_row_broadcast_along_leading_axes_runs_tiled_with_the_same_bits() {
+        // Rows that straddle tiles (300 does not divide 1024), and a split
+        // across threads whose chunks start mid-row.
+        for (rows, cols) in [(7, 300), ((1 << 20) / 3 / 300 + 5, 300), (3, 1)] {
+            let (x, row, expected) = with_repeating_row(rows, cols);
+            let inputs = [&HostData::F32(x), &HostData::F32(row)];
+            let got = eval_tiled_f32(
+                &chain_kernel(),
+                &inputs,
+                &[&[rows, cols], &[1, cols]],
+                &[rows, cols],
+            );
+            assert_eq!(got, Some(HostData::F32(expected)), "{rows}x{cols}");
+        }
+    }
+
+    #[test]
+    fn a_row_broadcast_along_leading_axes_runs_in_place() {
+        let (x, row, expected) = with_repeating_row(5, 300);
+        let mut target = HostData::F32(x);
+        let row = HostData::F32(row);
+        let ran = eval_in_place(
+            &chain_kernel(),
+            &[None, Some(&row)],
+            &[&[5, 300], &[300]],
+            &[5, 300],
+            &mut target,
+        );
+        assert!(ran);
+        assert_eq!(target, HostData::F32(expected));
+    }
+
+    #[test]
+    fn a_column_broadcast_along_a_trailing_axis_is_not_tiled() {
+        let inputs = [&HostData::F32(vec![0.5; 6]), &HostData::F32(vec![1.0, 2.0])];
+        assert_eq!(
+            eval_tiled_f32(&chain_kernel(), &inputs, &[&[2, 3], &[2, 1]], &[2, 3]),
+            None
+        );
     }
 
     #[test]

@@ -336,7 +336,11 @@ pub fn broadcast_shape_rule(target: &Shape, aval: &Aval, cx: &mut ShapeCx) -> Re
 /// Reference broadcast: a gather with stride 0 on broadcast dims.
 pub fn broadcast_eval(data: &HostData, in_shape: &[usize], out_shape: &[usize]) -> HostData {
     let strides = broadcast_strides(in_shape, out_shape);
-    crate::with_host_data!(data, v => HostElement::wrap(gather(v, 0, out_shape, &strides)))
+    // A scalar (a mean's cotangent) is a fill, not a strided walk.
+    crate::with_host_data!(data, v => HostElement::wrap(match v.as_slice() {
+        [x] => vec![*x; out_shape.iter().product()],
+        _ => gather(v, 0, out_shape, &strides),
+    }))
 }
 
 /// The aval of a strided slice with one [`SliceAxis`] per dim.

@@ -89,6 +89,25 @@ pub fn shape_rule(a: &Aval, b: &Aval, cx: &mut ShapeCx) -> Result<Aval> {
     Ok(Aval::new(Shape(dims), dtype))
 }
 
+/// The output aval of [`crate::Op::TransposedMatmul`]: the product of the
+/// operands with the last two axes of each marked one swapped.
+pub fn transposed_shape_rule(
+    a: &Aval,
+    b: &Aval,
+    transposed: [bool; 2],
+    cx: &mut ShapeCx,
+) -> Result<Aval> {
+    let logical = |x: &Aval, swap: bool| {
+        let mut dims = x.shape.dims().to_vec();
+        let rank = dims.len();
+        if swap && rank >= 2 {
+            dims.swap(rank - 2, rank - 1);
+        }
+        Aval::new(Shape(dims), x.dtype)
+    };
+    shape_rule(&logical(a, transposed[0]), &logical(b, transposed[1]), cx)
+}
+
 /// Reference evaluation: one product per (broadcast) batch entry; floats
 /// on the GEMM microkernels (f16/bf16 accumulate in f32), integers in an
 /// i-k-j loop that wraps.
@@ -99,11 +118,27 @@ pub fn eval(
     b_shape: &[usize],
     out_shape: &[usize],
 ) -> Result<HostData> {
+    eval_transposed(a, a_shape, b, b_shape, [false, false], out_shape)
+}
+
+/// Reference evaluation of [`crate::Op::TransposedMatmul`]: as [`eval`],
+/// with operand `i` stored with its last two axes swapped where
+/// `transposed[i]` (`a` as `[..., k, m]`, `b` as `[..., n, k]`) and read
+/// through strides in place, so no transposed copy is made. Same bits as
+/// [`eval`] of the materialized transposes.
+pub fn eval_transposed(
+    a: &HostData,
+    a_shape: &[usize],
+    b: &HostData,
+    b_shape: &[usize],
+    transposed: [bool; 2],
+    out_shape: &[usize],
+) -> Result<HostData> {
     let dtypes = [a.dtype(), b.dtype()];
     if a.dtype() != b.dtype() {
         return Err(eval_dtype_err(OP, &dtypes, "operand dtypes differ"));
     }
-    let Some(geom) = Geometry::new(a_shape, b_shape, out_shape) else {
+    let Some(geom) = Geometry::new(a_shape, b_shape, transposed, out_shape) else {
         return Err(Error::Shape {
             op: OP.to_string(),
             detail: format!("operands do not fit the output shape {out_shape:?}"),
@@ -125,7 +160,8 @@ pub fn eval(
     })
 }
 
-/// Sizes and batch strides (in matrices) of one evaluation.
+/// Sizes, batch strides (in matrices) and operand layouts of one
+/// evaluation.
 struct Geometry {
     m: usize,
     k: usize,
@@ -133,16 +169,38 @@ struct Geometry {
     batch: Vec<usize>,
     a_batch_strides: Vec<usize>,
     b_batch_strides: Vec<usize>,
+    /// Operand `i` is stored with its last two axes swapped.
+    transposed: [bool; 2],
 }
 
 impl Geometry {
-    /// `None` when the concrete shapes do not fit together.
-    fn new(a_shape: &[usize], b_shape: &[usize], out_shape: &[usize]) -> Option<Geometry> {
+    /// `None` when the concrete shapes (operand `i` stored transposed where
+    /// `transposed[i]`) do not fit together.
+    fn new(
+        a_shape: &[usize],
+        b_shape: &[usize],
+        transposed: [bool; 2],
+        out_shape: &[usize],
+    ) -> Option<Geometry> {
         let (ra, rb, ro) = (a_shape.len(), b_shape.len(), out_shape.len());
-        if ra < 2 || rb < 2 || ro < 2 || a_shape[ra - 1] != b_shape[rb - 2] {
+        if ra < 2 || rb < 2 || ro < 2 {
             return None;
         }
-        let (m, k, n) = (a_shape[ra - 2], a_shape[ra - 1], b_shape[rb - 1]);
+        // (rows, cols) of each operand as the product reads it.
+        let logical = |s: &[usize], r: usize, swap: bool| {
+            if swap {
+                (s[r - 1], s[r - 2])
+            } else {
+                (s[r - 2], s[r - 1])
+            }
+        };
+        let ((m, k), (kb, n)) = (
+            logical(a_shape, ra, transposed[0]),
+            logical(b_shape, rb, transposed[1]),
+        );
+        if k != kb {
+            return None;
+        }
         if out_shape[ro - 2..] != [m, n] {
             return None;
         }
@@ -164,12 +222,38 @@ impl Geometry {
             a_batch_strides: broadcast_strides(&a_shape[..ra - 2], &batch),
             b_batch_strides: broadcast_strides(&b_shape[..rb - 2], &batch),
             batch,
+            transposed,
         })
     }
 
-    /// The f32 product on the GEMM microkernels.
+    /// The (row, column) element strides of the `rows`×`cols` matrix an
+    /// operand holds, stored transposed when `swap`.
+    fn strides(rows: usize, cols: usize, swap: bool) -> (usize, usize) {
+        if swap {
+            (1, rows)
+        } else {
+            (cols, 1)
+        }
+    }
+
+    /// The (row, column) element strides of a's and b's matrices.
+    fn operand_strides(&self) -> [(usize, usize); 2] {
+        [
+            Geometry::strides(self.m, self.k, self.transposed[0]),
+            Geometry::strides(self.k, self.n, self.transposed[1]),
+        ]
+    }
+
+    /// The f32 product on the GEMM microkernels, which read transposed
+    /// operands through their strides.
     fn float(&self, a: &[f32], b: &[f32]) -> Vec<f32> {
         let (m, k, n) = (self.m, self.k, self.n);
+        let [(a_rows, a_cols), (b_rows, b_cols)] = self.operand_strides();
+        let view = |data, row_stride, col_stride| View {
+            data,
+            row_stride,
+            col_stride,
+        };
         let mut jobs = Vec::with_capacity(numel(&self.batch));
         for_each_offset(
             &self.batch,
@@ -179,8 +263,8 @@ impl Geometry {
                     m,
                     k,
                     n,
-                    a: View::row_major(&a[ia * m * k..(ia + 1) * m * k], k),
-                    b: View::row_major(&b[ib * k * n..(ib + 1) * k * n], n),
+                    a: view(&a[ia * m * k..(ia + 1) * m * k], a_rows, a_cols),
+                    b: view(&b[ib * k * n..(ib + 1) * k * n], b_rows, b_cols),
                     accumulate: false,
                 })
             },
@@ -190,9 +274,10 @@ impl Geometry {
         out
     }
 
-    /// The product with `mac(c, a, b) = c + a * b`.
+    /// The product with `mac(c, a, b) = c + a * b`, in i-k-j order.
     fn run<T: Copy>(&self, a: &[T], b: &[T], zero: T, mac: impl Fn(T, T, T) -> T) -> Vec<T> {
         let (m, k, n) = (self.m, self.k, self.n);
+        let [(a_rows, a_cols), (b_rows, b_cols)] = self.operand_strides();
         let mut out = vec![zero; numel(&self.batch) * m * n];
         if out.is_empty() {
             return out;
@@ -205,10 +290,11 @@ impl Geometry {
                 let Some(c) = c_mats.next() else { return };
                 let a = &a[ia * m * k..(ia + 1) * m * k];
                 let b = &b[ib * k * n..(ib + 1) * k * n];
-                for (c_row, a_row) in c.chunks_exact_mut(n).zip(a.chunks_exact(k.max(1))) {
-                    for (&p, b_row) in a_row.iter().zip(b.chunks_exact(n)) {
-                        for (c, &q) in c_row.iter_mut().zip(b_row) {
-                            *c = mac(*c, p, q);
+                for (i, c_row) in c.chunks_exact_mut(n).enumerate() {
+                    for p in 0..k {
+                        let x = a[i * a_rows + p * a_cols];
+                        for (j, c) in c_row.iter_mut().enumerate() {
+                            *c = mac(*c, x, b[p * b_rows + j * b_cols]);
                         }
                     }
                 }
@@ -239,6 +325,8 @@ pub fn error_bound(k: usize, abs_sum: f64) -> f64 {
 
 /// The cotangents of `a @ b` (rank ≥ 2, batch dims broadcast): `g @ bᵀ`
 /// and `aᵀ @ g`, each summed over the batch dims it was broadcast along.
+/// The transposes are permutes that the `transposed_operands` pass folds
+/// into the products on executors that read operands in place.
 pub(crate) fn vjp(a: &Array, b: &Array, g: &Array) -> [Option<Array>; 2] {
     let ga = g.matmul(&b.swap_axes(-1, -2));
     let gb = a.swap_axes(-1, -2).matmul(g);
@@ -277,6 +365,28 @@ pub(crate) fn batch(a: &Batched, b: &Batched, output: &Array) -> Batched {
     }
     let rank = output.ndim();
     Batched::along(a.aligned(rank).matmul(&b.aligned(rank)), 0)
+}
+
+/// The cotangents of [`crate::Op::TransposedMatmul`]: those of the product
+/// of the logical operands, each transposed back to its stored layout.
+pub(crate) fn transposed_vjp(
+    a: &Array,
+    b: &Array,
+    transposed: [bool; 2],
+    g: &Array,
+) -> [Option<Array>; 2] {
+    let layout = |x: &Array, swap: bool| {
+        if swap {
+            x.swap_axes(-1, -2)
+        } else {
+            x.clone()
+        }
+    };
+    let [ga, gb] = vjp(&layout(a, transposed[0]), &layout(b, transposed[1]), g);
+    [
+        ga.map(|ga| layout(&ga, transposed[0])),
+        gb.map(|gb| layout(&gb, transposed[1])),
+    ]
 }
 
 #[cfg(test)]
@@ -396,7 +506,8 @@ mod tests {
         got: &[f32],
         out_shape: &[usize],
     ) -> std::result::Result<(), String> {
-        let geom = Geometry::new(a_shape, b_shape, out_shape).ok_or("shapes fit")?;
+        let geom =
+            Geometry::new(a_shape, b_shape, [false, false], out_shape).ok_or("shapes fit")?;
         let (m, k, n) = (geom.m, geom.k, geom.n);
         let mut checked = 0;
         let mut result = Ok(());
@@ -556,6 +667,70 @@ mod tests {
             let checked = check_against_f64(&a, &a_shape, &b, &b_shape, &got, &out_shape);
             prop_assert!(checked.is_ok(), "{:?}", checked);
         }
+    }
+
+    /// The `rows`×`cols` matrices of `x` (`batch` of them), each transposed.
+    fn transpose_each<T: Copy>(x: &[T], batch: usize, rows: usize, cols: usize) -> Vec<T> {
+        let mut out = x.to_vec();
+        for e in 0..batch {
+            for r in 0..rows {
+                for c in 0..cols {
+                    out[(e * cols + c) * rows + r] = x[(e * rows + r) * cols + c];
+                }
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(proptest_config())]
+        #[test]
+        fn transposed_operands_read_in_place_equal_the_materialized_product(
+            m in 0usize..6,
+            k in 0usize..6,
+            n in 0usize..6,
+            batch in 1usize..3,
+            transposed in any::<[bool; 2]>(),
+            seed in any::<i32>(),
+        ) {
+            let a: Vec<i32> = (0..(batch * m * k) as i32).map(|i| i.wrapping_mul(seed) % 1000).collect();
+            let b: Vec<i32> = (0..(batch * k * n) as i32).map(|i| i.wrapping_add(seed) % 1000).collect();
+            let want = eval(&HostData::I32(a.clone()), &[batch, m, k], &HostData::I32(b.clone()), &[batch, k, n], &[batch, m, n]).unwrap();
+            let (a_stored, a_shape) = if transposed[0] { (transpose_each(&a, batch, m, k), [batch, k, m]) } else { (a, [batch, m, k]) };
+            let (b_stored, b_shape) = if transposed[1] { (transpose_each(&b, batch, k, n), [batch, n, k]) } else { (b, [batch, k, n]) };
+            let got = eval_transposed(&HostData::I32(a_stored), &a_shape, &HostData::I32(b_stored), &b_shape, transposed, &[batch, m, n]).unwrap();
+            prop_assert_eq!(got, want);
+        }
+
+        #[test]
+        fn transposed_float_operands_are_within_the_per_k_bound(
+            m in 1usize..40,
+            k in 1usize..300,
+            n in 1usize..40,
+            transposed in any::<[bool; 2]>(),
+            seed in any::<u64>(),
+        ) {
+            let (a, b) = (values(2 * m * k, seed), values(k * n, seed ^ 0x5555));
+            let a_stored = if transposed[0] { transpose_each(&a, 2, m, k) } else { a.clone() };
+            let b_stored = if transposed[1] { transpose_each(&b, 1, k, n) } else { b.clone() };
+            let a_shape = if transposed[0] { [2, k, m] } else { [2, m, k] };
+            let b_shape = if transposed[1] { [n, k] } else { [k, n] };
+            let got = eval_transposed(&HostData::F32(a_stored), &a_shape, &HostData::F32(b_stored), &b_shape, transposed, &[2, m, n]).unwrap();
+            let HostData::F32(got) = got else { panic!("f32 in, f32 out") };
+            let checked = check_against_f64(&a, &[2, m, k], &b, &[k, n], &got, &[2, m, n]);
+            prop_assert!(checked.is_ok(), "{:?}", checked);
+        }
+    }
+
+    #[test]
+    fn transposed_shape_rule_swaps_the_marked_operands() {
+        let a = Aval::new([2, 5, 3], DType::F32);
+        let b = Aval::new([4, 5], DType::F32);
+        assert_eq!(
+            transposed_shape_rule(&a, &b, [true, true], &mut ShapeCx::new()),
+            Ok(Aval::new([2, 3, 4], DType::F32))
+        );
+        assert!(transposed_shape_rule(&a, &b, [false, true], &mut ShapeCx::new()).is_err());
     }
 
     /// NumPy broadcasting of two batch shapes that fit.

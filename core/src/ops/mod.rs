@@ -106,6 +106,15 @@ pub enum Op {
     },
     /// Batched matrix product `[..., m, k] @ [..., k, n]` with broadcast batch dims.
     Matmul,
+    /// [`Op::Matmul`] of operands stored with their last two axes swapped
+    /// where marked: `a` as `[..., k, m]` when `transposed[0]`, `b` as
+    /// `[..., n, k]` when `transposed[1]`. The `transposed_operands` pass
+    /// ([`crate::passes::transposed_operands`]) makes it of a matmul fed by
+    /// such a permute, for an executor that reads the operand in place.
+    TransposedMatmul {
+        /// Whether `a` and `b` are stored transposed.
+        transposed: [bool; 2],
+    },
     /// Same elements, new shape (element count preserved).
     Reshape(Shape),
     /// Permutes the axes: output axis `i` is input axis `perm[i]`.
@@ -177,7 +186,7 @@ impl Op {
             Op::Cast(_) => "cast",
             Op::Reduce { op, .. } => op.name(),
             Op::ArgMax { .. } => "argmax",
-            Op::Matmul => "matmul",
+            Op::Matmul | Op::TransposedMatmul { .. } => "matmul",
             Op::Reshape(_) => "reshape",
             Op::StopGradient => "stop_gradient",
             Op::Permute(_) => "permute",
@@ -204,6 +213,10 @@ impl Op {
                 format!("{}(axes={axes:?}, keepdims={keepdims})", op.name())
             }
             Op::ArgMax { axis, keepdims } => format!("argmax(axis={axis}, keepdims={keepdims})"),
+            Op::TransposedMatmul { transposed: [a, b] } => {
+                let mark = |t: bool| if t { "ᵀ" } else { "" };
+                format!("matmul(a{} @ b{})", mark(*a), mark(*b))
+            }
             Op::Reshape(s) => format!("reshape({s})"),
             Op::Permute(p) => format!("permute({p:?})"),
             Op::BroadcastTo(s) => format!("broadcast_to({s})"),
@@ -263,6 +276,9 @@ impl Op {
             }
             Op::ArgMax { axis, keepdims } => reduce::argmax_shape_rule(*axis, *keepdims, inputs[0]),
             Op::Matmul => matmul::shape_rule(inputs[0], inputs[1], cx),
+            Op::TransposedMatmul { transposed } => {
+                matmul::transposed_shape_rule(inputs[0], inputs[1], *transposed, cx)
+            }
             Op::Reshape(s) => layout::reshape_shape_rule(s, inputs[0], cx),
             Op::StopGradient => Ok(inputs[0].clone()),
             Op::Permute(p) => layout::permute_shape_rule(p, inputs[0]),
@@ -297,7 +313,11 @@ impl Op {
     /// Number of operands, when fixed.
     pub fn arity(&self) -> Option<usize> {
         match self {
-            Op::Binary(_) | Op::Matmul | Op::Take { .. } | Op::ScatterAdd { .. } => Some(2),
+            Op::Binary(_)
+            | Op::Matmul
+            | Op::TransposedMatmul { .. }
+            | Op::Take { .. }
+            | Op::ScatterAdd { .. } => Some(2),
             Op::Select => Some(3),
             Op::Concat { .. } | Op::Fused(_) | Op::Kernel(_) | Op::Custom(_) | Op::Implicit(_) => {
                 None
@@ -346,6 +366,14 @@ impl Op {
             Op::Reduce { op, axes, .. } => reduce::eval(*op, axes, inputs[0], in_shapes[0]),
             Op::ArgMax { axis, .. } => reduce::argmax_eval(*axis, inputs[0], in_shapes[0]),
             Op::Matmul => matmul::eval(inputs[0], in_shapes[0], inputs[1], in_shapes[1], out_shape),
+            Op::TransposedMatmul { transposed } => matmul::eval_transposed(
+                inputs[0],
+                in_shapes[0],
+                inputs[1],
+                in_shapes[1],
+                *transposed,
+                out_shape,
+            ),
             Op::Reshape(_) | Op::StopGradient => Ok(inputs[0].clone()),
             Op::Permute(p) => Ok(layout::permute_eval(p, inputs[0], in_shapes[0])),
             Op::BroadcastTo(_) => Ok(layout::broadcast_eval(inputs[0], in_shapes[0], out_shape)),
@@ -391,6 +419,9 @@ impl Op {
                 ))]
             }
             Op::Matmul => matmul::vjp(&inputs[0], &inputs[1], g).to_vec(),
+            Op::TransposedMatmul { transposed } => {
+                matmul::transposed_vjp(&inputs[0], &inputs[1], *transposed, g).to_vec()
+            }
             Op::Reshape(_)
             | Op::Permute(_)
             | Op::BroadcastTo(_)
@@ -446,6 +477,22 @@ impl Op {
                 t(0).map(|t| reduce::jvp(*op, axes, *keepdims, &inputs[0], output, &t))
             }
             Op::Matmul => matmul::jvp(&inputs[0], &inputs[1], t(0), t(1)),
+            Op::TransposedMatmul { transposed } => {
+                let logical = |x: &Array, swap: bool| {
+                    if swap {
+                        x.swap_axes(-1, -2)
+                    } else {
+                        x.clone()
+                    }
+                };
+                let [sa, sb] = *transposed;
+                matmul::jvp(
+                    &logical(&inputs[0], sa),
+                    &logical(&inputs[1], sb),
+                    t(0).map(|t| logical(&t, sa)),
+                    t(1).map(|t| logical(&t, sb)),
+                )
+            }
             Op::Reshape(_)
             | Op::Permute(_)
             | Op::BroadcastTo(_)
@@ -529,6 +576,19 @@ impl Op {
                 0,
             ),
             Op::Matmul => matmul::batch(&operands[0], &operands[1], output),
+            Op::TransposedMatmul { transposed } => {
+                let logical = |b: &Batched, swap: bool| match (swap, b.axis) {
+                    (false, _) => b.clone(),
+                    (true, None) => Batched::shared(b.value.swap_axes(-1, -2)),
+                    (true, Some(_)) => Batched::along(b.front().swap_axes(-1, -2), 0),
+                };
+                let [sa, sb] = *transposed;
+                matmul::batch(
+                    &logical(&operands[0], sa),
+                    &logical(&operands[1], sb),
+                    output,
+                )
+            }
             Op::Reshape(_)
             | Op::Permute(_)
             | Op::BroadcastTo(_)
@@ -640,7 +700,9 @@ impl Op {
                     target,
                 )
             }
-            Op::Fused(k) if fused::eval_in_place(k, inputs, out_shape, target) => return Ok(()),
+            Op::Fused(k) if fused::eval_in_place(k, inputs, in_shapes, out_shape, target) => {
+                return Ok(())
+            }
             _ => {}
         }
         let result = {

@@ -239,6 +239,10 @@ struct ReduceGeometry {
     outputs: usize,
     /// The reduced axes are a trailing suffix, so each group is contiguous.
     trailing: bool,
+    /// The reduced axes are a leading prefix, so the input is `group` rows
+    /// of the output laid out contiguously (a bias gradient's sum over the
+    /// batch).
+    leading: bool,
 }
 
 impl ReduceGeometry {
@@ -259,6 +263,7 @@ impl ReduceGeometry {
                 .iter()
                 .enumerate()
                 .all(|(i, &a)| a == shape.len() - axes.len() + i),
+            leading: axes.iter().enumerate().all(|(i, &a)| a == i),
         }
     }
 
@@ -273,9 +278,19 @@ impl ReduceGeometry {
                 .map(|g| g.iter().fold(init, |a, &b| f(a, b)))
                 .collect();
         }
+        let mut out = vec![init; self.outputs];
+        if self.leading && self.outputs > 0 {
+            // Row by row: each output folds its elements in the same order
+            // as the general walk below, a vector's width at a time.
+            for row in data.chunks_exact(self.outputs) {
+                for (o, &x) in out.iter_mut().zip(row) {
+                    *o = f(*o, x);
+                }
+            }
+            return out;
+        }
         // One sequential pass over the input, folding each element into its
         // output slot: no per-group allocation, and memory is read in order.
-        let mut out = vec![init; self.outputs];
         let mut values = data.iter();
         for_each_offset(&self.shape, [&self.out_strides], |[o]| {
             if let Some(&x) = values.next() {

@@ -474,7 +474,7 @@ fn main() {
 /// The wgpu figures, on the default adapter; omitted (with a note on
 /// stderr) where there is none.
 fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
-    const NAMES: [&str; 11] = [
+    const NAMES: [&str; 14] = [
         "wgpu_block_device_bytes",
         "wgpu_mlp4_device_bytes",
         "wgpu_grad_mlp4_device_bytes",
@@ -483,6 +483,9 @@ fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
         "wgpu_elementwise_1op_4m",
         "wgpu_matmul_1024",
         "wgpu_matmul_1024_naive",
+        "wgpu_matmul_f16_1024",
+        "wgpu_qmm_4bit_1024x1024_m1",
+        "wgpu_qmm_4bit_1024x1024_m64",
         "wgpu_scatter_add_8192x64_2048",
         "wgpu_host_overhead_10op",
         "wgpu_rss_growth_10k_calls",
@@ -528,6 +531,23 @@ fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
             report.record(name, 2.0 * 1024f64.powi(3) / (ms * 1e-3) / 1e9, "gflops");
         }
     }
+    if selected("wgpu_matmul_f16_1024", names) {
+        // f16 storage (native where the adapter has SHADER_F16), f32 sums.
+        let half = |a: Array| {
+            let h = a.cast(DType::F16);
+            h.eval().expect("casts");
+            h
+        };
+        let f = compile(|(a, b): (Array, Array)| a.matmul(&b)).with_backend(gpu.clone());
+        let args = (half(ramp(&[1024, 1024])), half(ramp(&[1024, 1024])));
+        let ms = device_ms(&gpu, &f, args, 3);
+        report.record(
+            "wgpu_matmul_f16_1024",
+            2.0 * 1024f64.powi(3) / (ms * 1e-3) / 1e9,
+            "gflops",
+        );
+    }
+    quant::wgpu_products(&gpu, names, report);
     if selected("wgpu_scatter_add_8192x64_2048", names) {
         // An embedding table's gradient: 2,048 update rows of 64 values
         // added into 8,192 rows at indices spread over the whole table.

@@ -70,7 +70,11 @@ fn dense_arguments(args: &[Array]) -> Vec<Array> {
 
 /// `[x, packed, scales, biases]` of an `m`×4096 x and a 4096×4096 weight.
 fn arguments(m: usize) -> Vec<Array> {
-    let n = 4096;
+    square_arguments(m, 4096)
+}
+
+/// `[x, packed, scales, biases]` of an `m`×`n` x and an `n`×`n` weight.
+fn square_arguments(m: usize, n: usize) -> Vec<Array> {
     let ramp = |len: usize, step: f32| (0..len).map(move |i| ((i % 1000) as f32 - 500.0) * step);
     let w = Array::from_vec(ramp(n * n, 1e-3).collect(), &[n, n]).expect("sized");
     let q = quantize(&w, FORMAT);
@@ -80,6 +84,20 @@ fn arguments(m: usize) -> Vec<Array> {
         a.eval().expect("quantizes");
     }
     args
+}
+
+/// `wgpu_qmm_4bit_1024x1024_m{1,64}`: the 4-bit product `x @ wᵀ` of a
+/// 1024×1024 weight on wgpu, in µs, sized for a software adapter (lavapipe):
+/// at m = 64 the tiled kernel, at m = 1 the streaming one.
+pub(crate) fn wgpu_products(gpu: &WgpuBackend, names: &[String], report: &mut BenchReport) {
+    for (m, iterations) in [(1, 20), (64, 5)] {
+        let name = format!("wgpu_qmm_4bit_1024x1024_m{m}");
+        if selected(&name, names) {
+            let q = compile(quantized).with_backend(gpu.clone());
+            let us = device_ms(gpu, &q, square_arguments(m, 1024), iterations) * 1e3;
+            report.record(name, us, "us");
+        }
+    }
 }
 
 pub(crate) fn benchmarks(names: &[String], report: &mut BenchReport) {
