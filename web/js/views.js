@@ -191,11 +191,17 @@ export function panZoom(svg) {
   let drag = null;
   svg.addEventListener("pointerdown", (e) => {
     if (e.target.closest("[data-box]")) return;
-    drag = { x: e.clientX - state.x, y: e.clientY - state.y };
-    svg.setPointerCapture(e.pointerId);
+    drag = { x: e.clientX - state.x, y: e.clientY - state.y, from: [e.clientX, e.clientY], id: e.pointerId, captured: false };
   });
   svg.addEventListener("pointermove", (e) => {
     if (!drag) return;
+    // Captured only once the pointer has moved: a capture turns the
+    // click's target into the svg, and a click on a fused group's frame
+    // must reach the group.
+    if (!drag.captured && Math.hypot(e.clientX - drag.from[0], e.clientY - drag.from[1]) > 3) {
+      svg.setPointerCapture(drag.id);
+      drag.captured = true;
+    }
     state.x = e.clientX - drag.x;
     state.y = e.clientY - drag.y;
     apply();
