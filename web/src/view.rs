@@ -471,15 +471,15 @@ mod tests {
     #[test]
     fn calls_are_summarized_by_count_first_and_last() {
         let call = |traced, ms| CallTiming { traced, ms };
-        let mut calls = vec![call(true, 3.14159)];
+        let mut calls = vec![call(true, 4.56789)];
         calls.extend((0..199).map(|_| call(false, 0.05)));
         assert_eq!(
             calls_summary(&calls),
-            "200 calls: 1 traced, 199 cached · first 3.14 ms (traced) · last 0.05 ms (cached)"
+            "200 calls: 1 traced, 199 cached · first 4.57 ms (traced) · last 0.05 ms (cached)"
         );
         assert_eq!(
             calls_summary(&calls[..1]),
-            "1 call: 1 traced, 0 cached · 3.14 ms (traced)"
+            "1 call: 1 traced, 0 cached · 4.57 ms (traced)"
         );
         assert_eq!(calls_summary(&[]), "no calls");
     }
