@@ -11,9 +11,8 @@ import {
   highlightActiveLineGutter, drawSelection,
 } from "@codemirror/view";
 import { defaultKeymap, history, historyKeymap, indentWithTab } from "@codemirror/commands";
-import {
-  syntaxHighlighting, defaultHighlightStyle, bracketMatching, indentOnInput,
-} from "@codemirror/language";
+import { syntaxHighlighting, bracketMatching, indentOnInput } from "@codemirror/language";
+import { classHighlighter } from "@lezer/highlight";
 import { javascript } from "@codemirror/lang-javascript";
 import { setDiagnostics, lintGutter } from "@codemirror/lint";
 import { searchKeymap, highlightSelectionMatches } from "@codemirror/search";
@@ -109,7 +108,9 @@ export function createEditor(parent, doc, onChange, onRun) {
         bracketMatching(),
         // Rhai reads like JavaScript closely enough for highlighting.
         javascript(),
-        syntaxHighlighting(defaultHighlightStyle, { fallback: true }),
+        // Token classes (`tok-keyword`, …) rather than a fixed palette:
+        // style.css colours them for the light and the dark scheme.
+        syntaxHighlighting(classHighlighter),
         highlightActiveLine(),
         highlightSelectionMatches(),
         keymap.of([...defaultKeymap, ...historyKeymap, ...searchKeymap, indentWithTab]),
