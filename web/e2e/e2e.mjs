@@ -734,6 +734,9 @@ await check("layout-the-memory-timeline-fits-its-box-with-axis-legend-and-toolti
   const own = Date.now() % 100000;
   await runScript(`let f = compile(|x| {\n  let y = x + ${own}.0;\n  for i in 0..100 { y = (y * 1.5).sin(); }\n  y\n}).fusion(false);\nshow("a long schedule", f.run(ones([64, 64])))`);
   await page.locator(newOutput(), { hasText: "a long schedule" }).waitFor({ timeout: 60000 });
+  // The list opened by the check before is folded for the new run's function.
+  await eventually(() => page.locator("details.calls[open]").count(), 0, "the calls folded");
+  await eventually(() => page.locator(".calls li").count(), 0, "no call listed");
   await page.locator(".graph h3", { hasText: /\(\d{3} nodes after passes/ }).waitFor({ timeout: 60000 });
   await settled(async () => {
     const fitted = await page.evaluate(() => {

@@ -744,7 +744,11 @@ fn function_view(page: Page, function: FunctionReport) -> impl IntoView {
                     function.donate.join(", "),
                 )}
             </p>
-            <details class="calls" on:toggle=move |ev| calls_open.set(event_target::<web_sys::HtmlDetailsElement>(&ev).open())>
+            // `open` follows the signal: the page patches the last run's
+            // elements in place, and a list the user opened there must
+            // not stay open (and empty) for the next run's function.
+            <details class="calls" prop:open=move || calls_open.get()
+                on:toggle=move |ev| calls_open.set(event_target::<web_sys::HtmlDetailsElement>(&ev).open())>
                 <summary class="calls-summary">{summary}</summary>
                 <ol class="calls">{calls}</ol>
             </details>
