@@ -220,6 +220,9 @@ await check("custom-node", async () => {
 await check("shapeless", async () => {
   await runExample("shapeless", "n = 9");
   await eventually(() => text(".cache .summary"), "1 entries, 2 hits, 1 misses", "cache summary");
+  await eventually(async () => (await text(".calls-summary")).replace(/[\d.]+ ms/g, "_ ms"),
+    "3 calls: 1 traced, 2 cached · first _ ms (traced) · last _ ms (cached)", "calls summary");
+  await page.click(".calls-summary");
   const calls = async () => (await page.locator(".calls li").allInnerTexts())
     .map((c) => c.replace(/[\d.]+ ms/, "_ ms")).join("|");
   await eventually(calls, "call 1: _ ms (traced)|call 2: _ ms (cached)|call 3: _ ms (cached)", "calls");
@@ -652,6 +655,165 @@ await check("the-graph-search-finds-ops-by-name", async () => {
   await page.click("#graph-next");
   await eventually(() => page.locator('#graph-details tr[data-field="op"] td').innerText(), "%1.0 exp", "focused");
   await page.fill("#graph-search", "");
+});
+
+await check("layout-graph-details-stand-beside-the-canvas-and-a-fused-group-has-details", async () => {
+  await page.locator(".graph .cluster text").first().click();
+  await eventually(async () => (await page.locator('#graph-details tr[data-field="group"] td').innerText()).replace(/%\d+/, "%N"),
+    "fused %N: 3 ops", "the group's details");
+  await eventually(async () => (await page.locator('#graph-details tr[data-field="members"] td').innerText()).replace(/%\d+/g, "%N"),
+    "%N.0 exp, %N.1 tanh, %N.2 mul", "the group's members");
+  await eventually(() => page.locator(".graph .cluster.selected").count(), 1, "the group selected");
+  await settled(async () => {
+    const canvas = await page.locator(".graph-canvas").boundingBox();
+    const details = await page.locator("#graph-details").boundingBox();
+    if (!(details.x >= canvas.x + canvas.width - 1 && details.y < canvas.y + canvas.height)) {
+      throw new Error(`details at ${JSON.stringify(details)}, not beside the canvas at ${JSON.stringify(canvas)}`);
+    }
+  });
+});
+
+/// The layout's checks: each sets the viewport it is about and a fresh
+/// function (compile caches outlive runs).
+const viewBox = (selector) => page.locator(selector).first().boundingBox();
+
+await check("layout-at-1440x900-the-graph-is-visible-without-scrolling", async () => {
+  await page.setViewportSize({ width: 1440, height: 900 });
+  await runExample("mlp", "row sums");
+  await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 60000 });
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await settled(async () => {
+    const canvas = await viewBox(".graph-canvas");
+    // At least the canvas's upper two thirds within the first screen.
+    if (!(canvas.y >= 0 && canvas.y + (2 * canvas.height) / 3 <= 900)) {
+      throw new Error(`the graph canvas at ${JSON.stringify(canvas)} in a 900 px window`);
+    }
+  });
+  await page.screenshot({ path: join(shots, "layout-1440x900-window.png") });
+});
+
+await check("layout-a-long-editor-line-scrolls-inside-the-editor", async () => {
+  await runScript(`show("a long line", ones([2]));\n// ${"x".repeat(200)}`);
+  await page.locator(newOutput(), { hasText: "a long line" }).waitFor({ timeout: 30000 });
+  await settled(async () => {
+    const left = await viewBox("#left");
+    const right = await viewBox("#right");
+    const scroller = await page.evaluate(() => {
+      const s = document.querySelector("#editor .cm-scroller");
+      return { scroll: s.scrollWidth, client: s.clientWidth, page: document.documentElement.scrollWidth };
+    });
+    if (!(left.width <= 1440 / 2 && right.width >= 480)) {
+      throw new Error(`columns ${left.width} and ${right.width} px wide`);
+    }
+    if (!(scroller.scroll > scroller.client && scroller.page <= 1440)) {
+      throw new Error(`editor scrolls ${scroller.scroll} in ${scroller.client}, page ${scroller.page} px wide`);
+    }
+  });
+});
+
+await check("layout-200-calls-are-summarized-and-expand", async () => {
+  const own = Date.now() % 100000;
+  await runScript(`let f = compile(|x| x * 0.5 + ${own}.0);\nlet y = ones([2]);\nfor i in 0..200 { y = f.run(y); }\nshow("200 calls", y)`);
+  await page.locator(newOutput(), { hasText: "200 calls" }).waitFor({ timeout: 60000 });
+  await eventually(async () => (await text(".calls-summary")).replace(/[\d.]+ ms/g, "_ ms"),
+    "200 calls: 1 traced, 199 cached · first _ ms (traced) · last _ ms (cached)", "calls summary");
+  await eventually(() => page.locator(".calls li").count(), 0, "the list folded");
+  await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 60000 });
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await settled(async () => {
+    const canvas = await viewBox(".graph-canvas");
+    if (!(canvas.y + canvas.height / 2 <= 900)) throw new Error(`the graph pushed to ${canvas.y}`);
+  });
+  await page.click(".calls-summary");
+  await eventually(() => page.locator(".calls li").count(), 200, "every call listed");
+  await eventually(() => page.locator(".calls li").last().innerText().then((t) => t.replace(/[\d.]+ ms/, "_ ms")),
+    "call 200: _ ms (cached)", "the last call");
+});
+
+await check("layout-the-memory-timeline-fits-its-box-with-axis-legend-and-tooltips", async () => {
+  const own = Date.now() % 100000;
+  await runScript(`let f = compile(|x| {\n  let y = x + ${own}.0;\n  for i in 0..100 { y = (y * 1.5).sin(); }\n  y\n}).fusion(false);\nshow("a long schedule", f.run(ones([64, 64])))`);
+  await page.locator(newOutput(), { hasText: "a long schedule" }).waitFor({ timeout: 60000 });
+  // The list opened by the check before is folded for the new run's function.
+  await eventually(() => page.locator("details.calls[open]").count(), 0, "the calls folded");
+  await eventually(() => page.locator(".calls li").count(), 0, "no call listed");
+  await page.locator(".graph h3", { hasText: /\(\d{3} nodes after passes/ }).waitFor({ timeout: 60000 });
+  await settled(async () => {
+    const fitted = await page.evaluate(() => {
+      const view = document.querySelector(".memory");
+      const bars = view.querySelector("svg.bars").getBoundingClientRect();
+      const box = view.getBoundingClientRect();
+      return { overflow: view.scrollWidth - view.clientWidth, right: bars.right - box.right };
+    });
+    if (fitted.overflow > 0 || fitted.right > 0) throw new Error(`the timeline overflows its box: ${JSON.stringify(fitted)}`);
+    const ticks = await page.locator(".memory .axis .tick").allInnerTexts();
+    const steps = Number((await text(".graph h3")).match(/\((\d+) nodes/)[1]);
+    if (!(ticks.length >= 3 && ticks.length <= 12 && ticks[0] === "0" && ticks.at(-1) === String(steps - 1))) {
+      throw new Error(`axis ticks ${ticks} for ${steps} steps`);
+    }
+    const legend = await text(".memory .legend");
+    if (!legend.includes("written in place")) throw new Error(`legend: ${legend}`);
+    const tip = await page.locator(".memory rect.bar title").last().textContent();
+    if (!/^%\d+ \S+ · f32\[64,64\] · steps \d+–\d+ · slot \d+ of 16 KiB/.test(tip)) throw new Error(`tooltip: ${tip}`);
+  });
+});
+
+await check("layout-at-390x844-the-views-stack-under-the-editor", async () => {
+  await page.setViewportSize({ width: 390, height: 844 });
+  await runExample("mlp", "row sums");
+  await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 60000 });
+  await settled(async () => {
+    const width = await page.evaluate(() => document.documentElement.scrollWidth);
+    if (width > 390) throw new Error(`the page is ${width} px wide in a 390 px window`);
+    const left = await viewBox("#left");
+    const right = await viewBox("#right");
+    const canvas = await viewBox(".graph-canvas");
+    if (!(right.y >= left.y + left.height && right.width >= 340 && canvas.width >= 300)) {
+      throw new Error(`editor ${JSON.stringify(left)}, views ${JSON.stringify(right)}, canvas ${JSON.stringify(canvas)}`);
+    }
+  });
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await page.screenshot({ path: join(shots, "layout-390x844-window.png") });
+  await page.locator(".graph-canvas").scrollIntoViewIfNeeded();
+  await page.screenshot({ path: join(shots, "layout-390x844-graph.png") });
+});
+
+await check("layout-follows-a-dark-color-scheme", async () => {
+  await page.setViewportSize({ width: 1440, height: 900 });
+  const background = () => page.evaluate(() => getComputedStyle(document.body).backgroundColor);
+  await page.emulateMedia({ colorScheme: "dark" });
+  await eventually(background, "rgb(23, 24, 27)", "a dark page");
+  await eventually(() => page.evaluate(() => getComputedStyle(document.querySelector(".view")).backgroundColor),
+    "rgb(33, 35, 39)", "dark views");
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await page.screenshot({ path: join(shots, "layout-1440x900-dark-window.png") });
+  await page.emulateMedia({ colorScheme: "light" });
+  await eventually(background, "rgb(250, 250, 250)", "a light page again");
+  await page.setViewportSize({ width: 1400, height: 1000 });
+});
+
+await check("help-says-how-to-use-and-searches-the-script-api", async () => {
+  await settled(async () => {
+    const howTo = await text("#how-to");
+    if (!howTo.includes("Ctrl+Enter")) throw new Error(`how to: ${howTo}`);
+  });
+  await page.click("#help-toggle");
+  await page.locator("#help-panel").waitFor({ timeout: 30000 });
+  await settled(async () => {
+    const keys = await page.locator("#help-shortcuts kbd").allInnerTexts();
+    if (!keys.some((k) => k.startsWith("Ctrl+Enter"))) throw new Error(`shortcuts: ${keys}`);
+    const entries = await page.locator("#help-panel .help-entry").count();
+    if (entries < 80) throw new Error(`${entries} entries`);
+  });
+  await page.fill("#help-search", "softmax");
+  await eventually(async () => (await page.locator("#help-panel .help-entry").evaluateAll(
+    (es) => es.map((e) => e.getAttribute("data-name")))).join("|"), "nn::log_softmax|nn::softmax", "found");
+  await page.fill("#help-search", "no such function");
+  await eventually(() => text("#help-sections"), "nothing found", "nothing found");
+  await page.fill("#help-search", "");
+  await page.screenshot({ path: join(shots, "help-panel-window.png") });
+  await page.press("#help-search", "Escape");
+  await eventually(() => page.locator("#help-panel").count(), 0, "closed by Escape");
 });
 
 const CHAIN_2000 = "let f = compile(|x| {\n  let y = x;\n  for i in 0..1000 { y = (y * 1.5).sin(); }\n  y\n}).fusion(false);\nf.run(ones([4]))";

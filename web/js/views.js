@@ -11,9 +11,8 @@ import {
   highlightActiveLineGutter, drawSelection,
 } from "@codemirror/view";
 import { defaultKeymap, history, historyKeymap, indentWithTab } from "@codemirror/commands";
-import {
-  syntaxHighlighting, defaultHighlightStyle, bracketMatching, indentOnInput,
-} from "@codemirror/language";
+import { syntaxHighlighting, bracketMatching, indentOnInput } from "@codemirror/language";
+import { classHighlighter } from "@lezer/highlight";
 import { javascript } from "@codemirror/lang-javascript";
 import { setDiagnostics, lintGutter } from "@codemirror/lint";
 import { searchKeymap, highlightSelectionMatches } from "@codemirror/search";
@@ -109,7 +108,9 @@ export function createEditor(parent, doc, onChange, onRun) {
         bracketMatching(),
         // Rhai reads like JavaScript closely enough for highlighting.
         javascript(),
-        syntaxHighlighting(defaultHighlightStyle, { fallback: true }),
+        // Token classes (`tok-keyword`, …) rather than a fixed palette:
+        // style.css colours them for the light and the dark scheme.
+        syntaxHighlighting(classHighlighter),
         highlightActiveLine(),
         highlightSelectionMatches(),
         keymap.of([...defaultKeymap, ...historyKeymap, ...searchKeymap, indentWithTab]),
@@ -191,11 +192,17 @@ export function panZoom(svg) {
   let drag = null;
   svg.addEventListener("pointerdown", (e) => {
     if (e.target.closest("[data-box]")) return;
-    drag = { x: e.clientX - state.x, y: e.clientY - state.y };
-    svg.setPointerCapture(e.pointerId);
+    drag = { x: e.clientX - state.x, y: e.clientY - state.y, from: [e.clientX, e.clientY], id: e.pointerId, captured: false };
   });
   svg.addEventListener("pointermove", (e) => {
     if (!drag) return;
+    // Captured only once the pointer has moved: a capture turns the
+    // click's target into the svg, and a click on a fused group's frame
+    // must reach the group.
+    if (!drag.captured && Math.hypot(e.clientX - drag.from[0], e.clientY - drag.from[1]) > 3) {
+      svg.setPointerCapture(drag.id);
+      drag.captured = true;
+    }
     state.x = e.clientX - drag.x;
     state.y = e.clientY - drag.y;
     apply();

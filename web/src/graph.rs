@@ -347,6 +347,52 @@ pub fn details(report: &Report, model: &GraphModel, index: usize) -> Vec<(&'stat
     rows
 }
 
+/// The details panel of fused group `cluster`: its members in order, and
+/// the fused node's aval, home, reinplace decision and script line.
+pub fn cluster_details(
+    report: &Report,
+    model: &GraphModel,
+    cluster: usize,
+) -> Vec<(&'static str, String)> {
+    let Some(node) = model
+        .clusters
+        .get(cluster)
+        .and_then(|c| report.nodes.get(c.node))
+    else {
+        return Vec::new();
+    };
+    let members: Vec<String> = node
+        .group
+        .iter()
+        .enumerate()
+        .map(|(k, step)| format!("%{}.{k} {}", node.id, op_name(&step.op)))
+        .collect();
+    let mut rows = vec![
+        (
+            "group",
+            format!("fused %{}: {} ops", node.id, node.group.len()),
+        ),
+        ("members", members.join(", ")),
+        ("aval", node.aval.clone()),
+        ("home", node.home.clone()),
+        (
+            "reinplace",
+            node.reinplace
+                .as_ref()
+                .map_or_else(|| "not elementwise".to_string(), |d| d.summary()),
+        ),
+    ];
+    if node.backward {
+        rows.push(("pass", "backward (gradient)".to_string()));
+    }
+    rows.push((
+        "script",
+        node.location
+            .map_or_else(|| "no script position".to_string(), |l| l.to_string()),
+    ));
+    rows
+}
+
 fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
@@ -367,10 +413,11 @@ fn escape(text: &str) -> String {
 /// them without a handler per box.
 pub fn render_svg(model: &GraphModel, layout: &GraphLayout) -> String {
     let mut svg = String::with_capacity(model.boxes.len() * 300);
-    for (cluster, &(x, y, w, h)) in model.clusters.iter().zip(&layout.clusters) {
+    for (index, (cluster, &(x, y, w, h))) in model.clusters.iter().zip(&layout.clusters).enumerate()
+    {
         let _ = write!(
             svg,
-            r#"<g class="cluster {}" data-node="{}"><rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" rx="6"></rect><text x="{:.1}" y="{:.1}">{}</text></g>"#,
+            r#"<g class="cluster {}" data-cluster="{index}" data-node="{}"><rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" rx="6"></rect><text x="{:.1}" y="{:.1}">{}</text></g>"#,
             cluster.kind.class(),
             cluster.node,
             x - w / 2.0,
@@ -556,6 +603,30 @@ mod tests {
         assert_eq!(row("script"), Some("line 3, column 13"));
         assert!(row("reinplace").is_some());
         assert!(details(&report, &model, model.boxes.len()).is_empty());
+    }
+
+    #[test]
+    fn a_groups_details_list_its_members_and_the_fused_nodes_facts() {
+        let report = report_of(FUSED);
+        let model = graph_model(&report, GraphMode::Optimized);
+        let rows = cluster_details(&report, &model, 0);
+        let row = |field: &str| {
+            rows.iter()
+                .find(|(f, _)| *f == field)
+                .map(|(_, v)| v.as_str())
+        };
+        let fused = model.clusters[0].node;
+        assert_eq!(
+            row("group"),
+            Some(format!("fused %{fused}: 3 ops").as_str())
+        );
+        assert_eq!(
+            row("members"),
+            Some(format!("%{fused}.0 exp, %{fused}.1 tanh, %{fused}.2 mul").as_str())
+        );
+        assert_eq!(row("home"), Some(report.nodes[fused].home.as_str()));
+        assert!(row("reinplace").is_some());
+        assert!(cluster_details(&report, &model, 1).is_empty());
     }
 
     #[test]

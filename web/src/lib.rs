@@ -10,6 +10,7 @@ pub mod backend;
 pub mod examples;
 pub mod format;
 pub mod graph;
+pub mod help;
 #[cfg(target_arch = "wasm32")]
 mod page;
 pub mod protocol;

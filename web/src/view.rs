@@ -2,6 +2,7 @@
 //! only rearrange Kiln's data (rows, bars, layers); every fact — decisions,
 //! reasons, lifetimes, byte counts — is Kiln's own.
 
+use crate::report::CallTiming;
 use kiln::{CacheInfo, Refusal, Report};
 use serde::{Deserialize, Serialize};
 
@@ -87,6 +88,8 @@ pub struct TimelineBar {
     pub value: usize,
     /// Its op.
     pub op: String,
+    /// Its shape and dtype.
+    pub aval: String,
     /// The step defining it.
     pub def: usize,
     /// The last step reading it.
@@ -113,6 +116,7 @@ pub fn timeline(report: &Report) -> Timeline {
                     TimelineBar {
                         value: v.value,
                         op: node.map(|n| n.op.clone()).unwrap_or_default(),
+                        aval: node.map(|n| n.aval.clone()).unwrap_or_default(),
                         def: v.def,
                         last: v.last,
                         in_place: node
@@ -130,6 +134,103 @@ pub fn timeline(report: &Report) -> Timeline {
         lower_bound_bytes: plan.memory.lower_bound_bytes,
         no_reuse_bytes: plan.memory.no_reuse_bytes,
     }
+}
+
+impl TimelineBar {
+    /// The bar's tooltip: `%5 exp · f32[64,64] · steps 3–7 · slot 2 of 16
+    /// KiB`, with `, in place` when it continues its operand's slot. The
+    /// size is the slot's, as the plan gives it.
+    pub fn tooltip(&self, slot: usize, slot_bytes: usize) -> String {
+        let in_place = if self.in_place { ", in place" } else { "" };
+        format!(
+            "%{} {} · {} · steps {}–{} · slot {slot} of {}{in_place}",
+            self.value,
+            self.op,
+            self.aval,
+            self.def,
+            self.last,
+            human_bytes(slot_bytes)
+        )
+    }
+}
+
+impl Timeline {
+    /// The steps the axis labels: 0, the last step, and round steps
+    /// between, at most about `most` of them, so a long schedule keeps a
+    /// readable axis.
+    pub fn axis_ticks(&self, most: usize) -> Vec<usize> {
+        let last = self.steps.saturating_sub(1);
+        let wanted = last / most.max(1) + 1;
+        // The first of 1, 2, 5, 10, 20, 50, … at least `wanted` (a
+        // saturated base is at least anything, so the loop ends).
+        let mut base = 1usize;
+        let stride = loop {
+            let candidates = [base, base.saturating_mul(2), base.saturating_mul(5)];
+            if let Some(&stride) = candidates.iter().find(|&&s| s >= wanted) {
+                break stride;
+            }
+            base = base.saturating_mul(10);
+        };
+        let mut ticks: Vec<usize> = (0..=last).step_by(stride).collect();
+        if ticks.last() != Some(&last) {
+            // A round tick too close to the last step would overlap it.
+            if ticks.len() > 1 && last - ticks[ticks.len() - 1] < stride / 2 {
+                ticks.pop();
+            }
+            ticks.push(last);
+        }
+        ticks
+    }
+}
+
+/// Bytes for people: `512 B`, `16 KiB`, `1.5 MiB`, `2 GiB` (one decimal
+/// where it is not whole).
+pub fn human_bytes(bytes: usize) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    let rounded = (value * 10.0).round() / 10.0;
+    if rounded.fract() == 0.0 {
+        format!("{rounded:.0} {}", UNITS[unit])
+    } else {
+        format!("{rounded:.1} {}", UNITS[unit])
+    }
+}
+
+/// A function's calls in one line, however many there are: `200 calls:
+/// 1 traced, 199 cached · first 3.1 ms (traced) · last 0.05 ms (cached)`.
+/// The page shows every call only when asked (a script calling a function
+/// in a loop would otherwise push every view down by a line per call).
+pub fn calls_summary(calls: &[CallTiming]) -> String {
+    let describe = |c: &CallTiming| {
+        let kind = if c.traced { "traced" } else { "cached" };
+        format!("{} ms ({kind})", round_ms(c.ms))
+    };
+    let traced = calls.iter().filter(|c| c.traced).count();
+    let counts = format!(
+        "{} call{}: {traced} traced, {} cached",
+        calls.len(),
+        if calls.len() == 1 { "" } else { "s" },
+        calls.len() - traced
+    );
+    match calls {
+        [] => "no calls".to_string(),
+        [only] => format!("{counts} · {}", describe(only)),
+        [first, .., last] => format!(
+            "{counts} · first {} · last {}",
+            describe(first),
+            describe(last)
+        ),
+    }
+}
+
+/// Milliseconds to two decimals, as the page prints times.
+pub fn round_ms(ms: f64) -> f64 {
+    (ms * 100.0).round() / 100.0
 }
 
 /// The cache view's lines for each miss: `call 3: static/aux differs at
@@ -318,6 +419,69 @@ mod tests {
         let leaves = entry_leaves(&shapeless);
         assert_eq!(leaves.len(), 1 + shapeless.symbols.len(), "{leaves:?}");
         assert!(leaves[0].starts_with("args[0]: f32[s"), "{leaves:?}");
+    }
+
+    #[test]
+    fn a_bars_tooltip_names_value_op_aval_and_size() {
+        let report = first_report(MLP.script);
+        let t = timeline(&report);
+        let row = &t.rows[0];
+        let bar = &row.bars[0];
+        let tip = bar.tooltip(row.slot, row.bytes);
+        let node = &report.nodes[bar.value];
+        assert!(
+            tip.starts_with(&format!(
+                "%{} {} · {} · steps ",
+                node.id, node.op, node.aval
+            )),
+            "{tip}"
+        );
+        assert!(tip.contains(&human_bytes(row.bytes)), "{tip}");
+    }
+
+    #[test]
+    fn human_bytes_picks_the_unit_and_keeps_one_decimal() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(16 * 1024), "16 KiB");
+        assert_eq!(human_bytes(1536 * 1024), "1.5 MiB");
+        assert_eq!(human_bytes(3 << 30), "3 GiB");
+    }
+
+    #[test]
+    fn axis_ticks_are_round_and_end_at_the_last_step() {
+        let ticks = |steps| {
+            Timeline {
+                steps,
+                rows: Vec::new(),
+                peak_bytes: 0,
+                lower_bound_bytes: 0,
+                no_reuse_bytes: 0,
+            }
+            .axis_ticks(10)
+        };
+        assert_eq!(ticks(5), vec![0, 1, 2, 3, 4]);
+        assert_eq!(
+            ticks(200),
+            vec![0, 20, 40, 60, 80, 100, 120, 140, 160, 180, 199]
+        );
+        assert_eq!(ticks(42), vec![0, 5, 10, 15, 20, 25, 30, 35, 41]);
+        assert_eq!(ticks(1), vec![0]);
+    }
+
+    #[test]
+    fn calls_are_summarized_by_count_first_and_last() {
+        let call = |traced, ms| CallTiming { traced, ms };
+        let mut calls = vec![call(true, 4.56789)];
+        calls.extend((0..199).map(|_| call(false, 0.05)));
+        assert_eq!(
+            calls_summary(&calls),
+            "200 calls: 1 traced, 199 cached · first 4.57 ms (traced) · last 0.05 ms (cached)"
+        );
+        assert_eq!(
+            calls_summary(&calls[..1]),
+            "1 call: 1 traced, 0 cached · 4.57 ms (traced)"
+        );
+        assert_eq!(calls_summary(&[]), "no calls");
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod ci;
 mod cpu_wasm;
 mod cross;
 mod process;
+mod stamp;
 mod web;
 
 use std::process::ExitCode;

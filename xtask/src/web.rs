@@ -4,11 +4,14 @@
 //! target (see [`wasm`]), the `wasm-bindgen` CLI at the crate's pinned
 //! version, and npm's `binaryen` (for `wasm-opt`) and `esbuild` (which
 //! bundles the page's script with CodeMirror and dagre) from `web/tools`'
-//! lockfile.
+//! lockfile. Each step after cargo's (wasm-bindgen, wasm-opt, esbuild)
+//! runs only when its inputs changed (see [`stamp`]): on an unchanged tree
+//! the site is ready in seconds.
 
 use crate::apt;
 use crate::cross::{self as wasm, Route};
 use crate::process::{self, target_dir, workspace_root};
+use crate::stamp::{self, Fingerprint};
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -198,7 +201,19 @@ pub fn browser_script(
     Ok((tools, script, port))
 }
 
-/// Builds the site into `target/web/` and returns that directory.
+/// wasm-bindgen's arguments before the output directory.
+const BINDGEN_ARGS: &[&str] = &[
+    "--target",
+    "web",
+    "--no-typescript",
+    "--remove-name-section",
+    "--remove-producers-section",
+];
+
+/// Builds the site into `target/web/` and returns that directory. The
+/// steps' outputs are kept in `target/web-stage/`, each with a stamp of its
+/// inputs (module → wasm-bindgen → wasm-opt; the page's scripts →
+/// esbuild), and a step whose inputs did not change is skipped.
 pub fn build() -> Result<PathBuf, String> {
     let root = wasm::cargo_build(Route::Auto, &["-p", "kiln-web", "--profile", PROFILE])?;
     let module = wasm::artifacts(&root, PROFILE).join("kiln_web.wasm");
@@ -208,38 +223,73 @@ pub fn build() -> Result<PathBuf, String> {
             module.display()
         ));
     }
+    let stage = target_dir().join("web-stage");
+    let bound_dir = stage.join("bindgen");
+    let (bound, glue) = (
+        bound_dir.join("kiln_web_bg.wasm"),
+        bound_dir.join("kiln_web.js"),
+    );
+    fs::create_dir_all(&bound_dir)
+        .map_err(|e| format!("cannot create {}: {e}", bound_dir.display()))?;
+    let bindgen = ensure_wasm_bindgen()?;
+    let inputs = Fingerprint::of("wasm-bindgen")
+        .with_text(WASM_BINDGEN_VERSION)
+        .with_text(&BINDGEN_ARGS.join(" "))
+        .with_file(&module)?;
+    let outputs = [bound.clone(), glue.clone()];
+    stamp::unless_fresh(
+        "wasm-bindgen",
+        &stage.join("bindgen.stamp"),
+        &inputs,
+        &outputs,
+        || {
+            process::run(
+                Command::new(&bindgen)
+                    .args(BINDGEN_ARGS)
+                    .arg("--out-dir")
+                    .arg(&bound_dir)
+                    .arg(&module),
+            )
+        },
+    )?;
+    let shrunk = stage.join("kiln_web_bg.wasm");
+    let tools = ensure_npm_tools()?;
+    let inputs = Fingerprint::of("wasm-opt")
+        .with_text(&WASM_OPT_ARGS.join(" "))
+        .with_text(&WASM_FEATURES.join(" "))
+        .with_file(&tools.join(INSTALLED_LOCK))?
+        .with_file(&bound)?;
+    stamp::unless_fresh(
+        "wasm-opt",
+        &stage.join("wasm-opt.stamp"),
+        &inputs,
+        std::slice::from_ref(&shrunk),
+        || shrink(&tools, &bound, &shrunk),
+    )?;
+    let bundles = bundle_views(&tools, &stage)?;
+    // The site itself is assembled afresh from the staged outputs: copies
+    // of a few megabytes, so a file removed from the page never lingers.
     let site = target_dir().join("web");
     if site.exists() {
         fs::remove_dir_all(&site).map_err(|e| format!("cannot clear {}: {e}", site.display()))?;
     }
     fs::create_dir_all(&site).map_err(|e| format!("cannot create {}: {e}", site.display()))?;
-    let bindgen = ensure_wasm_bindgen()?;
-    process::run(
-        Command::new(bindgen)
-            .args([
-                "--target",
-                "web",
-                "--no-typescript",
-                "--remove-name-section",
-                "--remove-producers-section",
-                "--out-dir",
-            ])
-            .arg(&site)
-            .arg(&module),
-    )?;
-    let bound = site.join("kiln_web_bg.wasm");
-    shrink(&bound)?;
     let sources = workspace_root().join("web").join("static");
-    for name in STATIC_FILES {
-        fs::copy(sources.join(name), site.join(name))
-            .map_err(|e| format!("cannot copy web/static/{name}: {e}"))?;
+    let copies = [shrunk, glue]
+        .into_iter()
+        .chain(bundles)
+        .chain(STATIC_FILES.iter().map(|name| sources.join(name)));
+    for from in copies {
+        let name = from.file_name().ok_or("a staged file has no name")?;
+        fs::copy(&from, site.join(name))
+            .map_err(|e| format!("cannot copy {}: {e}", from.display()))?;
     }
-    bundle_views(&site)?;
-    let raw = fs::metadata(&bound).map(|m| m.len()).unwrap_or(0);
+    let wasm = site.join("kiln_web_bg.wasm");
+    let raw = fs::metadata(&wasm).map(|m| m.len()).unwrap_or(0);
     eprintln!(
         "  built {}: kiln_web_bg.wasm {raw} bytes, {} gzipped",
         site.display(),
-        gzip_size(&bound).map_or_else(|| "?".to_string(), |n| format!("{n} bytes"))
+        gzip_size(&wasm).map_or_else(|| "?".to_string(), |n| format!("{n} bytes"))
     );
     Ok(site)
 }
@@ -247,35 +297,56 @@ pub fn build() -> Result<PathBuf, String> {
 /// Bundles the page's scripts with the npm packages they import, minified,
 /// with npm's esbuild: `web/js/views.js` (CodeMirror, pan and zoom) into
 /// `views.js`, and `web/js/layout-worker.js` (dagre) into `layout.js`, the
-/// graph layout's worker.
-fn bundle_views(site: &Path) -> Result<(), String> {
-    let tools = ensure_npm_tools()?;
+/// graph layout's worker. Both go to `stage`, rebuilt only when a script of
+/// `web/js/` or the installed packages changed; returns their paths.
+fn bundle_views(tools: &Path, stage: &Path) -> Result<Vec<PathBuf>, String> {
     let esbuild = tools.join("node_modules").join(".bin").join("esbuild");
     let sources = workspace_root().join("web").join("js");
-    for (entry, output, global) in [
-        ("views.js", "views.js", Some("kilnViews")),
-        ("layout-worker.js", "layout.js", None),
-    ] {
-        let mut command = Command::new(&esbuild);
-        command.arg(sources.join(entry)).args([
-            "--bundle",
-            "--format=iife",
-            "--minify",
-            "--legal-comments=none",
-            "--log-level=warning",
-        ]);
-        if let Some(global) = global {
-            command.arg(format!("--global-name={global}"));
-        }
-        process::run(
-            command
-                .arg(format!("--outfile={}", site.join(output).display()))
-                // The entries live in the source tree, their packages in
-                // the tools' install directory.
-                .env("NODE_PATH", tools.join("node_modules")),
-        )?;
+    let mut scripts: Vec<PathBuf> = fs::read_dir(&sources)
+        .map_err(|e| format!("cannot list {}: {e}", sources.display()))?
+        .map(|entry| entry.map(|e| e.path()).map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    // A fingerprint must not depend on the directory's listing order.
+    scripts.sort();
+    let mut inputs = Fingerprint::of("esbuild").with_file(&tools.join(INSTALLED_LOCK))?;
+    for script in &scripts {
+        inputs = inputs.with_file(script)?;
     }
-    Ok(())
+    let bundles = [
+        ("views.js", stage.join("views.js"), Some("kilnViews")),
+        ("layout-worker.js", stage.join("layout.js"), None),
+    ];
+    let outputs: Vec<PathBuf> = bundles.iter().map(|(_, out, _)| out.clone()).collect();
+    stamp::unless_fresh(
+        "esbuild",
+        &stage.join("esbuild.stamp"),
+        &inputs,
+        &outputs,
+        || {
+            for (entry, output, global) in &bundles {
+                let mut command = Command::new(&esbuild);
+                command.arg(sources.join(entry)).args([
+                    "--bundle",
+                    "--format=iife",
+                    "--minify",
+                    "--legal-comments=none",
+                    "--log-level=warning",
+                ]);
+                if let Some(global) = global {
+                    command.arg(format!("--global-name={global}"));
+                }
+                process::run(
+                    command
+                        .arg(format!("--outfile={}", output.display()))
+                        // The entries live in the source tree, their
+                        // packages in the tools' install directory.
+                        .env("NODE_PATH", tools.join("node_modules")),
+                )?;
+            }
+            Ok(())
+        },
+    )?;
+    Ok(outputs)
 }
 
 /// The `wasm-bindgen` CLI at [`WASM_BINDGEN_VERSION`], installed with
@@ -304,6 +375,10 @@ fn cargo_home() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".cargo"))
 }
 
+/// The copy of `web/tools/package-lock.json` that says which packages
+/// `target/web-tools/` holds.
+const INSTALLED_LOCK: &str = "installed-lock.json";
+
 /// Installs `web/tools`' npm packages (binaryen, playwright-core) into
 /// `target/web-tools/` from the committed lockfile, unless that lockfile
 /// is already installed there; returns the install directory.
@@ -312,7 +387,7 @@ fn ensure_npm_tools() -> Result<PathBuf, String> {
     let tools = target_dir().join("web-tools");
     let lock = fs::read(sources.join("package-lock.json"))
         .map_err(|e| format!("cannot read web/tools/package-lock.json: {e}"))?;
-    let stamp = tools.join("installed-lock.json");
+    let stamp = tools.join(INSTALLED_LOCK);
     if fs::read(&stamp).is_ok_and(|installed| installed == lock) {
         return Ok(tools);
     }
@@ -344,20 +419,22 @@ const WASM_FEATURES: &[&str] = &[
     "--enable-simd",
 ];
 
-/// Shrinks the module in place with binaryen's `wasm-opt` (npm's: Debian's
-/// version 108 produces modules that break the page). `-O2` takes about a
-/// minute on 2 cores and saves about 8% of the raw bytes; `-Oz` takes
-/// several times longer.
-fn shrink(module: &Path) -> Result<(), String> {
-    let tools = ensure_npm_tools()?;
+/// wasm-opt's optimization arguments.
+const WASM_OPT_ARGS: &[&str] = &["-O2", "--strip-debug", "--strip-producers"];
+
+/// Shrinks `module` into `output` with binaryen's `wasm-opt` from `tools`
+/// (npm's: Debian's version 108 produces modules that break the page).
+/// `-O2` takes about a minute on 2 cores and saves about 8% of the raw
+/// bytes; `-Oz` takes several times longer.
+fn shrink(tools: &Path, module: &Path, output: &Path) -> Result<(), String> {
     let wasm_opt = tools.join("node_modules").join(".bin").join("wasm-opt");
     process::run(
         Command::new(wasm_opt)
             .arg(module)
-            .args(["-O2", "--strip-debug", "--strip-producers"])
+            .args(WASM_OPT_ARGS)
             .args(WASM_FEATURES)
             .arg("-o")
-            .arg(module),
+            .arg(output),
     )
 }
 

@@ -5,13 +5,37 @@
 //! [`crate::graph`]; this module only wires them to the DOM.
 
 use super::views::{box_at, fit_graph, focus_graph, layout_graph, mark_only};
-use crate::graph::{details, graph_model, render_svg, search, GraphLayout, GraphMode, GraphModel};
+use crate::graph::{
+    cluster_details, details, graph_model, render_svg, search, GraphLayout, GraphMode, GraphModel,
+};
 use crate::view::{EntryScope, Selection};
 use kiln::Report;
 use leptos::prelude::*;
 use serde::Serialize;
 use std::rc::Rc;
 use std::sync::Arc;
+use wasm_bindgen::JsCast;
+
+/// What the details panel beside the canvas shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Detail {
+    /// A box, by index.
+    Box(usize),
+    /// A fused group's frame, by cluster index.
+    Group(usize),
+}
+
+/// The `data-cluster` index of the fused group whose frame an event
+/// happened on (a member box is a box, not its group).
+fn group_at(event: &web_sys::Event) -> Option<usize> {
+    let target: web_sys::Element = event.target()?.dyn_into().ok()?;
+    target
+        .closest("[data-cluster]")
+        .ok()??
+        .get_attribute("data-cluster")?
+        .parse()
+        .ok()
+}
 
 /// What `layoutGraph` takes.
 #[derive(Serialize)]
@@ -82,7 +106,7 @@ pub fn graph_view(
 ) -> impl IntoView {
     let mode = RwSignal::new(GraphMode::Optimized);
     let query = RwSignal::new(String::new());
-    let detail = RwSignal::new(None::<usize>);
+    let detail = RwSignal::new(None::<Detail>);
     let matches = RwSignal::new(Vec::<usize>::new());
     let next_match = RwSignal::new(0usize);
     let laid_out = RwSignal::new(String::new());
@@ -165,11 +189,17 @@ pub fn graph_view(
     });
     let on_click = move |ev: leptos::ev::MouseEvent| {
         let index = box_at(&ev);
-        if let Ok(index) = usize::try_from(index) {
-            detail.set(Some(index));
-            if let Some(node) = model.with_value(|m| m.boxes.get(index).and_then(|b| b.node)) {
-                selected.set(Some((scope, Selection::Node(node))));
-            }
+        let node = if let Ok(index) = usize::try_from(index) {
+            detail.set(Some(Detail::Box(index)));
+            model.with_value(|m| m.boxes.get(index).and_then(|b| b.node))
+        } else if let Some(group) = group_at(&ev) {
+            detail.set(Some(Detail::Group(group)));
+            model.with_value(|m| m.clusters.get(group).map(|c| c.node))
+        } else {
+            None
+        };
+        if let Some(node) = node {
+            selected.set(Some((scope, Selection::Node(node))));
         }
     };
     let focus_next = move |_| {
@@ -186,7 +216,7 @@ pub fn graph_view(
         ) {
             focus_graph(&svg, x, y);
         }
-        detail.set(Some(index));
+        detail.set(Some(Detail::Box(index)));
     };
     let fit = move |_| {
         if let Some(svg) = svg.get_untracked() {
@@ -200,11 +230,30 @@ pub fn graph_view(
         report.traced_nodes
     );
     let panel = move || {
-        let index = detail.get()?;
-        let rows = model.with_value(|m| details(&report, m, index));
-        let line =
-            model.with_value(|m| m.boxes.get(index).and_then(|b| b.location).map(|l| l.line));
-        Some(view! {
+        let Some(shown) = detail.get() else {
+            return view! {
+                <p id="graph-hint" class="meta">
+                    "Click a box for its op, aval, home, reinplace decision and script line; \
+                     click a fused group's frame for the group."
+                </p>
+            }
+            .into_any();
+        };
+        let (rows, line) = model.with_value(|m| match shown {
+            Detail::Box(index) => (
+                details(&report, m, index),
+                m.boxes.get(index).and_then(|b| b.location).map(|l| l.line),
+            ),
+            Detail::Group(group) => (
+                cluster_details(&report, m, group),
+                m.clusters
+                    .get(group)
+                    .and_then(|c| report.nodes.get(c.node))
+                    .and_then(|n| n.location)
+                    .map(|l| l.line),
+            ),
+        });
+        view! {
             <table id="graph-details">
                 {rows
                     .into_iter()
@@ -223,7 +272,8 @@ pub fn graph_view(
                     })
                     .collect_view()}
             </table>
-        })
+        }
+        .into_any()
     };
     view! {
         <div class="view graph">
@@ -244,15 +294,17 @@ pub fn graph_view(
                 <button id="graph-fit" on:click=fit>"Fit"</button>
                 <span id="graph-layout" class="meta">{move || laid_out.get()}</span>
             </div>
-            <svg class="graph-canvas" node_ref=svg on:click=on_click>
-                <defs>
-                    <marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="7" markerHeight="7" orient="auto">
-                        <path d="M0 0 L8 4 L0 8 z"></path>
-                    </marker>
-                </defs>
-                <g class="viewport" node_ref=viewport></g>
-            </svg>
-            {panel}
+            <div class="graph-body">
+                <svg class="graph-canvas" node_ref=svg on:click=on_click>
+                    <defs>
+                        <marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="7" markerHeight="7" orient="auto">
+                            <path d="M0 0 L8 4 L0 8 z"></path>
+                        </marker>
+                    </defs>
+                    <g class="viewport" node_ref=viewport></g>
+                </svg>
+                <aside class="graph-side">{panel}</aside>
+            </div>
         </div>
     }
 }

@@ -6,10 +6,14 @@ use super::editor::{editor_view, EditorHandle};
 use super::graph::graph_view;
 use crate::backend::{BackendChoice, BackendStatus};
 use crate::examples::{Example, EXAMPLES};
+use crate::help::{code_spans, filter_help, help_sections, HelpSection, SCRIPT_API, SHORTCUTS};
 use crate::protocol::{Request, Response};
 use crate::report::{Comparison, FunctionReport, RunReport, ScriptError, Verification};
 use crate::share::{encode_fragment, export_report, import_report, program_in_link};
-use crate::view::{entry_leaves, miss_lines, reinplace_rows, timeline, EntryScope, Selection};
+use crate::view::{
+    calls_summary, entry_leaves, human_bytes, miss_lines, reinplace_rows, round_ms, timeline,
+    EntryScope, Selection,
+};
 use kiln::Report;
 use leptos::prelude::*;
 use serde::Serialize;
@@ -84,6 +88,8 @@ struct Page {
     /// The error of a run started by a pause in typing: held back (the
     /// views keep the last report) until an explicit run shows it.
     held: RwSignal<Option<ScriptError>>,
+    /// Whether the help panel is open.
+    help: RwSignal<bool>,
     editor: EditorHandle,
 }
 
@@ -425,6 +431,7 @@ fn App() -> impl IntoView {
         edits: RwSignal::new(0),
         auto_request: RwSignal::new(0),
         held: RwSignal::new(None),
+        help: RwSignal::new(false),
         editor: EditorHandle::new(),
     };
     page.spawn_worker();
@@ -482,6 +489,10 @@ fn App() -> impl IntoView {
                 />
                 " run after a pause"
             </label>
+            <button id="help-toggle" aria-expanded=move || page.help.get().to_string()
+                on:click=move |_| page.help.update(|open| *open = !*open)>
+                "Help"
+            </button>
             <label class="import">
                 "Open report "
                 <input
@@ -513,10 +524,10 @@ fn App() -> impl IntoView {
                         .collect_view()}
                 </nav>
                 <p id="explanation">{explanation}</p>
-                <p id="help" class="meta">
-                    "Run or Ctrl+Enter runs the script and shows any error. With \u{201c}run after a \
-                     pause\u{201d} on, an edit also runs it once typing pauses; the error of such \
-                     a run is held back (the views keep the last good run) until you run it."
+                <p id="how-to" class="meta">
+                    "Pick an example or write a script; Run (Ctrl+Enter) shows what Kiln did: \
+                     outputs, cache, graph, reinplace decisions, memory. Click anything in a view \
+                     to select it everywhere; Help lists every script function."
                 </p>
                 {editor_view(page.editor, page.script, move || page.edited(), move || page.run())}
                 {move || page.held.get().map(|e| view! {
@@ -539,7 +550,90 @@ fn App() -> impl IntoView {
                 </div>
             </section>
         </main>
+        {move || page.help.get().then(|| help_panel(page))}
     }
+}
+
+/// The help panel: how the page works, the keyboard shortcuts, and the
+/// script API reference (`docs/script-api.md`, embedded at build time)
+/// filtered by a search box.
+fn help_panel(page: Page) -> impl IntoView {
+    let sections = help_sections(SCRIPT_API);
+    let query = RwSignal::new(String::new());
+    let shown = move || filter_help(&sections, &query.get());
+    view! {
+        <aside id="help-panel" role="dialog" aria-label="Help"
+            on:keydown=move |ev| if ev.key() == "Escape" { page.help.set(false) }>
+            <div class="help-head">
+                <h2>"Help"</h2>
+                <button id="help-close" title="Close (Esc)" on:click=move |_| page.help.set(false)>"×"</button>
+            </div>
+            <h3>"How to use"</h3>
+            <p>
+                "Run or Ctrl+Enter runs the script and shows any error. With \u{201c}run after a \
+                 pause\u{201d} on, an edit also runs it once typing pauses; the error of such \
+                 a run is held back (the views keep the last good run) until you run it. \
+                 Each compiled function shows its calls, its cache (click an entry to show \
+                 its views), the graph (click a box or a fused group for its details), the \
+                 reinplace decisions and the slot timeline (hover a bar for its value)."
+            </p>
+            <h3>"Keyboard and pointer"</h3>
+            <table id="help-shortcuts">
+                {SHORTCUTS
+                    .iter()
+                    .map(|(keys, what)| view! { <tr><th><kbd>{*keys}</kbd></th><td>{*what}</td></tr> })
+                    .collect_view()}
+            </table>
+            <h3>"Script API"</h3>
+            <input id="help-search" type="search" placeholder="search functions, methods, operators"
+                prop:value=move || query.get()
+                on:input=move |ev| query.set(event_target_value(&ev))/>
+            <div id="help-sections">
+                {move || {
+                    let found = shown();
+                    if found.is_empty() {
+                        return view! { <p class="meta">"nothing found"</p> }.into_any();
+                    }
+                    found.into_iter().map(help_section).collect_view().into_any()
+                }}
+            </div>
+        </aside>
+    }
+}
+
+fn help_section(section: HelpSection) -> impl IntoView {
+    view! {
+        <section class="help-section">
+            <h4>{section.title}</h4>
+            {section.text.iter().map(|t| view! { <p>{markdown_code(t)}</p> }).collect_view()}
+            <ul>
+                {section
+                    .entries
+                    .into_iter()
+                    .map(|e| view! {
+                        <li class="help-entry" data-name=e.name.clone()>
+                            <code class="name">{e.name.clone()}</code>": "{markdown_code(&e.text)}
+                        </li>
+                    })
+                    .collect_view()}
+            </ul>
+        </section>
+    }
+}
+
+/// Markdown text with its code spans set in `<code>`.
+fn markdown_code(text: &str) -> impl IntoView {
+    code_spans(text)
+        .into_iter()
+        .map(|(code, part)| {
+            let part = part.to_string();
+            if code {
+                view! { <code>{part}</code> }.into_any()
+            } else {
+                part.into_any()
+            }
+        })
+        .collect_view()
 }
 
 /// The header's backend: what runs, the adapter, and the switch.
@@ -591,7 +685,7 @@ fn report_view(page: Page, report: RunReport) -> impl IntoView {
             <p class="meta">
                 {format!(
                     "{} ms on {}",
-                    round(report.total_ms),
+                    round_ms(report.total_ms),
                     BackendChoice::of_backend(&report.backend)
                         .map_or(report.backend.as_str(), |c| c.label()),
                 )}
@@ -614,20 +708,25 @@ fn report_view(page: Page, report: RunReport) -> impl IntoView {
     }
 }
 
-fn round(ms: f64) -> f64 {
-    (ms * 100.0).round() / 100.0
-}
-
 fn function_view(page: Page, function: FunctionReport) -> impl IntoView {
-    let calls: Vec<String> = function
-        .calls
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let kind = if c.traced { "traced" } else { "cached" };
-            format!("call {}: {} ms ({kind})", i + 1, round(c.ms))
+    let summary = calls_summary(&function.calls);
+    // Every call, drawn only once the list is opened: a loop of thousands
+    // of calls costs nothing until asked for.
+    let all_calls = function.calls.clone();
+    let calls_open = RwSignal::new(false);
+    let calls = move || {
+        calls_open.get().then(|| {
+            all_calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let kind = if c.traced { "traced" } else { "cached" };
+                    let text = format!("call {}: {} ms ({kind})", i + 1, round_ms(c.ms));
+                    view! { <li>{text}</li> }
+                })
+                .collect_view()
         })
-        .collect();
+    };
     // The entry whose views are shown: the latest, or the one picked in
     // the cache view.
     let reports = function.cache.reports.clone();
@@ -645,13 +744,22 @@ fn function_view(page: Page, function: FunctionReport) -> impl IntoView {
                     function.donate.join(", "),
                 )}
             </p>
-            <ul class="calls">{calls.into_iter().map(|c| view! { <li>{c}</li> }).collect_view()}</ul>
-            {cache_view(&function, shown)}
-            {move || {
-                let report = (**reports.get(shown.get()?)?).clone();
-                let scope = EntryScope { line, entry: report.entry };
-                Some(entry_views(page, scope, report))
-            }}
+            // `open` follows the signal: the page patches the last run's
+            // elements in place, and a list the user opened there must
+            // not stay open (and empty) for the next run's function.
+            <details class="calls" prop:open=move || calls_open.get()
+                on:toggle=move |ev| calls_open.set(event_target::<web_sys::HtmlDetailsElement>(&ev).open())>
+                <summary class="calls-summary">{summary}</summary>
+                <ol class="calls">{calls}</ol>
+            </details>
+            <div class="dashboard">
+                {cache_view(&function, shown)}
+                {move || {
+                    let report = (**reports.get(shown.get()?)?).clone();
+                    let scope = EntryScope { line, entry: report.entry };
+                    Some(entry_views(page, scope, report))
+                }}
+            </div>
         </div>
     }
 }
@@ -777,65 +885,98 @@ fn reinplace_view(page: Page, scope: EntryScope, report: &Arc<Report>) -> impl I
     }
 }
 
-/// Pixels per schedule step and per slot row in the timeline.
-const STEP_W: usize = 28;
+/// Pixels per slot row of the timeline (the steps share the box's width).
 const ROW_H: usize = 22;
+/// The most step numbers the timeline's axis prints.
+const AXIS_TICKS: usize = 10;
 
+/// The slot timeline, fitted to its box: slot labels in a column of their
+/// own, the bars in an SVG whose x axis is the schedule scaled to the
+/// width left (one unit per step), a step axis under it, a legend, and a
+/// tooltip per bar.
 fn memory_view(page: Page, scope: EntryScope, report: &Arc<Report>) -> impl IntoView {
     let t = timeline(report);
     let marked = highlighted(page, scope, report);
-    let width = (t.steps + 1) * STEP_W + 80;
-    let height = t.rows.len() * ROW_H + 10;
+    let steps = t.steps.max(1);
+    let height = t.rows.len() * ROW_H;
+    let ticks = t.axis_ticks(AXIS_TICKS);
+    let labels: Vec<(usize, usize)> = t.rows.iter().map(|r| (r.slot, r.bytes)).collect();
     view! {
         <div class="view memory">
             <h3>"Memory"</h3>
             <p class="figures">
-                <span class="peak">{format!("peak {} B", t.peak_bytes)}</span>
+                <span class="peak" title=human_bytes(t.peak_bytes)>{format!("peak {} B", t.peak_bytes)}</span>
                 " · "
-                <span class="lower-bound">{format!("lower bound {} B", t.lower_bound_bytes)}</span>
+                <span class="lower-bound" title=human_bytes(t.lower_bound_bytes)>{format!("lower bound {} B", t.lower_bound_bytes)}</span>
                 " · "
-                <span class="no-reuse">{format!("no reuse {} B", t.no_reuse_bytes)}</span>
+                <span class="no-reuse" title=human_bytes(t.no_reuse_bytes)>{format!("no reuse {} B", t.no_reuse_bytes)}</span>
             </p>
-            <svg width=width height=height>
-                {t
-                    .rows
-                    .into_iter()
-                    .enumerate()
-                    .map(|(row, slot)| {
-                        let y = row * ROW_H + 5;
-                        let index = slot.slot;
-                        view! {
-                            <text x=0 y=y + 15 class="slot-label" data-slot=index
+            <p class="legend">
+                <span class="swatch value"></span>" a value, from the step defining it to its last read "
+                <span class="swatch in-place"></span>" written in place (continues its operand's slot) "
+                <span class="swatch selected"></span>" selected"
+            </p>
+            <div class="timeline">
+                <div class="slot-labels">
+                    {labels
+                        .into_iter()
+                        .map(|(index, bytes)| view! {
+                            <div class="slot-label" data-slot=index title=format!("{bytes} B")
                                 class:selected=move || marked.with(|(_, s)| *s == Some(index))
                                 on:click=move |_| page.selected.set(Some((scope, Selection::Slot(index))))>
-                                {format!("slot {} ({} B)", slot.slot, slot.bytes)}
-                            </text>
-                            {slot
-                                .bars
-                                .into_iter()
-                                .map(|b| {
-                                    let x = 80 + b.def * STEP_W;
-                                    let w = (b.last.saturating_sub(b.def) + 1) * STEP_W - 2;
-                                    let value = b.value;
-                                    view! {
-                                        <rect
-                                            class="bar"
-                                            class:in-place=b.in_place
-                                            class:selected=move || marked.with(|(nodes, _)| nodes.contains(&value))
-                                            data-value=value
-                                            data-slot=index
-                                            x=x y=y width=w height=ROW_H - 4
-                                            on:click=move |_| page.selected.set(Some((scope, Selection::Node(value))))
-                                        >
-                                            <title>{format!("%{} {} [{}, {}]", b.value, b.op, b.def, b.last)}</title>
-                                        </rect>
-                                    }
-                                })
-                                .collect_view()}
-                        }
-                    })
-                    .collect_view()}
-            </svg>
+                                {format!("slot {index} · {}", human_bytes(bytes))}
+                            </div>
+                        })
+                        .collect_view()}
+                </div>
+                <div class="lanes">
+                    <svg class="bars" width="100%" height=height viewBox=format!("0 0 {steps} {height}")
+                        preserveAspectRatio="none">
+                        {t
+                            .rows
+                            .into_iter()
+                            .enumerate()
+                            .map(|(row, slot)| {
+                                let y = row * ROW_H + 3;
+                                let index = slot.slot;
+                                slot.bars
+                                    .into_iter()
+                                    .map(|b| {
+                                        let tip = b.tooltip(index, slot.bytes);
+                                        let value = b.value;
+                                        // A gap of a tenth of a step keeps
+                                        // neighbouring lifetimes apart.
+                                        let width = (b.last.saturating_sub(b.def) + 1) as f64 - 0.1;
+                                        view! {
+                                            <rect
+                                                class="bar"
+                                                class:in-place=b.in_place
+                                                class:selected=move || marked.with(|(nodes, _)| nodes.contains(&value))
+                                                data-value=value
+                                                data-slot=index
+                                                x=b.def y=y width=width height=ROW_H - 6
+                                                on:click=move |_| page.selected.set(Some((scope, Selection::Node(value))))
+                                            >
+                                                <title>{tip}</title>
+                                            </rect>
+                                        }
+                                    })
+                                    .collect_view()
+                            })
+                            .collect_view()}
+                    </svg>
+                    <div class="axis">
+                        {ticks
+                            .into_iter()
+                            .map(|step| {
+                                let left = (step as f64 + 0.5) / steps as f64 * 100.0;
+                                view! { <span class="tick" style=format!("left: {left:.3}%")>{step}</span> }
+                            })
+                            .collect_view()}
+                    </div>
+                    <p class="axis-title">"schedule step"</p>
+                </div>
+            </div>
         </div>
     }
 }

@@ -143,7 +143,7 @@ fn reference() -> String {
          class, `Compiled` a compiled function (Rhai records the `nn::` module's functions \
          without types: they take and give `ndarray`s, with `i64` axes and `f64` epsilons). \
          Calls that may fail raise a script error naming the problem and the script line. \
-         The README's table says what each does.\n",
+         The table in docs/playground.md says what each does.\n",
     );
     for (section, functions) in sections {
         let title = section.split_once(". ").map_or(section, |(_, t)| t);
