@@ -342,6 +342,7 @@ if (mode === "webgpu") {
     ["custom-node", "tanh (a miss: act differs)"], ["shapeless", "n = 9"], ["read-later", "out"],
     ["mlp", "row sums"], ["donation", "params"], ["gradient", "loss after 40 steps"],
     ["custom-op", "kernel, 70 x 3"], ["quantized", "squared norm of W1, materialized"],
+    ["per-example", "H by hessian(f)"],
   ]) {
     await check(`verify-${id}`, async () => {
       await runExample(id, label);
@@ -539,6 +540,30 @@ await check("a-file-that-is-not-a-report-leaves-the-page-usable", async () => {
   // The examples.
   await openBadFile();
   await runExample("donation", "params");
+});
+
+await check("vmap-per-example-gradients-are-batched-and-a-fallback-is-shown", async () => {
+  await runExample("per-example", "H by hessian(f)");
+  await eventually(async () => {
+    const shown = await page.locator(".output", { hasText: "H·v by jvp(grad(f))" }).first().innerText();
+    return /6\.,\s+0\.,\s+-18\./.test(shown);
+  }, true, "the Hessian-vector product");
+  // Batched by rules: no op ran once per example.
+  await settled(async () => {
+    if ((await page.locator(".vmap-fallbacks").count()) !== 0) throw new Error("a vmap fallback in the example");
+  });
+  // A custom op without a batching rule runs per example, and the view says so.
+  await runScript(
+    'let norm = custom_op("norm2", |a| (a.x * a.x).sum());\n' +
+      'show("norms", vmap(|x| norm.apply(#{ x: x })).run(ones([3, 2])));\n',
+  );
+  await page.locator(newOutput(), { hasText: "norms" }).first().waitFor({ timeout: 30000 });
+  await settled(async () => {
+    const shown = await text(".vmap-fallbacks");
+    if (!shown.includes("norm2") || !shown.includes("once per example (3×)")) {
+      throw new Error(`the vmap fallback view: ${shown}`);
+    }
+  });
 });
 
 await check("an-exported-report-re-opens", async () => {

@@ -803,6 +803,7 @@ fn entry_views(page: Page, scope: EntryScope, report: Report) -> impl IntoView {
             {format!("entry {}: its graph, reinplace decisions and memory", scope.entry)}
         </p>
         {implicit_view(&report)}
+        {vmap_view(&report)}
         {graph_view(page.selected, scope, report.clone(), move |line| page.editor.reveal_line(line))}
         {reinplace_view(page, scope, &report)}
         {memory_view(page, scope, &report)}
@@ -838,6 +839,30 @@ fn implicit_view(report: &Report) -> Option<impl IntoView> {
             <p class="implicit-summary">
                 {format!("{handled} handled, {materialized} materialized")}
             </p>
+            <ul>{lines.into_iter().map(|l| view! { <li class="decision">{l}</li> }).collect_view()}</ul>
+        </div>
+    })
+}
+
+/// The ops `vmap` ran once per example (no batching rule for their
+/// operands): a loop hidden in a batched program, shown.
+fn vmap_view(report: &Report) -> Option<impl IntoView> {
+    if report.vmap_fallbacks.is_empty() {
+        return None;
+    }
+    let lines: Vec<String> = report
+        .vmap_fallbacks
+        .iter()
+        .map(|f| {
+            format!(
+                "{} runs once per example ({}×): {}",
+                f.op, f.examples, f.reason
+            )
+        })
+        .collect();
+    Some(view! {
+        <div class="view vmap-fallbacks">
+            <h3>"vmap fallbacks"</h3>
             <ul>{lines.into_iter().map(|l| view! { <li class="decision">{l}</li> }).collect_view()}</ul>
         </div>
     })

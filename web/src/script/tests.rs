@@ -615,3 +615,20 @@ fn vmap_jvp_and_jacobians_are_bound_and_compose() {
     );
     assert_eq!(text(&report, "hvp"), "array([6., 0.], dtype=float32)");
 }
+
+#[test]
+fn vmap_of_a_custom_op_without_a_rule_runs_per_example_and_the_report_says_so() {
+    let mut s = Session::new();
+    let report = run_ok(
+        &mut s,
+        r#"
+        let norm = custom_op("norm2", |a| (a.x * a.x).sum());
+        show("norms", vmap(|x| norm.apply(#{ x: x })).run(ones([3, 2])));
+        "#,
+    );
+    assert_eq!(text(&report, "norms"), "array([2., 2., 2.], dtype=float32)");
+    let fallbacks = &report.functions[0].cache.reports[0].vmap_fallbacks;
+    assert_eq!(fallbacks.len(), 1, "{fallbacks:?}");
+    assert!(fallbacks[0].op.contains("norm2"), "{fallbacks:?}");
+    assert_eq!(fallbacks[0].examples, 3);
+}
