@@ -402,7 +402,7 @@ impl CustomCall {
                 operands,
                 output,
                 size,
-                "the custom op has no rule; give it one with `CustomOp::with_vmap`",
+                "the custom op has no batching rule",
             );
         };
         let leaves = operands.iter().map(|b| b.materialized(size)).collect();
