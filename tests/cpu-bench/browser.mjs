@@ -57,6 +57,8 @@ const figures = await page.evaluate(async () => {
   });
   for (const n of [10, 100, 1000]) out[`cpu_wasm_chain_${n}`] = perCall(100, n);
   out.cpu_wasm_scalar_chain_100 = perCall(101, 100);
+  // Square f32 products, one thread (the browser module has one).
+  for (const n of [256, 1024]) out[`cpu_wasm_matmul_f32_${n}_gflops`] = (2 * n ** 3) / (perCall(102, n) * 1e6);
   return out;
 });
 await context.close();

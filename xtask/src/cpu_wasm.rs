@@ -49,7 +49,13 @@ pub fn bench_figures(selection: &[String]) -> Result<Vec<(String, f64, &'static 
         .into_iter()
         .filter(|(name, _)| wanted(name))
         .map(|(name, value)| {
-            let unit = if name.ends_with("_ns") { "ns" } else { "ms" };
+            let unit = if name.ends_with("_ns") {
+                "ns"
+            } else if name.ends_with("_gflops") {
+                "gflops"
+            } else {
+                "ms"
+            };
             value
                 .as_f64()
                 .map(|v| (name.clone(), v, unit))

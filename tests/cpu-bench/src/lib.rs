@@ -51,6 +51,16 @@ pub const CHAINS: [usize; 3] = [10, 100, 1000];
 /// Length of the cheap chain (`cpu_scalar_chain_100`).
 pub const SCALAR_CHAIN: usize = 100;
 
+/// An `n`×`n` f32 operand with values uniform in (−1, 1), evaluated: the
+/// square products the browser times (`cpu_wasm_matmul_f32_<n>_gflops`,
+/// beside the native `cpu_matmul_f32_<n>_gflops`).
+pub fn square(n: usize, seed: u64) -> Array {
+    let x = Array::random_uniform(kiln::random::Key::new(seed), &[n, n], -1.0, 1.0, DType::F32)
+        .expect("a square f32 operand is within every limit");
+    x.eval().expect("the operand evaluates");
+    x
+}
+
 /// The 256×256 f32 input with values uniform in (−1, 1), evaluated.
 pub fn input() -> Array {
     let x = Array::random_uniform(
@@ -103,7 +113,7 @@ mod wasm {
     //! one program at a time (its first call compiles it) and times
     //! batches of cached calls.
 
-    use super::{anchor_chain, input, scalar_chain, unary_input, UNARY};
+    use super::{anchor_chain, input, scalar_chain, square, unary_input, UNARY};
     use kiln::{compile, Array};
     use std::cell::RefCell;
     use std::sync::OnceLock;
@@ -132,8 +142,9 @@ mod wasm {
     }
 
     /// Prepares a program: `0..UNARY.len()` a unary op, `100` the anchors'
-    /// chain of `length` ops, `101` the cheap chain of `length` ops. Makes
-    /// its first call; returns 1 when that succeeded, 0 otherwise.
+    /// chain of `length` ops, `101` the cheap chain of `length` ops, `102`
+    /// the f32 product of two `length`×`length` operands. Makes its first
+    /// call; returns 1 when that succeeded, 0 otherwise.
     #[no_mangle]
     pub extern "C" fn kiln_bench_prepare(program: u32, length: u32) -> u32 {
         let x = input();
@@ -146,6 +157,11 @@ mod wasm {
             101 => {
                 let f = compile(move |x: Array| scalar_chain(x, n));
                 Box::new(move || f.call(&x).is_ok())
+            }
+            102 => {
+                let operands = (square(n, 1), square(n, 2));
+                let f = compile(|(a, b): (Array, Array)| a.matmul(&b));
+                Box::new(move || f.call(&operands).is_ok())
             }
             k => match UNARY.get(k as usize) {
                 Some(&(name, op)) => {
