@@ -73,6 +73,22 @@ impl Batched {
         front.reshape_to(Shape(shape))
     }
 
+    /// `product` of this batched value's examples folded into the rows of
+    /// one matrix: the value (batch axis first) reshaped to `[rows, k]`, the
+    /// `[rows, n]` result reshaped back to the leading dims and `n`. A
+    /// per-example matrix-vector product against a shared matrix becomes
+    /// one matrix product this way.
+    pub(crate) fn rows_folded(&self, product: impl FnOnce(Array) -> Array) -> Batched {
+        let front = self.front();
+        let dims = front.shape().dims();
+        let (leading, k) = dims.split_at(dims.len() - 1);
+        let rows = leading.iter().fold(Dim::Known(1), |acc, d| acc.mul(d));
+        let result = product(front.reshape_to(Shape(vec![rows, k[0].clone()])));
+        let mut out = leading.to_vec();
+        out.extend(result.shape().dims().last().cloned());
+        Batched::along(result.reshape_to(Shape(out)), 0)
+    }
+
     /// The value with its batch axis first, a shared value broadcast to
     /// `size` examples.
     pub(crate) fn materialized(&self, size: &Dim) -> Array {

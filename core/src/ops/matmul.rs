@@ -20,7 +20,7 @@ use crate::data::HostData;
 use crate::error::{dtype_err, require_same_dtype, shape_err, Error, Result};
 use crate::handle::array::Array;
 use crate::ops::Op;
-use crate::shape::{Aval, Dim, Shape};
+use crate::shape::{Aval, Shape};
 use crate::DType;
 
 impl Array {
@@ -352,16 +352,7 @@ pub(crate) fn jvp(a: &Array, b: &Array, ta: Option<Array>, tb: Option<Array>) ->
 /// broadcast.
 pub(crate) fn batch(a: &Batched, b: &Batched, output: &Array) -> Batched {
     if a.axis.is_some() && b.axis.is_none() && b.value.ndim() == 2 {
-        let front = a.front();
-        let dims = front.shape().dims();
-        let rows = dims[..dims.len() - 1]
-            .iter()
-            .fold(Dim::Known(1), |acc, d| acc.mul(d));
-        let k = dims[dims.len() - 1].clone();
-        let product = front.reshape_to(Shape(vec![rows, k])).matmul(&b.value);
-        let mut out = dims[..dims.len() - 1].to_vec();
-        out.push(b.value.shape().dims()[1].clone());
-        return Batched::along(product.reshape_to(Shape(out)), 0);
+        return a.rows_folded(|rows| rows.matmul(&b.value));
     }
     let rank = output.ndim();
     Batched::along(a.aligned(rank).matmul(&b.aligned(rank)), 0)

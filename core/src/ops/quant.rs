@@ -550,17 +550,11 @@ impl QuantOp {
                 let (x, weight) = (&operands[0], &operands[1..]);
                 let shared_weight = weight.iter().all(|b| b.axis.is_none());
                 if shared_weight && weight[0].value.ndim() == 2 {
-                    let front = x.front();
-                    let dims = front.shape().dims();
-                    let rows = dims[..dims.len() - 1]
-                        .iter()
-                        .fold(Dim::Known(1), |acc, d| acc.mul(d));
-                    let k = dims[dims.len() - 1].clone();
-                    let mut values = vec![front.reshape_to(Shape(vec![rows, k]))];
-                    values.extend(weight.iter().map(|b| b.value.clone()));
-                    let mut out = dims[..dims.len() - 1].to_vec();
-                    out.extend(output.shape().dims().last().cloned());
-                    return Some(Batched::along(apply(values).reshape_to(Shape(out)), 0));
+                    return Some(x.rows_folded(|rows| {
+                        let mut values = vec![rows];
+                        values.extend(weight.iter().map(|b| b.value.clone()));
+                        apply(values)
+                    }));
                 }
                 let rank = output.ndim();
                 let mut values = vec![x.aligned(rank)];
