@@ -137,6 +137,44 @@ fn accumulate(cotangents: &mut FastMap<usize, Array>, id: usize, grad: Array) {
     cotangents.insert(id, sum);
 }
 
+/// Values of type `T` pushed forward through the lazy graph below
+/// `outputs`, from `seeds` (value ids and their values): every op node
+/// that depends on a seeded value, visited after its inputs, gets
+/// `rule(op, inputs, node, the inputs' values)` (`None` where an input has
+/// none), unless it is seeded itself. A rule's `None` leaves the node
+/// without a value. Forward mode (tangents) and vmap (batched values) are
+/// this walk with their rules; returns the outputs' values.
+pub(crate) fn push_forward<T: Clone>(
+    outputs: &[Array],
+    seeds: impl IntoIterator<Item = (usize, T)>,
+    mut rule: impl FnMut(&Op, &[Array], &Array, &[Option<T>]) -> Result<Option<T>>,
+) -> Result<Vec<Option<T>>> {
+    if let Some(e) = outputs.iter().find_map(Array::error) {
+        return Err(e.clone());
+    }
+    let mut known: FastMap<usize, T> = seeds.into_iter().collect();
+    for array in topological_order(outputs) {
+        let NodeKind::Op { op, inputs, .. } = &array.node.kind else {
+            continue;
+        };
+        if known.contains_key(&array.id()) {
+            continue;
+        }
+        let inputs = inputs.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let values: Vec<Option<T>> = inputs.iter().map(|i| known.get(&i.id()).cloned()).collect();
+        if values.iter().all(Option::is_none) {
+            continue;
+        }
+        if let Some(value) = rule(op, &inputs, &array, &values)? {
+            known.insert(array.id(), value);
+        }
+    }
+    Ok(outputs
+        .iter()
+        .map(|o| known.get(&o.id()).cloned())
+        .collect())
+}
+
 /// Every array `outputs` depend on, each after its inputs (an iterative
 /// post-order walk: chains can be a hundred thousand ops long).
 pub(crate) fn topological_order(outputs: &[Array]) -> Vec<Array> {

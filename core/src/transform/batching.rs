@@ -10,11 +10,10 @@
 //! are shared by every example and kept as they are.
 
 use crate::error::Result;
-use crate::handle::array::{Array, NodeKind};
-use crate::hash::{fast_map, FastMap};
+use crate::handle::array::Array;
 use crate::ops::batching::Batched;
 use crate::shape::Dim;
-use crate::transform::autodiff::topological_order;
+use crate::transform::autodiff::push_forward;
 
 /// The batched values of `outputs` (per-example values) when the
 /// per-example values `inputs` stand for `batched`, for `size` examples.
@@ -25,43 +24,19 @@ pub(crate) fn batch_values(
     batched: Vec<Batched>,
     size: &Dim,
 ) -> Result<Vec<Batched>> {
-    if let Some(e) = outputs.iter().find_map(Array::error) {
-        return Err(e.clone());
-    }
-    let mut known: FastMap<usize, Batched> = fast_map(inputs.len());
-    for (input, value) in inputs.iter().zip(batched) {
-        known.insert(input.id(), value);
-    }
-    for array in topological_order(outputs) {
-        let NodeKind::Op { op, inputs, .. } = &array.node.kind else {
-            continue;
-        };
-        if known.contains_key(&array.id()) {
-            continue;
-        }
-        let inputs = inputs.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if !inputs.iter().any(|i| known.contains_key(&i.id())) {
-            continue;
-        }
+    let seeds = inputs.iter().map(Array::id).zip(batched);
+    let values = push_forward(outputs, seeds, |op, inputs, output, values| {
         let operands: Vec<Batched> = inputs
             .iter()
-            .map(|i| {
-                known
-                    .get(&i.id())
-                    .cloned()
-                    .unwrap_or_else(|| Batched::shared(i.clone()))
-            })
+            .zip(values)
+            .map(|(i, v)| v.clone().unwrap_or_else(|| Batched::shared(i.clone())))
             .collect();
-        let value = op.batch(&inputs, &operands, &array, size, &batch_values)?;
-        known.insert(array.id(), value);
-    }
+        op.batch(inputs, &operands, output, size, &batch_values)
+            .map(Some)
+    })?;
     Ok(outputs
         .iter()
-        .map(|o| {
-            known
-                .get(&o.id())
-                .cloned()
-                .unwrap_or_else(|| Batched::shared(o.clone()))
-        })
+        .zip(values)
+        .map(|(o, v)| v.unwrap_or_else(|| Batched::shared(o.clone())))
         .collect())
 }

@@ -11,9 +11,8 @@
 //! only values that depend on a leaf with a tangent get one.
 
 use crate::error::Result;
-use crate::handle::array::{Array, NodeKind};
-use crate::hash::{fast_map, FastMap};
-use crate::transform::autodiff::topological_order;
+use crate::handle::array::Array;
+use crate::transform::autodiff::push_forward;
 
 /// The tangents of `outputs` when the values `wrt` have the tangents
 /// `tangents` (`None` where zero): `None` where an output's tangent is
@@ -24,36 +23,13 @@ pub(crate) fn push_tangents(
     wrt: &[Array],
     tangents: Vec<Option<Array>>,
 ) -> Result<Vec<Option<Array>>> {
-    if let Some(e) = outputs.iter().find_map(Array::error) {
-        return Err(e.clone());
-    }
-    let mut known: FastMap<usize, Array> = fast_map(wrt.len());
-    for (leaf, tangent) in wrt.iter().zip(tangents) {
-        if let Some(tangent) = tangent {
-            known.insert(leaf.id(), tangent);
-        }
-    }
-    for array in topological_order(outputs) {
-        let NodeKind::Op { op, inputs, .. } = &array.node.kind else {
-            continue;
-        };
-        if known.contains_key(&array.id()) {
-            // A differentiated leaf that is itself computed: its tangent
-            // was given, whatever its inputs' are.
-            continue;
-        }
-        let inputs = inputs.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let in_tangents: Vec<Option<Array>> =
-            inputs.iter().map(|i| known.get(&i.id()).cloned()).collect();
-        if in_tangents.iter().all(Option::is_none) {
-            continue;
-        }
-        if let Some(tangent) = op.jvp(&inputs, &array, &in_tangents, &push_tangents)? {
-            known.insert(array.id(), tangent);
-        }
-    }
-    Ok(outputs
+    // A differentiated leaf that is itself computed keeps the tangent it
+    // was given, whatever its inputs' are.
+    let seeds = wrt
         .iter()
-        .map(|o| known.get(&o.id()).cloned())
-        .collect())
+        .zip(tangents)
+        .filter_map(|(leaf, tangent)| Some((leaf.id(), tangent?)));
+    push_forward(outputs, seeds, |op, inputs, output, tangents| {
+        op.jvp(inputs, output, tangents, &push_tangents)
+    })
 }
