@@ -8,7 +8,22 @@ pub mod isolate;
 pub mod programs;
 pub mod rss;
 
-use kiln::{Array, Executable};
+use kiln::ops::kernel::{Kernel, KernelBuilder};
+use kiln::{Array, Executable, HostData};
+
+/// A user kernel named `name` that doubles its one input `x`: a shape
+/// rule and a CPU reference, no WGSL, no gradient or batching rule (add
+/// what a test needs, then `build`).
+pub fn doubling_kernel(name: &str) -> KernelBuilder {
+    Kernel::builder(name, ["x"])
+        .shape_rule(|inputs, _| Ok(inputs[0].clone()))
+        .reference(|call| {
+            Ok(HostData::from_f64s(
+                call.out_dtype,
+                call.inputs[0].to_f64_vec().into_iter().map(|v| 2.0 * v),
+            ))
+        })
+}
 
 /// The shape of every value of `exe` when called with argument leaves
 /// `leaves` (all of known shape).

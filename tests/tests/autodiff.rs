@@ -765,16 +765,7 @@ fn f16_gradients_match_f32_within_f16_precision() {
 #[test]
 fn differentiating_through_an_op_without_a_vjp_is_an_error_naming_it() {
     // A user kernel has a shape rule and a reference evaluation, no vjp.
-    let kernel = kiln::Kernel::builder("twice", ["x"])
-        .shape_rule(|inputs, _| Ok(inputs[0].clone()))
-        .reference(|call| {
-            Ok(kiln::HostData::from_f64s(
-                call.out_dtype,
-                call.inputs[0].to_f64_vec().into_iter().map(|v| 2.0 * v),
-            ))
-        })
-        .build()
-        .unwrap();
+    let kernel = kiln_tests::doubling_kernel("twice").build().unwrap();
     let twice = move |x: &Array| kernel.call(&[x]);
     let x = normal(71, &[3]);
     assert_eq!(

@@ -375,16 +375,7 @@ fn a_custom_op_uses_its_jvp_and_one_without_is_an_error_naming_it() {
 
 #[test]
 fn a_kernel_has_no_jvp_and_says_so() {
-    let kernel = kiln::Kernel::builder("twice", ["x"])
-        .shape_rule(|inputs, _| Ok(inputs[0].clone()))
-        .reference(|call| {
-            Ok(kiln::HostData::from_f64s(
-                call.out_dtype,
-                call.inputs[0].to_f64_vec().into_iter().map(|v| 2.0 * v),
-            ))
-        })
-        .build()
-        .unwrap();
+    let kernel = kiln_tests::doubling_kernel("twice").build().unwrap();
     let x = normal(50, &[3]);
     let err = jvp(move |x: Array| kernel.call(&[&x]), &x, &x)
         .unwrap_err()

@@ -241,16 +241,7 @@ fn a_custom_op_uses_its_batching_rule_or_runs_per_example() {
 
 #[test]
 fn a_kernel_runs_once_per_example_and_the_report_says_so() {
-    let kernel = kiln::Kernel::builder("twice", ["x"])
-        .shape_rule(|inputs, _| Ok(inputs[0].clone()))
-        .reference(|call| {
-            Ok(kiln::HostData::from_f64s(
-                call.out_dtype,
-                call.inputs[0].to_f64_vec().into_iter().map(|v| 2.0 * v),
-            ))
-        })
-        .build()
-        .unwrap();
+    let kernel = kiln_tests::doubling_kernel("twice").build().unwrap();
     let xs = normal(50, &[3, 4]);
     let f = compile(vmap(move |x: Array| kernel.call(&[&x]) + 1.0));
     close(&f.call(&xs).unwrap(), &(&xs * 2.0 + 1.0), 1e-6, 1e-6);
@@ -267,14 +258,7 @@ fn a_kernel_runs_once_per_example_and_the_report_says_so() {
 
 #[test]
 fn a_kernel_that_batches_its_leading_dim_runs_once_for_all_examples() {
-    let kernel = kiln::Kernel::builder("twice_batched", ["x"])
-        .shape_rule(|inputs, _| Ok(inputs[0].clone()))
-        .reference(|call| {
-            Ok(kiln::HostData::from_f64s(
-                call.out_dtype,
-                call.inputs[0].to_f64_vec().into_iter().map(|v| 2.0 * v),
-            ))
-        })
+    let kernel = kiln_tests::doubling_kernel("twice_batched")
         .batches_leading_dim()
         .build()
         .unwrap();
