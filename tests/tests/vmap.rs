@@ -9,8 +9,8 @@ use kiln::implicit::{ImplicitArray, LowRank};
 use kiln::ops::custom::CustomOp;
 use kiln::random::Key;
 use kiln::{
-    compile, concat, grad, jvp, nn, quantize, quantized_matmul, vmap, Array, DType, QuantFormat,
-    SliceAxis, Tree,
+    compile, concat, gather_qmm, grad, jvp, nn, quantize, quantized_matmul, vmap, Array, DType,
+    QuantFormat, SliceAxis, Tree,
 };
 use kiln_tests::conformance::compare_within;
 use kiln_tests::programs::{cases, instr, make_inputs, run};
@@ -160,29 +160,190 @@ fn take_and_scatter_add_batch_values_and_indices() {
         |x| x[0].scatter_add(&idx, 0, 4),
         vec![normal(32, &[3, 2, 5])],
     );
-    // Both per example: the op runs once per example.
-    let xs = normal(33, &[3, 6, 2]);
-    let got = vmap(|(x, i): (Array, Array)| x.take(&i, 0))
-        .call(&(xs.clone(), ids.clone()))
-        .unwrap();
-    let want = stack(
-        &(0..3)
-            .map(|k| example(&xs, 0, k).take(&example(&ids, 0, k), 0))
-            .collect::<Vec<_>>(),
-        0,
+}
+
+/// `f` vmapped and compiled over `args` (batched along axis 0, `n`
+/// examples) equals stacking `f` on each example, with no per-example
+/// fallback on the report.
+fn check_batched_without_fallback<T: Tree + Clone + 'static>(
+    name: &str,
+    f: impl Fn(T) -> Array + Clone + Send + Sync + 'static,
+    args: T,
+    n: usize,
+    pick: impl Fn(&T, usize) -> T,
+) {
+    let compiled = compile(vmap(f.clone()));
+    let got = compiled
+        .call(&args)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let want = stack(&(0..n).map(|k| f(pick(&args, k))).collect::<Vec<_>>(), 0);
+    close(&got, &want, 1e-5, 1e-5);
+    let report = &compiled.cache().reports[0];
+    assert!(
+        report.vmap_fallbacks.is_empty(),
+        "{name}: {:?}",
+        report.vmap_fallbacks
     );
-    close(&got, &want, 0.0, 0.0);
-    let ups = normal(34, &[3, 2, 4]);
-    let got = vmap(|(u, i): (Array, Array)| u.scatter_add(&i, 0, 6))
-        .call(&(ups.clone(), ids.clone()))
-        .unwrap();
-    let want = stack(
-        &(0..3)
-            .map(|k| example(&ups, 0, k).scatter_add(&example(&ids, 0, k), 0, 6))
-            .collect::<Vec<_>>(),
-        0,
+}
+
+fn pick_pair(args: &(Array, Array), k: usize) -> (Array, Array) {
+    (example(&args.0, 0, k), example(&args.1, 0, k))
+}
+
+#[test]
+fn take_with_batched_values_and_indices_is_one_take_with_offset_indices() {
+    // Negative indices wrap per example, along a non-leading axis too.
+    let ids = Array::from_vec(vec![0i32, 5, -1, 2, 1, -6], &[3, 2]).unwrap();
+    let f = |(x, i): (Array, Array)| x.take(&i, 0);
+    check_batched_without_fallback(
+        "take axis 0",
+        f,
+        (normal(33, &[3, 6, 2]), ids.clone()),
+        3,
+        pick_pair,
     );
-    close(&got, &want, 0.0, 0.0);
+    let g = |(x, i): (Array, Array)| x.take(&i, 1);
+    check_batched_without_fallback(
+        "take axis 1",
+        g,
+        (normal(35, &[3, 4, 6, 2]), ids.clone()),
+        3,
+        pick_pair,
+    );
+    let idx = Array::from_vec(vec![3u32, 0, 1, 1, 2, 5, 0, 4, 4, 1, 2, 3], &[3, 2, 2]).unwrap();
+    check_batched_without_fallback(
+        "take u32 2-d indices",
+        g,
+        (normal(36, &[3, 2, 6]), idx),
+        3,
+        pick_pair,
+    );
+    // One take for all examples, not one per example.
+    let compiled = compile(vmap(f));
+    compiled.call(&(normal(33, &[3, 6, 2]), ids)).unwrap();
+    let report = &compiled.cache().reports[0];
+    let takes = report
+        .nodes
+        .iter()
+        .filter(|n| n.op.starts_with("take"))
+        .count();
+    assert_eq!(
+        takes,
+        1,
+        "{:?}",
+        report.nodes.iter().map(|n| &n.op).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn an_out_of_range_index_of_one_example_is_still_an_error_under_vmap() {
+    // Row 6 of example 0 would be row 0 of example 1 once folded.
+    let ids = Array::from_vec(vec![6i32, 0, 0, 0], &[2, 2]).unwrap();
+    let err = vmap(|(x, i): (Array, Array)| x.take(&i, 0))
+        .call(&(normal(37, &[2, 6, 3]), ids.clone()))
+        .and_then(|a| a.check())
+        .and_then(|a| a.data().map(|_| a))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("take") && err.contains("out of range"),
+        "{err}"
+    );
+    let err = vmap(|(u, i): (Array, Array)| u.scatter_add(&i, 0, 6))
+        .call(&(normal(38, &[2, 2, 3]), ids))
+        .and_then(|a| a.data().map(|_| a))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("scatter_add") && err.contains("out of range"),
+        "{err}"
+    );
+}
+
+#[test]
+fn scatter_add_with_batched_indices_scatters_once_into_every_examples_rows() {
+    let ids = Array::from_vec(vec![0i32, 5, -1, 2, 1, 1], &[3, 2]).unwrap();
+    let f = |(u, i): (Array, Array)| u.scatter_add(&i, 0, 6);
+    check_batched_without_fallback(
+        "scatter axis 0",
+        f,
+        (normal(34, &[3, 2, 4]), ids.clone()),
+        3,
+        pick_pair,
+    );
+    let g = |(u, i): (Array, Array)| u.scatter_add(&i, 1, 6);
+    check_batched_without_fallback(
+        "scatter axis 1",
+        g,
+        (normal(39, &[3, 4, 2, 2]), ids.clone()),
+        3,
+        pick_pair,
+    );
+    // Shared updates, per-example indices.
+    let shared = normal(40, &[2, 4]);
+    let h = move |i: Array| shared.scatter_add(&i, 0, 6);
+    check_batched_without_fallback("scatter shared updates", h, ids, 3, |i, k| example(i, 0, k));
+}
+
+#[test]
+fn take_and_scatter_add_batch_a_symbolic_number_of_examples() {
+    let f = compile(vmap(|(x, i): (Array, Array)| {
+        x.take(&i, 1).scatter_add(&i, 1, 5)
+    }))
+    .shapeless();
+    for n in [2usize, 3, 7] {
+        let xs = normal(200 + n as u64, &[n, 2, 5]);
+        let ids: Vec<i32> = (0..n * 3).map(|k| (k as i32 * 7) % 5 - 2).collect();
+        let ids = Array::from_vec(ids, &[n, 3]).unwrap();
+        let want = stack(
+            &(0..n)
+                .map(|k| {
+                    let i = example(&ids, 0, k);
+                    example(&xs, 0, k).take(&i, 1).scatter_add(&i, 1, 5)
+                })
+                .collect::<Vec<_>>(),
+            0,
+        );
+        close(&f.call(&(xs, ids)).unwrap(), &want, 1e-6, 1e-6);
+    }
+    assert_eq!(f.cache().misses, 1);
+    assert!(f.cache().reports[0].vmap_fallbacks.is_empty());
+}
+
+#[test]
+fn gather_qmm_batches_its_matrices_and_indices_without_a_loop() {
+    let format = QuantFormat::affine(4, 32);
+    let x = normal(44, &[2, 2, 64]);
+    let w = normal(45, &[3, 6, 64]);
+    let lhs = Array::from_vec(vec![1u32, 0, 0, 1, 1, 1], &[3, 2]).unwrap();
+    let rhs = Array::from_vec(vec![2u32, 0, 1], &[3, 1]).unwrap();
+    // Per-example x, weights and indices.
+    let xs = normal(46, &[4, 2, 2, 64]);
+    let ws = normal(47, &[4, 3, 6, 64]);
+    let lhss = Array::from_vec((0..24).map(|k| (k % 3 % 2) as u32).collect(), &[4, 3, 2]).unwrap();
+    let rhss = Array::from_vec((0..12).map(|k| (k * 5 % 3) as u32).collect(), &[4, 3, 1]).unwrap();
+    type Args = (Array, Array, Array, Array);
+    let all = move |(x, w, l, r): Args| gather_qmm(&x, &quantize(&w, format), &l, &r, true);
+    let pick = |a: &Args, k: usize| {
+        (
+            example(&a.0, 0, k),
+            example(&a.1, 0, k),
+            example(&a.2, 0, k),
+            example(&a.3, 0, k),
+        )
+    };
+    let args = (xs.clone(), ws.clone(), lhss.clone(), rhss.clone());
+    check_batched_without_fallback("gather_qmm all batched", all, args, 4, pick);
+    // Only x batched; only the weight batched; only the indices batched.
+    let (w1, l1, r1) = (w.clone(), lhs.clone(), rhs.clone());
+    let only_x = move |x: Array| gather_qmm(&x, &quantize(&w1, format), &l1, &r1, true);
+    check_batched_without_fallback("gather_qmm x", only_x, xs, 4, |a, k| example(a, 0, k));
+    let (x1, l1, r1) = (x.clone(), lhs.clone(), rhs.clone());
+    let only_w = move |w: Array| gather_qmm(&x1, &quantize(&w, format), &l1, &r1, true);
+    check_batched_without_fallback("gather_qmm w", only_w, ws, 4, |a, k| example(a, 0, k));
+    let q = quantize(&w, format);
+    let only_idx = move |(l, r): (Array, Array)| gather_qmm(&x, &q, &l, &r, true);
+    check_batched_without_fallback("gather_qmm indices", only_idx, (lhss, rhss), 4, pick_pair);
 }
 
 #[test]

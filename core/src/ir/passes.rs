@@ -396,7 +396,8 @@ fn fold(node: &GraphNode, graph: &Graph) -> Result<Option<Literal>> {
         return Ok(None);
     };
     let is_constant = |i: &ValueId| matches!(graph.nodes[*i].kind, ValueKind::Constant(_));
-    if !matches!(op, Op::DimSize { .. }) && !node.inputs.iter().all(is_constant) {
+    let reads_only_shape = matches!(op, Op::DimSize { .. } | Op::Iota { .. });
+    if !reads_only_shape && !node.inputs.iter().all(is_constant) {
         return Ok(None);
     }
     let Some(out_shape) = node.aval.shape.as_known() else {
@@ -409,6 +410,17 @@ fn fold(node: &GraphNode, graph: &Graph) -> Result<Option<Literal>> {
         };
         return Ok(Some(Literal(Arc::new(crate::ops::layout::dim_size_eval(
             axes, *dtype, &in_shape,
+        )))));
+    }
+    if let Op::Iota { axis, dtype } = op {
+        let Some(in_shape) = graph.nodes[node.inputs[0]].aval.shape.as_known() else {
+            return Ok(None);
+        };
+        if out_shape.iter().product::<usize>() > FOLD_GROWTH_LIMIT {
+            return Ok(None);
+        }
+        return Ok(Some(Literal(Arc::new(crate::ops::layout::iota_eval(
+            *axis, *dtype, &in_shape,
         )))));
     }
     let mut datas = Vec::with_capacity(node.inputs.len());

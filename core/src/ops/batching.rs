@@ -10,6 +10,7 @@ use crate::error::{arg_err, Result};
 use crate::handle::array::Array;
 use crate::ops::layout::concat;
 use crate::shape::{Dim, Shape};
+use crate::DType;
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
 
@@ -33,6 +34,15 @@ impl Batched {
     /// A value every example shares.
     pub(crate) fn shared(value: Array) -> Batched {
         Batched { value, axis: None }
+    }
+
+    /// The axis of `value` that is the per-example axis `axis` (past the
+    /// batch axis when that comes first).
+    pub(crate) fn operand_axis(&self, axis: usize) -> usize {
+        match self.axis {
+            Some(b) if b <= axis => axis + 1,
+            _ => axis,
+        }
     }
 
     /// The per-example rank.
@@ -100,6 +110,68 @@ impl Batched {
                 self.value.expand_dims(0).broadcast_to(Shape(shape))
             }
         }
+    }
+}
+
+/// The index operand of an op that indexes an axis of `count` entries
+/// (`take`, `scatter_add`, `gather_qmm`), rewritten for the axis of
+/// `size·count` entries that folds the examples into it, example by
+/// example: example `b`'s index `i` becomes `b·count + i`, with batch axis
+/// first (a shared index array is broadcast to every example). With
+/// `wrap_negative`, a negative i32 index first wraps once, as NumPy's
+/// `take` does. An index still outside `[0, count)` becomes `size·count`,
+/// out of range of the folded axis too, so the op reports bad input at run
+/// time instead of reading another example's entry.
+///
+/// `count` is a scalar of the indices' dtype. The example positions come
+/// from an `iota` over the batch axis and the folded length from a
+/// `dim_size` of it, so `size` may be a symbolic dim.
+pub(crate) fn folded_indices(
+    indices: &Batched,
+    count: &Array,
+    size: &Dim,
+    wrap_negative: bool,
+) -> Array {
+    let idx = indices.materialized(size);
+    let dtype = idx.dtype();
+    let signed = dtype == DType::I32;
+    let mut example_shape = vec![size.clone()];
+    example_shape.extend(std::iter::repeat_n(Dim::Known(1), idx.ndim() - 1));
+    let example = idx.iota(0, dtype).reshape_to(Shape(example_shape));
+    let examples = Array::apply(
+        Op::DimSize {
+            axes: vec![0],
+            dtype,
+        },
+        vec![idx.clone()],
+    );
+    let out_of_range = &examples * count;
+    let idx = if wrap_negative && signed {
+        idx.less(0.0).select(&idx + count, &idx)
+    } else {
+        idx
+    };
+    let below = idx.less(count);
+    let valid = if signed {
+        below.select(idx.greater_equal(0.0), &below)
+    } else {
+        below
+    };
+    valid.select(&idx + &(&example * count), out_of_range)
+}
+
+/// `dim` as a scalar of `dtype`: a constant when known, else the `dim_size`
+/// of a value that has it (known per call).
+pub(crate) fn dim_scalar(dim: &Dim, dtype: DType) -> Array {
+    match dim.known() {
+        Some(n) => Array::scalar(n as f64, dtype),
+        None => Array::apply(
+            Op::DimSize {
+                axes: vec![0],
+                dtype,
+            },
+            vec![Array::scalar(0.0, dtype).broadcast_to(Shape(vec![dim.clone()]))],
+        ),
     }
 }
 

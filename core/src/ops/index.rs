@@ -1,12 +1,12 @@
 //! NumPy `take` along one axis: shape rule and reference evaluation.
 
-use super::batching::Batched;
+use super::batching::{folded_indices, Batched};
 use super::strided::numel;
 use crate::data::{HostData, HostElement};
 use crate::error::{arg_err, dtype_err, Error, Result};
 use crate::handle::array::Array;
 use crate::ops::Op;
-use crate::shape::{Aval, Shape};
+use crate::shape::{Aval, Dim, Shape};
 use crate::DType;
 
 impl Array {
@@ -130,34 +130,66 @@ pub(crate) fn vjp(axis: usize, x: &Array, indices: &Array, g: &Array) -> [Option
     [Some(g.scatter_add(indices, axis, size)), None]
 }
 
-/// The batched take, where a rule exists: batched values with shared
-/// indices take along the shifted axis; shared values with batched
-/// indices take as they are (the batch axis lands inside the index dims).
-/// `None` when both are batched (the op then runs per example).
-pub(crate) fn batch(axis: usize, x: &Batched, indices: &Batched) -> Option<Batched> {
+/// The batched take: batched values with shared indices take along the
+/// shifted axis; shared values with batched indices take as they are (the
+/// batch axis lands inside the index dims). When both are batched, the
+/// examples fold into the indexed axis (`[B·n, ...]`, the indexed axis
+/// moved next to the batch first) and each example's indices are offset
+/// to its own rows ([`folded_indices`]): one take for every example.
+pub(crate) fn batch(axis: usize, x: &Batched, indices: &Batched, size: &Dim) -> Batched {
     match (x.axis, indices.axis) {
-        (Some(_), None) => Some(Batched::along(
+        (Some(_), None) => Batched::along(
             Array::apply(
                 Op::Take { axis: axis + 1 },
                 vec![x.front(), indices.value.clone()],
             ),
             0,
-        )),
-        (None, Some(i)) => Some(Batched::along(
+        ),
+        (None, Some(i)) => Batched::along(
             Array::apply(
                 Op::Take { axis },
                 vec![x.value.clone(), indices.value.clone()],
             ),
             axis + i,
-        )),
-        _ => None,
+        ),
+        _ => {
+            let front = x.front();
+            let rank = front.ndim();
+            // [B, pre.., n, rest..] → [B, n, pre.., rest..] → [B·n, pre.., rest..]
+            let mut perm = vec![0, axis + 1];
+            perm.extend(1..=axis);
+            perm.extend(axis + 2..rank);
+            let moved = front.permute(&perm);
+            let dims = moved.shape().dims();
+            let mut folded = vec![dims[0].mul(&dims[1])];
+            folded.extend(dims[2..].iter().cloned());
+            let count = Array::apply(
+                Op::DimSize {
+                    axes: vec![axis + 1],
+                    dtype: indices.value.dtype(),
+                },
+                vec![front.clone()],
+            );
+            let offsets = folded_indices(indices, &count, size, true);
+            let index_rank = indices.rank();
+            // [B, k.., pre.., rest..] → [B, pre.., k.., rest..]
+            let taken = Array::apply(
+                Op::Take { axis: 0 },
+                vec![moved.reshape_to(Shape(folded)), offsets],
+            );
+            let mut back = vec![0];
+            back.extend(1 + index_rank..1 + index_rank + axis);
+            back.extend(1..1 + index_rank);
+            back.extend(1 + index_rank + axis..taken.ndim());
+            Batched::along(taken.permute(&back), 0)
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shape::{Dim, Symbol};
+    use crate::shape::Symbol;
 
     #[test]
     fn takes_rows_along_axis_zero() {

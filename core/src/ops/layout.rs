@@ -1,5 +1,6 @@
 //! Ops that move elements without computing on them: reshape, permute,
-//! broadcast, slice, concat, and the dim-size scalar. Shape rules and
+//! broadcast, slice, concat, and the two ops that read only their
+//! operand's shape (the dim-size scalar and iota). Shape rules and
 //! reference evaluation.
 
 use super::batching::Batched;
@@ -173,6 +174,24 @@ impl Array {
             .map(|i| dims[i].clone())
             .collect();
         Array::apply(Op::Reshape(Shape(kept)), vec![self.clone()])
+    }
+}
+
+impl Array {
+    /// The positions `0, 1, …, n-1` along `axis` (`n` its size there) as a
+    /// vector of `dtype`. Only the shape is read, so the range's length may
+    /// be a symbolic dim of a shapeless compile (it is known per call).
+    ///
+    /// ```
+    /// use kiln::{Array, DType};
+    /// let x = Array::zeros(&[2, 4], DType::F32);
+    /// assert_eq!(x.iota(1, DType::I32).to_vec::<i32>().unwrap(), [0, 1, 2, 3]);
+    /// ```
+    pub fn iota(&self, axis: isize, dtype: DType) -> Array {
+        match self.normalize_axis("iota", axis) {
+            Ok(axis) => Array::apply(Op::Iota { axis, dtype }, vec![self.clone()]),
+            Err(e) => Array::failed(e),
+        }
     }
 }
 
@@ -561,9 +580,32 @@ pub fn dim_size_eval(axes: &[usize], dtype: DType, in_shape: &[usize]) -> HostDa
     HostData::filled(dtype, 1, count)
 }
 
+/// The aval of [`iota_eval`]: a vector of `dtype` as long as `aval`'s
+/// axis `axis` (which may be symbolic); bool has no positions.
+pub fn iota_shape_rule(axis: usize, dtype: DType, aval: &Aval) -> Result<Aval> {
+    let Some(n) = aval.shape.dims().get(axis) else {
+        return Err(arg_err(
+            "iota",
+            format!("axis {axis} is out of range for {aval}"),
+        ));
+    };
+    if dtype == DType::Bool {
+        return Err(dtype_err("iota", &[aval], "positions cannot be bool"));
+    }
+    Ok(Aval::new(Shape(vec![n.clone()]), dtype))
+}
+
+/// `0, 1, …, in_shape[axis] - 1` as `dtype` (positions past a narrow
+/// dtype's range convert as a cast would).
+pub fn iota_eval(axis: usize, dtype: DType, in_shape: &[usize]) -> HostData {
+    let n = in_shape.get(axis).copied().unwrap_or(0);
+    HostData::from_f64s(dtype, (0..n).map(|i| i as f64))
+}
+
 /// The cotangent of `x` for a layout op's cotangent `g`: reshaped back,
 /// permuted back, summed over broadcast axes, or (concat) the slice of `g`
-/// each operand became; `None` for the dim-size scalar.
+/// each operand became; `None` for the dim-size scalar and iota, which
+/// read only the operand's shape.
 pub(crate) fn vjp(op: &Op, inputs: &[Array], g: &Array) -> Result<Vec<Option<Array>>> {
     let x = &inputs[0];
     Ok(match op {
@@ -606,8 +648,8 @@ pub(crate) fn vjp(op: &Op, inputs: &[Array], g: &Array) -> Result<Vec<Option<Arr
 
 /// The batched layout op, with the batch axis first: the op's axes shift
 /// by one and its shapes gain the batch dim; concat broadcasts shared
-/// operands to every example; `dim_size` counts the per-example axes and
-/// is shared.
+/// operands to every example; `dim_size` and `iota` read the per-example
+/// axes and are shared.
 pub(crate) fn batch(op: &Op, operands: &[Batched], size: &Dim) -> Batched {
     let x = &operands[0];
     let with_batch = |shape: &Shape| {
@@ -648,11 +690,7 @@ pub(crate) fn batch(op: &Op, operands: &[Batched], size: &Dim) -> Batched {
             operands.iter().map(|b| b.materialized(size)).collect(),
         ),
         Op::DimSize { axes, dtype } => {
-            let skip = x.axis.unwrap_or(usize::MAX);
-            let axes = axes
-                .iter()
-                .map(|&a| if a >= skip { a + 1 } else { a })
-                .collect();
+            let axes = axes.iter().map(|&a| x.operand_axis(a)).collect();
             Batched::shared(Array::apply(
                 Op::DimSize {
                     axes,
@@ -661,6 +699,13 @@ pub(crate) fn batch(op: &Op, operands: &[Batched], size: &Dim) -> Batched {
                 vec![x.value.clone()],
             ))
         }
+        Op::Iota { axis, dtype } => Batched::shared(Array::apply(
+            Op::Iota {
+                axis: x.operand_axis(*axis),
+                dtype: *dtype,
+            },
+            vec![x.value.clone()],
+        )),
         other => unreachable!("{} is not a layout op", other.name()),
     }
 }

@@ -158,6 +158,15 @@ pub enum Op {
         /// The result dtype.
         dtype: DType,
     },
+    /// The positions `0..n` along `axis` of the operand (`n` its size
+    /// there) as a vector of `dtype` ([`Array::iota`]): a range whose
+    /// length may be symbolic, as `dim_size` is a count that may be.
+    Iota {
+        /// The counted axis.
+        axis: usize,
+        /// The result dtype.
+        dtype: DType,
+    },
     /// A group of elementwise ops fused into one (made by the `fuse` pass).
     Fused(Arc<FusedKernel>),
     /// The identity, through which no gradient flows
@@ -197,6 +206,7 @@ impl Op {
             Op::ScatterAdd { .. } => "scatter_add",
             Op::PadSlice { .. } => "pad_slice",
             Op::DimSize { .. } => "dim_size",
+            Op::Iota { .. } => "iota",
             Op::Fused(_) => "fused",
             Op::Kernel(k) => k.kernel.name(),
             Op::Custom(c) => c.name(),
@@ -232,6 +242,7 @@ impl Op {
                 format!("pad_slice[{}] into {shape}", parts.join(", "))
             }
             Op::DimSize { axes, dtype } => format!("dim_size(axes={axes:?}, {dtype})"),
+            Op::Iota { axis, dtype } => format!("iota(axis={axis}, {dtype})"),
             Op::Fused(k) => k.describe(),
             Op::Kernel(k) => k.describe(),
             Op::Custom(c) => c.describe(),
@@ -291,6 +302,7 @@ impl Op {
             }
             Op::PadSlice { axes, shape } => pad::pad_slice_shape_rule(axes, shape, inputs[0], cx),
             Op::DimSize { axes, dtype } => layout::dim_size_shape_rule(axes, *dtype, inputs[0]),
+            Op::Iota { axis, dtype } => layout::iota_shape_rule(*axis, *dtype, inputs[0]),
             Op::Fused(k) => fused::shape_rule(k, inputs, cx),
             Op::Kernel(k) => k.shape_rule(inputs, cx),
             Op::Custom(c) => c.shape_rule(inputs, cx),
@@ -389,6 +401,7 @@ impl Op {
                 pad::pad_slice_eval(axes, inputs[0], in_shapes[0], out_shape)
             }
             Op::DimSize { axes, dtype } => Ok(layout::dim_size_eval(axes, *dtype, in_shapes[0])),
+            Op::Iota { axis, dtype } => Ok(layout::iota_eval(*axis, *dtype, in_shapes[0])),
             Op::Fused(k) => fused::eval(k, inputs, in_shapes, out_shape),
             Op::Kernel(k) => k.eval(inputs, in_shapes, out_shape),
             Op::Custom(c) => c.eval(inputs, in_shapes),
@@ -426,7 +439,8 @@ impl Op {
             | Op::Permute(_)
             | Op::BroadcastTo(_)
             | Op::Concat { .. }
-            | Op::DimSize { .. } => layout::vjp(self, inputs, g)?,
+            | Op::DimSize { .. }
+            | Op::Iota { .. } => layout::vjp(self, inputs, g)?,
             Op::Slice(axes) => vec![Some(g.pad_slice(axes, inputs[0].shape().clone()))],
             Op::Take { axis } => index::vjp(*axis, &inputs[0], &inputs[1], g).to_vec(),
             Op::ScatterAdd { axis, .. } => scatter::vjp(*axis, &inputs[1], g).to_vec(),
@@ -512,7 +526,7 @@ impl Op {
                     .map(|(x, t)| t.clone().unwrap_or_else(|| x.zeros_like()))
                     .collect(),
             )),
-            Op::ArgMax { .. } | Op::DimSize { .. } | Op::StopGradient => None,
+            Op::ArgMax { .. } | Op::DimSize { .. } | Op::Iota { .. } | Op::StopGradient => None,
             Op::Custom(c) => c.jvp(inputs, output, tangents)?,
             Op::Implicit(i) => i.jvp(inputs, tangents, forward)?,
             Op::Quant(q) => q.jvp(inputs, output, tangents)?,
@@ -535,9 +549,8 @@ impl Op {
     /// The batched output of this op under vmap, from its per-example
     /// `inputs` and `output` and the batched operands (`size` examples).
     /// Each family's rule sits beside its vjp and jvp and moves a batch
-    /// axis only when the op needs it in front; ops without a rule of
-    /// their own (kernels, custom ops, `gather_qmm`, a `take` or
-    /// `scatter_add` whose indices are batched) run once per example.
+    /// axis only when the op needs it in front; user kernels and custom
+    /// ops without a rule of their own run once per example.
     pub(crate) fn batch(
         &self,
         inputs: &[Array],
@@ -595,33 +608,13 @@ impl Op {
             | Op::Slice(_)
             | Op::PadSlice { .. }
             | Op::Concat { .. }
-            | Op::DimSize { .. } => layout::batch(self, operands, size),
-            Op::Take { axis } => match index::batch(*axis, &operands[0], &operands[1]) {
-                Some(batched) => batched,
-                None => per_example(
-                    self,
-                    operands,
-                    output,
-                    size,
-                    "both the values and the indices differ per example",
-                )?,
-            },
+            | Op::DimSize { .. }
+            | Op::Iota { .. } => layout::batch(self, operands, size),
+            Op::Take { axis } => index::batch(*axis, &operands[0], &operands[1], size),
             Op::ScatterAdd { axis, size: rows } => {
-                match scatter::batch(*axis, rows, &operands[0], &operands[1]) {
-                    Some(batched) => batched,
-                    None => per_example(
-                        self,
-                        operands,
-                        output,
-                        size,
-                        "the indices differ per example",
-                    )?,
-                }
+                scatter::batch(*axis, rows, &operands[0], &operands[1], size)
             }
-            Op::Quant(q) => match q.batch(operands, output, size) {
-                Some(batched) => batched,
-                None => per_example(self, operands, output, size, "gather_qmm has no rule")?,
-            },
+            Op::Quant(q) => q.batch(operands, output, size),
             Op::Custom(c) => c.batch(self, operands, output, size)?,
             Op::Implicit(i) => i.batch(inputs, operands, size, walk)?,
             Op::Kernel(k) if k.kernel.batches_leading_dim() => {

@@ -49,7 +49,7 @@
 //! }
 //! ```
 
-use super::batching::Batched;
+use super::batching::{folded_indices, Batched};
 use super::qmm;
 use super::strided::{broadcast_shapes, broadcast_strides, for_each_offset, numel};
 use super::{Op, ShapeCx};
@@ -528,33 +528,31 @@ impl QuantOp {
 }
 
 impl QuantOp {
-    /// The batched op under vmap, where a rule exists: quantize and
-    /// dequantize treat the batch as one more leading dim; a product with
-    /// a shared 2-D weight folds the examples into the rows of `x` (one
-    /// product), otherwise the batch becomes a broadcast batch dim. `None`
-    /// for `gather_qmm` (it then runs once per example).
-    pub(crate) fn batch(
-        &self,
-        operands: &[Batched],
-        output: &Array,
-        size: &Dim,
-    ) -> Option<Batched> {
+    /// The batched op under vmap: quantize and dequantize treat the batch
+    /// as one more leading dim; a product with a shared 2-D weight folds
+    /// the examples into the rows of `x` (one product), otherwise the
+    /// batch becomes a broadcast batch dim. `gather_qmm` folds the
+    /// examples into the matrices its indices pick from: a batched `x`
+    /// becomes `B·X` matrices and `lhs_indices` are offset to each
+    /// example's own, a batched weight likewise with `rhs_indices`
+    /// ([`folded_indices`]); the indices then carry the batch.
+    pub(crate) fn batch(&self, operands: &[Batched], output: &Array, size: &Dim) -> Batched {
         let apply = |values: Vec<Array>| Array::apply(Op::Quant(*self), values);
         match self.kind {
-            QuantKind::Quantize(_) => Some(Batched::along(apply(vec![operands[0].front()]), 0)),
-            QuantKind::Dequantize => Some(Batched::along(
+            QuantKind::Quantize(_) => Batched::along(apply(vec![operands[0].front()]), 0),
+            QuantKind::Dequantize => Batched::along(
                 apply(operands.iter().map(|b| b.materialized(size)).collect()),
                 0,
-            )),
+            ),
             QuantKind::Matmul { .. } => {
                 let (x, weight) = (&operands[0], &operands[1..]);
                 let shared_weight = weight.iter().all(|b| b.axis.is_none());
                 if shared_weight && weight[0].value.ndim() == 2 {
-                    return Some(x.rows_folded(|rows| {
+                    return x.rows_folded(|rows| {
                         let mut values = vec![rows];
                         values.extend(weight.iter().map(|b| b.value.clone()));
                         apply(values)
-                    }));
+                    });
                 }
                 let rank = output.ndim();
                 let mut values = vec![x.aligned(rank)];
@@ -565,9 +563,45 @@ impl QuantOp {
                         Batched::along(b.materialized(size), 0).aligned(rank)
                     }
                 }));
-                Some(Batched::along(apply(values), 0))
+                Batched::along(apply(values), 0)
             }
-            QuantKind::GatherMatmul { .. } => None,
+            QuantKind::GatherMatmul { .. } => {
+                let weight = 2 + usize::from(self.format.has_biases());
+                let (x, w) = (&operands[0], &operands[1..1 + weight]);
+                let (lhs, rhs) = (&operands[1 + weight], &operands[2 + weight]);
+                // The matrices of `matrices` (each batched, batch first)
+                // flattened to `B·count` and the indices offset into them.
+                let fold = |matrices: Vec<Array>, indices: &Batched| {
+                    let lead = matrices[0].ndim() - 2;
+                    let count = Array::apply(
+                        Op::DimSize {
+                            axes: (1..lead).collect(),
+                            dtype: indices.value.dtype(),
+                        },
+                        vec![matrices[0].clone()],
+                    );
+                    let flat: Vec<Array> = matrices.iter().map(|m| flatten_lead(m, lead)).collect();
+                    let offsets = folded_indices(indices, &count, size, false);
+                    (flat, Batched::along(offsets, 0))
+                };
+                let (x, lhs) = match x.axis {
+                    Some(_) => {
+                        let (mut flat, lhs) = fold(vec![x.front()], lhs);
+                        (flat.remove(0), lhs)
+                    }
+                    None => (x.value.clone(), lhs.clone()),
+                };
+                let (w, rhs) = if w.iter().any(|b| b.axis.is_some()) {
+                    fold(w.iter().map(|b| b.materialized(size)).collect(), rhs)
+                } else {
+                    (w.iter().map(|b| b.value.clone()).collect(), rhs.clone())
+                };
+                let batch_rank = output.ndim() - 2;
+                let mut values = vec![x];
+                values.extend(w);
+                values.extend([lhs.aligned(batch_rank), rhs.aligned(batch_rank)]);
+                Batched::along(apply(values), 0)
+            }
         }
     }
 }

@@ -2,7 +2,7 @@
 //! along one axis at integer positions. The user method, shape rule and
 //! reference evaluation.
 
-use super::batching::Batched;
+use super::batching::{dim_scalar, folded_indices, Batched};
 use super::index::resolve_indices;
 use super::strided::{eval_dtype_err, narrow, numel, widen, WrappingInt};
 use super::{Op, ShapeCx};
@@ -204,27 +204,56 @@ pub(crate) fn vjp(axis: usize, indices: &Array, g: &Array) -> [Option<Array>; 2]
     [Some(g.take(indices, axis as isize)), None]
 }
 
-/// The batched scatter_add, where a rule exists: batched updates with
-/// shared indices scatter along the shifted axis. `None` when the indices
-/// are batched (the op then runs per example).
+/// The batched scatter_add: batched updates with shared indices scatter
+/// along the shifted axis. When the indices are batched, the examples fold
+/// into the output's scattered axis: each example's indices are offset to
+/// its own `size` rows ([`folded_indices`]), the updates (index dims moved
+/// next to the batch) scatter once into `B·size` rows, and those unfold
+/// back to `[B, .., size, ..]`.
 pub(crate) fn batch(
     axis: usize,
-    size: &Dim,
+    rows: &Dim,
     updates: &Batched,
     indices: &Batched,
-) -> Option<Batched> {
-    (indices.axis.is_none()).then(|| {
-        Batched::along(
+    size: &Dim,
+) -> Batched {
+    if indices.axis.is_none() {
+        return Batched::along(
             Array::apply(
                 Op::ScatterAdd {
                     axis: axis + 1,
-                    size: size.clone(),
+                    size: rows.clone(),
                 },
                 vec![updates.front(), indices.value.clone()],
             ),
             0,
-        )
-    })
+        );
+    }
+    let dtype = indices.value.dtype();
+    let offsets = folded_indices(indices, &dim_scalar(rows, dtype), size, true);
+    let index_rank = indices.rank();
+    // [B, pre.., k.., rest..] → [B, k.., pre.., rest..]
+    let values = updates.materialized(size);
+    let mut perm = vec![0];
+    perm.extend(1 + axis..1 + axis + index_rank);
+    perm.extend(1..1 + axis);
+    perm.extend(1 + axis + index_rank..values.ndim());
+    let scattered = Array::apply(
+        Op::ScatterAdd {
+            axis: 0,
+            size: size.mul(rows),
+        },
+        vec![values.permute(&perm), offsets],
+    );
+    // [B·rows, pre.., rest..] → [B, rows, pre.., rest..] → [B, pre.., rows, rest..]
+    let mut unfolded = vec![size.clone(), rows.clone()];
+    unfolded.extend(scattered.shape().dims()[1..].iter().cloned());
+    let unfolded = scattered.reshape_to(Shape(unfolded));
+    let mut back = vec![0];
+    back.extend(2..2 + axis);
+    back.push(1);
+    back.extend(2 + axis..unfolded.ndim());
+    Batched::along(unfolded.permute(&back), 0)
 }
 
 #[cfg(test)]

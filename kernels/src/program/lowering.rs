@@ -195,6 +195,13 @@ impl Lowering<'_> {
                 self.copy(from, out);
                 Ok(())
             }
+            Op::Iota { axis, dtype } if self.numel(v) > 0 => {
+                let data =
+                    kiln::ops::layout::iota_eval(*axis, *dtype, &self.shapes[node.inputs[0]]);
+                let from = self.arena.constant(&to_words(&data));
+                self.copy(from, out);
+                Ok(())
+            }
             // An empty value needs no kernel; its dims may still be far
             // beyond what a kernel's 32-bit indexing could describe. Its
             // indices are still checked, as the reference checks them.
