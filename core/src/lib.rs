@@ -142,7 +142,7 @@ pub use ir::passes::{PassRecord, Passes};
 pub use kiln_derive::Tree;
 pub use limits::Limits;
 pub use location::{at_location, current_location, SourceLocation};
-pub use ops::batching::VmapFallback;
+pub use ops::batching::{VmapFallback, VmapMaterialization};
 pub use ops::binary::Operand;
 pub use ops::layout::concat;
 pub use ops::quant::{

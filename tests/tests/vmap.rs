@@ -439,7 +439,7 @@ fn a_kernel_that_batches_its_leading_dim_runs_once_for_all_examples() {
 }
 
 #[test]
-fn an_implicit_array_is_batched_through_its_materialization() {
+fn an_implicit_array_is_batched_through_its_materialization_and_the_report_says_so() {
     let x = normal(60, &[3, 6]);
     let ws = LowRank {
         base: normal(61, &[4, 6, 5]),
@@ -464,6 +464,29 @@ fn an_implicit_array_is_batched_through_its_materialization() {
         0,
     );
     close(&got, &want, 1e-5, 1e-5);
+    // Compiled, the dense value is on the report, not hidden; a shared
+    // implicit value stays implicit and is not.
+    let compiled = compile(vmap(f));
+    close(&compiled.call(&ws).unwrap(), &want, 1e-5, 1e-5);
+    let report = &compiled.cache().reports[0];
+    assert!(report.vmap_fallbacks.is_empty());
+    assert_eq!(
+        report.vmap_materialized.len(),
+        1,
+        "{:?}",
+        report.vmap_materialized
+    );
+    let record = &report.vmap_materialized[0];
+    assert!(record.value.contains("low_rank"), "{record:?}");
+    assert!(record.reason.contains("differ per example"), "{record:?}");
+    let w = LowRank {
+        base: normal(64, &[6, 5]),
+        a: normal(65, &[6, 2]),
+        b: normal(66, &[2, 5]),
+    };
+    let shared = compile(vmap(move |x: Array| x.matmul(&w.array())));
+    shared.call(&normal(67, &[3, 6])).unwrap();
+    assert!(shared.cache().reports[0].vmap_materialized.is_empty());
 }
 
 #[test]

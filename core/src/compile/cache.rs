@@ -12,7 +12,7 @@ use crate::handle::array::Array;
 use crate::hash::FastMap;
 use crate::ir::graph::Graph;
 use crate::ir::passes::{PassRecord, Passes};
-use crate::ops::batching::{collecting_fallbacks, VmapFallback};
+use crate::ops::batching::{collecting_vmap_records, VmapRecords};
 use crate::ops::{Condition, Guard};
 use crate::shape::{Aval, Dim, Shape, Symbol};
 use crate::symbolic::{DimFacts, TraceScope};
@@ -101,7 +101,7 @@ struct Traced {
     traced: crate::ir::graph::Graph,
     passes: Vec<PassRecord>,
     symbols: Vec<(Symbol, SymbolSource)>,
-    vmap_fallbacks: Vec<VmapFallback>,
+    vmap: VmapRecords,
 }
 
 struct Entry {
@@ -513,7 +513,7 @@ where
             traced,
             passes,
             symbols,
-            vmap_fallbacks,
+            vmap,
         } = traced;
         let mut state = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         // Another thread may have traced and inserted this signature while we
@@ -543,7 +543,8 @@ where
             &symbols,
             &leaf_paths,
         );
-        report.vmap_fallbacks = vmap_fallbacks;
+        report.vmap_fallbacks = vmap.fallbacks;
+        report.vmap_materialized = vmap.materialized;
         let report = Arc::new(report);
         let entry = Arc::new(Entry {
             key,
@@ -575,8 +576,8 @@ where
             })
             .collect();
         let args: In = tree_unflatten(tree, params)?;
-        let ((out, backward), vmap_fallbacks) =
-            collecting_fallbacks(|| collecting_backward(|| self.f.apply(args)));
+        let ((out, backward), vmap) =
+            collecting_vmap_records(|| collecting_backward(|| self.f.apply(args)));
         let out = out?;
         let backward: HashSet<usize> = backward.iter().map(Array::id).collect();
         let mut out_leaves = Vec::new();
@@ -616,7 +617,7 @@ where
             traced: graph,
             passes,
             symbols,
-            vmap_fallbacks,
+            vmap,
         })
     }
 

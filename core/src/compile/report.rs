@@ -8,7 +8,7 @@ use crate::exec::{Executable, SymbolSource};
 use crate::ir::graph::{Graph, GraphNode, ImplicitDecision, Origin, ValueKind};
 use crate::ir::passes::PassRecord;
 use crate::location::SourceLocation;
-use crate::ops::batching::VmapFallback;
+use crate::ops::batching::{VmapFallback, VmapMaterialization};
 use crate::ops::{FusedArg, Op};
 use crate::plan::{Home, PlanMemory, ReinplaceDecision};
 use crate::shape::Symbol;
@@ -256,6 +256,10 @@ pub struct Report {
     /// their operands), in trace order; empty without vmap.
     #[serde(default)]
     pub vmap_fallbacks: Vec<VmapFallback>,
+    /// The implicit values [`crate::vmap`] batched by materializing them,
+    /// in trace order; empty without vmap.
+    #[serde(default)]
+    pub vmap_materialized: Vec<VmapMaterialization>,
 }
 
 impl Report {
@@ -471,6 +475,7 @@ pub(crate) fn build_report(
     Report {
         implicit: graph.implicit.clone(),
         vmap_fallbacks: Vec::new(),
+        vmap_materialized: Vec::new(),
         entry,
         shapeless,
         input_tree: input_tree.to_string(),

@@ -188,17 +188,60 @@ pub struct VmapFallback {
     pub reason: String,
 }
 
-thread_local! {
-    /// The fallbacks of the running compile trace, if one collects them.
-    static FALLBACKS: RefCell<Option<Vec<VmapFallback>>> = const { RefCell::new(None) };
+/// An implicit value ([`crate::implicit`]) that vmap batched by
+/// materializing it: its leaves differ per example, and implicit lowering
+/// resolves ops on the value's own kind, not on a batched one, so the
+/// batched program reads the dense value instead (what the
+/// [`Report`](crate::Report) lists beside [`VmapFallback`]s).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmapMaterialization {
+    /// The implicit value's op, like `implicit low_rank(...)`.
+    pub value: String,
+    /// Why it was materialized.
+    pub reason: String,
 }
 
-/// Runs `trace` collecting the per-example fallbacks vmap takes in it.
-pub(crate) fn collecting_fallbacks<T>(trace: impl FnOnce() -> T) -> (T, Vec<VmapFallback>) {
-    let outer = FALLBACKS.with(|f| f.replace(Some(Vec::new())));
+/// What vmap recorded while tracing: the ops it ran once per example and
+/// the implicit values it materialized.
+#[derive(Debug, Default)]
+pub(crate) struct VmapRecords {
+    pub(crate) fallbacks: Vec<VmapFallback>,
+    pub(crate) materialized: Vec<VmapMaterialization>,
+}
+
+thread_local! {
+    /// The records of the running compile trace, if one collects them.
+    static RECORDS: RefCell<Option<VmapRecords>> = const { RefCell::new(None) };
+}
+
+/// Runs `trace` collecting what vmap records in it.
+pub(crate) fn collecting_vmap_records<T>(trace: impl FnOnce() -> T) -> (T, VmapRecords) {
+    let outer = RECORDS.with(|r| r.replace(Some(VmapRecords::default())));
     let result = trace();
-    let fallbacks = FALLBACKS.with(|f| f.replace(outer)).unwrap_or_default();
-    (result, fallbacks)
+    let records = RECORDS.with(|r| r.replace(outer)).unwrap_or_default();
+    (result, records)
+}
+
+/// Adds `record` to the running trace's records, if one collects them.
+fn record(record: impl FnOnce(&mut VmapRecords)) {
+    RECORDS.with(|r| {
+        if let Some(records) = r.borrow_mut().as_mut() {
+            record(records);
+        }
+    });
+}
+
+/// Records that vmap batched the implicit value `value` (its op's
+/// description) by materializing it.
+pub(crate) fn record_materialization(value: String) {
+    record(|records| {
+        records.materialized.push(VmapMaterialization {
+            value,
+            reason: "its leaves differ per example and no handler reads a batched implicit \
+                     value, so vmap batched its materialization (the dense value)"
+                .to_string(),
+        })
+    });
 }
 
 /// `op` applied once per example, the results stacked along a new first
@@ -221,14 +264,12 @@ pub(crate) fn per_example(
             ),
         ));
     };
-    FALLBACKS.with(|f| {
-        if let Some(all) = f.borrow_mut().as_mut() {
-            all.push(VmapFallback {
-                op: op.describe(),
-                examples: n,
-                reason: reason.to_string(),
-            });
-        }
+    record(|records| {
+        records.fallbacks.push(VmapFallback {
+            op: op.describe(),
+            examples: n,
+            reason: reason.to_string(),
+        })
     });
     if n == 0 {
         let mut shape = vec![Dim::Known(0)];

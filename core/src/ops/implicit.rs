@@ -108,7 +108,8 @@ impl ImplicitCall {
     }
 
     /// The batched value under vmap: the materialization batched (through
-    /// `walk`, from the transform layer) like any composition.
+    /// `walk`, from the transform layer) like any composition, and recorded
+    /// for the report (the batched program reads the dense value).
     pub(crate) fn batch(
         &self,
         inputs: &[Array],
@@ -117,6 +118,7 @@ impl ImplicitCall {
         walk: BatchWalk<'_>,
     ) -> Result<Batched> {
         let value = self.body.apply_forward(inputs.to_vec())?;
+        super::batching::record_materialization(self.describe());
         walk(&[value], inputs, operands.to_vec(), size)?
             .pop()
             .ok_or_else(|| self.error("batching its materialization gave no value"))

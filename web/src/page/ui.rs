@@ -845,21 +845,23 @@ fn implicit_view(report: &Report) -> Option<impl IntoView> {
 }
 
 /// The ops `vmap` ran once per example (no batching rule for their
-/// operands): a loop hidden in a batched program, shown.
+/// operands) and the implicit values it materialized: a loop or a dense
+/// value hidden in a batched program, shown.
 fn vmap_view(report: &Report) -> Option<impl IntoView> {
-    if report.vmap_fallbacks.is_empty() {
+    if report.vmap_fallbacks.is_empty() && report.vmap_materialized.is_empty() {
         return None;
     }
-    let lines: Vec<String> = report
-        .vmap_fallbacks
+    let loops = report.vmap_fallbacks.iter().map(|f| {
+        format!(
+            "{} runs once per example ({}×): {}",
+            f.op, f.examples, f.reason
+        )
+    });
+    let dense = report
+        .vmap_materialized
         .iter()
-        .map(|f| {
-            format!(
-                "{} runs once per example ({}×): {}",
-                f.op, f.examples, f.reason
-            )
-        })
-        .collect();
+        .map(|m| format!("{} is materialized: {}", m.value, m.reason));
+    let lines: Vec<String> = loops.chain(dense).collect();
     Some(view! {
         <div class="view vmap-fallbacks">
             <h3>"vmap fallbacks"</h3>
