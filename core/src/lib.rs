@@ -160,6 +160,6 @@ pub use transform::autodiff::stop_gradient;
 pub use transform::implicit::ImplicitArray;
 pub use tree::{
     tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten, DifferenceKind,
-    KeyPath, NodeDef, NodeType, PathEntry, Registry, StaticValue, Tree, TreeDef, TreeDifference,
-    Value, ValueParts, MAX_TREE_DEPTH,
+    JacobianOutput, KeyPath, NodeDef, NodeType, PathEntry, Registry, StaticValue, Tree, TreeDef,
+    TreeDifference, Value, ValueParts, MAX_TREE_DEPTH,
 };

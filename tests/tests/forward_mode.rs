@@ -595,6 +595,114 @@ fn the_hessian_of_a_quadratic_form_is_a_plus_a_transposed() {
     compare_within(&h.data().unwrap(), &want.data().unwrap(), 1e-5, 1e-5).unwrap();
 }
 
+/// Two leaves of different shapes, for Jacobians over a struct.
+#[derive(kiln::Tree, Clone, Debug)]
+struct Pair {
+    a: Array,
+    b: Array,
+}
+
+fn vector(values: &[f32]) -> Array {
+    Array::from_vec(values.to_vec(), &[values.len()]).unwrap()
+}
+
+/// `got` has `dims` and exactly the values `want`.
+fn exactly(name: &str, got: &Array, dims: &[usize], want: &[f32]) {
+    assert_eq!(got.dims().unwrap(), dims, "{name}");
+    compare_within(
+        &got.data().unwrap(),
+        &kiln::HostData::F32(want.to_vec()),
+        1e-6,
+        1e-6,
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+}
+
+#[test]
+fn a_tuple_outputs_jacobian_replaces_each_output_leaf_by_the_struct_argument() {
+    // y1 = a·b (b broadcast), y2 = Σa²·b at a = [1, 2], b = [3].
+    let f = |p: Pair| (&p.a * &p.b, (&p.a * &p.a).sum(&[0], true) * &p.b);
+    let args = Pair {
+        a: vector(&[1.0, 2.0]),
+        b: vector(&[3.0]),
+    };
+    let forward = jacfwd(f).call(&args).unwrap();
+    let reverse = jacrev(f).call(&args).unwrap();
+    for (mode, (y1, y2)) in [("jacfwd", forward), ("jacrev", reverse)] {
+        exactly(
+            &format!("{mode} ∂y1/∂a"),
+            &y1.a,
+            &[2, 2],
+            &[3.0, 0.0, 0.0, 3.0],
+        );
+        exactly(&format!("{mode} ∂y1/∂b"), &y1.b, &[2, 1], &[1.0, 2.0]);
+        exactly(&format!("{mode} ∂y2/∂a"), &y2.a, &[1, 2], &[6.0, 12.0]);
+        exactly(&format!("{mode} ∂y2/∂b"), &y2.b, &[1, 1], &[5.0]);
+    }
+}
+
+#[test]
+fn a_struct_outputs_jacobian_is_one_argument_tree_per_leaf() {
+    // The output Pair { a: x², b: Σx } of x = [1, 2]: per leaf, ∂leaf/∂x.
+    let f = |x: Array| Pair {
+        a: &x * &x,
+        b: x.sum(&[0], true),
+    };
+    let x = vector(&[1.0, 2.0]);
+    for jacobian in [jacfwd(f).call(&x).unwrap(), jacrev(f).call(&x).unwrap()] {
+        assert_eq!(jacobian.len(), 2);
+        exactly("∂a/∂x", &jacobian[0], &[2, 2], &[2.0, 0.0, 0.0, 4.0]);
+        exactly("∂b/∂x", &jacobian[1], &[1, 2], &[1.0, 1.0]);
+    }
+}
+
+/// `Σx²·y + Σy³` at x = [1, 2], y = [3]: Hxx = 2y·I, Hxy = 2x, Hyx = 2xᵀ,
+/// Hyy = 6y.
+fn cubic(x: &Array, y: &Array) -> Array {
+    (x * x * y).sum_all() + (y * y * y).sum_all()
+}
+
+#[test]
+fn the_hessian_over_a_tuple_argument_is_a_tuple_of_tuples() {
+    let args = (vector(&[1.0, 2.0]), vector(&[3.0]));
+    let ((hxx, hxy), (hyx, hyy)) = hessian(|(x, y): (Array, Array)| cubic(&x, &y))
+        .call(&args)
+        .unwrap();
+    exactly("Hxx", &hxx, &[2, 2], &[6.0, 0.0, 0.0, 6.0]);
+    exactly("Hxy", &hxy, &[2, 1], &[2.0, 4.0]);
+    exactly("Hyx", &hyx, &[1, 2], &[2.0, 4.0]);
+    exactly("Hyy", &hyy, &[1, 1], &[18.0]);
+}
+
+#[test]
+fn the_hessian_over_a_struct_argument_is_one_struct_per_leaf() {
+    let args = Pair {
+        a: vector(&[1.0, 2.0]),
+        b: vector(&[3.0]),
+    };
+    let h = compile(hessian(|p: Pair| cubic(&p.a, &p.b)));
+    let rows = h.call(&args).unwrap();
+    assert_eq!(rows.len(), 2);
+    exactly("Haa", &rows[0].a, &[2, 2], &[6.0, 0.0, 0.0, 6.0]);
+    exactly("Hab", &rows[0].b, &[2, 1], &[2.0, 4.0]);
+    exactly("Hba", &rows[1].a, &[1, 2], &[2.0, 4.0]);
+    exactly("Hbb", &rows[1].b, &[1, 1], &[18.0]);
+    h.call(&args).unwrap();
+    assert_eq!((h.cache().hits, h.cache().misses), (1, 1));
+}
+
+#[test]
+fn a_jacobian_of_an_integer_output_leaf_is_an_error_naming_it() {
+    let err = jacfwd(|x: Array| (x.exp(), x.cast(DType::I32)))
+        .call(&vector(&[1.0]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("output leaf [1]") && err.contains("i32"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_jacobian_of_symbolic_shapes_is_an_error_naming_the_leaf() {
     let f = compile(|x: Array| jacfwd(|x: Array| x.exp()).call(&x)).shapeless();

@@ -135,7 +135,28 @@ fn expand(mut input: DeriveInput) -> syn::Result<TokenStream> {
         quote!(fields)
     };
 
+    // A struct's Jacobian cannot be the struct with other leaves (Rust
+    // cannot name that type): one `In` per array leaf, in flatten order.
+    let mut jacobian_generics = input.generics.clone();
+    jacobian_generics
+        .params
+        .push(parse_quote!(__KilnJacobianIn: ::kiln::Tree));
+    let (jacobian_impl_generics, _, _) = jacobian_generics.split_for_impl();
+
     Ok(quote! {
+        impl #jacobian_impl_generics ::kiln::JacobianOutput<__KilnJacobianIn>
+            for #name #ty_generics #where_clause
+        {
+            type Jacobian = ::std::vec::Vec<__KilnJacobianIn>;
+
+            fn jacobian_from(
+                &self,
+                per_leaf: &mut ::std::vec::IntoIter<__KilnJacobianIn>,
+            ) -> ::kiln::Result<Self::Jacobian> {
+                #support::jacobian_per_leaf(self, per_leaf)
+            }
+        }
+
         impl #impl_generics ::kiln::Tree for #name #ty_generics #where_clause {
             fn flatten(
                 &self,

@@ -25,7 +25,7 @@ use crate::transform::autodiff::{backward, topological_order};
 use crate::transform::batching::batch_values;
 use crate::transform::forward::push_tangents;
 use crate::tree::path::KeyPath;
-use crate::tree::{tree_flatten, tree_unflatten, Tree, TreeDef};
+use crate::tree::{tree_flatten, tree_unflatten, JacobianOutput, Tree, TreeDef};
 use std::collections::HashSet;
 use std::marker::PhantomData;
 
@@ -286,12 +286,15 @@ impl<In: Tree, Out: Tree> Linear<In, Out> {
     }
 }
 
-/// The Jacobian of `f`, a function of any tree returning one float array,
-/// by forward mode: in the argument's tree type, each leaf holding
-/// `∂out/∂leaf` with shape `out.shape ++ leaf.shape`: one forward pass
+/// The Jacobian of `f`, a function of any tree returning any tree of
+/// float arrays, by forward mode. The result is the output's tree with
+/// each output leaf replaced by the argument's tree holding, per argument
+/// leaf, `∂out_leaf/∂in_leaf` with shape `out_leaf.shape ++
+/// in_leaf.shape` (see [`JacobianOutput`] for the Rust types: one array
+/// output gives the argument's type): one forward pass per argument leaf,
 /// batched over the leaf's elements (see the [module docs](self)); shapes
-/// must be known.
-/// Compiles like [`crate::grad`]: `compile(jacfwd(f))` is one cache entry.
+/// must be known. Compiles like [`crate::grad`]: `compile(jacfwd(f))` is
+/// one cache entry.
 ///
 /// ```
 /// use kiln::{jacfwd, Array};
@@ -304,7 +307,7 @@ pub fn jacfwd<F>(f: F) -> JacFwd<F> {
 }
 
 /// The Jacobian of `f` by reverse mode (see [`jacfwd`] for the layout):
-/// one reverse pass batched over the output's elements.
+/// one reverse pass per output leaf, batched over its elements.
 ///
 /// ```
 /// use kiln::{jacrev, Array};
@@ -316,9 +319,13 @@ pub fn jacrev<F>(f: F) -> JacRev<F> {
     JacRev { f }
 }
 
-/// The Hessian of `f`, a function of one array returning a scalar (or any
-/// float array): `jacfwd(jacrev(f))`, shape `out.shape ++ x.shape ++
-/// x.shape`.
+/// The Hessian of `f`, a function of any tree returning a tree of float
+/// arrays (a scalar loss, usually): `jacfwd(jacrev(f))`, so of an array
+/// `x` to an array, shape `out.shape ++ x.shape ++ x.shape`. Over a tree
+/// argument each level is laid out as [`jacfwd`] lays it out: for a
+/// tuple `(a, b)` and one output array, `((Haa, Hab), (Hba, Hbb))`; for a
+/// derived struct, a `Vec` with one struct per leaf (see
+/// [`JacobianOutput`]).
 ///
 /// ```
 /// use kiln::{hessian, Array};
@@ -353,11 +360,16 @@ pub enum JacRevMarker {}
 /// Marks the [`Function`] implementation of [`Hessian`].
 pub enum HessianMarker {}
 
+/// The Jacobian type of `f: In -> Out`.
+type JacobianOf<Out, In> = <Out as JacobianOutput<In>>::Jacobian;
+/// The Hessian type of `f: In -> Out`: the Jacobian of its Jacobian.
+type HessianOf<Out, In> = JacobianOf<JacobianOf<Out, In>, In>;
+
 impl<F> JacFwd<F> {
     /// The Jacobian at `args`, computed now.
-    pub fn call<In: Tree>(&self, args: &In) -> Result<In>
+    pub fn call<In: Tree, Out: JacobianOutput<In>>(&self, args: &In) -> Result<JacobianOf<Out, In>>
     where
-        F: Fn(In) -> Array,
+        F: Fn(In) -> Out,
     {
         compile(JacFwd { f: &self.f }).call(args)
     }
@@ -365,63 +377,90 @@ impl<F> JacFwd<F> {
 
 impl<F> JacRev<F> {
     /// The Jacobian at `args`, computed now.
-    pub fn call<In: Tree>(&self, args: &In) -> Result<In>
+    pub fn call<In: Tree, Out: JacobianOutput<In>>(&self, args: &In) -> Result<JacobianOf<Out, In>>
     where
-        F: Fn(In) -> Array,
+        F: Fn(In) -> Out,
     {
         compile(JacRev { f: &self.f }).call(args)
     }
 }
 
 impl<F> Hessian<F> {
-    /// The Hessian at `x`, computed now.
-    pub fn call(&self, x: &Array) -> Result<Array>
+    /// The Hessian at `args`, computed now.
+    pub fn call<In: Tree, Out>(&self, args: &In) -> Result<HessianOf<Out, In>>
     where
-        F: Fn(Array) -> Array,
+        F: Fn(In) -> Out,
+        Out: JacobianOutput<In>,
+        JacobianOf<Out, In>: JacobianOutput<In>,
     {
-        compile(Hessian { f: &self.f }).call(x)
+        compile(Hessian { f: &self.f }).call(args)
     }
 }
 
-impl<In: Tree, F: Fn(In) -> Array> Function<In, In, JacFwdMarker> for JacFwd<F> {
-    fn apply(&self, args: In) -> Result<In> {
+impl<In: Tree, Out: JacobianOutput<In>, F: Fn(In) -> Out>
+    Function<In, JacobianOf<Out, In>, JacFwdMarker> for JacFwd<F>
+{
+    fn apply(&self, args: In) -> Result<JacobianOf<Out, In>> {
         jacobian_forward(|args| Ok((self.f)(args)), args)
     }
 }
 
-impl<In: Tree, F: Fn(In) -> Array> Function<In, In, JacRevMarker> for JacRev<F> {
-    fn apply(&self, args: In) -> Result<In> {
+impl<In: Tree, Out: JacobianOutput<In>, F: Fn(In) -> Out>
+    Function<In, JacobianOf<Out, In>, JacRevMarker> for JacRev<F>
+{
+    fn apply(&self, args: In) -> Result<JacobianOf<Out, In>> {
         jacobian_reverse(|args| Ok((self.f)(args)), args)
     }
 }
 
-impl<F: Fn(Array) -> Array> Function<Array, Array, HessianMarker> for Hessian<F> {
-    fn apply(&self, x: Array) -> Result<Array> {
+impl<In, Out, F> Function<In, HessianOf<Out, In>, HessianMarker> for Hessian<F>
+where
+    In: Tree,
+    F: Fn(In) -> Out,
+    Out: JacobianOutput<In>,
+    JacobianOf<Out, In>: JacobianOutput<In>,
+{
+    fn apply(&self, args: In) -> Result<HessianOf<Out, In>> {
         jacobian_forward(
-            |x: Array| jacobian_reverse(|x: Array| Ok((self.f)(x)), x),
-            x,
+            |args: In| jacobian_reverse(|args: In| Ok((self.f)(args)), args),
+            args,
         )
     }
 }
 
-/// The leaves of `args`, its structure, and `f`'s output at them, checked
-/// for a Jacobian: a float output and float leaves of known shapes.
-fn jacobian_setup<In: Tree>(
+/// The leaves of `args`, its structure, and `f`'s output at them with its
+/// leaves and their dims, checked for a Jacobian: float leaves of known
+/// shapes in and out (an `Err` names the first leaf path that is not).
+#[allow(clippy::type_complexity)]
+fn jacobian_setup<In: Tree, Out: Tree>(
     op: &str,
-    f: impl FnOnce(In) -> Result<Array>,
+    f: impl FnOnce(In) -> Result<Out>,
     args: In,
-) -> Result<(Vec<Array>, TreeDef, Array, Vec<usize>)> {
+) -> Result<(Vec<Array>, TreeDef, Out, Vec<Array>, Vec<Vec<usize>>)> {
     let (leaves, tree) = tree_flatten(&args)?;
     for (leaf, path) in leaves.iter().zip(tree.leaf_paths()) {
         known_float_dims(op, leaf, &path)?;
     }
-    let out = f(args)?.check()?;
-    let out_dims = known_float_dims(op, &out, &KeyPath::default()).map_err(|_| Error::Shape {
-        op: op.into(),
-        detail: "the function must return a float array of known shape".into(),
-        operands: out.aval().to_string(),
-    })?;
-    Ok((leaves, tree, out, out_dims))
+    let out = f(args)?;
+    let (out_leaves, out_tree) = tree_flatten(&out)?;
+    let mut out_dims = Vec::with_capacity(out_leaves.len());
+    for (leaf, path) in out_leaves.iter().zip(out_tree.leaf_paths()) {
+        leaf.first_error()?;
+        let dims = known_float_dims(op, leaf, &path).map_err(|_| Error::Shape {
+            op: op.into(),
+            detail: format!(
+                "the function's output{} must be a float array of known shape",
+                if path.is_empty() {
+                    String::new()
+                } else {
+                    format!(" leaf {path}")
+                }
+            ),
+            operands: leaf.aval().to_string(),
+        })?;
+        out_dims.push(dims);
+    }
+    Ok((leaves, tree, out, out_leaves, out_dims))
 }
 
 /// `a`'s dims, or an `Err` naming `path` when `a` is not a float or has a
@@ -452,69 +491,108 @@ fn basis(dims: &[usize], dtype: crate::DType) -> Result<Array> {
     Array::from_data(data, &shape)
 }
 
-/// `per_example` (a function of the placeholder `at`) evaluated for every
+/// `per_example` (functions of the placeholder `at`) evaluated for every
 /// vector of the identity basis of `at`'s values at once, through the
-/// batching rules: `[n] ++ per_example.shape`.
-fn over_basis(per_example: &Array, at: &Array) -> Result<Array> {
+/// batching rules (one batched walk): each `[n] ++ per_example.shape`.
+fn over_basis(per_example: &[Array], at: &Array) -> Result<Vec<Array>> {
     let dims = at.shape().as_known().unwrap_or_default();
-    let n: usize = dims.iter().product();
+    let n = Dim::Known(dims.iter().product());
     let batched = batch_values(
-        std::slice::from_ref(per_example),
+        per_example,
         std::slice::from_ref(at),
         vec![Batched::along(basis(&dims, at.dtype())?, 0)],
-        &Dim::Known(n),
+        &n,
     )?;
-    Ok(batched[0].materialized(&Dim::Known(n)))
+    Ok(batched.iter().map(|b| b.materialized(&n)).collect())
 }
 
-/// The Jacobian by forward mode: per leaf, the tangent of the output for
-/// a placeholder tangent of the leaf, batched over the leaf's basis (one
-/// batched forward pass), its basis axis moved last.
-fn jacobian_forward<In: Tree>(f: impl FnOnce(In) -> Result<Array>, args: In) -> Result<In> {
-    let (leaves, tree, out, out_dims) = jacobian_setup("jacfwd", f, args)?;
+/// `∂out_leaf/∂in_leaf` blocks (`blocks[o][i]`) assembled into `out`'s
+/// Jacobian: per output leaf, the argument tree of its blocks.
+fn assemble<In: Tree, Out: JacobianOutput<In>>(
+    out: &Out,
+    in_tree: &TreeDef,
+    blocks: Vec<Vec<Array>>,
+) -> Result<JacobianOf<Out, In>> {
+    let per_leaf = blocks
+        .into_iter()
+        .map(|row| tree_unflatten(in_tree, row))
+        .collect::<Result<Vec<In>>>()?;
+    out.jacobian_from(&mut per_leaf.into_iter())
+}
+
+/// The Jacobian by forward mode: per argument leaf, the tangents of the
+/// outputs for a placeholder tangent of the leaf, batched over the leaf's
+/// basis (one batched forward pass), the basis axis moved last.
+fn jacobian_forward<In: Tree, Out: JacobianOutput<In>>(
+    f: impl FnOnce(In) -> Result<Out>,
+    args: In,
+) -> Result<JacobianOf<Out, In>> {
+    let (leaves, tree, out, out_leaves, out_dims) = jacobian_setup("jacfwd", f, args)?;
     let trace = next_trace_id();
-    let mut jacobian = Vec::with_capacity(leaves.len());
+    let mut blocks: Vec<Vec<Array>> = vec![Vec::with_capacity(leaves.len()); out_leaves.len()];
     for (i, leaf) in leaves.iter().enumerate() {
         let leaf_dims = leaf.shape().as_known().unwrap_or_default();
-        let dims: Vec<usize> = out_dims.iter().chain(&leaf_dims).copied().collect();
         let tangent = Array::param(trace, i, leaf.aval().clone());
         let mut tangents = vec![None; leaves.len()];
         tangents[i] = Some(tangent.clone());
-        let pushed = push_tangents(std::slice::from_ref(&out), &leaves, tangents)?;
-        let Some(column) = pushed.into_iter().next().flatten() else {
-            jacobian.push(Array::zeros(&dims, out.dtype()));
-            continue;
-        };
-        let columns = over_basis(&column, &tangent)?;
-        let mut last: Vec<usize> = (1..columns.ndim()).collect();
-        last.push(0);
-        jacobian.push(columns.permute(&last).reshape_to(Shape::known(&dims)));
+        let pushed = push_tangents(&out_leaves, &leaves, tangents)?;
+        let moving: Vec<Array> = pushed.iter().flatten().cloned().collect();
+        let mut columns = over_basis(&moving, &tangent)?.into_iter();
+        for (((o, t), out_dims), row) in out_leaves
+            .iter()
+            .zip(&pushed)
+            .zip(&out_dims)
+            .zip(&mut blocks)
+        {
+            let dims: Vec<usize> = out_dims.iter().chain(&leaf_dims).copied().collect();
+            // `columns` holds one entry per tangent that is not `None`.
+            let column = if t.is_some() { columns.next() } else { None };
+            let block = match column {
+                Some(c) => {
+                    let mut last: Vec<usize> = (1..c.ndim()).collect();
+                    last.push(0);
+                    c.permute(&last).reshape_to(Shape::known(&dims))
+                }
+                None => Array::zeros(&dims, o.dtype()),
+            };
+            row.push(block);
+        }
     }
-    tree_unflatten(&tree, jacobian)
+    assemble(&out, &tree, blocks)
 }
 
-/// The Jacobian by reverse mode: the cotangents of the leaves for a
-/// placeholder seed of the output, batched over the output's basis (one
-/// batched reverse pass).
-fn jacobian_reverse<In: Tree>(f: impl FnOnce(In) -> Result<Array>, args: In) -> Result<In> {
-    let (leaves, tree, out, out_dims) = jacobian_setup("jacrev", f, args)?;
-    let seed = Array::param(next_trace_id(), 0, out.aval().clone());
-    let grads = backward(
-        std::slice::from_ref(&out),
-        vec![Some(seed.clone())],
-        &leaves,
-    )?;
-    let jacobian = grads
-        .into_iter()
-        .zip(&leaves)
-        .map(|(grad, leaf)| {
-            let leaf_dims = leaf.shape().as_known().unwrap_or_default();
-            let dims: Vec<usize> = out_dims.iter().chain(&leaf_dims).copied().collect();
-            match grad {
-                Some(grad) => Ok(over_basis(&grad, &seed)?.reshape_to(Shape::known(&dims))),
-                None => Ok(Array::zeros(&dims, leaf.dtype())),
-            }
-        })
-        .collect::<Result<Vec<_>>>()?;
-    tree_unflatten(&tree, jacobian)
+/// The Jacobian by reverse mode: per output leaf, the cotangents of the
+/// argument leaves for a placeholder seed of it, batched over the output
+/// leaf's basis (one batched reverse pass).
+fn jacobian_reverse<In: Tree, Out: JacobianOutput<In>>(
+    f: impl FnOnce(In) -> Result<Out>,
+    args: In,
+) -> Result<JacobianOf<Out, In>> {
+    let (leaves, tree, out, out_leaves, out_dims) = jacobian_setup("jacrev", f, args)?;
+    let trace = next_trace_id();
+    let mut blocks = Vec::with_capacity(out_leaves.len());
+    for (o, (out_leaf, dims)) in out_leaves.iter().zip(&out_dims).enumerate() {
+        let seed = Array::param(trace, o, out_leaf.aval().clone());
+        let mut seeds = vec![None; out_leaves.len()];
+        seeds[o] = Some(seed.clone());
+        let grads = backward(&out_leaves, seeds, &leaves)?;
+        let moving: Vec<Array> = grads.iter().flatten().cloned().collect();
+        let mut rows = over_basis(&moving, &seed)?.into_iter();
+        let row = grads
+            .iter()
+            .zip(&leaves)
+            .map(|(grad, leaf)| {
+                let leaf_dims = leaf.shape().as_known().unwrap_or_default();
+                let dims: Vec<usize> = dims.iter().chain(&leaf_dims).copied().collect();
+                // `rows` holds one entry per cotangent that is not `None`.
+                let batched = if grad.is_some() { rows.next() } else { None };
+                match batched {
+                    Some(r) => r.reshape_to(Shape::known(&dims)),
+                    None => Array::zeros(&dims, leaf.dtype()),
+                }
+            })
+            .collect();
+        blocks.push(row);
+    }
+    assemble(&out, &tree, blocks)
 }

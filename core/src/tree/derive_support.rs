@@ -13,6 +13,19 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::vec::IntoIter;
 
+/// The Jacobian of a derived struct: one `In` per array leaf, in flatten
+/// order (see [`JacobianOutput`](super::JacobianOutput)).
+pub fn jacobian_per_leaf<T: Tree, In>(value: &T, per_leaf: &mut IntoIter<In>) -> Result<Vec<In>> {
+    let (leaves, _) = super::tree_flatten(value)?;
+    let taken: Vec<In> = per_leaf.take(leaves.len()).collect();
+    if taken.len() < leaves.len() {
+        return Err(tree_err(
+            "a Jacobian has fewer entries than the output has leaves",
+        ));
+    }
+    Ok(taken)
+}
+
 /// The def of a derived struct: `type_name` with unit aux and `fields`.
 pub fn node(type_name: &'static str, fields: Vec<(Cow<'static, str>, TreeDef)>) -> TreeDef {
     TreeDef::Node(Arc::new(NodeDef {

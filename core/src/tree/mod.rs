@@ -40,6 +40,7 @@ pub(crate) mod def;
 pub(crate) mod depth;
 pub mod derive_support;
 mod impls;
+mod jacobian;
 pub(crate) mod path;
 pub(crate) mod static_value;
 mod value;
@@ -47,6 +48,7 @@ mod walk;
 
 pub use def::{intern_key, DifferenceKind, MapKey, NodeDef, TreeDef, TreeDifference};
 pub use depth::MAX_TREE_DEPTH;
+pub use jacobian::JacobianOutput;
 pub use path::{prefix_error, KeyPath, PathEntry};
 pub use static_value::{StaticBound, StaticValue};
 pub use value::{FlattenFn, NodeType, Registry, UnflattenFn, Value, ValueParts};
