@@ -1071,4 +1071,47 @@ mod tests {
             prop_assert_eq!(got, HostData::I32(naive_broadcast_add(&a, &ash, &b, &bsh, &out)));
         }
     }
+
+    use crate::ops::rule_checks as rules;
+    use crate::ops::Op;
+
+    #[test]
+    fn arithmetic_jvps_match_central_differences_with_broadcasting() {
+        let a = rules::uniform(3, &[2, 3], 0.5, 2.0);
+        let b = rules::uniform(4, &[3], 0.5, 2.0);
+        use BinaryOp::*;
+        for op in [Add, Sub, Mul, Div, Pow] {
+            let f = move |x: Vec<Array>| Array::apply(Op::Binary(op), x);
+            rules::assert_jvp_matches_central_difference(op.name(), f, &[a.clone(), b.clone()]);
+        }
+    }
+
+    #[test]
+    fn maximum_jvp_takes_the_larger_operands_tangent() {
+        let a = rules::array(&[1.0, 5.0], &[2]);
+        let b = rules::array(&[3.0, 2.0], &[2]);
+        let (_, t) = crate::jvp(
+            |x: (Array, Array)| x.0.maximum(&x.1),
+            &(a, b),
+            &(
+                rules::array(&[10.0, 20.0], &[2]),
+                rules::array(&[30.0, 40.0], &[2]),
+            ),
+        )
+        .unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap(), [30.0, 20.0]);
+    }
+
+    #[test]
+    fn a_binary_op_batches_a_batched_operand_against_a_batched_one_of_lower_rank() {
+        let xs = rules::normal(5, &[3, 2, 4]);
+        let ys = rules::normal(6, &[3, 4]);
+        let report =
+            rules::assert_batches_like_stacking("mul", |x| &x[0] * &x[1] - &x[1], &[xs, ys]);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+    }
 }

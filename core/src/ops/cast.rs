@@ -191,4 +191,30 @@ mod tests {
             prop_assert_eq!(eval(&HostData::F32(full), DType::I32), via_f64);
         }
     }
+
+    use crate::ops::rule_checks as rules;
+
+    #[test]
+    fn cast_jvp_casts_the_tangent_and_an_integer_result_has_none() {
+        let x = rules::array(&[1.5, -2.0], &[2]);
+        let v = rules::array(&[0.25, 4.0], &[2]);
+        let (_, t) = crate::jvp(|x: Array| x.cast(DType::F16), &x, &v).unwrap();
+        assert_eq!(t.dtype(), DType::F16);
+        assert_eq!(t.cast(DType::F32).to_vec::<f32>().unwrap(), [0.25, 4.0]);
+        // An integer output takes zeros: no tangent flows through it.
+        let (_, t) = crate::jvp(|x: Array| x.cast(DType::I32), &x, &v).unwrap();
+        assert_eq!(t.to_vec::<i32>().unwrap(), [0, 0]);
+    }
+
+    #[test]
+    fn cast_batches_elementwise_like_each_example() {
+        let xs = rules::normal(9, &[3, 5]);
+        let f = |x: Vec<Array>| x[0].cast(DType::BF16).cast(DType::F32);
+        let report = rules::assert_batches_like_stacking("cast", f, &[xs]);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+    }
 }

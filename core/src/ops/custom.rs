@@ -476,3 +476,64 @@ impl CustomCall {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::handle::array::Array;
+    use crate::ops::rule_checks as rules;
+    use crate::CustomOp;
+
+    /// `Σx²` as a custom op, with the given rules.
+    fn sum_of_squares(name: &str) -> CustomOp<Array> {
+        CustomOp::new(name, |x: &Array| Ok((x * x).sum_all()))
+    }
+
+    #[test]
+    fn a_custom_ops_jvp_rule_gives_its_tangent() {
+        let op = sum_of_squares("squares_jvp")
+            .with_jvp(|x: &Array, _, t: &Array| Ok((x * t).sum_all() * 2.0));
+        let f = move |x: Vec<Array>| op.call(&x[0]);
+        rules::assert_jvp_matches_central_difference("custom", f, &[rules::normal(43, &[4])]);
+    }
+
+    #[test]
+    fn a_custom_op_without_a_jvp_is_an_error_naming_it() {
+        let op = sum_of_squares("squares_plain");
+        let x = rules::normal(44, &[4]);
+        rules::assert_err_names(
+            crate::jvp(move |x: Array| op.call(&x), &x, &x),
+            "squares_plain",
+            "jvp",
+        );
+    }
+
+    #[test]
+    fn a_custom_ops_vmap_rule_batches_it_in_one_call() {
+        let op =
+            sum_of_squares("squares_vmap").with_vmap(|x: &Array, _| Ok((x * x).sum(&[-1], false)));
+        let f = move |x: Vec<Array>| op.call(&x[0]);
+        let report =
+            rules::assert_batches_like_stacking("custom", f, &[rules::normal(45, &[3, 4])]);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+    }
+
+    #[test]
+    fn a_custom_op_without_a_vmap_rule_runs_once_per_example_on_the_report() {
+        let op = sum_of_squares("squares_looped");
+        let f = move |x: Vec<Array>| op.call(&x[0]);
+        let report =
+            rules::assert_batches_like_stacking("custom", f, &[rules::normal(46, &[3, 4])]);
+        assert_eq!(
+            report.vmap_fallbacks.len(),
+            1,
+            "{:?}",
+            report.vmap_fallbacks
+        );
+        assert_eq!(report.vmap_fallbacks[0].examples, 3);
+        assert!(report.vmap_fallbacks[0].op.contains("squares_looped"));
+    }
+}

@@ -1160,4 +1160,24 @@ mod tests {
         assert!(FusedKernel::new(reduce, 1).is_err());
         assert!(FusedKernel::new(Vec::new(), 0).is_err());
     }
+
+    #[test]
+    fn a_fused_group_has_no_jvp_or_batching_rule_and_the_errors_name_it() {
+        use crate::handle::array::Array;
+        use crate::ops::rule_checks as rules;
+        use std::sync::Arc;
+        let fused = Op::Fused(Arc::new(chain_kernel()));
+        let x = rules::normal(55, &[3]);
+        let result = crate::jvp(
+            move |x: Array| Array::apply(fused.clone(), vec![x.clone(), x]),
+            &x,
+            &x,
+        );
+        rules::assert_err_names(result, "fused", "no jvp");
+        let fused = Op::Fused(Arc::new(chain_kernel()));
+        let xs = rules::normal(56, &[2, 3]);
+        let result =
+            crate::vmap(move |x: Array| Array::apply(fused.clone(), vec![x.clone(), x])).call(&xs);
+        rules::assert_err_names(result, "fused", "no batching rule");
+    }
 }

@@ -131,3 +131,47 @@ impl ImplicitCall {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::handle::array::Array;
+    use crate::implicit::{ImplicitArray, LowRank};
+    use crate::ops::rule_checks as rules;
+
+    /// `x @ (base + a·b)` with the low-rank value built from `leaves`
+    /// (`[base, a, b]`) and `x` shared.
+    fn product(x: &Array, leaves: &[Array]) -> Array {
+        let w = LowRank {
+            base: leaves[0].clone(),
+            a: leaves[1].clone(),
+            b: leaves[2].clone(),
+        };
+        x.matmul(&w.array())
+    }
+
+    #[test]
+    fn tangents_flow_through_an_implicit_values_materialization() {
+        let x = rules::normal(47, &[2, 4]);
+        let leaves = [
+            rules::normal(48, &[4, 3]),
+            rules::normal(49, &[4, 2]),
+            rules::normal(50, &[2, 3]),
+        ];
+        let f = move |l: Vec<Array>| product(&x, &l);
+        rules::assert_jvp_matches_central_difference("low_rank", f, &leaves);
+    }
+
+    #[test]
+    fn a_batched_implicit_value_is_materialized_and_the_report_says_so() {
+        let x = rules::normal(51, &[2, 4]);
+        let leaves = [
+            rules::normal(52, &[3, 4, 3]),
+            rules::normal(53, &[3, 4, 2]),
+            rules::normal(54, &[3, 2, 3]),
+        ];
+        let f = move |l: Vec<Array>| product(&x, &l);
+        let report = rules::assert_batches_like_stacking("low_rank", f, &leaves);
+        assert_eq!(report.vmap_materialized.len(), 1);
+        assert!(report.vmap_materialized[0].value.contains("low_rank"));
+    }
+}

@@ -260,4 +260,26 @@ mod tests {
             Err(Error::InvalidArgument { .. })
         ));
     }
+
+    use crate::ops::rule_checks as rules;
+
+    #[test]
+    fn take_jvp_takes_the_tangent_at_the_same_indices() {
+        let idx = Array::from_vec(vec![2i32, 0, -1], &[3]).unwrap();
+        let f = move |x: Vec<Array>| x[0].take(&idx, 1);
+        rules::assert_jvp_matches_central_difference("take", f, &[rules::normal(25, &[2, 3])]);
+    }
+
+    #[test]
+    fn take_batches_per_example_values_and_indices_without_a_loop() {
+        let xs = rules::normal(26, &[3, 4, 5]);
+        let idx = Array::from_vec(vec![0i32, 4, -1, 2, 3, -5], &[3, 2]).unwrap();
+        let f = |x: Vec<Array>| x[0].cast(DType::F32).take(&x[1].cast(DType::I32), 1);
+        let report = rules::assert_batches_like_stacking("take", f, &[xs, idx.cast(DType::F32)]);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+    }
 }

@@ -883,3 +883,63 @@ pub(crate) mod wgsl {
 }
 
 pub use wgsl::validate as validate_wgsl;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::rule_checks as rules;
+
+    /// A kernel that squares its one input elementwise (a CPU reference,
+    /// no WGSL), declaring a batch rule when `batches` is set.
+    fn square(name: &str, batches: bool) -> Kernel {
+        let builder = Kernel::builder(name, ["x"])
+            .shape_rule(|inputs, _| Ok(inputs[0].clone()))
+            .reference(|call| {
+                Ok(HostData::from_f64s(
+                    call.out_dtype,
+                    call.inputs[0].to_f64_vec().into_iter().map(|v| v * v),
+                ))
+            });
+        let builder = if batches {
+            builder.batches_leading_dim()
+        } else {
+            builder
+        };
+        builder.build().expect("a complete kernel")
+    }
+
+    #[test]
+    fn a_kernel_has_no_jvp_and_the_error_names_it() {
+        let kernel = square("square_no_jvp", false);
+        let x = rules::normal(40, &[3]);
+        let result = crate::jvp(move |x: Array| kernel.call(&[&x]), &x, &x);
+        rules::assert_err_names(result, "square_no_jvp", "no jvp");
+    }
+
+    #[test]
+    fn a_kernel_without_a_batch_rule_runs_once_per_example_on_the_report() {
+        let kernel = square("square_looped", false);
+        let f = move |x: Vec<Array>| kernel.call(&[&x[0]]);
+        let report =
+            rules::assert_batches_like_stacking("kernel", f, &[rules::normal(41, &[3, 2])]);
+        let ops: Vec<(&str, usize)> = report
+            .vmap_fallbacks
+            .iter()
+            .map(|f| (f.op.as_str(), f.examples))
+            .collect();
+        assert_eq!(ops, [("square_looped", 3)]);
+    }
+
+    #[test]
+    fn a_kernel_that_batches_its_leading_dim_runs_once_for_all_examples() {
+        let kernel = square("square_batched", true);
+        let f = move |x: Vec<Array>| kernel.call(&[&x[0]]);
+        let report =
+            rules::assert_batches_like_stacking("kernel", f, &[rules::normal(42, &[3, 2])]);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+    }
+}

@@ -1035,4 +1035,77 @@ mod tests {
             prop_assert_eq!(out, HostData::I32(want));
         }
     }
+
+    use crate::ops::rule_checks as rules;
+
+    #[test]
+    fn layout_jvps_apply_the_op_to_the_tangent() {
+        let x = rules::normal(19, &[2, 3, 4]);
+        let y = rules::normal(20, &[2, 1, 4]);
+        let f = |x: Vec<Array>| {
+            let moved = x[0]
+                .reshape(&[6, 4])
+                .transpose()
+                .slice_axis(1, 1, Some(5), 2);
+            let joined = concat(&[x[0].clone(), x[1].broadcast_to([2, 2, 4])], 1);
+            moved.sum_all() * joined.sum(&[1], false)
+        };
+        rules::assert_jvp_matches_central_difference("layout", f, &[x, y]);
+    }
+
+    #[test]
+    fn layout_ops_batch_with_the_batch_axis_first() {
+        let xs = rules::normal(21, &[3, 2, 3, 4]);
+        let ys = rules::normal(22, &[3, 1, 3, 4]);
+        let f = |x: Vec<Array>| {
+            let reshaped = x[0].reshape(&[6, 4]).permute(&[1, 0]).expand_dims(0);
+            let sliced = x[0].slice_axis(2, 1, None, 2).broadcast_to([2, 2, 3, 2]);
+            let joined = concat(&[x[0].clone(), x[1].clone()], 0);
+            reshaped.sum_all()
+                + sliced.sum(&[0, 1], false).sum_all()
+                + joined.sum(&[0, 2], false).sum_all()
+        };
+        let report = rules::assert_batches_like_stacking("layout", f, &[xs, ys]);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+    }
+
+    #[test]
+    fn iota_counts_the_positions_of_an_axis_and_has_no_tangent() {
+        let x = rules::normal(23, &[2, 3]);
+        assert_eq!(x.iota(1, DType::I32).to_vec::<i32>().unwrap(), [0, 1, 2]);
+        assert_eq!(x.iota(-2, DType::F32).to_vec::<f32>().unwrap(), [0.0, 1.0]);
+        let (_, t) = crate::jvp(|x: Array| x.iota(0, DType::F32) * 2.0, &x, &x).unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap(), [0.0, 0.0]);
+    }
+
+    #[test]
+    fn iota_batches_to_the_one_range_every_example_shares() {
+        let xs = rules::normal(24, &[3, 2, 5]);
+        let f = |x: Vec<Array>| &x[0] + &x[0].iota(1, DType::F32);
+        let report = rules::assert_batches_like_stacking("iota", f, &[xs]);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+    }
+
+    #[test]
+    fn iota_shape_rule_takes_a_symbolic_length_and_rejects_bool_and_bad_axes() {
+        let aval = Aval::new(Shape(vec![Dim::Known(2), sym(0)]), DType::F32);
+        assert_eq!(
+            iota_shape_rule(1, DType::U32, &aval).unwrap(),
+            Aval::new(Shape(vec![sym(0)]), DType::U32)
+        );
+        rules::assert_err_names(iota_shape_rule(2, DType::I32, &aval), "iota", "axis 2");
+        rules::assert_err_names(iota_shape_rule(0, DType::Bool, &aval), "iota", "bool");
+        assert_eq!(
+            iota_eval(0, DType::U8, &[3, 9]),
+            HostData::U8(vec![0, 1, 2])
+        );
+    }
 }

@@ -730,4 +730,50 @@ mod tests {
         let dim = |s: &[usize], i: usize| (i + s.len()).checked_sub(rank).map_or(1, |j| s[j]);
         (0..rank).map(|i| dim(a, i).max(dim(b, i))).collect()
     }
+
+    use crate::ops::rule_checks as rules;
+
+    #[test]
+    fn matmul_jvp_matches_a_central_difference_for_vectors_and_batches() {
+        let a = rules::normal(13, &[2, 3, 4]);
+        let b = rules::normal(14, &[4, 2]);
+        rules::assert_jvp_matches_central_difference("matmul", |x| x[0].matmul(&x[1]), &[a, b]);
+        let v = rules::normal(15, &[4]);
+        let m = rules::normal(16, &[3, 4]);
+        rules::assert_jvp_matches_central_difference("matvec", |x| x[0].matmul(&x[1]), &[m, v]);
+    }
+
+    #[test]
+    fn matmul_batches_both_operands_into_one_batched_product() {
+        let xs = rules::normal(17, &[3, 2, 4]);
+        let ws = rules::normal(18, &[3, 4, 5]);
+        let report =
+            rules::assert_batches_like_stacking("matmul", |x| x[0].matmul(&x[1]), &[xs, ws]);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+    }
+
+    #[test]
+    fn a_matmul_of_transposed_operands_has_the_logical_products_jvp_and_batch() {
+        let transposed = |x: Vec<Array>| {
+            Array::apply(
+                Op::TransposedMatmul {
+                    transposed: [true, false],
+                },
+                x,
+            )
+        };
+        let (a, b) = (rules::normal(57, &[4, 2]), rules::normal(58, &[4, 3]));
+        rules::assert_jvp_matches_central_difference("matmul(aᵀ @ b)", transposed, &[a, b]);
+        let (a, b) = (rules::normal(59, &[3, 4, 2]), rules::normal(60, &[3, 4, 3]));
+        let report = rules::assert_batches_like_stacking("matmul(aᵀ @ b)", transposed, &[a, b]);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+    }
 }

@@ -25,6 +25,8 @@ mod product;
 mod qmm;
 pub mod quant;
 pub mod reduce;
+#[cfg(test)]
+pub(crate) mod rule_checks;
 pub mod scatter;
 pub mod select;
 mod strided;

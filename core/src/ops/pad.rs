@@ -298,4 +298,26 @@ mod tests {
             prop_assert_eq!(out, Ok(Aval::new(full, DType::U8)));
         }
     }
+
+    use crate::ops::rule_checks as rules;
+
+    #[test]
+    fn pad_slice_jvp_pads_the_tangent() {
+        let axes = [sl(1, Some(6), 2), sl(0, None, 1)];
+        let f = move |x: Vec<Array>| x[0].pad_slice(&axes, [7, 2]);
+        rules::assert_jvp_matches_central_difference("pad_slice", f, &[rules::normal(29, &[3, 2])]);
+    }
+
+    #[test]
+    fn pad_slice_batches_with_the_batch_axis_first() {
+        let axes = [sl(1, Some(6), 2), sl(0, None, 1)];
+        let f = move |x: Vec<Array>| x[0].pad_slice(&axes, [7, 2]);
+        let report =
+            rules::assert_batches_like_stacking("pad_slice", f, &[rules::normal(30, &[4, 3, 2])]);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+    }
 }

@@ -1983,4 +1983,55 @@ mod tests {
             Shape(vec![s(4), s(5), s(1), Dim::Known(64)])
         );
     }
+
+    use crate::ops::rule_checks as rules;
+
+    #[test]
+    fn quantized_matmul_jvp_is_the_dequantized_products() {
+        // Linear in x and in the scales (the codes stay), so the central
+        // difference is exact up to rounding.
+        let format = QuantFormat::affine(4, 32);
+        let q = quantize(&rules::normal(31, &[4, 32]), format);
+        let (packed, biases) = (q.packed.clone(), q.biases.clone());
+        let f = move |x: Vec<Array>| {
+            let w = Quantized {
+                packed: packed.clone(),
+                scales: x[1].clone(),
+                biases: biases.clone(),
+                format,
+            };
+            quantized_matmul(&x[0], &w, true)
+        };
+        let xs = [rules::normal(32, &[2, 32]), q.scales.clone()];
+        rules::assert_jvp_matches_central_difference("quantized_matmul", f, &xs);
+    }
+
+    #[test]
+    fn quantize_scales_have_no_jvp_and_say_so() {
+        let w = rules::normal(33, &[2, 32]);
+        let result = crate::jvp(
+            |w: Array| quantize(&w, QuantFormat::affine(4, 32)).scales,
+            &w,
+            &w,
+        );
+        rules::assert_err_names(result, "quantize", "no derivative");
+    }
+
+    #[test]
+    fn gather_qmm_batches_x_and_indices_without_a_loop() {
+        let format = QuantFormat::affine(4, 32);
+        let q = quantize(&rules::normal(34, &[3, 4, 32]), format);
+        let f = move |x: Vec<Array>| {
+            let lhs = x[1].cast(DType::U32);
+            gather_qmm(&x[0], &q, &lhs, &lhs.clone().reshape(&[2, 1]), true)
+        };
+        let xs = rules::normal(35, &[2, 3, 1, 32]);
+        let idx = matrix(vec![0.0, 2.0, 1.0, 1.0], &[2, 2]);
+        let report = rules::assert_batches_like_stacking("gather_qmm", f, &[xs, idx]);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+    }
 }

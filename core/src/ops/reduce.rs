@@ -691,4 +691,45 @@ mod tests {
             );
         }
     }
+
+    use crate::ops::rule_checks as rules;
+
+    #[test]
+    fn sum_max_min_and_mean_jvps_match_central_differences() {
+        let x = rules::normal(10, &[3, 4]);
+        rules::assert_jvp_matches_central_difference(
+            "sum",
+            |x| x[0].sum(&[1], false),
+            &[x.clone()],
+        );
+        rules::assert_jvp_matches_central_difference("max", |x| x[0].max(&[0], true), &[x.clone()]);
+        rules::assert_jvp_matches_central_difference(
+            "min",
+            |x| x[0].min(&[0, 1], false),
+            &[x.clone()],
+        );
+        rules::assert_jvp_matches_central_difference("mean", |x| x[0].mean(&[1], false), &[x]);
+    }
+
+    #[test]
+    fn reductions_and_argmax_batch_with_their_axes_past_the_batch() {
+        let xs = rules::normal(11, &[3, 4, 5]);
+        let f = |x: Vec<Array>| {
+            let m = x[0].max(&[0], false) + x[0].sum(&[1], false).sum(&[0], true);
+            m + x[0].argmax(1, false).cast(DType::F32).sum(&[0], false)
+        };
+        let report = rules::assert_batches_like_stacking("reductions", f, &[xs]);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+    }
+
+    #[test]
+    fn argmax_has_no_tangent() {
+        let x = rules::normal(12, &[4]);
+        let (_, t) = crate::jvp(|x: Array| x.argmax(0, false), &x, &x).unwrap();
+        assert_eq!(t.to_vec::<u32>().unwrap(), [0]);
+    }
 }

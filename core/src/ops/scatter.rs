@@ -473,4 +473,31 @@ mod tests {
             prop_assert_eq!(back, Ok(x));
         }
     }
+
+    use crate::ops::rule_checks as rules;
+
+    #[test]
+    fn scatter_add_jvp_scatters_the_tangent() {
+        let idx = Array::from_vec(vec![1i32, 1, -1], &[3]).unwrap();
+        let f = move |x: Vec<Array>| x[0].scatter_add(&idx, 0, 4);
+        rules::assert_jvp_matches_central_difference(
+            "scatter_add",
+            f,
+            &[rules::normal(27, &[3, 2])],
+        );
+    }
+
+    #[test]
+    fn scatter_add_batches_per_example_indices_without_a_loop() {
+        let ups = rules::normal(28, &[3, 2, 2]);
+        let idx = Array::from_vec(vec![0i32, 4, -1, 2, 3, 3], &[3, 2]).unwrap();
+        let f = |x: Vec<Array>| x[0].scatter_add(&x[1].cast(DType::I32), 1, 5);
+        let report =
+            rules::assert_batches_like_stacking("scatter_add", f, &[ups, idx.cast(DType::F32)]);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+    }
 }

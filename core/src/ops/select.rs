@@ -222,4 +222,35 @@ mod tests {
         );
         assert!(cx.guards.is_empty());
     }
+
+    use crate::ops::rule_checks as rules;
+
+    #[test]
+    fn select_jvp_takes_the_chosen_branchs_tangent() {
+        let cond = Array::from_vec(vec![true, false, true], &[3]).unwrap();
+        let f = move |x: (Array, Array)| cond.select(&x.0, &x.1);
+        let primals = (
+            rules::array(&[1.0, 2.0, 3.0], &[3]),
+            rules::array(&[4.0, 5.0, 6.0], &[3]),
+        );
+        let tangents = (
+            rules::array(&[10.0, 20.0, 30.0], &[3]),
+            rules::array(&[40.0, 50.0, 60.0], &[3]),
+        );
+        let (_, t) = crate::jvp(f, &primals, &tangents).unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap(), [10.0, 50.0, 30.0]);
+    }
+
+    #[test]
+    fn select_batches_a_batched_condition_against_batched_branches() {
+        let xs = rules::normal(7, &[3, 2, 4]);
+        let ys = rules::normal(8, &[3, 4]);
+        let f = |x: Vec<Array>| x[0].greater(&x[1]).select(&x[0], &x[1]);
+        let report = rules::assert_batches_like_stacking("where", f, &[xs, ys]);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+    }
 }

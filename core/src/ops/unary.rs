@@ -554,4 +554,31 @@ mod tests {
         assert!(eval(UnaryOp::Relu, &HostData::Bool(vec![true])).is_err());
         assert!(eval(UnaryOp::Sqrt, &HostData::U32(vec![4])).is_err());
     }
+
+    use crate::ops::rule_checks as rules;
+    use crate::ops::Op;
+
+    #[test]
+    fn every_unary_jvp_matches_a_central_difference() {
+        // Away from 0, where abs and relu bend.
+        let x = rules::uniform(1, &[2, 3], 0.5, 2.0);
+        use UnaryOp::*;
+        for u in [
+            Neg, Abs, Exp, Log, Sin, Cos, Tanh, Sqrt, Rsqrt, Sigmoid, Relu, Erf,
+        ] {
+            let f = move |x: Vec<Array>| Array::apply(Op::Unary(u), x);
+            rules::assert_jvp_matches_central_difference(u.name(), f, &[x.clone()]);
+        }
+    }
+
+    #[test]
+    fn a_unary_op_batches_elementwise_like_each_example() {
+        let xs = rules::uniform(2, &[3, 4], 0.5, 2.0);
+        let report = rules::assert_batches_like_stacking("sqrt", |x| x[0].sqrt().exp(), &[xs]);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+    }
 }
