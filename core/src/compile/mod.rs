@@ -10,6 +10,8 @@ pub mod forward;
 pub mod grad;
 pub mod key;
 pub mod report;
+#[cfg(test)]
+pub(crate) mod rule_checks;
 pub mod vmap;
 
 pub use cache::{compile, Compiled, Function, MISS_LOG_CAPACITY};

@@ -1072,7 +1072,7 @@ mod tests {
         }
     }
 
-    use crate::ops::rule_checks as rules;
+    use crate::compile::rule_checks as rules;
     use crate::ops::Op;
 
     #[test]

@@ -192,7 +192,7 @@ mod tests {
         }
     }
 
-    use crate::ops::rule_checks as rules;
+    use crate::compile::rule_checks as rules;
 
     #[test]
     fn cast_jvp_casts_the_tangent_and_an_integer_result_has_none() {

@@ -479,8 +479,8 @@ impl CustomCall {
 
 #[cfg(test)]
 mod tests {
+    use crate::compile::rule_checks as rules;
     use crate::handle::array::Array;
-    use crate::ops::rule_checks as rules;
     use crate::CustomOp;
 
     /// `Σx²` as a custom op, with the given rules.

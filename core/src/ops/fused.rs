@@ -1163,8 +1163,8 @@ mod tests {
 
     #[test]
     fn a_fused_group_has_no_jvp_or_batching_rule_and_the_errors_name_it() {
+        use crate::compile::rule_checks as rules;
         use crate::handle::array::Array;
-        use crate::ops::rule_checks as rules;
         use std::sync::Arc;
         let fused = Op::Fused(Arc::new(chain_kernel()));
         let x = rules::normal(55, &[3]);

@@ -134,9 +134,9 @@ impl ImplicitCall {
 
 #[cfg(test)]
 mod tests {
+    use crate::compile::rule_checks as rules;
     use crate::handle::array::Array;
     use crate::implicit::{ImplicitArray, LowRank};
-    use crate::ops::rule_checks as rules;
 
     /// `x @ (base + a·b)` with the low-rank value built from `leaves`
     /// (`[base, a, b]`) and `x` shared.

@@ -261,7 +261,7 @@ mod tests {
         ));
     }
 
-    use crate::ops::rule_checks as rules;
+    use crate::compile::rule_checks as rules;
 
     #[test]
     fn take_jvp_takes_the_tangent_at_the_same_indices() {

@@ -887,7 +887,7 @@ pub use wgsl::validate as validate_wgsl;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::rule_checks as rules;
+    use crate::compile::rule_checks as rules;
 
     /// A kernel that squares its one input elementwise (a CPU reference,
     /// no WGSL), declaring a batch rule when `batches` is set.

@@ -1036,7 +1036,7 @@ mod tests {
         }
     }
 
-    use crate::ops::rule_checks as rules;
+    use crate::compile::rule_checks as rules;
 
     #[test]
     fn layout_jvps_apply_the_op_to_the_tangent() {

@@ -731,7 +731,7 @@ mod tests {
         (0..rank).map(|i| dim(a, i).max(dim(b, i))).collect()
     }
 
-    use crate::ops::rule_checks as rules;
+    use crate::compile::rule_checks as rules;
 
     #[test]
     fn matmul_jvp_matches_a_central_difference_for_vectors_and_batches() {

@@ -25,8 +25,7 @@ mod product;
 mod qmm;
 pub mod quant;
 pub mod reduce;
-#[cfg(test)]
-pub(crate) mod rule_checks;
+
 pub mod scatter;
 pub mod select;
 mod strided;

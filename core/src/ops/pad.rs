@@ -299,7 +299,7 @@ mod tests {
         }
     }
 
-    use crate::ops::rule_checks as rules;
+    use crate::compile::rule_checks as rules;
 
     #[test]
     fn pad_slice_jvp_pads_the_tangent() {

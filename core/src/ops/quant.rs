@@ -1984,7 +1984,7 @@ mod tests {
         );
     }
 
-    use crate::ops::rule_checks as rules;
+    use crate::compile::rule_checks as rules;
 
     #[test]
     fn quantized_matmul_jvp_is_the_dequantized_products() {

@@ -474,7 +474,7 @@ mod tests {
         }
     }
 
-    use crate::ops::rule_checks as rules;
+    use crate::compile::rule_checks as rules;
 
     #[test]
     fn scatter_add_jvp_scatters_the_tangent() {

@@ -223,7 +223,7 @@ mod tests {
         assert!(cx.guards.is_empty());
     }
 
-    use crate::ops::rule_checks as rules;
+    use crate::compile::rule_checks as rules;
 
     #[test]
     fn select_jvp_takes_the_chosen_branchs_tangent() {

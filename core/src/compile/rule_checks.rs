@@ -1,7 +1,9 @@
-//! What the families' unit tests check of their transformation rules,
+//! What the op families' unit tests check of their transformation rules,
 //! written once: a jvp rule against a central difference of the op, a
 //! batching rule against the op run on each example and stacked, and the
-//! error an op without a rule gives.
+//! error an op without a rule gives. It sits in the compile layer because
+//! it runs the transformations through `compile`; only the families'
+//! test modules reach up to it.
 
 use crate::handle::array::Array;
 use crate::ops::layout::concat;
