@@ -491,19 +491,31 @@ fn basis(dims: &[usize], dtype: crate::DType) -> Result<Array> {
     Array::from_data(data, &shape)
 }
 
-/// `per_example` (functions of the placeholder `at`) evaluated for every
-/// vector of the identity basis of `at`'s values at once, through the
-/// batching rules (one batched walk): each `[n] ++ per_example.shape`.
-fn over_basis(per_example: &[Array], at: &Array) -> Result<Vec<Array>> {
+/// Each of `per_example` that is not `None` (functions of the
+/// placeholder `at`) evaluated for every vector of the identity basis of
+/// `at`'s values at once, through the batching rules (one batched walk):
+/// `[n] ++ per_example.shape`; `None` stays `None`.
+fn over_basis(per_example: Vec<Option<Array>>, at: &Array) -> Result<Vec<Option<Array>>> {
     let dims = at.shape().as_known().unwrap_or_default();
     let n = Dim::Known(dims.iter().product());
+    let present: Vec<Array> = per_example.iter().flatten().cloned().collect();
     let batched = batch_values(
-        per_example,
+        &present,
         std::slice::from_ref(at),
         vec![Batched::along(basis(&dims, at.dtype())?, 0)],
         &n,
     )?;
-    Ok(batched.iter().map(|b| b.materialized(&n)).collect())
+    let mut batched = batched.iter().map(|b| b.materialized(&n));
+    Ok(per_example
+        .into_iter()
+        .map(|p| p.and_then(|_| batched.next()))
+        .collect())
+}
+
+/// The shape of `∂out/∂in`: `out.shape ++ in.shape`.
+fn block_dims(out: &[usize], input: &Array) -> Vec<usize> {
+    let input = input.shape().as_known().unwrap_or_default();
+    out.iter().chain(&input).copied().collect()
 }
 
 /// `∂out_leaf/∂in_leaf` blocks (`blocks[o][i]`) assembled into `out`'s
@@ -531,31 +543,26 @@ fn jacobian_forward<In: Tree, Out: JacobianOutput<In>>(
     let trace = next_trace_id();
     let mut blocks: Vec<Vec<Array>> = vec![Vec::with_capacity(leaves.len()); out_leaves.len()];
     for (i, leaf) in leaves.iter().enumerate() {
-        let leaf_dims = leaf.shape().as_known().unwrap_or_default();
         let tangent = Array::param(trace, i, leaf.aval().clone());
         let mut tangents = vec![None; leaves.len()];
         tangents[i] = Some(tangent.clone());
         let pushed = push_tangents(&out_leaves, &leaves, tangents)?;
-        let moving: Vec<Array> = pushed.iter().flatten().cloned().collect();
-        let mut columns = over_basis(&moving, &tangent)?.into_iter();
-        for (((o, t), out_dims), row) in out_leaves
+        let columns = over_basis(pushed, &tangent)?;
+        for (((o, column), dims), row) in out_leaves
             .iter()
-            .zip(&pushed)
+            .zip(columns)
             .zip(&out_dims)
             .zip(&mut blocks)
         {
-            let dims: Vec<usize> = out_dims.iter().chain(&leaf_dims).copied().collect();
-            // `columns` holds one entry per tangent that is not `None`.
-            let column = if t.is_some() { columns.next() } else { None };
-            let block = match column {
+            let dims = block_dims(dims, leaf);
+            row.push(match column {
                 Some(c) => {
                     let mut last: Vec<usize> = (1..c.ndim()).collect();
                     last.push(0);
                     c.permute(&last).reshape_to(Shape::known(&dims))
                 }
                 None => Array::zeros(&dims, o.dtype()),
-            };
-            row.push(block);
+            });
         }
     }
     assemble(&out, &tree, blocks)
@@ -576,17 +583,13 @@ fn jacobian_reverse<In: Tree, Out: JacobianOutput<In>>(
         let mut seeds = vec![None; out_leaves.len()];
         seeds[o] = Some(seed.clone());
         let grads = backward(&out_leaves, seeds, &leaves)?;
-        let moving: Vec<Array> = grads.iter().flatten().cloned().collect();
-        let mut rows = over_basis(&moving, &seed)?.into_iter();
-        let row = grads
-            .iter()
+        let rows = over_basis(grads, &seed)?;
+        let row = rows
+            .into_iter()
             .zip(&leaves)
-            .map(|(grad, leaf)| {
-                let leaf_dims = leaf.shape().as_known().unwrap_or_default();
-                let dims: Vec<usize> = dims.iter().chain(&leaf_dims).copied().collect();
-                // `rows` holds one entry per cotangent that is not `None`.
-                let batched = if grad.is_some() { rows.next() } else { None };
-                match batched {
+            .map(|(r, leaf)| {
+                let dims = block_dims(dims, leaf);
+                match r {
                     Some(r) => r.reshape_to(Shape::known(&dims)),
                     None => Array::zeros(&dims, leaf.dtype()),
                 }
