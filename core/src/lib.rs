@@ -151,11 +151,14 @@ pub use ops::quant::{
 };
 pub use ops::select::select;
 pub use ops::{
-    BinaryOp, Condition, CustomCall, CustomOp, Guard, Kernel, KernelCall, Op, ReduceOp,
-    SchemaEntry, ShapeCx, SliceAxis, TemplateValue, UnaryOp,
+    BinaryOp, Condition, ControlCall, ControlKind, CustomCall, CustomOp, Guard, Kernel, KernelCall,
+    Op, ReduceOp, SchemaEntry, ShapeCx, SliceAxis, TemplateValue, UnaryOp,
 };
 pub use plan::{Home, PlanMemory, Refusal, ReinplaceDecision, SlotPlan};
 pub use shape::{Atom, Aval, Dim, Shape, SymExpr, Symbol};
+pub use trace::control::{
+    cond, fori_loop, scan, scan_with, switch, while_loop, Branch, ScanOptions,
+};
 pub use transform::autodiff::stop_gradient;
 pub use transform::implicit::ImplicitArray;
 pub use tree::{

@@ -5,7 +5,7 @@
 use crate::error::Result;
 use crate::hash::{fast_map, FastHasher, FastMap};
 use crate::ir::graph::{Graph, GraphNode, Literal, Operands, Origin, ValueId, ValueKind};
-use crate::ops::{FusedArg, FusedKernel, FusedStep, Op};
+use crate::ops::{ControlCall, FusedArg, FusedKernel, FusedStep, Op};
 use crate::shape::Aval;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
@@ -91,8 +91,14 @@ pub fn optimize_lowered(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<Pas
                 continue;
             }
         }
+        let kind = match &node.kind {
+            ValueKind::Op(Op::Control(call)) => {
+                ValueKind::Op(Op::Control(Arc::new(optimize_bodies(call, passes)?)))
+            }
+            kind => kind.clone(),
+        };
         let mut candidate = GraphNode {
-            kind: node.kind.clone(),
+            kind,
             inputs,
             aval: node.aval.clone(),
         };
@@ -167,6 +173,18 @@ pub fn optimize_lowered(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<Pas
         changed: fused,
     });
     Ok((out, records))
+}
+
+/// `call` with every subgraph optimized by the same passes: bodies are
+/// simplified, CSE'd, DCE'd and fused like any graph (their inputs stay,
+/// since the node's operands are fixed).
+fn optimize_bodies(call: &ControlCall, passes: Passes) -> Result<ControlCall> {
+    let graphs = call
+        .graphs()
+        .iter()
+        .map(|g| optimize_lowered(g, passes).map(|(g, _)| g))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(call.with_graphs(graphs))
 }
 
 /// Makes each matmul read a permute of its operand's last two axes in
@@ -395,6 +413,10 @@ fn fold(node: &GraphNode, graph: &Graph) -> Result<Option<Literal>> {
     let ValueKind::Op(op) = &node.kind else {
         return Ok(None);
     };
+    if matches!(op, Op::Control(_) | Op::Get { .. }) {
+        // Subgraphs run through an executor, not the single-op evaluation.
+        return Ok(None);
+    }
     let is_constant = |i: &ValueId| matches!(graph.nodes[*i].kind, ValueKind::Constant(_));
     if !matches!(op, Op::DimSize { .. }) && !node.inputs.iter().all(is_constant) {
         return Ok(None);

@@ -11,7 +11,9 @@
 pub(crate) mod batching;
 pub mod binary;
 pub mod cast;
+pub mod control;
 pub mod custom;
+pub mod dynamic;
 pub mod fused;
 pub mod implicit;
 pub mod index;
@@ -42,6 +44,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 pub use binary::BinaryOp;
+pub use control::{ControlCall, ControlKind};
 pub use custom::{CustomCall, CustomOp, SchemaEntry};
 pub use fused::{FusedArg, FusedKernel, FusedStep};
 pub use implicit::ImplicitCall;
@@ -150,6 +153,17 @@ pub enum Op {
         /// The output shape.
         shape: Shape,
     },
+    /// The window of `sizes` of operand 0 at start indices computed at run
+    /// time (operands 1.., one integer scalar per axis, clamped so the
+    /// window fits; [`dynamic`]).
+    DynamicSlice {
+        /// The window's shape.
+        sizes: Shape,
+    },
+    /// Operand 0 with operand 1 written at start indices computed at run
+    /// time (operands 2.., clamped as for [`Op::DynamicSlice`]); may write
+    /// over operand 0.
+    DynamicUpdateSlice,
     /// A scalar holding the product of the operand's sizes over `axes`
     /// (the count a mean divides by, known only per call when shapeless).
     DimSize {
@@ -174,6 +188,16 @@ pub enum Op {
     /// Quantization: quantize, dequantize, quantized matmul and gather_qmm
     /// ([`quant`]).
     Quant(QuantOp),
+    /// Control flow holding subgraphs: scan, while_loop, switch
+    /// ([`control`]). Its value is a token; [`Op::Get`] reads its results.
+    Control(Arc<ControlCall>),
+    /// Result `index` of the control-flow node that is its operand.
+    Get {
+        /// Which result.
+        index: usize,
+        /// Its aval.
+        aval: Aval,
+    },
 }
 
 impl Op {
@@ -196,12 +220,16 @@ impl Op {
             Op::Take { .. } => "take",
             Op::ScatterAdd { .. } => "scatter_add",
             Op::PadSlice { .. } => "pad_slice",
+            Op::DynamicSlice { .. } => "dynamic_slice",
+            Op::DynamicUpdateSlice => "dynamic_update_slice",
             Op::DimSize { .. } => "dim_size",
             Op::Fused(_) => "fused",
             Op::Kernel(k) => k.kernel.name(),
             Op::Custom(c) => c.name(),
             Op::Implicit(i) => i.kind(),
             Op::Quant(q) => q.name(),
+            Op::Control(c) => c.name(),
+            Op::Get { .. } => "get",
         }
     }
 
@@ -232,11 +260,14 @@ impl Op {
                 format!("pad_slice[{}] into {shape}", parts.join(", "))
             }
             Op::DimSize { axes, dtype } => format!("dim_size(axes={axes:?}, {dtype})"),
+            Op::DynamicSlice { sizes } => format!("dynamic_slice(sizes={sizes})"),
             Op::Fused(k) => k.describe(),
             Op::Kernel(k) => k.describe(),
             Op::Custom(c) => c.describe(),
             Op::Implicit(i) => i.describe(),
             Op::Quant(q) => q.describe(),
+            Op::Control(c) => c.describe(),
+            Op::Get { index, .. } => format!("get({index})"),
             other => other.name().to_string(),
         }
     }
@@ -257,6 +288,7 @@ impl Op {
     pub fn may_write_over(&self, position: usize) -> bool {
         match self {
             Op::Kernel(k) => k.kernel.in_place() == Some(position),
+            Op::DynamicUpdateSlice => position == 0,
             op => op.is_elementwise(),
         }
     }
@@ -291,11 +323,15 @@ impl Op {
             }
             Op::PadSlice { axes, shape } => pad::pad_slice_shape_rule(axes, shape, inputs[0], cx),
             Op::DimSize { axes, dtype } => layout::dim_size_shape_rule(axes, *dtype, inputs[0]),
+            Op::DynamicSlice { sizes } => dynamic::dynamic_slice_shape_rule(sizes, inputs, cx),
+            Op::DynamicUpdateSlice => dynamic::dynamic_update_slice_shape_rule(inputs, cx),
             Op::Fused(k) => fused::shape_rule(k, inputs, cx),
             Op::Kernel(k) => k.shape_rule(inputs, cx),
             Op::Custom(c) => c.shape_rule(inputs, cx),
             Op::Implicit(i) => i.shape_rule(inputs, cx),
             Op::Quant(q) => q.shape_rule(inputs, cx),
+            Op::Control(c) => c.shape_rule(inputs, cx),
+            Op::Get { aval, .. } => control::get_shape_rule(aval, inputs[0]),
         }
     }
 
@@ -319,9 +355,14 @@ impl Op {
             | Op::Take { .. }
             | Op::ScatterAdd { .. } => Some(2),
             Op::Select => Some(3),
-            Op::Concat { .. } | Op::Fused(_) | Op::Kernel(_) | Op::Custom(_) | Op::Implicit(_) => {
-                None
-            }
+            Op::Concat { .. }
+            | Op::Fused(_)
+            | Op::Kernel(_)
+            | Op::Custom(_)
+            | Op::Implicit(_)
+            | Op::DynamicSlice { .. }
+            | Op::DynamicUpdateSlice
+            | Op::Control(_) => None,
             Op::Quant(q) => Some(q.arity()),
             _ => Some(1),
         }
@@ -389,11 +430,18 @@ impl Op {
                 pad::pad_slice_eval(axes, inputs[0], in_shapes[0], out_shape)
             }
             Op::DimSize { axes, dtype } => Ok(layout::dim_size_eval(axes, *dtype, in_shapes[0])),
+            Op::DynamicSlice { .. } => dynamic::dynamic_slice_eval(inputs, in_shapes, out_shape),
+            Op::DynamicUpdateSlice => dynamic::dynamic_update_slice_eval(inputs, in_shapes),
             Op::Fused(k) => fused::eval(k, inputs, in_shapes, out_shape),
             Op::Kernel(k) => k.eval(inputs, in_shapes, out_shape),
             Op::Custom(c) => c.eval(inputs, in_shapes),
             Op::Implicit(i) => i.eval(inputs, in_shapes),
             Op::Quant(q) => q.eval(inputs, in_shapes),
+            Op::Control(_) | Op::Get { .. } => Err(crate::error::arg_err(
+                self.name(),
+                "runs its subgraphs through an executor (the CPU executor or a GPU backend), \
+                 not the single-op reference evaluation",
+            )),
         }
     }
 
@@ -431,6 +479,8 @@ impl Op {
             Op::Take { axis } => index::vjp(*axis, &inputs[0], &inputs[1], g).to_vec(),
             Op::ScatterAdd { axis, .. } => scatter::vjp(*axis, &inputs[1], g).to_vec(),
             Op::PadSlice { axes, .. } => vec![Some(pad::vjp(axes, g))],
+            Op::DynamicSlice { .. } => dynamic::slice_vjp(inputs, g),
+            Op::DynamicUpdateSlice => dynamic::update_vjp(inputs, g),
             Op::ArgMax { .. } | Op::StopGradient => vec![None; inputs.len()],
             Op::Custom(c) => c.vjp(inputs, output, g)?,
             Op::Implicit(i) => i.vjp(inputs, g, backward)?,
@@ -446,6 +496,12 @@ impl Op {
                 return Err(crate::error::arg_err(
                     self.name(),
                     "has no vjp, so gradients cannot flow through it",
+                ))
+            }
+            Op::Control(_) | Op::Get { .. } => {
+                return Err(crate::error::arg_err(
+                    self.name(),
+                    "has no vjp yet: gradients cannot flow through control flow",
                 ))
             }
         })
@@ -512,6 +568,9 @@ impl Op {
                     .map(|(x, t)| t.clone().unwrap_or_else(|| x.zeros_like()))
                     .collect(),
             )),
+            Op::DynamicSlice { .. } | Op::DynamicUpdateSlice => {
+                dynamic::jvp(self, inputs, tangents)
+            }
             Op::ArgMax { .. } | Op::DimSize { .. } | Op::StopGradient => None,
             Op::Custom(c) => c.jvp(inputs, output, tangents)?,
             Op::Implicit(i) => i.jvp(inputs, tangents, forward)?,
@@ -527,6 +586,12 @@ impl Op {
                 return Err(crate::error::arg_err(
                     self.name(),
                     "has no jvp: fused groups only exist in optimized graphs",
+                ))
+            }
+            Op::Control(_) | Op::Get { .. } => {
+                return Err(crate::error::arg_err(
+                    self.name(),
+                    "has no jvp yet: forward-mode derivatives cannot flow through control flow",
                 ))
             }
         })
@@ -618,6 +683,9 @@ impl Op {
                     )?,
                 }
             }
+            Op::DynamicSlice { .. } | Op::DynamicUpdateSlice => {
+                dynamic::batch(self, operands, output, size)?
+            }
             Op::Quant(q) => match q.batch(operands, output, size) {
                 Some(batched) => batched,
                 None => per_example(self, operands, output, size, "gather_qmm has no rule")?,
@@ -655,6 +723,12 @@ impl Op {
                 return Err(crate::error::arg_err(
                     self.name(),
                     "has no batching rule: fused groups only exist in optimized graphs",
+                ))
+            }
+            Op::Control(_) | Op::Get { .. } => {
+                return Err(crate::error::arg_err(
+                    self.name(),
+                    "has no batching rule yet: vmap cannot batch control flow",
                 ))
             }
         })
@@ -702,6 +776,9 @@ impl Op {
             }
             Op::Fused(k) if fused::eval_in_place(k, inputs, in_shapes, out_shape, target) => {
                 return Ok(())
+            }
+            Op::DynamicUpdateSlice => {
+                return dynamic::dynamic_update_slice_in_place(inputs, in_shapes, target)
             }
             _ => {}
         }
