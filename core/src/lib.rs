@@ -125,7 +125,8 @@ pub use compile::grad::{
     grad, value_and_grad, vjp, Grad, Pullback, ValueAndGrad, ValueAndGradWithAux,
 };
 pub use compile::report::{
-    CacheInfo, CacheMiss, MissReason, PlanReport, Report, ReportNode, SlotReport, SlotValue,
+    BodyReport, CacheInfo, CacheMiss, CarriedValue, LoopReport, MissReason, PlanReport, Report,
+    ReportNode, SlotReport, SlotValue,
 };
 pub use compile::vmap::{vmap, Vmap};
 pub use compile::{compile, CacheKey, Compiled, Function, LeafSignature};

@@ -9,19 +9,25 @@
 //! one buffer for the whole loop. The initial carries are copied once per
 //! call (the caller's values must survive).
 
-use super::{Backend, CpuBackend, Executable};
+use super::Executable;
 use crate::data::HostData;
 use crate::error::{Error, Result};
 use crate::ops::{ControlCall, ControlKind};
 use std::sync::Arc;
 
+/// Runs an executable on argument buffers with its values' shapes: the
+/// CPU executor, handed in by it.
+pub(super) type RunBody<'a> =
+    &'a dyn Fn(&Executable, Vec<Arc<HostData>>, &[Vec<usize>]) -> Result<Vec<Arc<HostData>>>;
+
 /// The results of control node `call` over `operands` (of `shapes`), with
-/// its subgraphs' executables `bodies`.
+/// its subgraphs' executables `bodies`, each run by `run`.
 pub(super) fn run_control(
     call: &ControlCall,
     bodies: &[Arc<Executable>],
     operands: &[&HostData],
     shapes: &[&[usize]],
+    run: RunBody<'_>,
 ) -> Result<Vec<Arc<HostData>>> {
     if bodies.len() != call.graphs().len() {
         return Err(Error::InvalidPlan {
@@ -94,7 +100,7 @@ pub(super) fn run_control(
             for step in 0..length {
                 let row = if *reverse { length - 1 - step } else { step };
                 let inputs = inputs_of(0, std::mem::take(&mut carry), Some(row))?;
-                let mut outputs = CpuBackend.run(body, inputs, &body_shapes)?;
+                let mut outputs = run(body, inputs, &body_shapes)?;
                 for (y, out) in ys.iter_mut().zip(&outputs[num_carry..]) {
                     y.write_range(row * out.len(), out)
                         .map_err(|detail| Error::InvalidPlan { detail })?;
@@ -110,14 +116,13 @@ pub(super) fn run_control(
             let test_shapes = test.resolve_shapes(&in_shapes(0))?.into_owned();
             let body_shapes = body.resolve_shapes(&in_shapes(1))?.into_owned();
             loop {
-                let holds = CpuBackend
-                    .run(test, inputs_of(0, carry.clone(), None)?, &test_shapes)?
+                let holds = run(test, inputs_of(0, carry.clone(), None)?, &test_shapes)?
                     .first()
                     .is_some_and(|pred| pred.get_f64(0) != 0.0);
                 if !holds {
                     return Ok(carry);
                 }
-                carry = CpuBackend.run(body, inputs_of(1, carry, None)?, &body_shapes)?;
+                carry = run(body, inputs_of(1, carry, None)?, &body_shapes)?;
             }
         }
         ControlKind::Switch => {
@@ -125,7 +130,7 @@ pub(super) fn run_control(
             let index = operands[0].get_f64(0).clamp(0.0, last as f64) as usize;
             let branch = &bodies[index];
             let branch_shapes = branch.resolve_shapes(&in_shapes(index))?.into_owned();
-            CpuBackend.run(branch, inputs_of(index, carry, None)?, &branch_shapes)
+            run(branch, inputs_of(index, carry, None)?, &branch_shapes)
         }
     }
 }

@@ -217,7 +217,13 @@ impl Backend for CpuBackend {
                     for &j in &node.inputs {
                         operands.push(buffers.read(graph, step, plan.home(j), j)?);
                     }
-                    run_control(call, exe.bodies(step), &operands, &operand_shapes)?
+                    run_control(
+                        call,
+                        exe.bodies(step),
+                        &operands,
+                        &operand_shapes,
+                        &|body, inputs, shapes| CpuBackend.run(body, inputs, shapes),
+                    )?
                 };
                 buffers.put(plan.home(step), step, HostData::U8(Vec::new()))?;
                 for &(get, index) in results_of.get(&step).into_iter().flatten() {

@@ -87,7 +87,7 @@ pub(crate) fn backward(
                 let Some(cts) = results.remove(&array.id()) else {
                     continue;
                 };
-                crate::transform::control::vjp(call, &inputs, cts)?
+                crate::transform::control::vjp(call, &inputs, cts, &backward)?
             }
             _ => {
                 let Some(cotangent) = cotangents.remove(&array.id()) else {

@@ -21,10 +21,9 @@
 
 use crate::error::{arg_err, Result};
 use crate::handle::array::Array;
+use crate::ops::{Backward, Forward};
 use crate::ops::{ControlCall, ControlKind};
 use crate::trace::control::{build_scan, build_switch, build_while, replay, FlatBranch};
-use crate::transform::autodiff::backward;
-use crate::transform::forward::push_tangents;
 
 /// Positions of `values` with a float dtype.
 fn floats(values: &[Array]) -> Vec<usize> {
@@ -39,11 +38,13 @@ fn or_zeros(grad: Option<Array>, like: &Array) -> Array {
 }
 
 /// The cotangents of a control node's operands `inputs` for the
-/// cotangents `cts` of its results (`None` where zero).
+/// cotangents `cts` of its results (`None` where zero);
+/// `backward` is the reverse-mode walk, handed in by it.
 pub(crate) fn vjp(
     call: &ControlCall,
     inputs: &[Array],
     cts: Vec<Option<Array>>,
+    backward: Backward<'_>,
 ) -> Result<Vec<Option<Array>>> {
     match &call.kind {
         ControlKind::Scan { length, reverse } => {
@@ -180,11 +181,13 @@ pub(crate) fn vjp(
 }
 
 /// The tangents of a control node's results when its operands `inputs`
-/// have the tangents `tangents` (`None` where zero).
+/// have the tangents `tangents` (`None` where zero);
+/// `push_tangents` is the forward-mode walk, handed in by it.
 pub(crate) fn jvp(
     call: &ControlCall,
     inputs: &[Array],
     tangents: &[Option<Array>],
+    push_tangents: Forward<'_>,
 ) -> Result<Vec<Option<Array>>> {
     let graphs = call.graphs();
     // The operands with a tangent, and their tangents.

@@ -36,7 +36,7 @@ pub(crate) fn push_tangents(
     let mut results: FastMap<usize, Vec<Option<Array>>> = fast_map(4);
     push_forward(outputs, seeds, |op, inputs, output, tangents| match op {
         Op::Control(call) => {
-            let all = crate::transform::control::jvp(call, inputs, tangents)?;
+            let all = crate::transform::control::jvp(call, inputs, tangents, &push_tangents)?;
             results.insert(output.id(), all);
             Ok(Some(output.clone()))
         }
