@@ -616,3 +616,91 @@ fn the_gradient_of_a_while_loop_is_an_error_naming_it() {
         "{err}"
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(6), ..ProptestConfig::default() })]
+
+    #[test]
+    fn on_wgpu_scan_equals_the_cpu_scan(
+        program in prop::collection::vec(instr(), 1..8),
+        steps in 1usize..4,
+        reverse in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        let Some(gpu) = kiln_tests::gpu::backend() else { return Ok(()) };
+        let n = 3;
+        let args = (normal(seed, &[n, n]), normal(seed + 1, &[steps, 1, n]), normal(seed + 2, &[steps, n, 1]), normal(seed + 3, &[n]));
+        let f = |(init, rows, cols, w): (Array, Array, Array, Array)| {
+            scan_with(
+                |c: Array, x: (Array, Array)| Ok(random_body(&program, n, &w, c, x)),
+                &init,
+                &(rows, cols),
+                ScanOptions { reverse, ..ScanOptions::default() },
+            )
+        };
+        let (want_c, want_ys) = compile(f).call(&args).unwrap().unwrap();
+        let (c, ys) = compile(f).with_backend(gpu).call(&args).unwrap().unwrap();
+        close(&c, &want_c, 1e-4, 1e-3);
+        close(&ys, &want_ys, 1e-4, 1e-3);
+    }
+}
+
+#[test]
+fn on_wgpu_switch_dynamic_updates_and_the_decoding_loop_match_the_cpu() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let f = |(i, x): (Array, Array)| {
+        let branches: Vec<Branch<Array, Array>> = vec![
+            Box::new(|x: Array| Ok(&x + 1.0)),
+            Box::new(|x: Array| Ok(&x * 10.0)),
+            Box::new(|x: Array| Ok(-&x)),
+        ];
+        switch(&i, branches, &x)
+    };
+    let on_gpu = compile(f).with_backend(gpu.clone());
+    let x = Array::from_vec(vec![2.0f32, 3.0], &[2]).unwrap();
+    for (i, want) in [
+        (-5, vec![3.0, 4.0]),
+        (1, vec![20.0, 30.0]),
+        (7, vec![-2.0, -3.0]),
+    ] {
+        let got = on_gpu.call(&(int(i), x.clone())).unwrap().unwrap();
+        assert_eq!(got.to_vec::<f32>().unwrap(), want, "index {i}");
+    }
+    let update = |(x, u, i, j): (Array, Array, Array, Array)| {
+        let updated = x.dynamic_update_slice(&u, &[i.clone(), j.clone()]);
+        (updated.dynamic_slice(&[i, j], &[2, 3]).exp(), updated)
+    };
+    for (i, j) in [(0, 0), (2, 1), (-3, 9)] {
+        let args = (normal(1, &[5, 4]), normal(2, &[2, 3]), int(i), int(j));
+        let want = compile(update).call(&args).unwrap();
+        let got = compile(update)
+            .with_backend(gpu.clone())
+            .call(&args)
+            .unwrap();
+        close(&got.0, &want.0, 1e-6, 1e-5);
+        close(&got.1, &want.1, 0.0, 0.0);
+    }
+    let args = decode_args(16);
+    let (want_cache, want_out) = compile(decode(16)).call(&args).unwrap().unwrap();
+    let (cache, out) = compile(decode(16))
+        .with_backend(gpu.clone())
+        .call(&args)
+        .unwrap()
+        .unwrap();
+    close(&cache, &want_cache, 0.0, 0.0);
+    close(&out, &want_out, 1e-5, 1e-4);
+    let err = compile(|x: Array| {
+        while_loop(
+            |x: Array| Ok(x.sum_all().less(10.0)),
+            |x: Array| Ok(&x * 2.0),
+            &x,
+        )
+    })
+    .with_backend(gpu)
+    .call(&Array::from_vec(vec![1.0f32], &[1]).unwrap())
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("while_loop"), "{err}");
+}
