@@ -704,3 +704,116 @@ fn on_wgpu_switch_dynamic_updates_and_the_decoding_loop_match_the_cpu() {
     .to_string();
     assert!(err.contains("while_loop"), "{err}");
 }
+
+/// Example `i` of `x` along axis 0.
+fn example(x: &Array, i: usize) -> Array {
+    x.slice_axis(0, i as i64, Some(i as i64 + 1), 1)
+        .squeeze(&[0])
+}
+
+#[test]
+fn vmap_of_control_flow_equals_stacking_each_example() {
+    let b = 3;
+    // A scan per example: batched initial states and sequences, shared weights.
+    let (h, w, xs) = (
+        normal(1, &[b, 1, 4]),
+        &normal(2, &[4, 4]) * 0.5,
+        normal(3, &[b, 5, 1, 4]),
+    );
+    let per_example = |(h, w, xs): (Array, Array, Array)| {
+        scan(
+            |h: Array, x: Array| {
+                let h = (h.matmul(&w) + x).tanh();
+                Ok((h.clone(), h.sum_all()))
+            },
+            &h,
+            &xs,
+        )
+        .unwrap()
+    };
+    let (hs, ys) = compile(kiln::vmap(per_example).in_axes([("args[1]", None)]))
+        .call(&(h.clone(), w.clone(), xs.clone()))
+        .unwrap();
+    let want: Vec<(Array, Array)> = (0..b)
+        .map(|i| per_example((example(&h, i), w.clone(), example(&xs, i))))
+        .collect();
+    close(
+        &hs,
+        &stack(&want.iter().map(|p| p.0.clone()).collect::<Vec<_>>()),
+        1e-6,
+        1e-5,
+    );
+    close(
+        &ys,
+        &stack(&want.iter().map(|p| p.1.clone()).collect::<Vec<_>>()),
+        1e-6,
+        1e-5,
+    );
+
+    // cond with a per-example predicate; a while loop whose trip count
+    // differs per example.
+    let x = Array::from_vec(vec![-2.0f32, 1.0, 7.0], &[3]).unwrap();
+    let branchy = |x: Array| {
+        let c = cond(
+            &x.greater(0.0),
+            |x: Array| Ok(&x * 10.0),
+            |x: Array| Ok(-&x),
+            &x,
+        )
+        .unwrap();
+        let w = while_loop(
+            |v: Array| Ok(v.less(50.0)),
+            |v: Array| Ok(&v * 3.0 + 1.0),
+            &(&x.abs() + 1.0),
+        )
+        .unwrap();
+        (c, w)
+    };
+    let (c, until) = compile(kiln::vmap(branchy)).call(&x).unwrap();
+    let want: Vec<(Array, Array)> = (0..3).map(|i| branchy(example(&x, i))).collect();
+    close(
+        &c,
+        &stack(&want.iter().map(|p| p.0.clone()).collect::<Vec<_>>()),
+        0.0,
+        0.0,
+    );
+    close(
+        &until,
+        &stack(&want.iter().map(|p| p.1.clone()).collect::<Vec<_>>()),
+        0.0,
+        0.0,
+    );
+
+    // Per-example gradients through a scan.
+    let loss = |(h, w, xs): (Array, Array, Array)| {
+        let (h, ()) = scan(
+            |h: Array, x: Array| Ok(((h.matmul(&w) + x).tanh(), ())),
+            &h,
+            &xs,
+        )
+        .unwrap();
+        (&h * &h).sum_all()
+    };
+    let want: Vec<Array> = (0..b)
+        .map(|i| {
+            kiln::grad(loss)
+                .wrt(["args[1]"])
+                .call(&(example(&h, i), w.clone(), example(&xs, i)))
+                .unwrap()
+                .1
+        })
+        .collect();
+    let g = compile(kiln::vmap(kiln::grad(loss).wrt(["args[1]"])).in_axes([("args[1]", None)]))
+        .call(&(h.clone(), w.clone(), xs.clone()))
+        .unwrap();
+    close(&g.1, &stack(&want), 1e-5, 1e-4);
+    assert!(f_has_no_fallbacks(&compile(kiln::vmap(branchy)), &x));
+}
+
+fn f_has_no_fallbacks<F: kiln::Function<Array, (Array, Array), M>, M>(
+    f: &kiln::Compiled<Array, (Array, Array), F, kiln::CpuBackend, M>,
+    x: &Array,
+) -> bool {
+    f.call(x).unwrap();
+    f.cache().reports[0].vmap_fallbacks.is_empty()
+}

@@ -178,6 +178,15 @@ fn share_captures(traced: Vec<Traced>) -> (Vec<Graph>, Vec<Array>) {
     (graphs, consts)
 }
 
+/// `Err` with the first error a body's outputs carry: a failed op inside
+/// a body is reported as itself, not as the aval its failed array has.
+fn failed(outputs: &[Array]) -> Result<()> {
+    match outputs.iter().find_map(Array::error) {
+        Some(e) => Err(e.clone()),
+        None => Ok(()),
+    }
+}
+
 /// The avals of a subgraph's outputs.
 fn output_avals(graph: &Graph) -> Vec<Aval> {
     graph
@@ -281,6 +290,7 @@ pub fn scan_with<C: Tree, X: Tree, Y: Tree>(
             let x: X = tree_unflatten(&xs_def, x.to_vec())?;
             let (c, y) = body(c, x)?;
             let (outs, out_def) = tree_flatten(&c)?;
+            failed(&outs)?;
             let got: Vec<Aval> = outs.iter().map(|a| a.aval().clone()).collect();
             check_agrees(
                 "scan",
@@ -333,6 +343,8 @@ pub(crate) fn build_scan(
     }
     let traced = trace_subgraph(OP, &avals, |params| {
         let (c, y) = body(&params[..nc], &params[nc..nc + nk], &params[nc + nk..])?;
+        failed(&c)?;
+        failed(&y)?;
         for (i, (out, want)) in c.iter().zip(&avals[nc..nc + nk]).enumerate() {
             if out.aval() != want {
                 return Err(arg_err(
@@ -472,6 +484,7 @@ pub fn while_loop<C: Tree>(
         |_, c| cond(tree_unflatten(&def, c.to_vec())?),
         |_, c| {
             let (outs, out_def) = tree_flatten(&body(tree_unflatten(&def, c.to_vec())?)?)?;
+            failed(&outs)?;
             let got: Vec<Aval> = outs.iter().map(|a| a.aval().clone()).collect();
             check_agrees(OP, "the carry", &def, &avals, &out_def, &got)?;
             Ok(outs)
@@ -511,6 +524,7 @@ pub(crate) fn build_while(
     })?;
     let body_graph = trace_subgraph(OP, &avals, |params| {
         let outs = body(&params[..nc], &params[nc..])?;
+        failed(&outs)?;
         let got: Vec<Aval> = outs.iter().map(|a| a.aval().clone()).collect();
         if got != avals[nc..] {
             return Err(arg_err(
@@ -635,6 +649,7 @@ pub(crate) fn build_switch(
     for (b, branch) in branches.into_iter().enumerate() {
         traced.push(trace_subgraph(OP, &avals, |params| {
             let outs = branch(&params[..nc], &params[nc..])?;
+            failed(&outs)?;
             let got: Vec<Aval> = outs.iter().map(|a| a.aval().clone()).collect();
             match &results {
                 Some(want) if *want != got => Err(arg_err(

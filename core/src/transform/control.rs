@@ -21,9 +21,14 @@
 
 use crate::error::{arg_err, Result};
 use crate::handle::array::Array;
-use crate::ops::{Backward, Forward};
+use crate::ir::graph::Graph;
+use crate::ops::batching::Batched;
+use crate::ops::select::select;
+use crate::ops::{Backward, BatchWalk, Forward};
 use crate::ops::{ControlCall, ControlKind};
+use crate::shape::{Aval, Dim, Shape};
 use crate::trace::control::{build_scan, build_switch, build_while, replay, FlatBranch};
+use crate::DType;
 
 /// Positions of `values` with a float dtype.
 fn floats(values: &[Array]) -> Vec<usize> {
@@ -381,6 +386,206 @@ pub(crate) fn jvp(
                 out[i] = Some(t.clone());
             }
             Ok(out)
+        }
+    }
+}
+
+/// Per-example stand-ins for values that are, under vmap, `batched`: fresh
+/// placeholders of their per-example avals (the batched walk replaces them
+/// by the batched values).
+fn stand_ins(batched: &[Batched]) -> Vec<Array> {
+    let trace = crate::trace::next_trace_id();
+    batched
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let aval = b.value.aval();
+            let shape = match b.axis {
+                Some(axis) => {
+                    let mut dims = aval.shape.dims().to_vec();
+                    dims.remove(axis);
+                    Shape(dims)
+                }
+                None => aval.shape.clone(),
+            };
+            Array::param(trace, i, Aval::new(shape, aval.dtype))
+        })
+        .collect()
+}
+
+/// `graph` replayed on `values` (batched along axis 0, or shared): its
+/// outputs batched by `walk`, each with its batch axis first.
+fn replay_batched(
+    graph: &Graph,
+    values: &[Batched],
+    size: &Dim,
+    walk: BatchWalk<'_>,
+) -> Result<Vec<Array>> {
+    let per_example = stand_ins(values);
+    let outs = replay(graph, &per_example)?;
+    let batched = walk(&outs, &per_example, values.to_vec(), size)?;
+    Ok(batched.iter().map(|b| b.materialized(size)).collect())
+}
+
+/// A list of values `batched` along axis 0 where `flags` say, else shared.
+fn placed(values: &[Array], flags: &[bool]) -> Vec<Batched> {
+    values
+        .iter()
+        .zip(flags)
+        .map(|(v, &b)| {
+            if b {
+                Batched::along(v.clone(), 0)
+            } else {
+                Batched::shared(v.clone())
+            }
+        })
+        .collect()
+}
+
+/// The results of a control node under vmap, from its per-example
+/// operands `operands` batched for `size` examples; `walk` is the batching
+/// walk, handed in by it. Every carry is batched (a shared carry becomes
+/// batched once the body mixes it with a batched value); scanned arrays
+/// keep the scan axis first and get the batch axis second; a switch whose
+/// index differs per example runs every branch and selects per example; a
+/// while loop whose condition differs per example runs until no example's
+/// holds, each example keeping its carry once its own condition fails.
+pub(crate) fn batch(
+    call: &ControlCall,
+    operands: &[Batched],
+    size: &Dim,
+    walk: BatchWalk<'_>,
+) -> Result<Vec<Batched>> {
+    let graphs = call.graphs();
+    let carries = call.carry_operands();
+    let const_range = call.first_const()..carries.start;
+    let consts: Vec<Array> = operands[const_range.clone()]
+        .iter()
+        .map(|b| b.front())
+        .collect();
+    let const_flags: Vec<bool> = operands[const_range]
+        .iter()
+        .map(|b| b.axis.is_some())
+        .collect();
+    let nc = consts.len();
+    match &call.kind {
+        ControlKind::Scan { length, reverse } => {
+            let carry: Vec<Array> = operands[carries.clone()]
+                .iter()
+                .map(|b| b.materialized(size))
+                .collect();
+            let k = carry.len();
+            let xs_batched = &operands[carries.end..];
+            let x_flags: Vec<bool> = xs_batched.iter().map(|b| b.axis.is_some()).collect();
+            // The scan axis stays first; the batch axis goes second.
+            let xs: Vec<Array> = xs_batched
+                .iter()
+                .map(|b| match b.axis {
+                    Some(_) => b.front().swap_axes(0, 1),
+                    None => b.value.clone(),
+                })
+                .collect();
+            let results = build_scan(
+                length.clone(),
+                *reverse,
+                &consts,
+                &carry,
+                &xs,
+                |cs, c, x| {
+                    let mut values = placed(cs, &const_flags);
+                    values.extend(c.iter().map(|v| Batched::along(v.clone(), 0)));
+                    values.extend(placed(x, &x_flags));
+                    let outs = replay_batched(&graphs[0], &values, size, walk)?;
+                    Ok((outs[..k].to_vec(), outs[k..].to_vec()))
+                },
+            )?;
+            Ok(results
+                .into_iter()
+                .enumerate()
+                .map(|(i, r)| Batched::along(r, if i < k { 0 } else { 1 }))
+                .collect())
+        }
+        ControlKind::Switch => {
+            let ops: Vec<Array> = operands[carries.clone()]
+                .iter()
+                .map(|b| b.front())
+                .collect();
+            let op_flags: Vec<bool> = operands[carries].iter().map(|b| b.axis.is_some()).collect();
+            let branch = |graph: &Graph, cs: &[Array], ops: &[Array]| {
+                let mut values = placed(cs, &const_flags);
+                values.extend(placed(ops, &op_flags));
+                replay_batched(graph, &values, size, walk)
+            };
+            let index = &operands[0];
+            if index.axis.is_none() {
+                let branches: Vec<FlatBranch<'_>> = graphs
+                    .iter()
+                    .map(|graph| {
+                        Box::new(move |cs: &[Array], ops: &[Array]| branch(graph, cs, ops))
+                            as FlatBranch<'_>
+                    })
+                    .collect();
+                let results = build_switch(&index.value, &consts, &ops, branches)?;
+                return Ok(results.into_iter().map(|r| Batched::along(r, 0)).collect());
+            }
+            // Every branch runs; each example takes its own branch's result.
+            let last = graphs.len() as f64 - 1.0;
+            let chosen = index.front().cast(DType::F32).maximum(0.0).minimum(last);
+            let mut results: Option<Vec<Array>> = None;
+            for (b, graph) in graphs.iter().enumerate() {
+                let outs = branch(graph, &consts, &ops)?;
+                results = Some(match results {
+                    None => outs,
+                    Some(so_far) => so_far
+                        .into_iter()
+                        .zip(outs)
+                        .map(|(prev, new)| {
+                            let mut dims = vec![size.clone()];
+                            dims.extend(std::iter::repeat_n(Dim::Known(1), new.ndim() - 1));
+                            let take = chosen.equal(b as f64).reshape_to(Shape(dims));
+                            select(&take, &new, &prev)
+                        })
+                        .collect(),
+                });
+            }
+            Ok(results
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| Batched::along(r, 0))
+                .collect())
+        }
+        ControlKind::While => {
+            let (test, body) = (&graphs[0], &graphs[1]);
+            let carry: Vec<Array> = operands[carries]
+                .iter()
+                .map(|b| b.materialized(size))
+                .collect();
+            let run_test = |cs: &[Array], c: &[Array]| -> Result<Array> {
+                let mut values = placed(cs, &const_flags);
+                values.extend(c.iter().map(|v| Batched::along(v.clone(), 0)));
+                Ok(replay_batched(test, &values, size, walk)?.remove(0))
+            };
+            let results = build_while(
+                &consts,
+                &carry,
+                |cs, c| Ok(run_test(cs, c)?.cast(DType::F32).sum_all().greater(0.0)),
+                |cs, c| {
+                    let holds = run_test(cs, c)?;
+                    let mut values = placed(&cs[..nc], &const_flags);
+                    values.extend(c.iter().map(|v| Batched::along(v.clone(), 0)));
+                    let outs = replay_batched(body, &values, size, walk)?;
+                    Ok(outs
+                        .into_iter()
+                        .zip(c)
+                        .map(|(new, old)| {
+                            let mut dims = vec![size.clone()];
+                            dims.extend(std::iter::repeat_n(Dim::Known(1), new.ndim() - 1));
+                            select(&holds.reshape_to(Shape(dims)), &new, old)
+                        })
+                        .collect())
+                },
+            )?;
+            Ok(results.into_iter().map(|r| Batched::along(r, 0)).collect())
         }
     }
 }
