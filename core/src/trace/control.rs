@@ -9,13 +9,15 @@
 //! on its placeholders is *captured*: computed once, outside the loop, and
 //! passed in as an operand. That is loop-invariant hoisting, done by the
 //! trace itself. Captured values are shared by every subgraph of the node
-//! (a while loop's condition and body, a switch's branches).
+//! (a while loop's condition and body, a switch's branches). Data (arrays
+//! already computed) becomes a constant of the body, as it does of any
+//! trace.
 
 use super::next_trace_id;
 use crate::error::{arg_err, Error, Result};
 use crate::handle::array::{Array, NodeKind};
 use crate::hash::{fast_map, FastMap};
-use crate::ir::graph::{Graph, GraphNode, Operands, Origin, ValueKind};
+use crate::ir::graph::{Graph, GraphNode, Literal, Operands, Origin, ValueKind};
 use crate::ops::{ControlCall, ControlKind};
 use crate::shape::{Aval, Dim, Shape};
 use crate::symbolic::shapes_equal;
@@ -60,6 +62,24 @@ fn trace_subgraph(
             continue;
         }
         let (kind, inputs, guards) = match (&array.node.kind, depends[&array.id()]) {
+            // Data is a constant of the body, as of any trace; replaying a
+            // body then gives the same graph.
+            (_, false) if array.is_computed() => match array.host_value()? {
+                Some(data) => (
+                    ValueKind::Constant(Literal(data)),
+                    Operands::new(),
+                    Vec::new(),
+                ),
+                None => {
+                    return Err(arg_err(
+                        op,
+                        format!(
+                            "its body reads {}, whose value is not available",
+                            array.aval()
+                        ),
+                    ))
+                }
+            },
             (_, false) => {
                 captured.push(array.clone());
                 (

@@ -8,9 +8,9 @@
 //!   stacks the carry entering every iteration; a reverse scan then runs
 //!   the body's vjp at each iteration's carry and slice, carrying the
 //!   carries' cotangent and the sum of the captured values' cotangents,
-//!   and stacking the slices' cotangents. The forward pass is computed
-//!   twice (once for the primal results, once for the residuals), which
-//!   keeps the saved memory to the stacked carries.
+//!   and stacking the slices' cotangents. The residual scan is the primal
+//!   scan with more results, so the passes merge the two and the forward
+//!   pass runs once; the saved memory is the stacked carries.
 //! * **switch**: a switch over the same index whose branches are the
 //!   branches' vjps (or jvps), zeros where a branch has no gradient.
 //! * **while_loop**: forward mode only (a while over the primal and
@@ -59,12 +59,17 @@ pub(crate) fn vjp(
             let init = &inputs[carries.clone()];
             let xs = &inputs[carries.end..];
             let k = init.len();
-            // The carry entering each iteration, stacked.
+            // The carry entering each iteration, stacked, after the
+            // body's own results: the same body with more outputs, which the
+            // passes merge with the primal scan (`merge_scans`), so the
+            // forward pass runs once.
             let residual = build_scan(length.clone(), *reverse, consts, init, xs, |cs, c, x| {
                 let outs = replay(graph, &[cs, c, x].concat())?;
-                Ok((outs[..k].to_vec(), c.to_vec()))
+                let mut ys = outs[k..].to_vec();
+                ys.extend(c.iter().cloned());
+                Ok((outs[..k].to_vec(), ys))
             })?;
-            let stacked_carries = &residual[k..];
+            let stacked_carries = &residual[residual.len() - k..];
             let (float_consts, float_carries, float_xs) =
                 (floats(consts), floats(init), floats(xs));
             let given_ys: Vec<usize> = (k..cts.len()).filter(|&i| cts[i].is_some()).collect();
