@@ -224,6 +224,41 @@ impl HostData {
         with_host_data!(self, v => v.iter().map(|x| <T as Element>::from_f64(x.to_f64())).collect())
     }
 
+    /// A copy of the `len` elements from `start` (a row of a stacked
+    /// array); `None` when they are not all there.
+    pub fn range(&self, start: usize, len: usize) -> Option<HostData> {
+        let end = start.checked_add(len)?;
+        Some(with_host_data!(self, v => HostElement::wrap(v.get(start..end)?.to_vec())))
+    }
+
+    /// Overwrites the elements from `start` with `src`'s (a row of a
+    /// stacked array); `Err` describes a dtype or length mismatch.
+    pub fn write_range(&mut self, start: usize, src: &HostData) -> Result<(), String> {
+        let (len, dtype) = (self.len(), self.dtype());
+        let mismatch = || {
+            format!(
+                "cannot write {} {} elements at {start} of {len} {dtype} elements",
+                src.len(),
+                src.dtype(),
+            )
+        };
+        let end = start
+            .checked_add(src.len())
+            .filter(|&e| e <= len)
+            .ok_or_else(mismatch)?;
+        match (&mut *self, src) {
+            (HostData::F32(d), HostData::F32(s)) => d[start..end].copy_from_slice(s),
+            (HostData::F16(d), HostData::F16(s)) => d[start..end].copy_from_slice(s),
+            (HostData::BF16(d), HostData::BF16(s)) => d[start..end].copy_from_slice(s),
+            (HostData::I32(d), HostData::I32(s)) => d[start..end].copy_from_slice(s),
+            (HostData::U32(d), HostData::U32(s)) => d[start..end].copy_from_slice(s),
+            (HostData::Bool(d), HostData::Bool(s)) => d[start..end].copy_from_slice(s),
+            (HostData::U8(d), HostData::U8(s)) => d[start..end].copy_from_slice(s),
+            _ => return Err(mismatch()),
+        }
+        Ok(())
+    }
+
     /// Bytes the elements occupy.
     pub fn size_bytes(&self) -> usize {
         self.len() * self.dtype().size_bytes()

@@ -125,7 +125,8 @@ pub use compile::grad::{
     grad, value_and_grad, vjp, Grad, Pullback, ValueAndGrad, ValueAndGradWithAux,
 };
 pub use compile::report::{
-    CacheInfo, CacheMiss, MissReason, PlanReport, Report, ReportNode, SlotReport, SlotValue,
+    BodyReport, CacheInfo, CacheMiss, CarriedValue, LoopReport, MissReason, PlanReport, Report,
+    ReportNode, SlotReport, SlotValue,
 };
 pub use compile::vmap::{vmap, Vmap};
 pub use compile::{compile, CacheKey, Compiled, Function, LeafSignature};
@@ -151,11 +152,14 @@ pub use ops::quant::{
 };
 pub use ops::select::select;
 pub use ops::{
-    BinaryOp, Condition, CustomCall, CustomOp, Guard, Kernel, KernelCall, Op, ReduceOp,
-    SchemaEntry, ShapeCx, SliceAxis, TemplateValue, UnaryOp,
+    BinaryOp, Condition, ControlCall, ControlKind, CustomCall, CustomOp, Guard, Kernel, KernelCall,
+    Op, ReduceOp, SchemaEntry, ShapeCx, SliceAxis, TemplateValue, UnaryOp,
 };
 pub use plan::{Home, PlanMemory, Refusal, ReinplaceDecision, SlotPlan};
 pub use shape::{Atom, Aval, Dim, Shape, SymExpr, Symbol};
+pub use trace::control::{
+    cond, fori_loop, scan, scan_with, switch, while_loop, Branch, ScanOptions,
+};
 pub use transform::autodiff::stop_gradient;
 pub use transform::implicit::ImplicitArray;
 pub use tree::{

@@ -566,6 +566,25 @@ await check("vmap-per-example-gradients-are-batched-and-a-fallback-is-shown", as
   });
 });
 
+await check("scan-kv-cache-is-one-loop-written-in-place-with-a-flat-peak", async () => {
+  await runExample("kv-cache", "cache rows written, 64 steps");
+  await eventually(async () => {
+    const shown = await page.locator(".output", { hasText: "cache rows written, 64 steps" }).first().innerText();
+    return /64\./.test(shown);
+  }, true, "64 cache rows written");
+  // The loop is one node, its body planned once; the cache carry stays in one buffer.
+  await settled(async () => {
+    const head = await text(".loops .loop-head");
+    if (!head.includes("scan(") || !/(16|64) iterations/.test(head)) throw new Error(`loop head: ${head}`);
+    const carry = await text(".loops li.carried.in-place");
+    if (!carry.includes("updated in place") || !carry.includes("dynamic_update_slice")) {
+      throw new Error(`carried: ${carry}`);
+    }
+    if ((await page.locator(".loops li.body-node").count()) < 3) throw new Error("the body's nodes are not listed");
+  });
+  await page.screenshot({ path: `${shots}/scan-kv-cache-loops.png`, fullPage: false });
+});
+
 await check("an-exported-report-re-opens", async () => {
   await runExample("mlp", "row sums");
   const script = await editorText(page);

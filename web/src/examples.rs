@@ -15,7 +15,7 @@ pub struct Example {
 }
 
 /// Every example, in gallery order.
-pub const EXAMPLES: [Example; 9] = [
+pub const EXAMPLES: [Example; 10] = [
     CUSTOM_NODE,
     SHAPELESS,
     READ_LATER,
@@ -23,6 +23,7 @@ pub const EXAMPLES: [Example; 9] = [
     DONATION,
     GRADIENT,
     PER_EXAMPLE,
+    KV_DECODE,
     CUSTOM_OP,
     QUANTIZED,
 ];
@@ -205,6 +206,38 @@ let w = array([1.0, 2.0, 3.0]);
 let v = array([1.0, 0.0, -1.0]);
 show("H·v by jvp(grad(f))", jvp(grad(f), [w], [v])[1]);
 show("H by hessian(f)", hessian(f).run(w));
+"#,
+};
+
+/// A decoding loop inside `scan` writing one row of a KV cache per step
+/// with `dynamic_update_slice`: the cache stays in one buffer.
+pub const KV_DECODE: Example = Example {
+    id: "kv-cache",
+    title: "scan: decoding with a KV cache",
+    explanation: "`scan` traces its body once: the loop is one node of the graph, however \
+                  many steps it runs (the Loops view shows its body, planned once). Each \
+                  step writes its key into row `t` of the cache with \
+                  `dynamic_update_slice` and attends over the cache; nothing reads the old \
+                  cache afterwards, so the update writes in place and the cache stays in one \
+                  buffer for the whole loop (\"updated in place\"). The planned peak is the \
+                  same for 16 and 64 steps: it does not grow with the loop.",
+    script: r#"// One decoding step: write key k at row t, attend with query q.
+// The carry is [cache, query, last output]; no per-step output is
+// stacked, so nothing grows with the number of steps.
+let step = |carry, kt| {
+    let cache = carry[0].dynamic_update_slice(kt[0].reshape([1, 16]), [kt[1], 0]);
+    let scores = (cache @ carry[1].reshape([16, 1])).reshape([64]);
+    let out = nn::softmax(scores, -1).reshape([1, 64]) @ cache;
+    [[cache, carry[1], out.reshape([16])], ()]
+};
+let decode = compile(|cache, q, keys, t| scan(step, [cache, q, zeros([16])], [keys, t])[0]);
+
+let cache = zeros([64, 16]);
+let q = random_normal(1, [16]);
+let short = decode.run(cache, q, random_normal(2, [16, 16]), arange(16).cast("int32"));
+let long = decode.run(cache, q, random_normal(3, [64, 16]), arange(64).cast("int32"));
+show("last output, 16 steps", short[2]);
+show("cache rows written, 64 steps", (long[0].abs().sum(1) > 0.0).cast("float32").sum());
 "#,
 };
 
@@ -442,6 +475,31 @@ mod tests {
             ),
             "{:?}",
             norm.implicit
+        );
+    }
+
+    #[test]
+    fn the_kv_cache_is_written_in_place_and_the_peak_does_not_grow_with_steps() {
+        let report = run(&KV_DECODE);
+        let function = &report.functions[0];
+        let entries = &function.cache.reports;
+        assert_eq!(entries.len(), 2, "16 and 64 steps are two entries");
+        for entry in entries.iter() {
+            assert_eq!(entry.loops.len(), 1, "{:?}", entry.loops);
+            let body = &entry.loops[0].bodies[0];
+            assert!(body.carried[0].in_place, "{:?}", body.carried);
+            assert!(
+                body.carried[0].detail.contains("dynamic_update_slice"),
+                "{:?}",
+                body.carried
+            );
+        }
+        assert_eq!(entries[0].loops[0].trip_count.as_deref(), Some("16"));
+        assert_eq!(entries[1].loops[0].trip_count.as_deref(), Some("64"));
+        assert_eq!(entries[0].total_peak_bytes(), entries[1].total_peak_bytes());
+        assert_eq!(
+            numbers(output(&report, "cache rows written, 64 steps")),
+            vec![64.0]
         );
     }
 

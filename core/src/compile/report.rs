@@ -9,7 +9,7 @@ use crate::ir::graph::{Graph, GraphNode, ImplicitDecision, Origin, ValueKind};
 use crate::ir::passes::PassRecord;
 use crate::location::SourceLocation;
 use crate::ops::batching::{VmapFallback, VmapMaterialization};
-use crate::ops::{FusedArg, Op};
+use crate::ops::{ControlCall, ControlKind, FusedArg, Op};
 use crate::plan::{Home, PlanMemory, ReinplaceDecision};
 use crate::shape::Symbol;
 use crate::tree::{DifferenceKind, KeyPath, TreeDef};
@@ -216,6 +216,72 @@ pub struct PlanReport {
     pub reinplaced: usize,
 }
 
+/// A control-flow node (`scan`, `while_loop`, `switch`) and its
+/// subgraphs, each planned once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoopReport {
+    /// Its id in the graph that holds it.
+    pub node: usize,
+    /// The op with parameters.
+    pub op: String,
+    /// A scan's iterations for the traced call (`1000`, or `7 (s0)` when
+    /// shapeless); `None` for a while loop (known only when it runs) and a
+    /// switch.
+    pub trip_count: Option<String>,
+    /// Its subgraphs: a scan's body; a while loop's condition and body; a
+    /// switch's branches.
+    pub bodies: Vec<BodyReport>,
+}
+
+/// One subgraph of a control-flow node, as planned for every iteration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BodyReport {
+    /// `body`, `cond` or `branch k`.
+    pub name: String,
+    /// Its optimized nodes (inputs named `const[i]`, `carry[i]`, `x[i]`
+    /// or `operand[i]`).
+    pub nodes: Vec<ReportNode>,
+    /// Ids of its results (a loop body's carries first).
+    pub outputs: Vec<usize>,
+    /// Its plan: one slot assignment reused every iteration.
+    pub plan: PlanReport,
+    /// For a loop body, how each carry moves between iterations.
+    pub carried: Vec<CarriedValue>,
+    /// Control-flow nodes inside it.
+    pub loops: Vec<LoopReport>,
+}
+
+/// How one carry of a loop moves from an iteration to the next.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CarriedValue {
+    /// Which carry.
+    pub carry: usize,
+    /// Its shape and dtype.
+    pub aval: String,
+    /// It stays in one buffer for the whole loop.
+    pub in_place: bool,
+    /// How: the node updating it in place, or why it is double-buffered.
+    pub detail: String,
+}
+
+impl LoopReport {
+    /// The most bytes its subgraphs' plans (nested loops included) hold at
+    /// once: the largest body's, as one runs at a time.
+    pub fn body_peak_bytes(&self) -> usize {
+        self.bodies
+            .iter()
+            .map(|b| {
+                b.plan.memory.peak_bytes
+                    + b.loops
+                        .iter()
+                        .map(LoopReport::body_peak_bytes)
+                        .sum::<usize>()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// What `compile` did for one cache entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
@@ -256,6 +322,9 @@ pub struct Report {
     /// their operands), in trace order; empty without vmap.
     #[serde(default)]
     pub vmap_fallbacks: Vec<VmapFallback>,
+    /// Every control-flow node with its subgraphs and their plans.
+    #[serde(default)]
+    pub loops: Vec<LoopReport>,
     /// The implicit values [`crate::vmap`] batched by materializing them,
     /// in trace order; empty without vmap.
     #[serde(default)]
@@ -263,6 +332,19 @@ pub struct Report {
 }
 
 impl Report {
+    /// The planned peak of one call: the arena of [`Report::plan`] plus
+    /// every control-flow node's subgraph arenas (a body's plan is made
+    /// once and reused by every iteration, so it does not grow with the
+    /// trip count).
+    pub fn total_peak_bytes(&self) -> usize {
+        self.plan.memory.peak_bytes
+            + self
+                .loops
+                .iter()
+                .map(LoopReport::body_peak_bytes)
+                .sum::<usize>()
+    }
+
     /// The number of implicit values materialized (0 when every op reading
     /// one had a handler).
     pub fn materializations(&self) -> usize {
@@ -414,48 +496,8 @@ pub(crate) fn build_report(
             .map_or_else(|| format!("leaf {i}"), arg_path)
     };
     let graph = exe.graph();
-    let plan = exe.plan();
     let residuals = residuals_of(graph, shapes);
-    let mut decisions: Vec<Option<ReinplaceDecision>> = vec![None; graph.nodes.len()];
-    for decision in plan.decisions() {
-        decisions[decision.node] = Some(decision.clone());
-    }
-    let arena = plan.arena(graph, shapes, DType::size_bytes);
-    let plan_report = PlanReport {
-        slots: (0..plan.num_slots())
-            .map(|slot| SlotReport {
-                slot,
-                bytes: arena.bytes[slot],
-                offset: arena.offsets[slot],
-                bytes_expr: plan.slot_bytes_expr(graph, slot),
-                values: plan
-                    .slot_values(slot)
-                    .iter()
-                    .map(|&value| {
-                        let life = plan.lifetime(value);
-                        SlotValue {
-                            value,
-                            def: life.def,
-                            last: life.last,
-                        }
-                    })
-                    .collect(),
-            })
-            .collect(),
-        memory: plan.memory(graph, shapes),
-        donated: plan
-            .donated()
-            .iter()
-            .enumerate()
-            .filter(|(_, &d)| d)
-            .map(|(i, _)| leaf_name(i))
-            .collect(),
-        reinplaced: plan
-            .decisions()
-            .iter()
-            .filter(|d| d.target().is_some())
-            .count(),
-    };
+    let plan_report = plan_report(exe, shapes, &leaf_name);
     let describe = |kind: &ValueKind| match kind {
         ValueKind::Input(i) => format!("input {}", leaf_name(*i)),
         ValueKind::Constant(_) => "constant".to_string(),
@@ -495,27 +537,8 @@ pub(crate) fn build_report(
                 optimized: optimized_of[id],
             })
             .collect(),
-        nodes: graph
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(id, node)| ReportNode {
-                id,
-                op: describe(&node.kind),
-                traced: origin(id).traced.to_vec(),
-                location: origin(id).location,
-                group: group_steps(node, origin(id), traced),
-                inputs: node.inputs.to_vec(),
-                aval: node.aval.to_string(),
-                home: match plan.home(id) {
-                    Home::Slot(s) => format!("slot {s}"),
-                    Home::Input(i) => leaf_name(i),
-                    Home::Constant => "constant".to_string(),
-                },
-                reinplace: decisions[id].take(),
-                backward: graph.is_backward(id),
-            })
-            .collect(),
+        nodes: report_nodes(exe, traced, &leaf_name),
+        loops: loop_reports(exe, shapes, traced),
         outputs: graph.outputs.clone(),
         passes,
         guards: graph
@@ -531,6 +554,242 @@ pub(crate) fn build_report(
         residual_bytes: residuals.iter().map(|r| r.bytes).sum(),
         residuals,
     }
+}
+
+/// The plan of `exe` for values of `shapes`: its slots with their values
+/// lifetimes, its memory figures, donated leaves (named by `leaf_name`)
+/// and reinplaced count.
+fn plan_report(
+    exe: &Executable,
+    shapes: &[Vec<usize>],
+    leaf_name: &dyn Fn(usize) -> String,
+) -> PlanReport {
+    let (graph, plan) = (exe.graph(), exe.plan());
+    let arena = plan.arena(graph, shapes, DType::size_bytes);
+    PlanReport {
+        slots: (0..plan.num_slots())
+            .map(|slot| SlotReport {
+                slot,
+                bytes: arena.bytes[slot],
+                offset: arena.offsets[slot],
+                bytes_expr: plan.slot_bytes_expr(graph, slot),
+                values: plan
+                    .slot_values(slot)
+                    .iter()
+                    .map(|&value| {
+                        let life = plan.lifetime(value);
+                        SlotValue {
+                            value,
+                            def: life.def,
+                            last: life.last,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect(),
+        memory: plan.memory(graph, shapes),
+        donated: plan
+            .donated()
+            .iter()
+            .enumerate()
+            .filter(|(_, &d)| d)
+            .map(|(i, _)| leaf_name(i))
+            .collect(),
+        reinplaced: plan
+            .decisions()
+            .iter()
+            .filter(|d| d.target().is_some())
+            .count(),
+    }
+}
+
+/// The nodes of `exe`'s graph as the report shows them; `traced` is the
+/// graph before the passes (for fused groups' members), inputs are named
+/// by `leaf_name`.
+fn report_nodes(
+    exe: &Executable,
+    traced: &Graph,
+    leaf_name: &dyn Fn(usize) -> String,
+) -> Vec<ReportNode> {
+    let (graph, plan) = (exe.graph(), exe.plan());
+    let mut decisions: Vec<Option<ReinplaceDecision>> = vec![None; graph.nodes.len()];
+    for decision in plan.decisions() {
+        decisions[decision.node] = Some(decision.clone());
+    }
+    let no_origin = Origin::default();
+    let origin = |id: usize| graph.origin(id).unwrap_or(&no_origin);
+    graph
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(id, node)| ReportNode {
+            id,
+            op: match &node.kind {
+                ValueKind::Input(i) => format!("input {}", leaf_name(*i)),
+                ValueKind::Constant(_) => "constant".to_string(),
+                ValueKind::Op(op) => op.describe(),
+            },
+            traced: origin(id).traced.to_vec(),
+            location: origin(id).location,
+            group: group_steps(node, origin(id), traced),
+            inputs: node.inputs.to_vec(),
+            aval: node.aval.to_string(),
+            home: match plan.home(id) {
+                Home::Slot(s) => format!("slot {s}"),
+                Home::Input(i) => leaf_name(i),
+                Home::Constant => "constant".to_string(),
+            },
+            reinplace: decisions[id].take(),
+            backward: graph.is_backward(id),
+        })
+        .collect()
+}
+
+/// Every control-flow node of `exe` (for values of `shapes`) with its
+/// subgraphs' reports; `traced` is the graph before the passes.
+fn loop_reports(exe: &Executable, shapes: &[Vec<usize>], traced: &Graph) -> Vec<LoopReport> {
+    let graph = exe.graph();
+    let mut loops = Vec::new();
+    for (v, node) in graph.nodes.iter().enumerate() {
+        let ValueKind::Op(Op::Control(call)) = &node.kind else {
+            continue;
+        };
+        // The same node before the passes holds the unoptimized bodies,
+        // whose values the optimized bodies' fused groups name.
+        let traced_call =
+            graph
+                .origin(v)
+                .and_then(|o| o.traced.first())
+                .and_then(|&t| match &traced.nodes.get(t)?.kind {
+                    ValueKind::Op(Op::Control(c)) => Some(c.clone()),
+                    _ => None,
+                });
+        let operand_shape = |position: usize| &shapes[node.inputs[position]];
+        let trip_count = match &call.kind {
+            ControlKind::Scan { length, .. } => Some(match length.known() {
+                Some(n) => n.to_string(),
+                None => call
+                    .subgraph_inputs(0)
+                    .iter()
+                    .find(|i| i.sliced)
+                    .and_then(|i| operand_shape(i.operand).first())
+                    .map_or_else(|| length.to_string(), |n| format!("{n} ({length})")),
+            }),
+            _ => None,
+        };
+        let bodies = exe
+            .bodies(v)
+            .iter()
+            .enumerate()
+            .map(|(k, body)| {
+                let inputs = call.subgraph_inputs(k);
+                let body_shapes: Vec<&[usize]> = inputs
+                    .iter()
+                    .map(|i| {
+                        let shape = &operand_shape(i.operand)[..];
+                        if i.sliced {
+                            shape.get(1..).unwrap_or(&[])
+                        } else {
+                            shape
+                        }
+                    })
+                    .collect();
+                let resolved = body
+                    .resolve_shapes(&body_shapes)
+                    .map(|s| s.into_owned())
+                    .unwrap_or_else(|_| body.representative_shapes(&body_shapes));
+                let carries = call.carry_operands();
+                let input_name = |i: usize| {
+                    let operand = inputs.get(i).map_or(0, |input| input.operand);
+                    if inputs.get(i).is_some_and(|input| input.sliced) {
+                        format!("x[{}]", operand - carries.end)
+                    } else if carries.contains(&operand) {
+                        match call.kind {
+                            ControlKind::Switch => format!("operand[{}]", operand - carries.start),
+                            _ => format!("carry[{}]", operand - carries.start),
+                        }
+                    } else {
+                        format!("const[{}]", operand - call.first_const())
+                    }
+                };
+                let traced_body = traced_call
+                    .as_ref()
+                    .and_then(|c| c.graphs().get(k).cloned())
+                    .unwrap_or_default();
+                BodyReport {
+                    name: match (&call.kind, k) {
+                        (ControlKind::While, 0) => "cond".to_string(),
+                        (ControlKind::Switch, b) => format!("branch {b}"),
+                        _ => "body".to_string(),
+                    },
+                    nodes: report_nodes(body, &traced_body, &input_name),
+                    outputs: body.graph().outputs.clone(),
+                    plan: plan_report(body, &resolved, &input_name),
+                    carried: carried_values(call, k, body),
+                    loops: loop_reports(body, &resolved, &traced_body),
+                }
+            })
+            .collect();
+        loops.push(LoopReport {
+            node: v,
+            op: call.describe(),
+            trip_count,
+            bodies,
+        });
+    }
+    loops
+}
+
+/// How each carry of a loop body (subgraph `k` of `call`) moves between
+/// iterations: in one buffer when the body writes the new value over the
+/// old one, else double-buffered, with the reason.
+fn carried_values(call: &ControlCall, k: usize, body: &Executable) -> Vec<CarriedValue> {
+    let is_loop_body = match call.kind {
+        ControlKind::Scan { .. } => true,
+        ControlKind::While => k == 1,
+        ControlKind::Switch => false,
+    };
+    if !is_loop_body {
+        return Vec::new();
+    }
+    let (graph, plan) = (body.graph(), body.plan());
+    let first_carry = call.carry_operands().start - call.first_const();
+    (0..call.num_carry)
+        .map(|c| {
+            let input = first_carry + c;
+            let out = graph.outputs[c];
+            let node = &graph.nodes[out];
+            let name = |v: usize| match &graph.nodes[v].kind {
+                ValueKind::Op(op) => format!("%{v} `{}`", op.name()),
+                _ => format!("%{v}"),
+            };
+            let (in_place, detail) = if plan.home(out) == Home::Input(input) {
+                (true, format!("updated in place by {}", name(out)))
+            } else if matches!(node.kind, ValueKind::Input(i) if i == input) {
+                (true, "passed through unchanged".to_string())
+            } else {
+                let refusal = plan
+                    .decisions()
+                    .iter()
+                    .find(|d| d.node == out)
+                    .and_then(|d| d.operands.iter().find_map(|o| o.refusal.clone()));
+                let detail = match refusal {
+                    Some(r) => format!(
+                        "double-buffered: {} could not write over its operand: {r}",
+                        name(out)
+                    ),
+                    None => format!("double-buffered: {} computes into a new buffer", name(out)),
+                };
+                (false, detail)
+            };
+            CarriedValue {
+                carry: c,
+                aval: node.aval.to_string(),
+                in_place,
+                detail,
+            }
+        })
+        .collect()
 }
 
 /// The members of fused node `node` (none for another node), with the

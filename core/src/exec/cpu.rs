@@ -1,10 +1,13 @@
 //! The CPU executor: every step runs the reference evaluation of its op,
 //! through the executable's slot plan.
 
+use super::control::run_control;
 use super::{Backend, Executable};
 use crate::data::HostData;
 use crate::error::{Error, Result};
+use crate::hash::FastMap;
 use crate::ir::graph::{Graph, ValueKind};
+use crate::ops::Op;
 use crate::plan::Home;
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -169,6 +172,16 @@ impl Backend for CpuBackend {
             arguments: inputs.into_iter().map(CpuArgument::Shared).collect(),
             holder: vec![EMPTY; num_buffers],
         };
+        // Each control node's results: its `get` values and their indices.
+        let mut results_of: FastMap<usize, SmallVec<[(usize, usize); 4]>> = FastMap::default();
+        for (v, node) in graph.nodes.iter().enumerate() {
+            if let ValueKind::Op(Op::Get { index, .. }) = node.kind {
+                results_of
+                    .entry(node.inputs[0])
+                    .or_default()
+                    .push((v, index));
+            }
+        }
         for (step, node) in graph.nodes.iter().enumerate() {
             let op = match &node.kind {
                 ValueKind::Input(i) => {
@@ -188,12 +201,38 @@ impl Backend for CpuBackend {
                     continue;
                 }
                 ValueKind::Constant(_) => continue,
+                // Its control node wrote it.
+                ValueKind::Op(Op::Get { .. }) => continue,
                 ValueKind::Op(op) => op,
             };
             let mut operand_shapes: SmallVec<[&[usize]; 4]> =
                 SmallVec::with_capacity(node.inputs.len());
             for &j in &node.inputs {
                 operand_shapes.push(&shapes[j]);
+            }
+            if let Op::Control(call) = op {
+                let results = {
+                    let mut operands: SmallVec<[&HostData; 4]> =
+                        SmallVec::with_capacity(node.inputs.len());
+                    for &j in &node.inputs {
+                        operands.push(buffers.read(graph, step, plan.home(j), j)?);
+                    }
+                    run_control(
+                        call,
+                        exe.bodies(step),
+                        &operands,
+                        &operand_shapes,
+                        &|body, inputs, shapes| CpuBackend.run(body, inputs, shapes),
+                    )?
+                };
+                buffers.put(plan.home(step), step, HostData::U8(Vec::new()))?;
+                for &(get, index) in results_of.get(&step).into_iter().flatten() {
+                    let data = results.get(index).ok_or_else(|| Error::InvalidPlan {
+                        detail: format!("%{get} reads result {index} of `{}`", call.name()),
+                    })?;
+                    buffers.put(plan.home(get), get, (**data).clone())?;
+                }
+                continue;
             }
             let value = match plan.in_place_of(step) {
                 Some(target) => {

@@ -2,13 +2,14 @@
 //! per-call resolution of symbolic shapes that every backend runs through.
 
 use crate::error::{Error, Result};
-use crate::ir::graph::{Graph, ValueKind};
+use crate::ir::graph::{Graph, ValueId, ValueKind};
 use crate::limits::{check_call_bytes, check_shape};
-use crate::ops::Condition;
+use crate::ops::{Condition, Op};
 use crate::plan::SlotPlan;
-use crate::shape::{Shape, Symbol};
+use crate::shape::{Dim, Shape, Symbol};
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Where a symbol's size comes from: axis `axis` of argument leaf `leaf`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +30,9 @@ pub struct Executable {
     known_shapes: Option<Vec<Vec<usize>>>,
     symbols: Vec<(Symbol, SymbolSource)>,
     plan: SlotPlan,
+    /// Per control-flow node, the executables of its subgraphs, each
+    /// planned once and run every iteration.
+    bodies: Vec<(ValueId, Vec<Arc<Executable>>)>,
 }
 
 impl Executable {
@@ -56,9 +60,11 @@ impl Executable {
             known_shapes,
             symbols,
             plan: SlotPlan::default(),
+            bodies: Vec::new(),
         };
         let shapes = exe.representative_shapes(input_shapes);
         exe.plan = SlotPlan::build(&exe.graph, donated, &shapes);
+        exe.bodies = build_bodies(&exe.graph, &shapes)?;
         if exe.known_shapes.is_some() {
             exe.check_call_bytes(&shapes)?;
         }
@@ -122,6 +128,15 @@ impl Executable {
     /// executable is dropped).
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The executables of control-flow node `v`'s subgraphs (empty for any
+    /// other value), in the order its kind gives.
+    pub fn bodies(&self, v: ValueId) -> &[Arc<Executable>] {
+        self.bodies
+            .iter()
+            .find(|(u, _)| *u == v)
+            .map_or(&[], |(_, bodies)| bodies.as_slice())
     }
 
     /// The buffer plan: reinplace decisions, slots and lifetimes.
@@ -229,6 +244,84 @@ impl Executable {
             .collect();
         parts.join(", ")
     }
+}
+
+/// The executables of every control-flow node's subgraphs, for operands of
+/// the representative `shapes` of the enclosing graph.
+fn build_bodies(
+    graph: &Graph,
+    shapes: &[Vec<usize>],
+) -> Result<Vec<(ValueId, Vec<Arc<Executable>>)>> {
+    let mut bodies = Vec::new();
+    for (v, node) in graph.nodes.iter().enumerate() {
+        let ValueKind::Op(Op::Control(call)) = &node.kind else {
+            continue;
+        };
+        let mut built = Vec::with_capacity(call.graphs().len());
+        for (k, body) in call.graphs().iter().enumerate() {
+            let inputs = call.subgraph_inputs(k);
+            let in_shapes: Vec<&[usize]> = inputs
+                .iter()
+                .map(|input| {
+                    let shape = &shapes[node.inputs[input.operand]][..];
+                    if input.sliced {
+                        shape.get(1..).unwrap_or(&[])
+                    } else {
+                        shape
+                    }
+                })
+                .collect();
+            let donated: Vec<bool> = inputs.iter().map(|input| input.donated).collect();
+            let symbols = input_symbols(call.name(), body)?;
+            built.push(Arc::new(Executable::new(
+                body.clone(),
+                symbols,
+                &donated,
+                &in_shapes,
+            )?));
+        }
+        bodies.push((v, built));
+    }
+    Ok(bodies)
+}
+
+/// Where each symbol of a subgraph is read from: an input with the bare
+/// symbol as a dim. A symbol that no input has as a whole dim is an `Err`
+/// naming the control-flow op `op`.
+fn input_symbols(op: &str, graph: &Graph) -> Result<Vec<(Symbol, SymbolSource)>> {
+    let mut used: Vec<Symbol> = Vec::new();
+    for node in &graph.nodes {
+        for dim in node.aval.shape.dims() {
+            if let Dim::Sym(e) = dim {
+                e.symbols(&mut used);
+            }
+        }
+    }
+    used.sort();
+    used.dedup();
+    used.into_iter()
+        .map(|s| {
+            let bare = Dim::symbol(s);
+            graph
+                .nodes
+                .iter()
+                .find_map(|node| match node.kind {
+                    ValueKind::Input(leaf) => node
+                        .aval
+                        .shape
+                        .dims()
+                        .iter()
+                        .position(|d| *d == bare)
+                        .map(|axis| (s, SymbolSource { leaf, axis })),
+                    _ => None,
+                })
+                .ok_or_else(|| Error::ShapeGuard {
+                    condition: format!("{s} is a whole dim of a value the body reads"),
+                    op: op.to_string(),
+                    detail: "a body's symbolic sizes must come from its operands' shapes".into(),
+                })
+        })
+        .collect()
 }
 
 fn node_name(kind: &ValueKind) -> String {

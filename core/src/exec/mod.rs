@@ -8,6 +8,7 @@
 //! object-safe interface, and the per-thread default).
 
 pub mod backend;
+mod control;
 pub mod cpu;
 pub mod device;
 pub mod executable;

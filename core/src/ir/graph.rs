@@ -168,6 +168,16 @@ impl Graph {
         }))
     }
 
+    /// The step at which value `v` is written: its own, except for a
+    /// control-flow result ([`Op::Get`]), which its control node writes
+    /// when it runs.
+    pub fn written_at(&self, v: ValueId) -> usize {
+        match &self.nodes[v].kind {
+            ValueKind::Op(Op::Get { .. }) => self.nodes[v].inputs[0],
+            _ => v,
+        }
+    }
+
     /// True when value `v` belongs to a gradient's backward pass.
     pub fn is_backward(&self, v: ValueId) -> bool {
         self.backward.get(v).copied().unwrap_or(false)

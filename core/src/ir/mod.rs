@@ -2,5 +2,6 @@
 //! ([`crate::ops::Op`]) and data, never an `Array`: tracing (above it)
 //! turns arrays into graphs.
 
+pub mod control;
 pub mod graph;
 pub mod passes;

@@ -5,7 +5,7 @@
 use crate::error::Result;
 use crate::hash::{fast_map, FastHasher, FastMap};
 use crate::ir::graph::{Graph, GraphNode, Literal, Operands, Origin, ValueId, ValueKind};
-use crate::ops::{FusedArg, FusedKernel, FusedStep, Op};
+use crate::ops::{ControlCall, ControlKind, FusedArg, FusedKernel, FusedStep, Op};
 use crate::shape::Aval;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
@@ -91,8 +91,14 @@ pub fn optimize_lowered(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<Pas
                 continue;
             }
         }
+        let kind = match &node.kind {
+            ValueKind::Op(Op::Control(call)) => {
+                ValueKind::Op(Op::Control(Arc::new(optimize_bodies(call, passes)?)))
+            }
+            kind => kind.clone(),
+        };
         let mut candidate = GraphNode {
-            kind: node.kind.clone(),
+            kind,
             inputs,
             aval: node.aval.clone(),
         };
@@ -129,6 +135,7 @@ pub fn optimize_lowered(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<Pas
         }
     }
     out.outputs = graph.outputs.iter().map(|&o| remap[o]).collect();
+    let (out, scans_merged) = merge_scans(out);
     let (out, removed) = dce(out);
     let mut records = vec![
         PassRecord {
@@ -142,6 +149,10 @@ pub fn optimize_lowered(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<Pas
         PassRecord {
             pass: "cse".into(),
             changed: merged,
+        },
+        PassRecord {
+            pass: "merge_scans".into(),
+            changed: scans_merged,
         },
         PassRecord {
             pass: "dce".into(),
@@ -167,6 +178,81 @@ pub fn optimize_lowered(graph: &Graph, passes: Passes) -> Result<(Graph, Vec<Pas
         changed: fused,
     });
     Ok((out, records))
+}
+
+/// Merges scans that run the same body over the same operands where one
+/// only has more results (the residual scan of a gradient is the primal
+/// scan stacking its carries too): the earlier node takes the op with more
+/// results and the later one's results read it, so the loop runs once;
+/// DCE then drops the later node. Returns the graph and the merges.
+pub fn merge_scans(mut graph: Graph) -> (Graph, usize) {
+    let scans: Vec<ValueId> = (0..graph.nodes.len())
+        .filter(|&v| {
+            matches!(&graph.nodes[v].kind, ValueKind::Op(Op::Control(c)) if matches!(c.kind, ControlKind::Scan { .. }))
+        })
+        .collect();
+    let call = |graph: &Graph, v: ValueId| match &graph.nodes[v].kind {
+        ValueKind::Op(Op::Control(c)) => Some(c.clone()),
+        _ => None,
+    };
+    let mut merged = 0;
+    let mut gone: Vec<ValueId> = Vec::new();
+    for (i, &first) in scans.iter().enumerate() {
+        for &second in &scans[i + 1..] {
+            if gone.contains(&first) || gone.contains(&second) {
+                continue;
+            }
+            let (Some(a), Some(b)) = (call(&graph, first), call(&graph, second)) else {
+                continue;
+            };
+            if graph.nodes[first].inputs != graph.nodes[second].inputs {
+                continue;
+            }
+            let keep = if extends(&b, &a) {
+                b
+            } else if extends(&a, &b) {
+                a
+            } else {
+                continue;
+            };
+            graph.nodes[first].kind = ValueKind::Op(Op::Control(keep));
+            for node in &mut graph.nodes {
+                if matches!(node.kind, ValueKind::Op(Op::Get { .. })) && node.inputs[0] == second {
+                    node.inputs[0] = first;
+                }
+            }
+            gone.push(second);
+            merged += 1;
+        }
+    }
+    (graph, merged)
+}
+
+/// True when `longer` runs `shorter`'s scan and only returns more results.
+fn extends(longer: &ControlCall, shorter: &ControlCall) -> bool {
+    let (lg, sg) = (longer.graphs(), shorter.graphs());
+    longer.kind == shorter.kind
+        && longer.num_consts == shorter.num_consts
+        && longer.num_carry == shorter.num_carry
+        && longer.operands == shorter.operands
+        && longer.results.starts_with(&shorter.results)
+        && lg.len() == 1
+        && sg.len() == 1
+        && lg[0].nodes == sg[0].nodes
+        && lg[0].guards == sg[0].guards
+        && lg[0].outputs.starts_with(&sg[0].outputs)
+}
+
+/// `call` with every subgraph optimized by the same passes: bodies are
+/// simplified, CSE'd, DCE'd and fused like any graph (their inputs stay,
+/// since the node's operands are fixed).
+fn optimize_bodies(call: &ControlCall, passes: Passes) -> Result<ControlCall> {
+    let graphs = call
+        .graphs()
+        .iter()
+        .map(|g| optimize_lowered(g, passes).map(|(g, _)| g))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(call.with_graphs(graphs))
 }
 
 /// Makes each matmul read a permute of its operand's last two axes in
@@ -395,6 +481,10 @@ fn fold(node: &GraphNode, graph: &Graph) -> Result<Option<Literal>> {
     let ValueKind::Op(op) = &node.kind else {
         return Ok(None);
     };
+    if matches!(op, Op::Control(_) | Op::Get { .. }) {
+        // Subgraphs run through an executor, not the single-op evaluation.
+        return Ok(None);
+    }
     let is_constant = |i: &ValueId| matches!(graph.nodes[*i].kind, ValueKind::Constant(_));
     let reads_only_shape = matches!(op, Op::DimSize { .. } | Op::Iota { .. });
     if !reads_only_shape && !node.inputs.iter().all(is_constant) {

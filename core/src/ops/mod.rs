@@ -11,7 +11,9 @@
 pub(crate) mod batching;
 pub mod binary;
 pub mod cast;
+pub mod control;
 pub mod custom;
+pub mod dynamic;
 pub mod fused;
 pub mod implicit;
 pub mod index;
@@ -43,6 +45,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 pub use binary::BinaryOp;
+pub use control::{ControlCall, ControlKind};
 pub use custom::{CustomCall, CustomOp, SchemaEntry};
 pub use fused::{FusedArg, FusedKernel, FusedStep};
 pub use implicit::ImplicitCall;
@@ -151,6 +154,17 @@ pub enum Op {
         /// The output shape.
         shape: Shape,
     },
+    /// The window of `sizes` of operand 0 at start indices computed at run
+    /// time (operands 1.., one integer scalar per axis, clamped so the
+    /// window fits; [`dynamic`]).
+    DynamicSlice {
+        /// The window's shape.
+        sizes: Shape,
+    },
+    /// Operand 0 with operand 1 written at start indices computed at run
+    /// time (operands 2.., clamped as for [`Op::DynamicSlice`]); may write
+    /// over operand 0.
+    DynamicUpdateSlice,
     /// A scalar holding the product of the operand's sizes over `axes`
     /// (the count a mean divides by, known only per call when shapeless).
     DimSize {
@@ -184,6 +198,16 @@ pub enum Op {
     /// Quantization: quantize, dequantize, quantized matmul and gather_qmm
     /// ([`quant`]).
     Quant(QuantOp),
+    /// Control flow holding subgraphs: scan, while_loop, switch
+    /// ([`control`]). Its value is a token; [`Op::Get`] reads its results.
+    Control(Arc<ControlCall>),
+    /// Result `index` of the control-flow node that is its operand.
+    Get {
+        /// Which result.
+        index: usize,
+        /// Its aval.
+        aval: Aval,
+    },
 }
 
 impl Op {
@@ -206,6 +230,8 @@ impl Op {
             Op::Take { .. } => "take",
             Op::ScatterAdd { .. } => "scatter_add",
             Op::PadSlice { .. } => "pad_slice",
+            Op::DynamicSlice { .. } => "dynamic_slice",
+            Op::DynamicUpdateSlice => "dynamic_update_slice",
             Op::DimSize { .. } => "dim_size",
             Op::Iota { .. } => "iota",
             Op::Fused(_) => "fused",
@@ -213,6 +239,8 @@ impl Op {
             Op::Custom(c) => c.name(),
             Op::Implicit(i) => i.kind(),
             Op::Quant(q) => q.name(),
+            Op::Control(c) => c.name(),
+            Op::Get { .. } => "get",
         }
     }
 
@@ -244,11 +272,14 @@ impl Op {
             }
             Op::DimSize { axes, dtype } => format!("dim_size(axes={axes:?}, {dtype})"),
             Op::Iota { axis, dtype } => format!("iota(axis={axis}, {dtype})"),
+            Op::DynamicSlice { sizes } => format!("dynamic_slice(sizes={sizes})"),
             Op::Fused(k) => k.describe(),
             Op::Kernel(k) => k.describe(),
             Op::Custom(c) => c.describe(),
             Op::Implicit(i) => i.describe(),
             Op::Quant(q) => q.describe(),
+            Op::Control(c) => c.describe(),
+            Op::Get { index, .. } => format!("get({index})"),
             other => other.name().to_string(),
         }
     }
@@ -269,6 +300,7 @@ impl Op {
     pub fn may_write_over(&self, position: usize) -> bool {
         match self {
             Op::Kernel(k) => k.kernel.in_place() == Some(position),
+            Op::DynamicUpdateSlice => position == 0,
             op => op.is_elementwise(),
         }
     }
@@ -304,11 +336,15 @@ impl Op {
             Op::PadSlice { axes, shape } => pad::pad_slice_shape_rule(axes, shape, inputs[0], cx),
             Op::DimSize { axes, dtype } => layout::dim_size_shape_rule(axes, *dtype, inputs[0]),
             Op::Iota { axis, dtype } => layout::iota_shape_rule(*axis, *dtype, inputs[0]),
+            Op::DynamicSlice { sizes } => dynamic::dynamic_slice_shape_rule(sizes, inputs, cx),
+            Op::DynamicUpdateSlice => dynamic::dynamic_update_slice_shape_rule(inputs, cx),
             Op::Fused(k) => fused::shape_rule(k, inputs, cx),
             Op::Kernel(k) => k.shape_rule(inputs, cx),
             Op::Custom(c) => c.shape_rule(inputs, cx),
             Op::Implicit(i) => i.shape_rule(inputs, cx),
             Op::Quant(q) => q.shape_rule(inputs, cx),
+            Op::Control(c) => c.shape_rule(inputs, cx),
+            Op::Get { aval, .. } => control::get_shape_rule(aval, inputs[0]),
         }
     }
 
@@ -332,9 +368,14 @@ impl Op {
             | Op::Take { .. }
             | Op::ScatterAdd { .. } => Some(2),
             Op::Select => Some(3),
-            Op::Concat { .. } | Op::Fused(_) | Op::Kernel(_) | Op::Custom(_) | Op::Implicit(_) => {
-                None
-            }
+            Op::Concat { .. }
+            | Op::Fused(_)
+            | Op::Kernel(_)
+            | Op::Custom(_)
+            | Op::Implicit(_)
+            | Op::DynamicSlice { .. }
+            | Op::DynamicUpdateSlice
+            | Op::Control(_) => None,
             Op::Quant(q) => Some(q.arity()),
             _ => Some(1),
         }
@@ -403,11 +444,18 @@ impl Op {
             }
             Op::DimSize { axes, dtype } => Ok(layout::dim_size_eval(axes, *dtype, in_shapes[0])),
             Op::Iota { axis, dtype } => Ok(layout::iota_eval(*axis, *dtype, in_shapes[0])),
+            Op::DynamicSlice { .. } => dynamic::dynamic_slice_eval(inputs, in_shapes, out_shape),
+            Op::DynamicUpdateSlice => dynamic::dynamic_update_slice_eval(inputs, in_shapes),
             Op::Fused(k) => fused::eval(k, inputs, in_shapes, out_shape),
             Op::Kernel(k) => k.eval(inputs, in_shapes, out_shape),
             Op::Custom(c) => c.eval(inputs, in_shapes),
             Op::Implicit(i) => i.eval(inputs, in_shapes),
             Op::Quant(q) => q.eval(inputs, in_shapes),
+            Op::Control(_) | Op::Get { .. } => Err(crate::error::arg_err(
+                self.name(),
+                "runs its subgraphs through an executor (the CPU executor or a GPU backend), \
+                 not the single-op reference evaluation",
+            )),
         }
     }
 
@@ -446,6 +494,8 @@ impl Op {
             Op::Take { axis } => index::vjp(*axis, &inputs[0], &inputs[1], g).to_vec(),
             Op::ScatterAdd { axis, .. } => scatter::vjp(*axis, &inputs[1], g).to_vec(),
             Op::PadSlice { axes, .. } => vec![Some(pad::vjp(axes, g))],
+            Op::DynamicSlice { .. } => dynamic::slice_vjp(inputs, g),
+            Op::DynamicUpdateSlice => dynamic::update_vjp(inputs, g),
             Op::ArgMax { .. } | Op::StopGradient => vec![None; inputs.len()],
             Op::Custom(c) => c.vjp(inputs, output, g)?,
             Op::Implicit(i) => i.vjp(inputs, g, backward)?,
@@ -461,6 +511,12 @@ impl Op {
                 return Err(crate::error::arg_err(
                     self.name(),
                     "has no vjp, so gradients cannot flow through it",
+                ))
+            }
+            Op::Control(_) | Op::Get { .. } => {
+                return Err(crate::error::arg_err(
+                    self.name(),
+                    "has no vjp yet: gradients cannot flow through control flow",
                 ))
             }
         })
@@ -527,6 +583,9 @@ impl Op {
                     .map(|(x, t)| t.clone().unwrap_or_else(|| x.zeros_like()))
                     .collect(),
             )),
+            Op::DynamicSlice { .. } | Op::DynamicUpdateSlice => {
+                dynamic::jvp(self, inputs, tangents)
+            }
             Op::ArgMax { .. } | Op::DimSize { .. } | Op::Iota { .. } | Op::StopGradient => None,
             Op::Custom(c) => c.jvp(inputs, output, tangents)?,
             Op::Implicit(i) => i.jvp(inputs, tangents, forward)?,
@@ -542,6 +601,12 @@ impl Op {
                 return Err(crate::error::arg_err(
                     self.name(),
                     "has no jvp: fused groups only exist in optimized graphs",
+                ))
+            }
+            Op::Control(_) | Op::Get { .. } => {
+                return Err(crate::error::arg_err(
+                    self.name(),
+                    "has no jvp yet: forward-mode derivatives cannot flow through control flow",
                 ))
             }
         })
@@ -615,6 +680,9 @@ impl Op {
             Op::ScatterAdd { axis, size: rows } => {
                 scatter::batch(*axis, rows, &operands[0], &operands[1], size)
             }
+            Op::DynamicSlice { .. } | Op::DynamicUpdateSlice => {
+                dynamic::batch(self, operands, output, size)?
+            }
             Op::Quant(q) => q.batch(operands, output, size),
             Op::Custom(c) => c.batch(self, operands, output, size)?,
             Op::Implicit(i) => i.batch(inputs, operands, size, walk)?,
@@ -649,6 +717,12 @@ impl Op {
                 return Err(crate::error::arg_err(
                     self.name(),
                     "has no batching rule: fused groups only exist in optimized graphs",
+                ))
+            }
+            Op::Control(_) | Op::Get { .. } => {
+                return Err(crate::error::arg_err(
+                    self.name(),
+                    "has no batching rule yet: vmap cannot batch control flow",
                 ))
             }
         })
@@ -696,6 +770,9 @@ impl Op {
             }
             Op::Fused(k) if fused::eval_in_place(k, inputs, in_shapes, out_shape, target) => {
                 return Ok(())
+            }
+            Op::DynamicUpdateSlice => {
+                return dynamic::dynamic_update_slice_in_place(inputs, in_shapes, target)
             }
             _ => {}
         }

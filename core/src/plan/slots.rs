@@ -52,10 +52,17 @@ impl Lifetime {
     }
 }
 
-/// Each value's lifetime: outputs live past the last step.
+/// Each value's lifetime: outputs live past the last step; a control-flow
+/// result is live from its control node's step, which writes it
+/// ([`Graph::written_at`]).
 pub fn lifetimes(graph: &Graph) -> Vec<Lifetime> {
     let n = graph.nodes.len();
-    let mut lifetimes: Vec<Lifetime> = (0..n).map(|i| Lifetime { def: i, last: i }).collect();
+    let mut lifetimes: Vec<Lifetime> = (0..n)
+        .map(|i| Lifetime {
+            def: graph.written_at(i),
+            last: i,
+        })
+        .collect();
     for (i, node) in graph.nodes.iter().enumerate() {
         for &j in &node.inputs {
             lifetimes[j].last = i;
@@ -99,7 +106,7 @@ pub fn assign_slots(
         .filter(|&v| root[v] == v && matches!(graph.nodes[v].kind, ValueKind::Op(_)))
         .collect();
     let life = |r: ValueId| Lifetime {
-        def: r,
+        def: lifetimes[r].def,
         last: chain_end[r],
     };
     let mut order: Vec<ValueId> = roots.clone();

@@ -182,9 +182,19 @@ pub fn verify_plan(
             }),
         },
     };
+    // A control node writes its results (`get` values) when it runs.
+    let mut results: HashMap<ValueId, Vec<ValueId>> = HashMap::new();
+    for v in 0..n {
+        if graph.written_at(v) != v {
+            results.entry(graph.written_at(v)).or_default().push(v);
+        }
+    }
     for (step, node) in graph.nodes.iter().enumerate() {
         for &j in &node.inputs {
             reads(step, j, &holder)?;
+        }
+        if graph.written_at(step) != step {
+            continue;
         }
         match &node.kind {
             ValueKind::Input(i) => {
@@ -219,6 +229,20 @@ pub fn verify_plan(
             }
         }
         holder.insert(buffer, step);
+        for &result in results.get(&step).into_iter().flatten() {
+            let buffer =
+                buffer_of(result).ok_or(PlanViolation::WriteToConstant { value: result })?;
+            // A result never takes the buffer of a value its node reads.
+            if let Some(&previous) = holder.get(&buffer) {
+                if needed_until[previous] >= step {
+                    return Err(PlanViolation::InvalidInPlace {
+                        step,
+                        operand: previous,
+                    });
+                }
+            }
+            holder.insert(buffer, result);
+        }
     }
     for &o in &graph.outputs {
         reads(n, o, &holder)?;
@@ -245,9 +269,12 @@ pub fn verify_plan(
     // Sweep the schedule with the slot values still live.
     let region = |slot: usize| (arena.offsets[slot], arena.offsets[slot] + arena.bytes[slot]);
     let mut live: Vec<(ValueId, usize)> = Vec::new();
-    for (v, home) in homes.iter().enumerate() {
-        let Home::Slot(slot) = *home else { continue };
-        live.retain(|&(u, _)| needed_until[u] >= v);
+    let mut by_write: Vec<ValueId> = (0..n).collect();
+    by_write.sort_by_key(|&v| (graph.written_at(v), v));
+    for v in by_write {
+        let Home::Slot(slot) = homes[v] else { continue };
+        let written = graph.written_at(v);
+        live.retain(|&(u, _)| needed_until[u] >= written);
         let (start, end) = region(slot);
         if let Some(&(u, _)) = live.iter().find(|&&(_, other)| {
             let (s, e) = region(other);

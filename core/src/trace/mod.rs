@@ -6,6 +6,7 @@ use crate::hash::{fast_map, FastMap};
 use crate::ir::graph::{Graph, GraphNode, Literal, Operands, Origin, ValueId, ValueKind};
 use std::collections::HashSet;
 
+pub mod control;
 mod custom;
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -58,6 +58,8 @@ pub(crate) fn backward(
             accumulate(&mut cotangents, output.id(), seed);
         }
     }
+    // A control node's results' cotangents, by its id and result index.
+    let mut results: FastMap<usize, Vec<Option<Array>>> = fast_map(4);
     for array in order.iter().rev() {
         let NodeKind::Op { op, inputs, .. } = &array.node.kind else {
             continue;
@@ -65,11 +67,35 @@ pub(crate) fn backward(
         if !active.contains(&array.id()) {
             continue;
         }
-        let Some(cotangent) = cotangents.remove(&array.id()) else {
-            continue;
-        };
         let inputs = inputs.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let grads = op.vjp(&inputs, array, &cotangent, &backward)?;
+        let grads = match op {
+            Op::Get { index, .. } => {
+                if let Some(cotangent) = cotangents.remove(&array.id()) {
+                    let all = results
+                        .entry(inputs[0].id())
+                        .or_insert_with(|| vec![None; result_count(&inputs[0])]);
+                    if let Some(slot) = all.get_mut(*index) {
+                        *slot = Some(match slot.take() {
+                            Some(so_far) => so_far + cotangent,
+                            None => cotangent,
+                        });
+                    }
+                }
+                continue;
+            }
+            Op::Control(call) => {
+                let Some(cts) = results.remove(&array.id()) else {
+                    continue;
+                };
+                crate::transform::control::vjp(call, &inputs, cts, &backward)?
+            }
+            _ => {
+                let Some(cotangent) = cotangents.remove(&array.id()) else {
+                    continue;
+                };
+                op.vjp(&inputs, array, &cotangent, &backward)?
+            }
+        };
         for (input, grad) in inputs.iter().zip(grads) {
             if let (Some(grad), true) = (grad, active.contains(&input.id())) {
                 accumulate(&mut cotangents, input.id(), grad);
@@ -126,6 +152,17 @@ fn record_backward<'a>(forward: &[Array], grads: impl Iterator<Item = &'a Array>
             all.extend(found);
         }
     });
+}
+
+/// How many results the control node `token` has (0 for any other value).
+fn result_count(token: &Array) -> usize {
+    match &token.node.kind {
+        NodeKind::Op {
+            op: Op::Control(call),
+            ..
+        } => call.results.len(),
+        _ => 0,
+    }
 }
 
 /// Adds `grad` to the cotangent gathered so far for value `id`.

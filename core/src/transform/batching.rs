@@ -11,7 +11,9 @@
 
 use crate::error::Result;
 use crate::handle::array::Array;
+use crate::hash::{fast_map, FastMap};
 use crate::ops::batching::Batched;
+use crate::ops::Op;
 use crate::shape::Dim;
 use crate::transform::autodiff::push_forward;
 
@@ -25,14 +27,28 @@ pub(crate) fn batch_values(
     size: &Dim,
 ) -> Result<Vec<Batched>> {
     let seeds = inputs.iter().map(Array::id).zip(batched);
+    // A control node's batched results, by its id; the node itself gets
+    // its token as a marker so that its `get`s are visited.
+    let mut results: FastMap<usize, Vec<Batched>> = fast_map(4);
     let values = push_forward(outputs, seeds, |op, inputs, output, values| {
         let operands: Vec<Batched> = inputs
             .iter()
             .zip(values)
             .map(|(i, v)| v.clone().unwrap_or_else(|| Batched::shared(i.clone())))
             .collect();
-        op.batch(inputs, &operands, output, size, &batch_values)
-            .map(Some)
+        match op {
+            Op::Control(call) => {
+                let all = crate::transform::control::batch(call, &operands, size, &batch_values)?;
+                results.insert(output.id(), all);
+                Ok(Some(Batched::shared(output.clone())))
+            }
+            Op::Get { index, .. } => Ok(results
+                .get(&inputs[0].id())
+                .and_then(|all| all.get(*index).cloned())),
+            _ => op
+                .batch(inputs, &operands, output, size, &batch_values)
+                .map(Some),
+        }
     })?;
     Ok(outputs
         .iter()

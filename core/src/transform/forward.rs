@@ -12,6 +12,8 @@
 
 use crate::error::Result;
 use crate::handle::array::Array;
+use crate::hash::{fast_map, FastMap};
+use crate::ops::Op;
 use crate::transform::autodiff::push_forward;
 
 /// The tangents of `outputs` when the values `wrt` have the tangents
@@ -29,7 +31,18 @@ pub(crate) fn push_tangents(
         .iter()
         .zip(tangents)
         .filter_map(|(leaf, tangent)| Some((leaf.id(), tangent?)));
-    push_forward(outputs, seeds, |op, inputs, output, tangents| {
-        op.jvp(inputs, output, tangents, &push_tangents)
+    // A control node's results' tangents, by its id; the node itself
+    // carries its token as a marker so that its `get`s are visited.
+    let mut results: FastMap<usize, Vec<Option<Array>>> = fast_map(4);
+    push_forward(outputs, seeds, |op, inputs, output, tangents| match op {
+        Op::Control(call) => {
+            let all = crate::transform::control::jvp(call, inputs, tangents, &push_tangents)?;
+            results.insert(output.id(), all);
+            Ok(Some(output.clone()))
+        }
+        Op::Get { index, .. } => Ok(results
+            .get(&inputs[0].id())
+            .and_then(|all| all.get(*index).cloned().flatten())),
+        _ => op.jvp(inputs, output, tangents, &push_tangents),
     })
 }

@@ -6,6 +6,7 @@
 
 pub mod autodiff;
 pub mod batching;
+pub(crate) mod control;
 pub mod custom;
 pub mod custom_runtime;
 pub mod forward;

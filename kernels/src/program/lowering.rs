@@ -6,7 +6,7 @@ use super::loc::{Cmd, Loc, Place};
 use super::types::{Buffer, Caps, Check, Dispatch, OutputInfo, Program, Range, Step};
 use crate::abi::{storage_bytes, to_words};
 use crate::spec::{KernelSpec, Launch, Target};
-use kiln::plan::Home;
+use kiln::plan::{Arena, Home};
 use kiln::{DType, Error, Executable, Op, QuantKind, Result, ValueKind};
 
 /// Lowers `exe` for values of `shapes` (one per graph value, as
@@ -16,6 +16,23 @@ use kiln::{DType, Error, Executable, Op, QuantKind, Result, ValueKind};
 /// into its output buffer. Ops without a kernel, sizes beyond the caps and
 /// bad static input are `Err`s naming the op.
 pub fn lower(exe: &Executable, shapes: &[Vec<usize>], caps: &Caps) -> Result<Program> {
+    lower_with(exe, shapes, caps, false)
+}
+
+/// [`lower`] for a loop body or branch: an output the plan wrote in place
+/// of a donated input (a carry updated in place) stays in that input's
+/// range, and its copy to the output is a copy onto itself when the
+/// caller gives the two one range.
+pub(super) fn lower_body(exe: &Executable, shapes: &[Vec<usize>], caps: &Caps) -> Result<Program> {
+    lower_with(exe, shapes, caps, true)
+}
+
+fn lower_with(
+    exe: &Executable,
+    shapes: &[Vec<usize>],
+    caps: &Caps,
+    outputs_stay_in_donated_inputs: bool,
+) -> Result<Program> {
     let graph = exe.graph();
     if shapes.len() != graph.nodes.len() {
         return Err(lowering_err(
@@ -54,12 +71,17 @@ pub fn lower(exe: &Executable, shapes: &[Vec<usize>], caps: &Caps) -> Result<Pro
     // buffer; every other output position gets a copy.
     let mut claimed: Vec<Option<usize>> = vec![None; graph.nodes.len()];
     for (o, &v) in graph.outputs.iter().enumerate() {
-        if matches!(graph.nodes[v].kind, ValueKind::Op(_)) && claimed[v].is_none() {
+        let stays = outputs_stay_in_donated_inputs && matches!(plan.home(v), Home::Input(_));
+        if matches!(graph.nodes[v].kind, ValueKind::Op(_)) && claimed[v].is_none() && !stays {
             claimed[v] = Some(o);
         }
     }
     for (v, node) in graph.nodes.iter().enumerate() {
         let bytes = lowering.value_bytes(v);
+        if lowering.locs[v].is_some() {
+            // A control node's result, placed when the node was lowered.
+            continue;
+        }
         let op = match &node.kind {
             ValueKind::Input(i) => {
                 lowering.locs[v] = Some(Loc::at(Place::Input(*i), 0, bytes));
@@ -72,29 +94,28 @@ pub fn lower(exe: &Executable, shapes: &[Vec<usize>], caps: &Caps) -> Result<Pro
             }
             ValueKind::Op(op) => op,
         };
-        let out = match (claimed[v], plan.home(v)) {
-            (Some(o), _) => Loc::at(Place::Output(o), 0, bytes),
-            (None, Home::Input(i)) => Loc::at(Place::Input(i), 0, bytes),
-            // An empty value has no bytes in its slot (where other slots
-            // may lie); it is bound, never read, as a word of its own.
-            (None, Home::Slot(_)) if lowering.numel(v) == 0 => lowering.arena.empty_word(),
-            (None, Home::Slot(s)) => {
-                let (offset, size) = (slots.offsets[s] as u64, slots.bytes[s] as u64);
-                if bytes > size.max(4) {
-                    return Err(lowering.err(format!(
-                        "value {v} (`{}`) needs {bytes} bytes; its slot {s} has {size}",
-                        op.name()
-                    )));
+        let out = lowering.place(v, op, claimed[v], &slots)?;
+        if let Op::Control(call) = op {
+            lowering.arena.new_op();
+            let mut results: Vec<Option<Loc>> = vec![None; call.results.len()];
+            for (g, get) in graph.nodes.iter().enumerate() {
+                if let ValueKind::Op(get_op @ Op::Get { index, .. }) = &get.kind {
+                    if get.inputs[0] == v && *index < results.len() {
+                        let loc = lowering.place(g, get_op, claimed[g], &slots)?;
+                        lowering.locs[g] = Some(loc);
+                        results[*index] = Some(loc);
+                    }
                 }
-                Loc::at(Place::Arena, offset, bytes)
             }
-            (None, Home::Constant) => {
-                return Err(lowering.err(format!(
-                    "the plan places computed value {v} (`{}`) in a constant",
-                    op.name()
-                )))
-            }
-        };
+            let operands = node
+                .inputs
+                .iter()
+                .map(|&j| lowering.loc(j))
+                .collect::<Result<Vec<_>>>()?;
+            lowering.control_op(v, call, &operands, &results)?;
+            lowering.locs[v] = Some(out);
+            continue;
+        }
         lowering.check_binding(op.name(), out.bytes)?;
         lowering.arena.new_op();
         lowering.lower_op(v, op, out)?;
@@ -162,6 +183,36 @@ impl Lowering<'_> {
             ValueKind::Op(op) => Some(op),
             _ => None,
         }
+    }
+
+    /// Where computed value `v` (of `op`) is written: its output buffer
+    /// when it is output `claimed`, else its home in the plan's `slots`.
+    fn place(&mut self, v: usize, op: &Op, claimed: Option<usize>, slots: &Arena) -> Result<Loc> {
+        let bytes = self.value_bytes(v);
+        let plan = self.exe.plan();
+        Ok(match (claimed, plan.home(v)) {
+            (Some(o), _) => Loc::at(Place::Output(o), 0, bytes),
+            (None, Home::Input(i)) => Loc::at(Place::Input(i), 0, bytes),
+            // An empty value has no bytes in its slot (where other slots
+            // may lie); it is bound, never read, as a word of its own.
+            (None, Home::Slot(_)) if self.numel(v) == 0 => self.arena.empty_word(),
+            (None, Home::Slot(s)) => {
+                let (offset, size) = (slots.offsets[s] as u64, slots.bytes[s] as u64);
+                if bytes > size.max(4) {
+                    return Err(self.err(format!(
+                        "value {v} (`{}`) needs {bytes} bytes; its slot {s} has {size}",
+                        op.name()
+                    )));
+                }
+                Loc::at(Place::Arena, offset, bytes)
+            }
+            (None, Home::Constant) => {
+                return Err(self.err(format!(
+                    "the plan places computed value {v} (`{}`) in a constant",
+                    op.name()
+                )))
+            }
+        })
     }
 
     /// `Err` naming the size and the limit when `bytes` cannot be bound.

@@ -27,6 +27,7 @@
 
 mod arena;
 mod check;
+mod control;
 mod custom;
 mod fused;
 mod half;

@@ -90,6 +90,21 @@ impl Lowering<'_> {
                 target,
             ),
             Op::PadSlice { axes, .. } => crate::pad::pad_slice(dtype, axes, out_shape, target),
+            Op::DynamicSlice { .. } => {
+                let starts: Vec<DType> = (1..node.inputs.len()).map(in_dtype).collect();
+                crate::dynamic::dynamic_slice(dtype, in_shape(0), &starts, out_shape, target)
+            }
+            Op::DynamicUpdateSlice => {
+                let starts: Vec<DType> = (2..node.inputs.len()).map(in_dtype).collect();
+                crate::dynamic::dynamic_update_slice(
+                    dtype,
+                    in_shape(0),
+                    in_shape(1),
+                    &starts,
+                    aliased.first() == Some(&true),
+                    target,
+                )
+            }
             Op::Reduce {
                 op: reduce, axes, ..
             } => {

@@ -14,6 +14,8 @@ use kiln_wgpu::{MatmulVariant, WgpuBackend};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+#[path = "kiln-bench/control.rs"]
+mod control;
 #[path = "kiln-bench/matmul.rs"]
 mod matmul;
 #[path = "kiln-bench/metal.rs"]
@@ -431,6 +433,7 @@ fn main() {
         matmul::one_thread(&names, &mut report);
         grad_benchmarks(&names, &mut report);
         vmap_benchmarks(&names, &mut report);
+        control::benchmarks(&names, &mut report);
         println!("{}", report.to_json());
         return;
     }
@@ -709,7 +712,8 @@ fn cpu_benchmarks(names: &[String], report: &mut BenchReport) {
         || matmul::ONE_THREAD
             .iter()
             .any(|name| matmul::wanted(name, names))
-        || names.iter().any(|n| n == "quant");
+        || names.iter().any(|n| n == "quant")
+        || control::wanted(names);
     if one_thread {
         cpu_child(CPU_CHILD, 1, names, report);
     }

@@ -14,7 +14,7 @@ use crate::view::{
     calls_summary, entry_leaves, human_bytes, miss_lines, reinplace_rows, round_ms, timeline,
     EntryScope, Selection,
 };
-use kiln::Report;
+use kiln::{LoopReport, Report};
 use leptos::prelude::*;
 use serde::Serialize;
 use std::sync::Arc;
@@ -804,6 +804,7 @@ fn entry_views(page: Page, scope: EntryScope, report: Report) -> impl IntoView {
         </p>
         {implicit_view(&report)}
         {vmap_view(&report)}
+        {loops_view(&report)}
         {graph_view(page.selected, scope, report.clone(), move |line| page.editor.reveal_line(line))}
         {reinplace_view(page, scope, &report)}
         {memory_view(page, scope, &report)}
@@ -868,6 +869,80 @@ fn vmap_view(report: &Report) -> Option<impl IntoView> {
             <ul>{lines.into_iter().map(|l| view! { <li class="decision">{l}</li> }).collect_view()}</ul>
         </div>
     })
+}
+
+/// Every control-flow node with its trip count and its bodies, each
+/// planned once: how every carry moves between iterations (in one buffer,
+/// or double-buffered and why), the body's peak, and its nodes in an
+/// expandable list.
+fn loops_view(report: &Report) -> Option<impl IntoView> {
+    if report.loops.is_empty() {
+        return None;
+    }
+    let summary = format!(
+        "planned peak with the loop bodies: {} (each body planned once, reused by every \
+         iteration)",
+        human_bytes(report.total_peak_bytes())
+    );
+    Some(view! {
+        <div class="view loops">
+            <h3>"Loops"</h3>
+            <p class="loops-summary meta">{summary}</p>
+            {report.loops.iter().map(loop_view).collect_view()}
+        </div>
+    })
+}
+
+/// One control-flow node and its bodies (nested loops inside them too).
+fn loop_view(l: &LoopReport) -> AnyView {
+    let head = match &l.trip_count {
+        Some(n) => format!("%{} {}: {n} iterations", l.node, l.op),
+        None => format!("%{} {}", l.node, l.op),
+    };
+    let bodies = l
+        .bodies
+        .iter()
+        .map(|b| {
+            let title = format!(
+                "{}: {} nodes, peak {}",
+                b.name,
+                b.nodes.len(),
+                human_bytes(b.plan.memory.peak_bytes)
+            );
+            let carried = b
+                .carried
+                .iter()
+                .map(|c| {
+                    let text = format!("carry[{}] {}: {}", c.carry, c.aval, c.detail);
+                    view! { <li class="carried" class:in-place=c.in_place class:double-buffered=!c.in_place>{text}</li> }
+                })
+                .collect_view();
+            let nodes = b
+                .nodes
+                .iter()
+                .map(|n| {
+                    let text = format!("%{} {} → {} @ {}", n.id, n.op, n.aval, n.home);
+                    view! { <li class="body-node">{text}</li> }
+                })
+                .collect_view();
+            let nested = b.loops.iter().map(loop_view).collect_view();
+            view! {
+                <details class="loop-body" open=true>
+                    <summary>{title}</summary>
+                    <ul class="carries">{carried}</ul>
+                    <ol class="body-nodes" start="0">{nodes}</ol>
+                    {nested}
+                </details>
+            }
+        })
+        .collect_view();
+    view! {
+        <div class="loop" data-node=l.node>
+            <p class="loop-head">{head}</p>
+            {bodies}
+        </div>
+    }
+    .into_any()
 }
 
 fn reinplace_view(page: Page, scope: EntryScope, report: &Arc<Report>) -> impl IntoView {

@@ -70,6 +70,7 @@ pub(super) fn engine(shared: &Rc<Shared>, limits: &ScriptLimits) -> Engine {
     register_nodes(&mut engine);
     super::custom::register(&mut engine, shared);
     super::quant::register(&mut engine);
+    super::control::register(&mut engine);
     {
         let shared = shared.clone();
         engine.register_fn(

@@ -14,6 +14,7 @@
 //! ```
 
 mod api;
+mod control;
 mod custom;
 mod errors;
 mod function;

@@ -632,3 +632,52 @@ fn vmap_of_a_custom_op_without_a_rule_runs_per_example_and_the_report_says_so() 
     assert!(fallbacks[0].op.contains("norm2"), "{fallbacks:?}");
     assert_eq!(fallbacks[0].examples, 3);
 }
+
+#[test]
+fn control_flow_runs_as_one_node_and_reports_the_cache_written_in_place() {
+    let mut s = Session::new();
+    let report = run_ok(
+        &mut s,
+        r#"
+        let sums = compile(|xs| scan(|c, x| [c + x, x.sum()], zeros([2]), xs));
+        let out = sums.run(ones([3, 2]));
+        show("carry", out[0]);
+        show("ys", out[1]);
+        show("fori", compile(|x| fori_loop(0, 4, |i, c| c * 2.0, x)).run(ones([1])));
+        show("while", compile(|x| while_loop(|c| c.sum() < 50.0, |c| c * 3.0, x)).run(ones([1])));
+        show("cond", compile(|x| cond(x.sum() > 0.0, |v| v * 10.0, |v| -v, x)).run(ones([2])));
+        show("switch", compile(|i, x| branch(i, [|v| v + 1.0, |v| v * 5.0], x)).run(array([1], "int32").reshape([]), ones([2])));
+        let write = compile(|cache, row, t| cache.dynamic_update_slice(row, [t, 0]));
+        show("update", write.run(zeros([3, 2]), ones([1, 2]), array([2], "int32").reshape([])));
+        "#,
+    );
+    assert_eq!(text(&report, "carry"), "array([3., 3.], dtype=float32)");
+    assert_eq!(text(&report, "ys"), "array([2., 2., 2.], dtype=float32)");
+    assert_eq!(text(&report, "fori"), "array([16.], dtype=float32)");
+    assert_eq!(text(&report, "while"), "array([81.], dtype=float32)");
+    assert_eq!(text(&report, "cond"), "array([10., 10.], dtype=float32)");
+    assert_eq!(text(&report, "switch"), "array([5., 5.], dtype=float32)");
+    assert_eq!(
+        text(&report, "update"),
+        "array([[0., 0.],\n       [0., 0.],\n       [1., 1.]], dtype=float32)"
+    );
+    let entry = &report.functions[0].cache.reports[0];
+    assert_eq!(entry.loops.len(), 1, "{:?}", entry.loops);
+    assert_eq!(entry.loops[0].trip_count.as_deref(), Some("3"));
+    assert!(
+        entry.loops[0].bodies[0].carried[0].in_place,
+        "{:?}",
+        entry.loops[0].bodies[0].carried
+    );
+}
+
+#[test]
+fn an_error_inside_a_loop_body_points_at_the_bodys_line() {
+    let mut s = Session::new();
+    let report = s.run(
+        "let f = compile(|xs| scan(|c, x| [c + x.nope(), c], zeros([2]), xs));\nf.run(ones([3, 2]))",
+    );
+    let e = error(&report);
+    assert!(e.message.contains("nope"), "{e:?}");
+    assert_eq!(e.line, Some(1), "{e:?}");
+}

@@ -1,0 +1,136 @@
+//! Control flow on the CPU: a control node's subgraphs run through their
+//! own executables (planned once, when the enclosing executable was
+//! built), once per iteration or for the branch taken.
+//!
+//! A loop's carries move from one iteration to the next without a copy:
+//! the body's plan may write over them (they are donated to it), and each
+//! carry buffer has one owner between iterations, so a carry the body
+//! updates in place (a cache written by `dynamic_update_slice`) stays in
+//! one buffer for the whole loop. The initial carries are copied once per
+//! call (the caller's values must survive).
+
+use super::Executable;
+use crate::data::HostData;
+use crate::error::{Error, Result};
+use crate::ops::{ControlCall, ControlKind};
+use std::sync::Arc;
+
+/// Runs an executable on argument buffers with its values' shapes: the
+/// CPU executor, handed in by it.
+pub(super) type RunBody<'a> =
+    &'a dyn Fn(&Executable, Vec<Arc<HostData>>, &[Vec<usize>]) -> Result<Vec<Arc<HostData>>>;
+
+/// The results of control node `call` over `operands` (of `shapes`), with
+/// its subgraphs' executables `bodies`, each run by `run`.
+pub(super) fn run_control(
+    call: &ControlCall,
+    bodies: &[Arc<Executable>],
+    operands: &[&HostData],
+    shapes: &[&[usize]],
+    run: RunBody<'_>,
+) -> Result<Vec<Arc<HostData>>> {
+    if bodies.len() != call.graphs().len() {
+        return Err(Error::InvalidPlan {
+            detail: format!(
+                "`{}` has {} subgraphs but {} executables",
+                call.name(),
+                call.graphs().len(),
+                bodies.len()
+            ),
+        });
+    }
+    let consts: Vec<Arc<HostData>> = (call.first_const()..call.carry_operands().start)
+        .map(|i| Arc::new(operands[i].clone()))
+        .collect();
+    let carries = call.carry_operands();
+    let mut carry: Vec<Arc<HostData>> = carries
+        .clone()
+        .map(|i| Arc::new(operands[i].clone()))
+        .collect();
+    let inputs_of = |graph: usize,
+                     carry: Vec<Arc<HostData>>,
+                     row: Option<usize>|
+     -> Result<Vec<Arc<HostData>>> {
+        let mut inputs = consts.clone();
+        inputs.extend(carry);
+        for input in call.subgraph_inputs(graph).iter().filter(|i| i.sliced) {
+            let (data, shape) = (operands[input.operand], shapes[input.operand]);
+            let len: usize = shape[1..].iter().product();
+            let i = row.unwrap_or(0);
+            inputs.push(Arc::new(data.range(i * len, len).ok_or_else(|| {
+                Error::InvalidPlan {
+                    detail: format!("`{}` reads row {i} of an operand of {shape:?}", call.name()),
+                }
+            })?));
+        }
+        Ok(inputs)
+    };
+    let in_shapes = |graph: usize| -> Vec<&[usize]> {
+        call.subgraph_inputs(graph)
+            .iter()
+            .map(|i| {
+                let shape = shapes[i.operand];
+                if i.sliced {
+                    &shape[1..]
+                } else {
+                    shape
+                }
+            })
+            .collect()
+    };
+    match &call.kind {
+        ControlKind::Scan { reverse, .. } => {
+            let body = &bodies[0];
+            let body_shapes = body.resolve_shapes(&in_shapes(0))?.into_owned();
+            let sliced = call.subgraph_inputs(0).into_iter().find(|i| i.sliced);
+            let length = match (&call.kind, sliced) {
+                (_, Some(x)) => shapes[x.operand][0],
+                (ControlKind::Scan { length, .. }, None) => length.known().unwrap_or(0),
+                _ => 0,
+            };
+            let graph = body.graph();
+            let num_carry = carries.len();
+            let mut ys: Vec<HostData> = graph.outputs[num_carry..]
+                .iter()
+                .map(|&o| {
+                    let n: usize = body_shapes[o].iter().product();
+                    HostData::try_filled("scan", graph.nodes[o].aval.dtype, n * length, 0.0)
+                })
+                .collect::<Result<_>>()?;
+            for step in 0..length {
+                let row = if *reverse { length - 1 - step } else { step };
+                let inputs = inputs_of(0, std::mem::take(&mut carry), Some(row))?;
+                let mut outputs = run(body, inputs, &body_shapes)?;
+                for (y, out) in ys.iter_mut().zip(&outputs[num_carry..]) {
+                    y.write_range(row * out.len(), out)
+                        .map_err(|detail| Error::InvalidPlan { detail })?;
+                }
+                outputs.truncate(num_carry);
+                carry = outputs;
+            }
+            carry.extend(ys.into_iter().map(Arc::new));
+            Ok(carry)
+        }
+        ControlKind::While => {
+            let (test, body) = (&bodies[0], &bodies[1]);
+            let test_shapes = test.resolve_shapes(&in_shapes(0))?.into_owned();
+            let body_shapes = body.resolve_shapes(&in_shapes(1))?.into_owned();
+            loop {
+                let holds = run(test, inputs_of(0, carry.clone(), None)?, &test_shapes)?
+                    .first()
+                    .is_some_and(|pred| pred.get_f64(0) != 0.0);
+                if !holds {
+                    return Ok(carry);
+                }
+                carry = run(body, inputs_of(1, carry, None)?, &body_shapes)?;
+            }
+        }
+        ControlKind::Switch => {
+            let last = bodies.len() - 1;
+            let index = operands[0].get_f64(0).clamp(0.0, last as f64) as usize;
+            let branch = &bodies[index];
+            let branch_shapes = branch.resolve_shapes(&in_shapes(index))?.into_owned();
+            run(branch, inputs_of(index, carry, None)?, &branch_shapes)
+        }
+    }
+}

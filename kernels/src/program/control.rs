@@ -1,0 +1,442 @@
+//! Control flow on the GPU. A control node's subgraphs were planned once
+//! (their executables hang off the enclosing one); each is lowered once
+//! for its shapes into a program whose arena is embedded in the caller's,
+//! and its steps are spliced in with its inputs and outputs relocated.
+//!
+//! * **scan**: the trip count is known when the program is lowered (the
+//!   shapes are), so the body's steps are recorded once per iteration
+//!   into the one step list (one command encoder). A carry lives in its
+//!   result's range for the whole loop. When the body's plan writes a
+//!   carry in place of its own input, the body reads and writes that one
+//!   range every iteration; otherwise the new value goes to a second range
+//!   and is copied back after the iteration (double-buffered, as the
+//!   report says). Each iteration reads its slice of a scanned array in
+//!   place when the slice starts at a bindable offset, else from a copy;
+//!   its per-iteration results go straight into their rows the same way,
+//!   else into aligned rows packed once after the loop.
+//! * **switch**: every branch runs and a select kernel picks each result
+//!   from the branch the index names (no readback stalls the queue; a
+//!   branch costs its work even when not taken).
+//! * **while_loop**: its trip count is known only when it runs, which a
+//!   program of fixed steps cannot express: an `Err` (it runs on the CPU
+//!   executor).
+
+use super::loc::{Cmd, Loc, Place};
+use super::lowering::{lower_body, Lowering};
+use super::types::{Buffer, Program, Range, Step};
+use crate::abi::{element_bytes, storage_bytes};
+use crate::spec::View;
+use kiln::plan::Home;
+use kiln::shape::row_major_strides;
+use kiln::{ControlCall, ControlKind, DType, Executable, Result};
+
+/// A subgraph's program embedded in the caller's arena.
+struct Embedded {
+    program: Program,
+    arena_base: u64,
+    params_base: u64,
+}
+
+impl Lowering<'_> {
+    /// Lowers control node `v` over `operands`, writing result `r` into
+    /// `results[r]` (`None`: no value reads it).
+    pub(super) fn control_op(
+        &mut self,
+        v: usize,
+        call: &ControlCall,
+        operands: &[Loc],
+        results: &[Option<Loc>],
+    ) -> Result<()> {
+        match &call.kind {
+            ControlKind::Scan { reverse, .. } => self.scan(v, call, *reverse, operands, results),
+            ControlKind::Switch => self.switch(v, call, operands, results),
+            ControlKind::While => Err(self.err(
+                "`while_loop` has no GPU lowering: its trip count is known only when it runs, \
+                 and a program's steps are fixed; run it on the CPU executor"
+                    .to_string(),
+            )),
+        }
+    }
+
+    /// The operand shapes subgraph `k` of control node `v` reads.
+    fn subgraph_shapes(&self, v: usize, call: &ControlCall, k: usize) -> Vec<Vec<usize>> {
+        let node = &self.exe.graph().nodes[v];
+        call.subgraph_inputs(k)
+            .iter()
+            .map(|input| {
+                let shape = &self.shapes[node.inputs[input.operand]];
+                if input.sliced {
+                    shape.get(1..).unwrap_or(&[]).to_vec()
+                } else {
+                    shape.clone()
+                }
+            })
+            .collect()
+    }
+
+    /// Subgraph `body` lowered for inputs of `in_shapes` and embedded.
+    fn embed_body(&mut self, body: &Executable, in_shapes: &[Vec<usize>]) -> Result<Embedded> {
+        let refs: Vec<&[usize]> = in_shapes.iter().map(Vec::as_slice).collect();
+        let shapes = body.resolve_shapes(&refs)?;
+        let program = lower_body(body, &shapes, self.caps)?;
+        let (arena_base, params_base) = self.arena.embed(
+            (program.arena_bytes, &program.arena_init),
+            (program.params_bytes, &program.params_init),
+        );
+        Ok(Embedded {
+            program,
+            arena_base,
+            params_base,
+        })
+    }
+
+    /// Splices `sub`'s steps (checks once, with `first`), its inputs at
+    /// `inputs` and outputs at `outputs`.
+    fn splice(
+        &mut self,
+        sub: &Embedded,
+        inputs: &[Loc],
+        outputs: &[Loc],
+        first: bool,
+    ) -> Result<()> {
+        let relocate = |range: Range| -> Result<Loc> {
+            let base = |loc: Option<&Loc>, what: String| {
+                loc.map(|l| Loc::at(l.place, l.offset + range.offset, range.bytes))
+                    .ok_or_else(|| {
+                        self.err(format!("a loop body reads {what}, which it was not given"))
+                    })
+            };
+            match range.buffer {
+                Buffer::Arena => Ok(Loc::at(
+                    Place::Arena,
+                    sub.arena_base + range.offset,
+                    range.bytes,
+                )),
+                Buffer::Params => Ok(Loc::at(
+                    Place::Params,
+                    sub.params_base + range.offset,
+                    range.bytes,
+                )),
+                Buffer::Input(i) => base(inputs.get(i), format!("input {i}")),
+                Buffer::Output(o) => base(outputs.get(o), format!("output {o}")),
+            }
+        };
+        let mut spliced = Vec::with_capacity(sub.program.steps.len());
+        for step in &sub.program.steps {
+            spliced.push(match step {
+                Step::Dispatch(d) => Cmd::Dispatch {
+                    op: d.op.clone(),
+                    source: d.source.clone(),
+                    entry_point: d.entry_point.clone(),
+                    bindings: d
+                        .bindings
+                        .iter()
+                        .map(|&r| relocate(r))
+                        .collect::<Result<_>>()?,
+                    grid: d.grid,
+                },
+                Step::Copy { from, to } => {
+                    let (from, to) = (relocate(*from)?, relocate(*to)?);
+                    if from == to {
+                        continue;
+                    }
+                    Cmd::Copy { from, to }
+                }
+                // The caller clears every status word, the bodies' too.
+                Step::Clear(_) => continue,
+            });
+        }
+        let mut checks = Vec::new();
+        if first {
+            for check in &sub.program.checks {
+                checks.push((
+                    relocate(check.word)?,
+                    check.op.clone(),
+                    check.detail.clone(),
+                ));
+            }
+        }
+        self.checks.extend(checks);
+        self.steps.extend(spliced);
+        Ok(())
+    }
+
+    /// A strided copy kernel: `shape` elements of `dtype` read from `from`
+    /// at element `offset` with `strides`, written contiguously to `to`.
+    fn strided_copy(
+        &mut self,
+        dtype: DType,
+        from: Loc,
+        offset: usize,
+        strides: Vec<usize>,
+        shape: &[usize],
+        to: Loc,
+    ) -> Result<()> {
+        let spec = crate::layout::copy(
+            &View::strided(dtype, offset, strides, shape),
+            shape,
+            self.target(),
+        )
+        .map_err(|e| self.err(e.to_string()))?;
+        self.dispatch("scan", spec, vec![to, from], None)
+    }
+
+    fn scan(
+        &mut self,
+        v: usize,
+        call: &ControlCall,
+        reverse: bool,
+        operands: &[Loc],
+        results: &[Option<Loc>],
+    ) -> Result<()> {
+        let node = &self.exe.graph().nodes[v];
+        let body = self
+            .exe
+            .bodies(v)
+            .first()
+            .cloned()
+            .ok_or_else(|| self.err("a scan without its body".into()))?;
+        let inputs = call.subgraph_inputs(0);
+        let in_shapes = self.subgraph_shapes(v, call, 0);
+        let carries = call.carry_operands();
+        let k = carries.len();
+        let length = match inputs.iter().find(|i| i.sliced) {
+            Some(x) => self.shapes[node.inputs[x.operand]][0],
+            None => match &call.kind {
+                ControlKind::Scan { length, .. } => length.known().unwrap_or(0),
+                _ => 0,
+            },
+        };
+        let sub = self.embed_body(&body, &in_shapes)?;
+        let align = u64::from(self.caps.binding_offset_alignment.max(4));
+        let dtype_of = |j: usize| self.exe.graph().nodes[node.inputs[j]].aval.dtype;
+        // Carries: in their results' ranges (or scratch when unread).
+        let mut carry_locs = Vec::with_capacity(k);
+        for (c, operand) in carries.clone().enumerate() {
+            let bytes = operands[operand].bytes;
+            let loc = match results.get(c).copied().flatten() {
+                Some(loc) => loc,
+                None => self.arena.scratch(bytes),
+            };
+            self.copy(operands[operand], loc);
+            carry_locs.push(loc);
+        }
+        // Where each carry's new value goes: its own range when the body
+        // writes it in place of its input, else a second range.
+        let graph = body.graph();
+        let mut carry_out = Vec::with_capacity(k);
+        for (c, &loc) in carry_locs.iter().enumerate() {
+            let value = graph.outputs[c];
+            let input = call.num_consts + c;
+            let own = body.plan().home(value) == Home::Input(input)
+                || matches!(graph.nodes[value].kind, kiln::ValueKind::Input(i) if i == input);
+            carry_out.push(if own {
+                loc
+            } else {
+                self.arena.scratch(loc.bytes)
+            });
+        }
+        // Scanned slices: bound in place at aligned rows, else copied.
+        struct Scanned {
+            operand: Loc,
+            row_elems: usize,
+            row_bytes: u64,
+            shape: Vec<usize>,
+            dtype: DType,
+            staging: Option<Loc>,
+        }
+        let mut scanned = Vec::new();
+        for (input, shape) in inputs.iter().zip(&in_shapes).filter(|(i, _)| i.sliced) {
+            let dtype = dtype_of(input.operand);
+            let row_elems: usize = shape.iter().product();
+            let row_bytes = storage_bytes(dtype, row_elems);
+            let operand = operands[input.operand];
+            let direct = row_bytes.is_multiple_of(align) && operand.offset.is_multiple_of(align);
+            let staging = (!direct).then(|| self.arena.scratch(row_bytes));
+            scanned.push(Scanned {
+                operand,
+                row_elems,
+                row_bytes,
+                shape: shape.clone(),
+                dtype,
+                staging,
+            });
+        }
+        // Per-iteration results: into their rows, or aligned staging rows.
+        struct Stacked {
+            result: Option<Loc>,
+            row_elems: usize,
+            row_bytes: u64,
+            stride_bytes: u64,
+            shape: Vec<usize>,
+            dtype: DType,
+            staging: Option<Loc>,
+        }
+        let mut stacked = Vec::new();
+        for (r, aval) in call.results.iter().enumerate().skip(k) {
+            let row_shape: Vec<usize> = match results.get(r).copied().flatten() {
+                Some(_) => self.shapes_of_result(v, r)[1..].to_vec(),
+                None => Vec::new(),
+            };
+            let row_elems: usize = row_shape.iter().product();
+            let row_bytes = storage_bytes(aval.dtype, row_elems);
+            let result = results.get(r).copied().flatten();
+            let direct = result
+                .is_some_and(|l| row_bytes.is_multiple_of(align) && l.offset.is_multiple_of(align));
+            let stride_bytes = if direct {
+                row_bytes
+            } else {
+                row_bytes.div_ceil(align) * align
+            };
+            let staging = match (result, direct) {
+                (Some(_), true) => None,
+                (Some(_), false) => Some(self.arena.scratch(stride_bytes * length as u64)),
+                // Unread: every iteration writes one scratch row.
+                (None, _) => Some(self.arena.scratch(row_bytes.max(4))),
+            };
+            stacked.push(Stacked {
+                result,
+                row_elems,
+                row_bytes,
+                stride_bytes,
+                shape: row_shape,
+                dtype: aval.dtype,
+                staging,
+            });
+        }
+        let consts: Vec<Loc> = (call.first_const()..carries.start)
+            .map(|j| operands[j])
+            .collect();
+        for step in 0..length {
+            let row = if reverse { length - 1 - step } else { step };
+            let mut ins = consts.clone();
+            ins.extend(&carry_locs);
+            for x in &scanned {
+                ins.push(match x.staging {
+                    None => Loc::at(
+                        x.operand.place,
+                        x.operand.offset + row as u64 * x.row_bytes,
+                        x.row_bytes,
+                    ),
+                    Some(staging) => {
+                        let strides = row_major_strides(&x.shape);
+                        self.strided_copy(
+                            x.dtype,
+                            x.operand,
+                            row * x.row_elems,
+                            strides,
+                            &x.shape,
+                            staging,
+                        )?;
+                        staging
+                    }
+                });
+            }
+            let mut outs = carry_out.clone();
+            for y in &stacked {
+                outs.push(match (y.result, y.staging) {
+                    (Some(result), None) => Loc::at(
+                        result.place,
+                        result.offset + row as u64 * y.row_bytes,
+                        y.row_bytes,
+                    ),
+                    (Some(_), Some(staging)) => Loc::at(
+                        staging.place,
+                        staging.offset + row as u64 * y.stride_bytes,
+                        y.row_bytes,
+                    ),
+                    (None, Some(staging)) => staging,
+                    (None, None) => return Err(self.err("a scan result without a range".into())),
+                });
+            }
+            self.splice(&sub, &ins, &outs, step == 0)?;
+            for (&to, &from) in carry_locs.iter().zip(&carry_out) {
+                self.copy(from, to);
+            }
+        }
+        // Rows written to aligned staging are packed into their results.
+        for y in &stacked {
+            if let (Some(result), Some(staging)) = (y.result, y.staging) {
+                if length == 0 || y.row_elems == 0 {
+                    continue;
+                }
+                let per_row = (y.stride_bytes / element_bytes(y.dtype) as u64) as usize;
+                let mut strides = vec![per_row];
+                strides.extend(row_major_strides(&y.shape));
+                let mut shape = vec![length];
+                shape.extend(&y.shape);
+                self.strided_copy(y.dtype, staging, 0, strides, &shape, result)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The shape of result `r` of control node `v`, from the `get` value
+    /// reading it.
+    fn shapes_of_result(&self, v: usize, r: usize) -> Vec<usize> {
+        let graph = self.exe.graph();
+        graph
+            .nodes
+            .iter()
+            .enumerate()
+            .find(|(_, n)| n.inputs.first() == Some(&v) && matches!(&n.kind, kiln::ValueKind::Op(kiln::Op::Get { index, .. }) if *index == r))
+            .map(|(g, _)| self.shapes[g].clone())
+            .unwrap_or_default()
+    }
+
+    fn switch(
+        &mut self,
+        v: usize,
+        call: &ControlCall,
+        operands: &[Loc],
+        results: &[Option<Loc>],
+    ) -> Result<()> {
+        let bodies = self.exe.bodies(v).to_vec();
+        let limit = self.caps.max_storage_buffers_per_stage as usize;
+        // Parameters, output and index take three bindings.
+        if bodies.len() + 3 > limit {
+            return Err(self.err(format!(
+                "`switch` with {} branches needs {} bindings to select a result, more than the \
+                 {limit} the adapter allows",
+                bodies.len(),
+                bodies.len() + 3
+            )));
+        }
+        let index = operands[0];
+        let index_dtype = self.dtype(self.exe.graph().nodes[v].inputs[0]);
+        let ins: Vec<Loc> = operands[1..].to_vec();
+        let mut branch_results: Vec<Vec<Loc>> = Vec::with_capacity(bodies.len());
+        for (b, body) in bodies.iter().enumerate() {
+            let in_shapes = self.subgraph_shapes(v, call, b);
+            let sub = self.embed_body(body, &in_shapes)?;
+            let outs: Vec<Loc> = sub
+                .program
+                .outputs
+                .iter()
+                .map(|o| self.arena.scratch(o.bytes.max(4)))
+                .collect();
+            self.splice(&sub, &ins, &outs, true)?;
+            branch_results.push(outs);
+        }
+        for (r, result) in results.iter().enumerate() {
+            let Some(out) = *result else { continue };
+            let shape = self.shapes_of_result(v, r);
+            if shape.iter().product::<usize>() == 0 {
+                continue;
+            }
+            let dtype = call.results[r].dtype;
+            let spec = crate::dynamic::select_branch(
+                dtype,
+                index_dtype,
+                bodies.len(),
+                &shape,
+                self.target(),
+            )
+            .map_err(|e| self.err(e.to_string()))?;
+            let mut bindings = vec![out, index];
+            bindings.extend(branch_results.iter().map(|outs| outs[r]));
+            self.dispatch("switch", spec, bindings, None)?;
+        }
+        Ok(())
+    }
+}

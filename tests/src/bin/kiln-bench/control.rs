@@ -1,0 +1,167 @@
+//! `cargo xtask bench control`: loops under compile. A tanh RNN cell
+//! (hidden 256, 1,000 steps) as one `scan` node against the same loop
+//! unrolled at trace time (first call: trace + passes + plan; cached call),
+//! and a decoding loop writing one row of a KV cache per step with
+//! `dynamic_update_slice`, whose planned peak must not grow with its steps.
+//! Runs in the one-thread child.
+
+use kiln::{compile, scan, Array, DType, Result};
+use kiln_tests::bench::{median_micros, selected, time_once_ms, BenchReport};
+
+/// The figures of [`benchmarks`].
+pub const FIGURES: [&str; 7] = [
+    "scan_rnn_1000_first_call",
+    "scan_rnn_1000_cached",
+    "unrolled_rnn_1000_first_call",
+    "unrolled_rnn_1000_cached",
+    "kv_decode_16_peak_bytes",
+    "kv_decode_256_peak_bytes",
+    "kv_decode_256_cached",
+];
+
+const HIDDEN: usize = 256;
+const STEPS: usize = 1000;
+
+/// True when any figure runs: named by prefix, or the `control` group.
+pub fn wanted(names: &[String]) -> bool {
+    names.iter().any(|n| n == "control") || FIGURES.iter().any(|f| selected(f, names))
+}
+
+fn figure(name: &str, names: &[String]) -> bool {
+    names.iter().any(|n| n == "control") || selected(name, names)
+}
+
+fn normal(seed: u64, shape: &[usize]) -> Array {
+    Array::random_normal(kiln::random::Key::new(seed), shape, DType::F32).expect("normal")
+}
+
+type RnnArgs = (Array, Array, Array);
+
+fn rnn_args() -> RnnArgs {
+    (
+        normal(1, &[1, HIDDEN]),
+        normal(2, &[HIDDEN, HIDDEN]) * (1.0 / (HIDDEN as f32).sqrt()),
+        normal(3, &[STEPS, 1, HIDDEN]),
+    )
+}
+
+/// The final state of the RNN `h ← tanh(h·w + x)`, as a scan.
+fn rnn_scan((h, w, xs): RnnArgs) -> Result<Array> {
+    let (h, ()) = scan(
+        |h: Array, x: Array| Ok(((h.matmul(&w) + x).tanh(), ())),
+        &h,
+        &xs,
+    )?;
+    Ok(h)
+}
+
+/// The same loop unrolled at trace time (what a Rust loop in a compiled
+/// function becomes without `scan`).
+fn rnn_unrolled((h, w, xs): RnnArgs) -> Array {
+    (0..STEPS).fold(h, |h, i| {
+        let x = xs
+            .slice_axis(0, i as i64, Some(i as i64 + 1), 1)
+            .squeeze(&[0]);
+        (h.matmul(&w) + x).tanh()
+    })
+}
+
+/// A decoding loop of `steps` steps over a 256-row cache: each step writes
+/// its key into row `t` and attends over the cache.
+fn decode(steps: usize) -> impl Fn((Array, Array, Array)) -> Result<(Array, Array)> {
+    move |(cache, q, ks): (Array, Array, Array)| {
+        let zero = Array::scalar(0.0, DType::I32);
+        let t = Array::arange(0.0, steps as f64, 1.0, DType::I32)?;
+        let ((cache, out), ()) = scan(
+            |(cache, _): (Array, Array), (k, t): (Array, Array)| {
+                let cache = cache.dynamic_update_slice(&k.expand_dims(0), &[t, zero.clone()]);
+                let scores = cache.matmul(&q.expand_dims(1)).squeeze(&[1]);
+                let out = kiln::nn::softmax(&scores, -1)
+                    .expand_dims(0)
+                    .matmul(&cache)
+                    .squeeze(&[0]);
+                Ok(((cache, out), ()))
+            },
+            &(cache, q.zeros_like()),
+            &(ks, t),
+        )?;
+        Ok((cache, out))
+    }
+}
+
+fn decode_args(steps: usize) -> (Array, Array, Array) {
+    (
+        Array::zeros(&[256, 64], DType::F32),
+        normal(7, &[64]),
+        normal(8, &[steps, 64]),
+    )
+}
+
+/// The planned peak of one decoding call: the enclosing plan's arena plus
+/// the body's, which is planned once and reused every step.
+fn decode_peak(steps: usize) -> f64 {
+    let f = compile(decode(steps));
+    f.prepare(&decode_args(steps))
+        .expect("the decoding loop compiles");
+    f.cache().reports[0].total_peak_bytes() as f64
+}
+
+/// Records the control-flow figures that `names` select.
+pub fn benchmarks(names: &[String], report: &mut BenchReport) {
+    if !wanted(names) {
+        return;
+    }
+    let args = rnn_args();
+    for input in [&args.0, &args.1, &args.2] {
+        input.eval().expect("inputs");
+    }
+    if figure("scan_rnn_1000_first_call", names) || figure("scan_rnn_1000_cached", names) {
+        let f = compile(rnn_scan);
+        let first = time_once_ms(|| {
+            f.call(&args)
+                .expect("the scan runs")
+                .expect("the scan traces");
+        });
+        report.record("scan_rnn_1000_first_call", first, "ms");
+        let cached = median_micros(10, || {
+            std::hint::black_box(
+                f.call(&args)
+                    .expect("cached scan")
+                    .expect("the scan traces"),
+            );
+        });
+        report.record("scan_rnn_1000_cached", cached / 1e3, "ms");
+    }
+    if figure("unrolled_rnn_1000_first_call", names) || figure("unrolled_rnn_1000_cached", names) {
+        let f = compile(rnn_unrolled);
+        let first = time_once_ms(|| {
+            f.call(&args).expect("the unrolled loop runs");
+        });
+        report.record("unrolled_rnn_1000_first_call", first, "ms");
+        let cached = median_micros(10, || {
+            std::hint::black_box(f.call(&args).expect("cached unrolled loop"));
+        });
+        report.record("unrolled_rnn_1000_cached", cached / 1e3, "ms");
+    }
+    for steps in [16, 256] {
+        let name = format!("kv_decode_{steps}_peak_bytes");
+        if figure(&name, names) {
+            report.record(name, decode_peak(steps), "bytes");
+        }
+    }
+    if figure("kv_decode_256_cached", names) {
+        let f = compile(decode(256));
+        let args = decode_args(256);
+        f.call(&args)
+            .expect("decoding runs")
+            .expect("decoding traces");
+        let cached = median_micros(10, || {
+            std::hint::black_box(
+                f.call(&args)
+                    .expect("cached decoding")
+                    .expect("decoding traces"),
+            );
+        });
+        report.record("kv_decode_256_cached", cached / 1e3, "ms");
+    }
+}
