@@ -5,11 +5,14 @@
 //! element; the start operands and the index are read by every invocation.
 //!
 //! An in-place `dynamic_update_slice` (the plan let it take its array's
-//! buffer) reads the array through the output binding, so it still visits
-//! every element of the array: a window kernel writing only the update's
-//! elements would be cheaper for a large cache.
+//! buffer) of a one-word-per-element dtype writes only its window: one
+//! invocation per update element, so a decoding step writing one row of a
+//! cache costs a row, not the cache. Packed dtypes (two f16 or four u8 per
+//! word) visit the whole array, as neighbours in one word would race.
 
-use crate::source::{param, ElementKernel};
+use crate::abi::bindings;
+use crate::element::{buffer_type, load_fn};
+use crate::source::{param, prelude, ElementKernel};
 use crate::spec::{KernelError, KernelSpec, Target, View};
 use kiln::shape::row_major_strides;
 use kiln::DType;
@@ -161,6 +164,86 @@ pub fn dynamic_update_slice(
         lanes: 1,
     }
     .assemble()
+}
+
+/// The update's elements written into the window of an array it updates
+/// in place (the output binding holds the array): one invocation per
+/// update element. `None` for a dtype packed several to a word, whose
+/// window writes would race with their neighbours.
+pub fn dynamic_update_window(
+    dtype: DType,
+    shape: &[usize],
+    update_shape: &[usize],
+    start_dtypes: &[DType],
+    target: Target,
+) -> Result<Option<KernelSpec>, KernelError> {
+    const OP: &str = "dynamic_update_slice";
+    if crate::abi::element_bytes(dtype) != 4 {
+        return Ok(None);
+    }
+    let count: usize = update_shape.iter().product();
+    let strides = row_major_strides(shape);
+    // params: [count, rank, per axis: update size, highest start, array stride]
+    let mut params = vec![param(OP, count)?, param(OP, shape.len())?];
+    for ((&n, &size), &stride) in shape.iter().zip(update_shape).zip(&strides) {
+        for value in [size, n.saturating_sub(size), stride] {
+            params.push(param(OP, value)?);
+        }
+    }
+    let element = buffer_type(dtype, target);
+    let mut bound: Vec<(usize, &str)> = vec![(1, element)];
+    bound.extend(
+        start_dtypes
+            .iter()
+            .enumerate()
+            .map(|(k, &d)| (k + 2, buffer_type(d, target))),
+    );
+    let mut source = prelude(target);
+    source.push_str(&bindings(&bound, element));
+    for (k, &d) in start_dtypes.iter().enumerate() {
+        source.push_str(&load_fn(
+            &format!("load_{}", k + 2),
+            &format!("in_{}", k + 2),
+            d,
+            target,
+            1,
+        ));
+    }
+    source.push_str(&start_fn(OP, 2, start_dtypes, 3, 3)?);
+    source.push_str(
+        "@compute @workgroup_size(256)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let i = flat_index(wid, nwg, lid, 256u);
+    if (i >= params[0]) {
+        return;
+    }
+    let rank = params[1];
+    var rem = i;
+    var dest = 0u;
+    for (var e = 0u; e < rank; e++) {
+        let axis = rank - 1u - e;
+        let at = 2u + 3u * axis;
+        let c = rem % params[at];
+        rem /= params[at];
+        dest += (start(axis) + c) * params[at + 2u];
+    }
+    // One word per element in both: the update's word, as it is.
+    out[dest] = in_1[i];
+}
+",
+    );
+    Ok(Some(KernelSpec {
+        source,
+        params,
+        workgroups: (count as u64).div_ceil(256),
+        bound: (1..2 + start_dtypes.len()).collect(),
+        status: false,
+        launch: None,
+    }))
 }
 
 /// Result element `i` of the branch the index (operand 0, of

@@ -56,7 +56,7 @@ mod spec;
 mod user;
 
 pub use abi::{bad_input_position, from_words, storage_bytes, to_words, words};
-pub use dynamic::{dynamic_slice, dynamic_update_slice, select_branch};
+pub use dynamic::{dynamic_slice, dynamic_update_slice, dynamic_update_window, select_branch};
 pub use family::{argmax, matmul, reduce, stores_f32, MatmulVariant};
 pub use layout::{check_indices, concat, copy, take};
 pub use pad::pad_slice;

@@ -695,6 +695,19 @@ fn on_wgpu_switch_dynamic_updates_and_the_decoding_loop_match_the_cpu() {
         close(&got.0, &want.0, 1e-6, 1e-5);
         close(&got.1, &want.1, 0.0, 0.0);
     }
+    // A donated array is updated in place: only the window is written.
+    let in_place = |(x, u, i): (Array, Array, Array)| x.dynamic_update_slice(&u, &[i, int(1)]);
+    for i in [-2, 1, 3] {
+        let args = (normal(3, &[4, 3]), normal(4, &[2, 2]), int(i));
+        let want = compile(in_place).call(&args).unwrap();
+        let donated = compile(in_place)
+            .donate(["args[0]"])
+            .with_backend(gpu.clone());
+        let exe = donated.executable(&args).unwrap();
+        let update = nodes_named(&exe, "dynamic_update_slice")[0];
+        assert!(exe.plan().in_place_of(update).is_some());
+        close(&donated.call(&args).unwrap(), &want, 0.0, 0.0);
+    }
     let args = decode_args(16);
     let (want_cache, want_out) = compile(decode(16)).call(&args).unwrap().unwrap();
     let (cache, out) = compile(decode(16))

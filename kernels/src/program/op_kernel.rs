@@ -96,6 +96,19 @@ impl Lowering<'_> {
             }
             Op::DynamicUpdateSlice => {
                 let starts: Vec<DType> = (2..node.inputs.len()).map(in_dtype).collect();
+                if aliased.first() == Some(&true) {
+                    let window = crate::dynamic::dynamic_update_window(
+                        dtype,
+                        in_shape(0),
+                        in_shape(1),
+                        &starts,
+                        target,
+                    )
+                    .map_err(kernel_err)?;
+                    if let Some(window) = window {
+                        return Ok(window);
+                    }
+                }
                 crate::dynamic::dynamic_update_slice(
                     dtype,
                     in_shape(0),
