@@ -345,20 +345,32 @@ pub(crate) fn jvp(op: &Op, inputs: &[Array], tangents: &[Option<Array>]) -> Opti
 
 /// The batched op: with starts shared by every example, the batch axis is
 /// moved to the front of the arrays and gets a window of its whole size
-/// starting at 0; starts that differ per example run once per example.
+/// starting at 0. Starts that differ per example become, per axis, the
+/// positions each example's window covers (clamped as the op clamps
+/// them), and the window is gathered with one batched `take` per axis
+/// (an update placed with one batched `scatter_add` per axis, then
+/// selected over the array): no loop over the examples. A window of a
+/// symbolic size runs once per example.
 pub(crate) fn batch(op: &Op, operands: &[Batched], output: &Array, size: &Dim) -> Result<Batched> {
     let arrays = match op {
         Op::DynamicUpdateSlice => 2,
         _ => 1,
     };
     if operands[arrays..].iter().any(|s| s.axis.is_some()) {
-        return per_example(
-            op,
-            operands,
-            output,
-            size,
-            "the start indices differ per example",
-        );
+        let batched = match op {
+            Op::DynamicSlice { sizes } => gathered_window(operands, sizes, size)?,
+            _ => placed_update(operands, size)?,
+        };
+        return match batched {
+            Some(batched) => Ok(batched),
+            None => per_example(
+                op,
+                operands,
+                output,
+                size,
+                "the start indices differ per example and the window's size is symbolic",
+            ),
+        };
     }
     let zero = Array::scalar(0.0, DType::I32);
     let mut values: Vec<Array> = operands[..arrays]
@@ -376,6 +388,95 @@ pub(crate) fn batch(op: &Op, operands: &[Batched], output: &Array, size: &Dim) -
         _ => Array::apply(Op::DynamicUpdateSlice, values),
     };
     Ok(Batched::along(batched, 0))
+}
+
+/// Per example, the positions along `axis` of `x` (batch axis first)
+/// that a window of `window` elements at that example's `start` covers,
+/// the start clamped to `0..=dim - window` as the op clamps it: `[B,
+/// window]`, i32 (u32 for u32 starts).
+fn window_positions(
+    x: &Array,
+    axis: usize,
+    start: &Batched,
+    window: usize,
+    size: &Dim,
+) -> Result<Array> {
+    let dtype = match start.value.dtype() {
+        DType::U32 => DType::U32,
+        _ => DType::I32,
+    };
+    let start = start.materialized(size).cast(dtype);
+    let dim = Array::apply(
+        Op::DimSize {
+            axes: vec![axis + 1],
+            dtype,
+        },
+        vec![x.clone()],
+    );
+    let clamped = start.minimum(dim - window as f64);
+    let clamped = match dtype {
+        DType::I32 => clamped.maximum(0.0),
+        _ => clamped,
+    };
+    let offsets = Array::arange(0.0, window as f64, 1.0, dtype)?;
+    Ok(clamped.expand_dims(1) + offsets)
+}
+
+/// The per-example windows of `sizes` of operand 0 at per-example
+/// starts (operands 1..): one batched take per axis whose window is not
+/// the whole axis. `None` when a window's size is symbolic.
+fn gathered_window(operands: &[Batched], sizes: &Shape, size: &Dim) -> Result<Option<Batched>> {
+    let mut x = Batched::along(operands[0].materialized(size), 0);
+    for (axis, window) in sizes.dims().iter().enumerate() {
+        let Some(window) = window.known() else {
+            return Ok(None);
+        };
+        if Dim::Known(window).provably_eq(&x.value.shape().dims()[axis + 1]) {
+            continue;
+        }
+        let positions = window_positions(&x.value, axis, &operands[1 + axis], window, size)?;
+        x = super::index::batch(axis, &x, &Batched::along(positions, 0), size);
+    }
+    Ok(Some(x))
+}
+
+/// Operand 0 with operand 1 written at per-example starts (operands 2..):
+/// the update placed into zeros with one batched scatter_add per axis
+/// (its positions are distinct, so nothing accumulates), a mask placed
+/// alike, and the placed values selected where the mask is set. `None`
+/// when the update's size is symbolic.
+fn placed_update(operands: &[Batched], size: &Dim) -> Result<Option<Batched>> {
+    let x = operands[0].materialized(size);
+    let dtype = x.dtype();
+    // scatter_add adds, which bool values cannot: they travel as u8.
+    let carried = match dtype {
+        DType::Bool => DType::U8,
+        other => other,
+    };
+    let mut placed = operands[1].materialized(size).cast(carried);
+    let mut mask = Array::scalar(1.0, DType::U8).broadcast_to(placed.shape().clone());
+    for axis in 0..x.ndim() - 1 {
+        let Some(window) = placed.shape().dims()[axis + 1].known() else {
+            return Ok(None);
+        };
+        let dim = x.shape().dims()[axis + 1].clone();
+        if Dim::Known(window).provably_eq(&dim) {
+            continue;
+        }
+        let positions = Batched::along(
+            window_positions(&x, axis, &operands[2 + axis], window, size)?,
+            0,
+        );
+        let place = |values: Array| {
+            super::scatter::batch(axis, &dim, &Batched::along(values, 0), &positions, size).value
+        };
+        placed = place(placed);
+        mask = place(mask);
+    }
+    Ok(Some(Batched::along(
+        mask.not_equal(0.0).select(placed.cast(dtype), &x),
+        0,
+    )))
 }
 
 #[cfg(test)]
@@ -465,5 +566,37 @@ mod tests {
         let mut cx = ShapeCx::new();
         dynamic_slice_shape_rule(&x.shape, &[&x, &s, &s], &mut cx).unwrap();
         assert!(cx.guards.is_empty());
+    }
+
+    #[test]
+    fn per_example_starts_gather_and_place_windows_without_a_loop() {
+        use crate::compile::rule_checks as rules;
+        // Starts per example, some out of range (clamped), i32 and u32.
+        let x = rules::normal(61, &[4, 5, 3]);
+        let rows = Array::from_vec(vec![0i32, 4, -2, 2], &[4]).unwrap();
+        let cols = Array::from_vec(vec![2u32, 0, 7, 1], &[4]).unwrap();
+        let slice = |a: Vec<Array>| {
+            let starts = [a[1].cast(DType::I32), a[2].cast(DType::U32)];
+            a[0].dynamic_slice(&starts, &[2, 2])
+        };
+        let args = [x.clone(), rows.cast(DType::F32), cols.cast(DType::F32)];
+        let report = rules::assert_batches_like_stacking("dynamic_slice", slice, &args);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+        let update = rules::normal(62, &[4, 2, 2]);
+        let write = |a: Vec<Array>| {
+            let starts = [a[2].cast(DType::I32), a[3].cast(DType::U32)];
+            a[0].dynamic_update_slice(&a[1], &starts)
+        };
+        let args = [x, update, rows.cast(DType::F32), cols.cast(DType::F32)];
+        let report = rules::assert_batches_like_stacking("dynamic_update_slice", write, &args);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
     }
 }
