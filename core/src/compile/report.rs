@@ -758,10 +758,10 @@ fn carried_values(call: &ControlCall, k: usize, body: &Executable) -> Vec<Carrie
                 ValueKind::Op(op) => format!("%{v} `{}`", op.name()),
                 _ => format!("%{v}"),
             };
-            let (in_place, detail) = if plan.home(out) == Home::Input(input) {
-                (true, format!("updated in place by {}", name(out)))
-            } else if matches!(node.kind, ValueKind::Input(i) if i == input) {
+            let (in_place, detail) = if matches!(node.kind, ValueKind::Input(i) if i == input) {
                 (true, "passed through unchanged".to_string())
+            } else if plan.home(out) == Home::Input(input) {
+                (true, format!("updated in place by {}", name(out)))
             } else {
                 let refusal = plan
                     .decisions()
