@@ -34,7 +34,7 @@ pub use kiln_kernels::{MatmulVariant, Target};
 
 use buffer::StatusWords;
 use device::block_on;
-use kiln::{Backend, Executable, HostData, Result};
+use kiln::{Backend, Executable, HostData, KernelList, Result};
 use kiln_kernels::program::{Buffer, Caps, Program, Step};
 use kiln_kernels::{from_words, storage_bytes, to_words};
 use program::{binding, Prepared, ProgramCache};
@@ -446,6 +446,17 @@ impl Backend for WgpuBackend {
 
     fn download_async(&self, buffer: WgpuBuffer) -> kiln::exec::DownloadFuture<'_> {
         Box::pin(WgpuBackend::download_async(self, buffer))
+    }
+
+    /// The steps of the program a call at `shapes` runs: the one prepared
+    /// for it, else the same lowering done afresh (nothing is prepared on
+    /// the device).
+    fn kernels(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Result<KernelList> {
+        let s = &self.shared;
+        Ok(match self.programs.prepared(exe, shapes) {
+            Some(prepared) => prepared.program.kernel_list(&s.name),
+            None => kiln_kernels::lower(exe, shapes, &s.caps)?.kernel_list(&s.name),
+        })
     }
 
     fn run(

@@ -135,7 +135,7 @@ pub use error::{Error, Result};
 pub use exec::device::{
     default_device, set_default_device, with_default_device, AnyBackend, Device, DeviceBuffer,
 };
-pub use exec::{Backend, CpuBackend, Executable};
+pub use exec::{Backend, CpuBackend, Executable, KernelList, KernelStep, StepBinding, StepKind};
 pub use handle::array::Array;
 pub use ir::graph::{Graph, GraphNode, ImplicitDecision, Origin, Provenance, ValueKind};
 pub use ir::passes::{PassRecord, Passes};

@@ -1,6 +1,7 @@
 //! The CPU executor: every step runs the reference evaluation of its op,
 //! through the executable's slot plan.
 
+use super::kernels::{KernelList, KernelStep, StepBinding, StepKind};
 use super::{Backend, Executable};
 use crate::data::HostData;
 use crate::error::{Error, Result};
@@ -143,6 +144,53 @@ impl Backend for CpuBackend {
 
     fn download(&self, buffer: Arc<HostData>) -> Result<Arc<HostData>> {
         Ok(buffer)
+    }
+
+    /// One step per op node, in schedule order: the node's op evaluated
+    /// into its home (an in-place node's is its operand's), reading its
+    /// operands' homes. Inputs and constants need no step.
+    fn kernels(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Result<KernelList> {
+        let graph = exe.graph();
+        let plan = exe.plan();
+        let bytes = |v: usize| -> u64 {
+            let numel: usize = shapes.get(v).map_or(0, |s| s.iter().product());
+            (numel * graph.nodes[v].aval.dtype.size_bytes()) as u64
+        };
+        let binding = |v: usize| StepBinding {
+            buffer: match plan.home(v) {
+                Home::Slot(s) => format!("slot {s}"),
+                Home::Input(i) => format!("input {i}"),
+                Home::Constant => "constant".to_string(),
+            },
+            offset: 0,
+            bytes: bytes(v),
+        };
+        let steps = graph
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(v, node)| match &node.kind {
+                ValueKind::Op(op) => Some(KernelStep {
+                    kind: StepKind::Evaluate,
+                    op: op.describe(),
+                    nodes: vec![v],
+                    source: None,
+                    entry_point: None,
+                    bindings: std::iter::once(v)
+                        .chain(node.inputs.iter().copied())
+                        .map(binding)
+                        .collect(),
+                    grid: None,
+                }),
+                _ => None,
+            })
+            .collect();
+        Ok(KernelList {
+            backend: "cpu".to_string(),
+            steps,
+            sources: Vec::new(),
+            arena_bytes: None,
+        })
     }
 
     fn run(

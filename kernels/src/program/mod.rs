@@ -30,6 +30,7 @@ mod check;
 mod custom;
 mod fused;
 mod half;
+mod listing;
 mod loc;
 mod lowering;
 mod op_kernel;
