@@ -11,7 +11,7 @@ import {
   highlightActiveLineGutter, drawSelection,
 } from "@codemirror/view";
 import { defaultKeymap, history, historyKeymap, indentWithTab } from "@codemirror/commands";
-import { syntaxHighlighting, bracketMatching, indentOnInput } from "@codemirror/language";
+import { syntaxHighlighting, bracketMatching, indentOnInput, StreamLanguage } from "@codemirror/language";
 import { classHighlighter } from "@lezer/highlight";
 import { javascript } from "@codemirror/lang-javascript";
 import { setDiagnostics, lintGutter } from "@codemirror/lint";
@@ -128,6 +128,68 @@ export function createEditor(parent, doc, onChange, onRun) {
   // The browser tests read and write the program through this handle.
   globalThis.kilnEditor = editor;
   return editor;
+}
+
+// ----- kernel source ----------------------------------------------------
+
+// WGSL for highlighting only: keywords, types and builtins, numbers,
+// attributes and comments, as token classes the page's theme colours.
+const WGSL_KEYWORDS = new Set(("alias break case const const_assert continue continuing default " +
+  "diagnostic discard else enable fn for if let loop override requires return struct switch var while " +
+  "true false").split(" "));
+const WGSL_TYPES = /^(?:array|atomic|bool|f16|f32|i32|u32|mat[234]x[234][fh]?|ptr|sampler|texture_\w+|vec[234][fuih]?|storage|uniform|workgroup|private|function|read|write|read_write)$/;
+const wgsl = StreamLanguage.define({
+  name: "wgsl",
+  token(stream, state) {
+    if (state.comment) {
+      if (stream.skipTo("*/")) { stream.next(); stream.next(); state.comment = false; } else stream.skipToEnd();
+      return "comment";
+    }
+    if (stream.eatSpace()) return null;
+    if (stream.match("//")) { stream.skipToEnd(); return "comment"; }
+    if (stream.match("/*")) { state.comment = true; return "comment"; }
+    if (stream.match(/^@\w+/)) return "meta";
+    if (stream.match(/^(?:0x[0-9a-fA-F]+|\d+\.?\d*(?:e[+-]?\d+)?|\.\d+)[iufh]?/)) return "number";
+    const word = stream.match(/^[A-Za-z_]\w*/);
+    if (word) {
+      if (WGSL_KEYWORDS.has(word[0])) return "keyword";
+      if (WGSL_TYPES.test(word[0])) return "typeName";
+      return "variableName";
+    }
+    stream.next();
+    return "operator";
+  },
+  startState: () => ({ comment: false }),
+});
+
+// A read-only CodeMirror view of a kernel's WGSL in `parent`.
+class CodeView {
+  constructor(parent) {
+    this.view = new EditorView({
+      parent,
+      state: EditorState.create({
+        doc: "",
+        extensions: [
+          lineNumbers(),
+          EditorState.readOnly.of(true),
+          EditorView.editable.of(false),
+          wgsl,
+          syntaxHighlighting(classHighlighter),
+        ],
+      }),
+    });
+  }
+
+  // Shows `text`, scrolled to its top.
+  setText(text) {
+    if (text === this.view.state.doc.toString()) return;
+    this.view.dispatch({ changes: { from: 0, to: this.view.state.doc.length, insert: text } });
+    this.view.scrollDOM.scrollTop = 0;
+  }
+}
+
+export function createCodeView(parent) {
+  return new CodeView(parent);
 }
 
 // ----- graph ----------------------------------------------------------

@@ -6,7 +6,7 @@
 //! [`kiln::Report`] of every entry); the views render it and derive no
 //! compiler facts of their own.
 
-use kiln::{CacheInfo, PlanMemory};
+use kiln::{CacheInfo, KernelList, PlanMemory};
 use serde::{Deserialize, Serialize};
 
 /// The result of one run of a script.
@@ -60,6 +60,41 @@ pub struct FunctionReport {
     pub cache: CacheInfo,
     /// This run's calls, in order.
     pub calls: Vec<CallTiming>,
+    /// What the backend runs for each cache entry, beside
+    /// [`CacheInfo::reports`] (reports exported before they were listed
+    /// have none).
+    #[serde(default)]
+    pub kernels: Vec<EntryKernels>,
+}
+
+/// The kernels the backend runs for one cache entry
+/// ([`kiln::Compiled::kernels`]), or why they could not be listed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EntryKernels {
+    /// The cache entry.
+    pub entry: usize,
+    /// Its steps, when the backend listed them.
+    pub list: Option<KernelList>,
+    /// Why it did not.
+    pub error: Option<String>,
+}
+
+impl EntryKernels {
+    /// The list of `entry`, or its error.
+    pub fn of(entry: usize, listed: kiln::Result<KernelList>) -> EntryKernels {
+        match listed {
+            Ok(list) => EntryKernels {
+                entry,
+                list: Some(list),
+                error: None,
+            },
+            Err(e) => EntryKernels {
+                entry,
+                list: None,
+                error: Some(e.to_string()),
+            },
+        }
+    }
 }
 
 /// One call of a compiled function.

@@ -3,7 +3,7 @@
 //! reasons, lifetimes, byte counts — is Kiln's own.
 
 use crate::report::CallTiming;
-use kiln::{CacheInfo, Refusal, Report};
+use kiln::{CacheInfo, KernelList, Refusal, Report};
 use serde::{Deserialize, Serialize};
 
 /// One row of the reinplace view: a verdict on one operand of one
@@ -286,6 +286,77 @@ fn path_order(path: &str) -> Vec<(String, u64)> {
     key
 }
 
+/// One row of the kernels view: a step of the entry's [`KernelList`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelRow {
+    /// Its index in the list.
+    pub index: usize,
+    /// `dispatch`, `copy`, `clear` or `evaluate`.
+    pub kind: &'static str,
+    /// The op it computes.
+    pub op: String,
+    /// The graph values it serves: `%5`, `%5 %6`, or empty.
+    pub nodes: String,
+    /// `grid 4×1×1` for a dispatch, the bytes moved for a copy or clear,
+    /// empty for a CPU step.
+    pub extent: String,
+}
+
+/// The kernels view's rows: every step of `list`, in order.
+pub fn kernel_rows(list: &KernelList) -> Vec<KernelRow> {
+    list.steps
+        .iter()
+        .enumerate()
+        .map(|(index, step)| KernelRow {
+            index,
+            kind: step.kind.name(),
+            op: step.op.clone(),
+            nodes: node_ids(&step.nodes),
+            extent: match (step.grid, step.kind) {
+                (Some([x, y, z]), _) => format!("grid {x}×{y}×{z}"),
+                (None, kiln::StepKind::Copy | kiln::StepKind::Clear) => step
+                    .bindings
+                    .first()
+                    .map(|b| human_bytes(b.bytes as usize))
+                    .unwrap_or_default(),
+                (None, _) => String::new(),
+            },
+        })
+        .collect()
+}
+
+/// `%5 %6`: node ids as the graph labels them.
+pub fn node_ids(nodes: &[usize]) -> String {
+    nodes
+        .iter()
+        .map(|n| format!("%{n}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// What the kernels view says of a list: `12 steps on cpu: 12 evaluate`,
+/// `9 steps on wgpu:…: 7 dispatch, 2 copy · arena 1.5 KiB`.
+pub fn kernels_summary(list: &KernelList) -> String {
+    let mut counts: Vec<(&'static str, usize)> = Vec::new();
+    for step in &list.steps {
+        match counts.iter_mut().find(|(k, _)| *k == step.kind.name()) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((step.kind.name(), 1)),
+        }
+    }
+    let kinds: Vec<String> = counts.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    let mut text = format!(
+        "{} steps on {}: {}",
+        list.steps.len(),
+        list.backend,
+        kinds.join(", ")
+    );
+    if let Some(bytes) = list.arena_bytes {
+        text.push_str(&format!(" · arena {}", human_bytes(bytes as usize)));
+    }
+    text
+}
+
 /// Which compiled function's which cache entry a view shows: a selection
 /// holds in the views of that entry only (node ids of other entries name
 /// other nodes).
@@ -299,18 +370,22 @@ pub struct EntryScope {
 
 /// What is selected in one entry's views. Every view highlights its part
 /// of it: the graph the boxes, the reinplace table the rows, the memory
-/// timeline the bars and the slot row.
+/// timeline the bars and the slot row, the kernels view the kernel rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Selection {
     /// A node, that is the value it computes.
     Node(usize),
     /// A slot, with every value it holds.
     Slot(usize),
+    /// A step of the entry's kernel list, with the values it serves.
+    Kernel(usize),
 }
 
 impl Selection {
-    /// The nodes highlighted: the node, or the values the slot holds.
-    pub fn nodes(self, report: &Report) -> Vec<usize> {
+    /// The nodes highlighted: the node, the values the slot holds, or the
+    /// values the kernel serves (a fused kernel's one node stands for all
+    /// its members).
+    pub fn nodes(self, report: &Report, kernels: Option<&KernelList>) -> Vec<usize> {
         match self {
             Selection::Node(node) => vec![node],
             Selection::Slot(slot) => report
@@ -320,21 +395,43 @@ impl Selection {
                 .filter(|s| s.slot == slot)
                 .flat_map(|s| s.values.iter().map(|v| v.value))
                 .collect(),
+            Selection::Kernel(k) => kernels
+                .and_then(|list| list.steps.get(k))
+                .map(|step| step.nodes.clone())
+                .unwrap_or_default(),
         }
     }
 
     /// The slot row highlighted: the slot, or the one holding the node's
-    /// value (none for a value outside the plan, such as an argument).
-    pub fn slot(self, report: &Report) -> Option<usize> {
-        match self {
-            Selection::Slot(slot) => Some(slot),
-            Selection::Node(node) => report
-                .plan
-                .slots
-                .iter()
-                .find(|s| s.values.iter().any(|v| v.value == node))
-                .map(|s| s.slot),
+    /// (or the kernel's first) value (none for a value outside the plan,
+    /// such as an argument).
+    pub fn slot(self, report: &Report, kernels: Option<&KernelList>) -> Option<usize> {
+        let node = match self {
+            Selection::Slot(slot) => return Some(slot),
+            Selection::Node(node) => node,
+            Selection::Kernel(_) => *self.nodes(report, kernels).first()?,
+        };
+        report
+            .plan
+            .slots
+            .iter()
+            .find(|s| s.values.iter().any(|v| v.value == node))
+            .map(|s| s.slot)
+    }
+
+    /// The kernel steps highlighted: the kernel, or every step serving a
+    /// highlighted node.
+    pub fn kernels(self, report: &Report, kernels: Option<&KernelList>) -> Vec<usize> {
+        let Some(list) = kernels else {
+            return Vec::new();
+        };
+        if let Selection::Kernel(k) = self {
+            return vec![k];
         }
+        let nodes = self.nodes(report, kernels);
+        (0..list.steps.len())
+            .filter(|&k| list.steps[k].nodes.iter().any(|n| nodes.contains(n)))
+            .collect()
     }
 }
 
@@ -390,15 +487,15 @@ mod tests {
             .expect("the MLP reuses a slot");
         let values: Vec<usize> = shared.values.iter().map(|v| v.value).collect();
         let slot = Selection::Slot(shared.slot);
-        assert_eq!(slot.nodes(&report), values);
-        assert_eq!(slot.slot(&report), Some(shared.slot));
+        assert_eq!(slot.nodes(&report, None), values);
+        assert_eq!(slot.slot(&report, None), Some(shared.slot));
         for &value in &values {
             let node = Selection::Node(value);
-            assert_eq!(node.nodes(&report), vec![value]);
-            assert_eq!(node.slot(&report), Some(shared.slot), "%{value}");
+            assert_eq!(node.nodes(&report, None), vec![value]);
+            assert_eq!(node.slot(&report, None), Some(shared.slot), "%{value}");
         }
         assert_eq!(
-            Selection::Slot(usize::MAX).nodes(&report),
+            Selection::Slot(usize::MAX).nodes(&report, None),
             Vec::<usize>::new()
         );
     }
@@ -437,6 +534,41 @@ mod tests {
             "{tip}"
         );
         assert!(tip.contains(&human_bytes(row.bytes)), "{tip}");
+    }
+
+    #[test]
+    fn kernel_rows_follow_the_cpu_executors_schedule_and_link_each_node() {
+        let mut session = Session::new();
+        let report = session.run(MLP.script);
+        let function = &report.functions[0];
+        let entry = function.cache.reports.len() - 1;
+        let kernels = &function.kernels[entry];
+        assert_eq!(kernels.entry, function.cache.reports[entry].entry);
+        let list = kernels.list.as_ref().expect("the CPU lists its steps");
+        let rows = kernel_rows(list);
+        let ops = function.cache.reports[entry]
+            .nodes
+            .iter()
+            .filter(|n| !n.op.starts_with("input ") && n.op != "constant")
+            .count();
+        assert_eq!(rows.len(), ops, "one step per op node");
+        assert!(rows.iter().all(|r| r.kind == "evaluate" && r.nodes.starts_with('%')));
+        assert!(kernels_summary(list).starts_with(&format!("{} steps on cpu: {} evaluate", ops, ops)));
+        // A fused node's step selects the node every member box carries.
+        let fused = list
+            .steps
+            .iter()
+            .position(|s| s.op.starts_with("fused"))
+            .expect("the MLP fuses its elementwise tail");
+        let node = list.steps[fused].nodes[0];
+        let selection = Selection::Kernel(fused);
+        let report = &function.cache.reports[entry];
+        assert_eq!(selection.nodes(report, Some(list)), vec![node]);
+        assert_eq!(Selection::Node(node).kernels(report, Some(list)), vec![fused]);
+        assert_eq!(
+            selection.slot(report, Some(list)),
+            Selection::Node(node).slot(report, None)
+        );
     }
 
     #[test]

@@ -53,8 +53,15 @@ pub trait Device: Send + Sync {
         inputs: Vec<DeviceBuffer>,
         shapes: &[Vec<usize>],
     ) -> Result<Vec<DeviceBuffer>>;
-    /// Lists what `run` executes, like [`Backend::kernels`].
-    fn kernels(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Result<KernelList>;
+    /// Lists what `run` executes, like [`Backend::kernels`] (by default
+    /// an `Err`, as there).
+    fn kernels(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Result<KernelList> {
+        let _ = (exe, shapes);
+        Err(Error::Backend {
+            backend: self.name().to_string(),
+            detail: "this device does not list its kernels".to_string(),
+        })
+    }
     /// Copies a buffer back to the host, blocking (an `Err` in a browser,
     /// where only [`Device::download_async`] can read a GPU buffer).
     fn download(&self, buffer: &DeviceBuffer) -> Result<Arc<HostData>>;

@@ -9,7 +9,7 @@ use crate::graph::{
     cluster_details, details, graph_model, render_svg, search, GraphLayout, GraphMode, GraphModel,
 };
 use crate::view::{EntryScope, Selection};
-use kiln::Report;
+use kiln::{KernelList, Report};
 use leptos::prelude::*;
 use serde::Serialize;
 use std::rc::Rc;
@@ -96,12 +96,13 @@ fn boxes_selector(indexes: &[usize]) -> String {
 
 /// The graph view of `report`, the entry `scope` names. `selected` is
 /// what is selected in any view (marked here when it is this entry's: its
-/// node, or the values of its slot); `reveal` shows a script line in the
-/// editor.
+/// node, the values of its slot or of a kernel of `kernels`); `reveal`
+/// shows a script line in the editor.
 pub fn graph_view(
     selected: RwSignal<Option<(EntryScope, Selection)>>,
     scope: EntryScope,
     report: Arc<Report>,
+    kernels: Option<Arc<KernelList>>,
     reveal: impl Fn(u32) + Copy + Send + Sync + 'static,
 ) -> impl IntoView {
     let mode = RwSignal::new(GraphMode::Optimized);
@@ -128,7 +129,9 @@ pub fn graph_view(
         matches.set(found);
         next_match.set(0);
         let chosen = match selected.get_untracked() {
-            Some((at, selection)) if at == scope => selection.nodes(&marks_report),
+            Some((at, selection)) if at == scope => {
+                selection.nodes(&marks_report, kernels.as_deref())
+            }
             _ => Vec::new(),
         };
         let chosen: Vec<String> = chosen

@@ -4,6 +4,7 @@
 
 mod editor;
 mod graph;
+mod kernels;
 mod ui;
 mod views;
 mod worker;

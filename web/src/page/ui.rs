@@ -4,17 +4,20 @@
 
 use super::editor::{editor_view, EditorHandle};
 use super::graph::graph_view;
+use super::kernels::kernels_view;
 use crate::backend::{BackendChoice, BackendStatus};
 use crate::examples::{Example, EXAMPLES};
 use crate::help::{code_spans, filter_help, help_sections, HelpSection, SCRIPT_API, SHORTCUTS};
 use crate::protocol::{Request, Response};
-use crate::report::{Comparison, FunctionReport, RunReport, ScriptError, Verification};
+use crate::report::{
+    Comparison, EntryKernels, FunctionReport, RunReport, ScriptError, Verification,
+};
 use crate::share::{encode_fragment, export_report, import_report, program_in_link};
 use crate::view::{
     calls_summary, entry_leaves, human_bytes, miss_lines, reinplace_rows, round_ms, timeline,
     EntryScope, Selection,
 };
-use kiln::Report;
+use kiln::{KernelList, Report};
 use leptos::prelude::*;
 use serde::Serialize;
 use std::sync::Arc;
@@ -730,6 +733,7 @@ fn function_view(page: Page, function: FunctionReport) -> impl IntoView {
     // The entry whose views are shown: the latest, or the one picked in
     // the cache view.
     let reports = function.cache.reports.clone();
+    let kernels = function.kernels.clone();
     let shown = RwSignal::new(reports.len().checked_sub(1));
     let line = function.line;
     view! {
@@ -757,7 +761,8 @@ fn function_view(page: Page, function: FunctionReport) -> impl IntoView {
                 {move || {
                     let report = (**reports.get(shown.get()?)?).clone();
                     let scope = EntryScope { line, entry: report.entry };
-                    Some(entry_views(page, scope, report))
+                    let listed = kernels.iter().find(|k| k.entry == report.entry).cloned();
+                    Some(entry_views(page, scope, report, listed))
                 }}
             </div>
         </div>
@@ -796,17 +801,27 @@ fn cache_view(function: &FunctionReport, shown: RwSignal<Option<usize>>) -> impl
     }
 }
 
-fn entry_views(page: Page, scope: EntryScope, report: Report) -> impl IntoView {
+fn entry_views(
+    page: Page,
+    scope: EntryScope,
+    report: Report,
+    kernels: Option<EntryKernels>,
+) -> impl IntoView {
     let report = Arc::new(report);
+    let list = kernels
+        .as_ref()
+        .and_then(|k| k.list.clone())
+        .map(Arc::new);
     view! {
         <p class="shown-entry meta">
-            {format!("entry {}: its graph, reinplace decisions and memory", scope.entry)}
+            {format!("entry {}: its graph, kernels, reinplace decisions and memory", scope.entry)}
         </p>
         {implicit_view(&report)}
         {vmap_view(&report)}
-        {graph_view(page.selected, scope, report.clone(), move |line| page.editor.reveal_line(line))}
-        {reinplace_view(page, scope, &report)}
-        {memory_view(page, scope, &report)}
+        {graph_view(page.selected, scope, report.clone(), list.clone(), move |line| page.editor.reveal_line(line))}
+        {kernels_view(page.selected, scope, report.clone(), kernels)}
+        {reinplace_view(page, scope, &report, list.clone())}
+        {memory_view(page, scope, &report, list)}
     }
 }
 
@@ -816,10 +831,17 @@ fn highlighted(
     page: Page,
     scope: EntryScope,
     report: &Arc<Report>,
+    kernels: Option<Arc<KernelList>>,
 ) -> Memo<(Vec<usize>, Option<usize>)> {
     let report = report.clone();
     Memo::new(move |_| match page.selected.get() {
-        Some((at, selection)) if at == scope => (selection.nodes(&report), selection.slot(&report)),
+        Some((at, selection)) if at == scope => {
+            let kernels = kernels.as_deref();
+            (
+                selection.nodes(&report, kernels),
+                selection.slot(&report, kernels),
+            )
+        }
         _ => (Vec::new(), None),
     })
 }
@@ -868,9 +890,14 @@ fn vmap_view(report: &Report) -> Option<impl IntoView> {
     })
 }
 
-fn reinplace_view(page: Page, scope: EntryScope, report: &Arc<Report>) -> impl IntoView {
+fn reinplace_view(
+    page: Page,
+    scope: EntryScope,
+    report: &Arc<Report>,
+    kernels: Option<Arc<KernelList>>,
+) -> impl IntoView {
     let rows = reinplace_rows(report);
-    let marked = highlighted(page, scope, report);
+    let marked = highlighted(page, scope, report, kernels);
     view! {
         <div class="view reinplace">
             <h3>"Reinplace decisions"</h3>
@@ -919,9 +946,14 @@ const AXIS_TICKS: usize = 10;
 /// own, the bars in an SVG whose x axis is the schedule scaled to the
 /// width left (one unit per step), a step axis under it, a legend, and a
 /// tooltip per bar.
-fn memory_view(page: Page, scope: EntryScope, report: &Arc<Report>) -> impl IntoView {
+fn memory_view(
+    page: Page,
+    scope: EntryScope,
+    report: &Arc<Report>,
+    kernels: Option<Arc<KernelList>>,
+) -> impl IntoView {
     let t = timeline(report);
-    let marked = highlighted(page, scope, report);
+    let marked = highlighted(page, scope, report, kernels);
     let steps = t.steps.max(1);
     let height = t.rows.len() * ROW_H;
     let ticks = t.axis_ticks(AXIS_TICKS);

@@ -35,6 +35,17 @@ extern "C" {
     #[wasm_bindgen(method, js_name = revealLine)]
     pub fn reveal_line(this: &Editor, line: u32);
 
+    /// A read-only CodeMirror view of WGSL source.
+    pub type CodeView;
+
+    /// A code view in `parent`, empty.
+    #[wasm_bindgen(js_namespace = kilnViews, js_name = createCodeView)]
+    pub fn create_code_view(parent: &web_sys::HtmlElement) -> CodeView;
+
+    /// Shows `text` in the code view.
+    #[wasm_bindgen(method, js_name = setText)]
+    pub fn set_code(this: &CodeView, text: &str);
+
     /// Lays a graph out with dagre in the layout worker: a promise of the
     /// placed graph (see `layoutGraph` in layout.js).
     #[wasm_bindgen(js_namespace = kilnViews, js_name = layoutGraph)]

@@ -3,7 +3,7 @@
 
 use super::values::{from_value, into_value, runtime_error, to_value, ScriptResult};
 use super::{script_message, Shared};
-use crate::report::{CallTiming, FunctionReport};
+use crate::report::{CallTiming, EntryKernels, FunctionReport};
 use kiln::{AnyBackend, Array, Compiled, DType, Function, Value, ValueParts};
 use rhai::{Dynamic, EvalAltResult, FnPtr};
 use std::cell::{Cell, RefCell};
@@ -367,14 +367,21 @@ impl ScriptFunction {
     }
 
     pub(super) fn report(&self) -> FunctionReport {
+        let cache = self.compiled.cache();
+        let kernels = cache
+            .reports
+            .iter()
+            .map(|r| EntryKernels::of(r.entry, self.compiled.kernels(r.entry)))
+            .collect();
         FunctionReport {
             source: self.source.to_string(),
             line: self.line.get(),
             shapeless: self.options.shapeless,
             fusion: self.options.fusion,
             donate: self.options.donate.clone(),
-            cache: self.compiled.cache(),
+            cache,
             calls: self.calls.borrow().clone(),
+            kernels,
         }
     }
 }
