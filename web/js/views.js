@@ -165,6 +165,8 @@ const wgsl = StreamLanguage.define({
 // A read-only CodeMirror view of a kernel's WGSL in `parent`.
 class CodeView {
   constructor(parent) {
+    // The browser tests read the shown source through the host element.
+    parent.kilnCodeView = this;
     this.view = new EditorView({
       parent,
       state: EditorState.create({
@@ -180,11 +182,17 @@ class CodeView {
     });
   }
 
-  // Shows `text`, scrolled to its top.
+  text() {
+    return this.view.state.doc.toString();
+  }
+
+  // Shows `text` scrolled to its entry point (`@compute`): the shared
+  // helpers above it are a scroll away.
   setText(text) {
-    if (text === this.view.state.doc.toString()) return;
+    if (text === this.text()) return;
     this.view.dispatch({ changes: { from: 0, to: this.view.state.doc.length, insert: text } });
-    this.view.scrollDOM.scrollTop = 0;
+    const entry = Math.max(text.indexOf("@compute"), 0);
+    this.view.dispatch({ effects: EditorView.scrollIntoView(entry, { y: "start", yMargin: 4 }) });
   }
 }
 

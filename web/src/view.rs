@@ -2,7 +2,7 @@
 //! only rearrange Kiln's data (rows, bars, layers); every fact — decisions,
 //! reasons, lifetimes, byte counts — is Kiln's own.
 
-use crate::report::CallTiming;
+use crate::report::{CallClock, CallTiming};
 use kiln::{CacheInfo, KernelList, Refusal, Report};
 use serde::{Deserialize, Serialize};
 
@@ -205,11 +205,8 @@ pub fn human_bytes(bytes: usize) -> String {
 /// 1 traced, 199 cached · first 3.1 ms (traced) · last 0.05 ms (cached)`.
 /// The page shows every call only when asked (a script calling a function
 /// in a loop would otherwise push every view down by a line per call).
-pub fn calls_summary(calls: &[CallTiming]) -> String {
-    let describe = |c: &CallTiming| {
-        let kind = if c.traced { "traced" } else { "cached" };
-        format!("{} ms ({kind})", round_ms(c.ms))
-    };
+pub fn calls_summary(calls: &[CallTiming], clock: CallClock) -> String {
+    let describe = |c: &CallTiming| call_time(c, clock);
     let traced = calls.iter().filter(|c| c.traced).count();
     let counts = format!(
         "{} call{}: {traced} traced, {} cached",
@@ -225,6 +222,34 @@ pub fn calls_summary(calls: &[CallTiming]) -> String {
             describe(first),
             describe(last)
         ),
+    }
+}
+
+/// A call's time as the calls list prints it: `4.57 ms (traced)` on the
+/// CPU; on a GPU, which returns once the work is submitted, `4.57 ms
+/// submit · 0.31 ms GPU (cached)` with timestamps, else `4.57 ms submit
+/// time (cached)`.
+pub fn call_time(call: &CallTiming, clock: CallClock) -> String {
+    let kind = if call.traced { "traced" } else { "cached" };
+    let ms = round_ms(call.ms);
+    match (clock, call.device_ms) {
+        (CallClock::Wall, _) => format!("{ms} ms ({kind})"),
+        (CallClock::GpuTimestamps, Some(gpu)) => {
+            format!("{ms} ms submit · {} GPU ({kind})", duration(gpu))
+        }
+        _ => format!("{ms} ms submit time ({kind})"),
+    }
+}
+
+/// A measured duration in the unit that suits it: `850 ns`, `12.5 µs`,
+/// `3.25 ms`.
+pub fn duration(ms: f64) -> String {
+    if ms >= 1.0 {
+        format!("{} ms", round_ms(ms))
+    } else if ms >= 1e-3 {
+        format!("{} µs", (ms * 1e4).round() / 10.0)
+    } else {
+        format!("{} ns", (ms * 1e6).round())
     }
 }
 
@@ -602,18 +627,70 @@ mod tests {
 
     #[test]
     fn calls_are_summarized_by_count_first_and_last() {
-        let call = |traced, ms| CallTiming { traced, ms };
+        let call = |traced, ms| CallTiming {
+            traced,
+            ms,
+            device_ms: None,
+            device_calls: None,
+        };
         let mut calls = vec![call(true, 4.56789)];
         calls.extend((0..199).map(|_| call(false, 0.05)));
         assert_eq!(
-            calls_summary(&calls),
+            calls_summary(&calls, CallClock::Wall),
             "200 calls: 1 traced, 199 cached · first 4.57 ms (traced) · last 0.05 ms (cached)"
         );
         assert_eq!(
-            calls_summary(&calls[..1]),
+            calls_summary(&calls[..1], CallClock::Wall),
             "1 call: 1 traced, 0 cached · 4.57 ms (traced)"
         );
-        assert_eq!(calls_summary(&[]), "no calls");
+        assert_eq!(calls_summary(&[], CallClock::Wall), "no calls");
+    }
+
+    #[test]
+    fn a_gpu_calls_time_says_submit_time_and_gives_the_gpu_time_where_measured() {
+        let mut call = CallTiming {
+            traced: false,
+            ms: 6.912,
+            device_ms: None,
+            device_calls: None,
+        };
+        assert_eq!(
+            call_time(&call, CallClock::SubmitOnly),
+            "6.91 ms submit time (cached)"
+        );
+        assert_eq!(
+            call_time(&call, CallClock::GpuTimestamps),
+            "6.91 ms submit time (cached)"
+        );
+        call.device_ms = Some(0.31234);
+        assert_eq!(
+            call_time(&call, CallClock::GpuTimestamps),
+            "6.91 ms submit · 312.3 µs GPU (cached)"
+        );
+        assert_eq!(duration(6393.0), "6393 ms");
+        assert_eq!(duration(0.00085), "850 ns");
+    }
+
+    #[test]
+    fn device_times_go_to_the_calls_that_made_them_and_to_the_entrys_kernels() {
+        use crate::report::DeviceTime;
+        let mut report = Session::new().run("let f = compile(|x| x.exp().sum()); f.run(ones([4])); f.run(ones([4]))");
+        let function = &mut report.functions[0];
+        function.calls[0].device_calls = Some((0, 1));
+        function.calls[1].device_calls = Some((1, 3));
+        let list = function.kernels[0].list.clone().unwrap();
+        let steps = list.steps.len();
+        let time = |call, total_ms| DeviceTime {
+            call,
+            executable: list.executable,
+            steps_ms: vec![Some(total_ms); steps],
+            total_ms,
+        };
+        report.attach_device_times(&[time(0, 1.0), time(1, 2.0), time(2, 0.5)]);
+        let function = &report.functions[0];
+        assert_eq!(function.calls[0].device_ms, Some(1.0));
+        assert_eq!(function.calls[1].device_ms, Some(2.5));
+        assert_eq!(function.kernels[0].steps_ms, vec![Some(0.5); steps]);
     }
 
     #[test]

@@ -187,6 +187,7 @@ impl Backend for CpuBackend {
             .collect();
         Ok(KernelList {
             backend: "cpu".to_string(),
+            executable: exe.id(),
             steps,
             sources: Vec::new(),
             arena_bytes: None,

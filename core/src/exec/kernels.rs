@@ -25,6 +25,9 @@ use serde::{Deserialize, Serialize};
 pub struct KernelList {
     /// The backend's name (`cpu`, `wgpu:…`).
     pub backend: String,
+    /// The executable listed ([`crate::Executable::id`]): measurements of
+    /// its calls name it.
+    pub executable: u64,
     /// The steps, in the order they run.
     pub steps: Vec<KernelStep>,
     /// The distinct kernel sources the steps name by index

@@ -7,7 +7,8 @@ use kiln::{KernelList, KernelStep, StepBinding, StepKind};
 use std::collections::HashMap;
 
 impl Program {
-    /// This program's steps as a [`KernelList`] of backend `backend`.
+    /// This program's steps as a [`KernelList`] of backend `backend` for
+    /// executable `executable` (its [`kiln::Executable::id`]).
     ///
     /// ```
     /// use kiln::{Array, StepKind};
@@ -17,12 +18,12 @@ impl Program {
     /// let x = Array::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
     /// let exe = f.executable(&x).unwrap();
     /// let shapes = exe.resolve_shapes(&[&[2]]).unwrap();
-    /// let list = lower(&exe, &shapes, &Caps::default()).unwrap().kernel_list("gpu");
+    /// let list = lower(&exe, &shapes, &Caps::default()).unwrap().kernel_list("gpu", exe.id());
     /// let sum = list.steps.iter().find(|s| s.op == "sum").unwrap();
     /// assert_eq!(sum.kind, StepKind::Dispatch);
     /// assert!(list.sources[sum.source.unwrap()].contains("@compute"));
     /// ```
-    pub fn kernel_list(&self, backend: &str) -> KernelList {
+    pub fn kernel_list(&self, backend: &str, executable: u64) -> KernelList {
         let mut sources: Vec<String> = Vec::new();
         let mut seen: HashMap<&str, usize> = HashMap::new();
         let steps = self
@@ -76,6 +77,7 @@ impl Program {
             .collect();
         KernelList {
             backend: backend.to_string(),
+            executable,
             steps,
             sources,
             arena_bytes: Some(self.arena_bytes),

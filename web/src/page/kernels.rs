@@ -6,8 +6,8 @@
 //! selects its nodes in every view, and selecting a node its steps.
 
 use super::views::{create_code_view, CodeView};
-use crate::report::EntryKernels;
-use crate::view::{kernel_rows, kernels_summary, node_ids, EntryScope, Selection};
+use crate::report::{CallClock, EntryKernels};
+use crate::view::{duration, kernel_rows, kernels_summary, node_ids, EntryScope, Selection};
 use kiln::{KernelList, Report};
 use leptos::prelude::*;
 use std::sync::Arc;
@@ -19,11 +19,14 @@ pub fn kernels_view(
     scope: EntryScope,
     report: Arc<Report>,
     kernels: Option<EntryKernels>,
+    clock: CallClock,
 ) -> impl IntoView {
-    let list = match kernels {
+    let (list, steps_ms) = match kernels {
         Some(EntryKernels {
-            list: Some(list), ..
-        }) => Arc::new(list),
+            list: Some(list),
+            steps_ms,
+            ..
+        }) => (Arc::new(list), steps_ms),
         Some(EntryKernels {
             error: Some(error), ..
         }) => {
@@ -54,6 +57,22 @@ pub fn kernels_view(
     let shown = Memo::new(move |_| marked.with(|m| m.first().copied()).unwrap_or(first));
     let rows = kernel_rows(&list);
     let summary = kernels_summary(&list);
+    let timed = match clock {
+        CallClock::GpuTimestamps if !steps_ms.is_empty() => {
+            let total: f64 = steps_ms.iter().flatten().sum();
+            format!(
+                "GPU time per kernel at the latest call, from timestamp queries: {} in all",
+                duration(total)
+            )
+        }
+        CallClock::GpuTimestamps => "no call of this entry was timed in this run".to_string(),
+        CallClock::SubmitOnly => {
+            "no GPU time per kernel: the adapter has no timestamp queries (call times are submit \
+             time)"
+                .to_string()
+        }
+        CallClock::Wall => String::new(),
+    };
     let code_host = NodeRef::<leptos::html::Div>::new();
     let code = StoredValue::new_local(None::<CodeView>);
     {
@@ -90,6 +109,7 @@ pub fn kernels_view(
         <div class="view kernels" data-steps=list.steps.len()>
             <h3>"Kernels"</h3>
             <p class="kernels-summary meta">{summary}</p>
+            <p class="kernels-timing meta">{timed}</p>
             <div class="kernels-body">
                 <ol class="kernel-list">
                     {rows
@@ -97,6 +117,7 @@ pub fn kernels_view(
                         .map(|row| {
                             let k = row.index;
                             let (nodes, label) = (row.nodes.clone(), row.nodes);
+                            let time = steps_ms.get(k).copied().flatten().map(duration).unwrap_or_default();
                             view! {
                                 <li class="kernel" data-kernel=k data-nodes=nodes
                                     class:selected=move || marked.with(|m| m.contains(&k))
@@ -106,6 +127,7 @@ pub fn kernels_view(
                                     <span class="kernel-op">{row.op}</span>
                                     <span class="kernel-nodes">{label}</span>
                                     <span class="kernel-extent">{row.extent}</span>
+                                    <span class="kernel-time">{time}</span>
                                 </li>
                             }
                         })

@@ -10,11 +10,12 @@ use crate::examples::{Example, EXAMPLES};
 use crate::help::{code_spans, filter_help, help_sections, HelpSection, SCRIPT_API, SHORTCUTS};
 use crate::protocol::{Request, Response};
 use crate::report::{
-    Comparison, EntryKernels, FunctionReport, RunReport, ScriptError, Verification,
+    CallClock, Comparison, EntryKernels, FunctionReport, RunReport, ScriptError, Verification,
 };
 use crate::share::{encode_fragment, export_report, import_report, program_in_link};
 use crate::view::{
-    calls_summary, entry_leaves, human_bytes, miss_lines, reinplace_rows, round_ms, timeline,
+    call_time, calls_summary, entry_leaves, human_bytes, miss_lines, reinplace_rows, round_ms,
+    timeline,
     EntryScope, Selection,
 };
 use kiln::{KernelList, Report};
@@ -707,12 +708,12 @@ fn report_view(page: Page, report: RunReport) -> impl IntoView {
                 .collect_view()}
             {(!report.log.is_empty()).then(|| view! { <pre class="log">{report.log.join("\n")}</pre> })}
         </div>
-        {report.functions.into_iter().map(|f| function_view(page, f)).collect_view()}
+        {report.functions.into_iter().map(|f| function_view(page, f, report.clock)).collect_view()}
     }
 }
 
-fn function_view(page: Page, function: FunctionReport) -> impl IntoView {
-    let summary = calls_summary(&function.calls);
+fn function_view(page: Page, function: FunctionReport, clock: CallClock) -> impl IntoView {
+    let summary = calls_summary(&function.calls, clock);
     // Every call, drawn only once the list is opened: a loop of thousands
     // of calls costs nothing until asked for.
     let all_calls = function.calls.clone();
@@ -723,8 +724,7 @@ fn function_view(page: Page, function: FunctionReport) -> impl IntoView {
                 .iter()
                 .enumerate()
                 .map(|(i, c)| {
-                    let kind = if c.traced { "traced" } else { "cached" };
-                    let text = format!("call {}: {} ms ({kind})", i + 1, round_ms(c.ms));
+                    let text = format!("call {}: {}", i + 1, call_time(c, clock));
                     view! { <li>{text}</li> }
                 })
                 .collect_view()
@@ -762,7 +762,7 @@ fn function_view(page: Page, function: FunctionReport) -> impl IntoView {
                     let report = (**reports.get(shown.get()?)?).clone();
                     let scope = EntryScope { line, entry: report.entry };
                     let listed = kernels.iter().find(|k| k.entry == report.entry).cloned();
-                    Some(entry_views(page, scope, report, listed))
+                    Some(entry_views(page, scope, report, listed, clock))
                 }}
             </div>
         </div>
@@ -806,6 +806,7 @@ fn entry_views(
     scope: EntryScope,
     report: Report,
     kernels: Option<EntryKernels>,
+    clock: CallClock,
 ) -> impl IntoView {
     let report = Arc::new(report);
     let list = kernels
@@ -819,7 +820,7 @@ fn entry_views(
         {implicit_view(&report)}
         {vmap_view(&report)}
         {graph_view(page.selected, scope, report.clone(), list.clone(), move |line| page.editor.reveal_line(line))}
-        {kernels_view(page.selected, scope, report.clone(), kernels)}
+        {kernels_view(page.selected, scope, report.clone(), kernels, clock)}
         {reinplace_view(page, scope, &report, list.clone())}
         {memory_view(page, scope, &report, list)}
     }

@@ -9,6 +9,7 @@
 
 use crate::backend::{AdapterInfo, BackendChoice, BackendStatus};
 use crate::protocol::{Request, Response};
+use crate::report::{CallClock, DeviceTime, RunReport};
 use crate::script::Session;
 use js_sys::{Function, Promise, Reflect};
 use kiln::{CpuBackend, Device};
@@ -70,6 +71,14 @@ pub fn start_worker() -> Result<(), JsValue> {
         match open_webgpu().await {
             Ok((gpu, adapter)) => {
                 kiln::set_default_device(Arc::new(gpu.clone()));
+                // Calls are timed on the GPU where the adapter writes
+                // timestamps; each compiled call notes which it made.
+                if gpu.set_gpu_timing(true) {
+                    let counter = gpu.clone();
+                    if let Some(session) = worker.session.borrow_mut().as_mut() {
+                        session.count_device_calls(Some(Rc::new(move || counter.gpu_calls_timed())));
+                    }
+                }
                 *worker.gpu.borrow_mut() = Some(gpu);
                 *worker.adapter.borrow_mut() = Some(adapter);
             }
@@ -115,16 +124,18 @@ impl Worker {
             return;
         };
         let response = match request {
-            Request::Run { id, script } => Some(Response::Report {
-                id,
-                report: session.run_async(&script).await,
-            }),
+            Request::Run { id, script } => {
+                let mut report = session.run_async(&script).await;
+                self.measure(&mut report).await;
+                Some(Response::Report { id, report })
+            }
             Request::Compare { id, script } => Some(Response::Comparison {
                 id,
                 rows: session.compare(&script),
             }),
             Request::Verify { id, script } => {
-                let (report, verification) = session.verify(&script).await;
+                let (mut report, verification) = session.verify(&script).await;
+                self.measure(&mut report).await;
                 Some(Response::Verified {
                     id,
                     report,
@@ -145,6 +156,39 @@ impl Worker {
         *self.session.borrow_mut() = Some(session);
         if let Some(response) = response {
             self.post(&response);
+        }
+    }
+
+    /// Says what `report`'s call times measure and, on a GPU that writes
+    /// timestamps, gives its calls and kernels their GPU times.
+    async fn measure(&self, report: &mut RunReport) {
+        let gpu = self.gpu.borrow().clone();
+        let Some(gpu) = gpu.filter(|g| kiln::Backend::name(g) == report.backend) else {
+            report.clock = CallClock::Wall;
+            return;
+        };
+        if !gpu.has_gpu_timestamps() {
+            report.clock = CallClock::SubmitOnly;
+            return;
+        }
+        match gpu.take_gpu_times().await {
+            Ok(times) => {
+                let times: Vec<DeviceTime> = times
+                    .into_iter()
+                    .map(|t| DeviceTime {
+                        call: t.call,
+                        executable: t.executable,
+                        steps_ms: t.steps_ns.iter().map(|ns| ns.map(|ns| ns * 1e-6)).collect(),
+                        total_ms: t.total_ns * 1e-6,
+                    })
+                    .collect();
+                report.attach_device_times(&times);
+                report.clock = CallClock::GpuTimestamps;
+            }
+            Err(e) => {
+                console_error(&format!("kiln worker: GPU times unread: {e}"));
+                report.clock = CallClock::SubmitOnly;
+            }
         }
     }
 

@@ -281,6 +281,8 @@ pub(super) struct ScriptFunction {
     /// output that is not a tree, the script wants the error itself.
     failure: Rc<RefCell<Option<Box<EvalAltResult>>>>,
     calls: RefCell<Vec<CallTiming>>,
+    /// The session: its counter of timed device calls, if any.
+    session: Weak<Shared>,
     /// The run that last called it, to drop functions no run uses.
     pub(super) last_run: Cell<u64>,
 }
@@ -325,6 +327,7 @@ impl ScriptFunction {
             body,
             failure,
             calls: RefCell::default(),
+            session: Rc::downgrade(shared),
             last_run: Cell::new(0),
         }
     }
@@ -347,11 +350,22 @@ impl ScriptFunction {
     pub(super) fn call(&self, args: Vec<Dynamic>) -> ScriptResult<Dynamic> {
         let args = Value::Tuple(args.into_iter().map(into_value).collect());
         let misses = self.compiled.cache().misses;
+        let counter = self
+            .session
+            .upgrade()
+            .and_then(|s| s.device_calls.borrow().clone());
+        let first = counter.as_ref().map(|count| count());
         let start = Instant::now();
         let result = self.compiled.call_deferred(args);
         let ms = start.elapsed().as_secs_f64() * 1e3;
         let traced = self.compiled.cache().misses > misses;
-        self.calls.borrow_mut().push(CallTiming { traced, ms });
+        let device_calls = first.zip(counter.map(|count| count()));
+        self.calls.borrow_mut().push(CallTiming {
+            traced,
+            ms,
+            device_ms: None,
+            device_calls,
+        });
         let failure = self.failure.borrow_mut().take();
         // A failed trace is reported by the script's own error, whether
         // Kiln saw it fail (a trace) or returned the stand-in output (a
