@@ -127,6 +127,7 @@ pub use compile::grad::{
 pub use compile::report::{
     CacheInfo, CacheMiss, MissReason, PlanReport, Report, ReportNode, SlotReport, SlotValue,
 };
+pub use compile::diff::{NodeChange, ReportDiff};
 pub use compile::vmap::{vmap, Vmap};
 pub use compile::{compile, CacheKey, Compiled, Function, LeafSignature};
 pub use data::{HostData, HostElement};

@@ -3,7 +3,7 @@
 
 use super::key::{hash_key, CacheKey, KeyView};
 use super::report::{
-    arg_path, build_report, explain_miss, CacheInfo, CacheMiss, MissReason, Report,
+    arg_path, build_report, differences, explain_miss, CacheInfo, CacheMiss, MissReason, Report,
 };
 use crate::error::{Error, Result};
 use crate::exec::device::read_back;
@@ -254,6 +254,22 @@ where
             miss_log: state.miss_log.iter().cloned().collect(),
             reports: state.entries.iter().map(|e| e.report.clone()).collect(),
         }
+    }
+
+    /// What differs between the cache keys of entries `before` and
+    /// `after` (indexes as [`crate::Report::entry`] gives them), as a miss
+    /// explains it; an `Err` for an entry the cache does not hold. See
+    /// [`crate::compile::diff`] for the rest of what differs.
+    pub fn key_difference(&self, before: usize, after: usize) -> Result<Vec<MissReason>> {
+        let state = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = |i: usize| {
+            state.entries.get(i).ok_or_else(|| Error::InvalidArgument {
+                op: "key_difference".into(),
+                detail: format!("the cache holds no entry {i}"),
+            })
+        };
+        let (a, b) = (entry(before)?, entry(after)?);
+        Ok(differences(&a.key, &b.key, &std::cell::OnceCell::new()))
     }
 
     /// What the backend runs for cache entry `entry` (the index

@@ -351,7 +351,7 @@ pub(crate) fn explain_miss<'a>(
 
 /// Every difference between a stored key and a new one; `now_paths` caches
 /// the new key's leaf paths.
-fn differences(
+pub(crate) fn differences(
     before: &CacheKey,
     now: &CacheKey,
     now_paths: &OnceCell<Vec<KeyPath>>,

@@ -200,113 +200,187 @@ impl Backend for CpuBackend {
         inputs: Vec<Arc<HostData>>,
         shapes: &[Vec<usize>],
     ) -> Result<Vec<Arc<HostData>>> {
-        let graph = exe.graph();
-        let plan = exe.plan();
-        if shapes.len() != graph.nodes.len() {
-            return Err(Error::Backend {
-                backend: "cpu".into(),
-                detail: format!(
-                    "{} value shapes for a graph of {} values",
-                    shapes.len(),
-                    graph.nodes.len()
-                ),
-            });
-        }
-        let num_buffers = plan.num_slots() + inputs.len();
-        let mut buffers = CpuBuffers {
-            slots: (0..plan.num_slots()).map(|_| None).collect(),
-            arguments: inputs.into_iter().map(CpuArgument::Shared).collect(),
-            holder: vec![EMPTY; num_buffers],
-        };
-        for (step, node) in graph.nodes.iter().enumerate() {
-            let op = match &node.kind {
-                ValueKind::Input(i) => {
-                    if *i >= buffers.arguments.len() {
-                        return Err(Error::Backend {
-                            backend: "cpu".into(),
-                            detail: format!(
-                                "executable reads argument {i}, {} were given",
-                                buffers.arguments.len()
-                            ),
-                        });
-                    }
-                    let b = plan.home(step);
-                    if let Some(b) = buffers.index(b) {
-                        buffers.holder[b] = step;
-                    }
-                    continue;
-                }
-                ValueKind::Constant(_) => continue,
-                ValueKind::Op(op) => op,
-            };
-            let mut operand_shapes: SmallVec<[&[usize]; 4]> =
-                SmallVec::with_capacity(node.inputs.len());
-            for &j in &node.inputs {
-                operand_shapes.push(&shapes[j]);
-            }
-            let value = match plan.in_place_of(step) {
-                Some(target) => {
-                    let mut buffer = buffers.take(step, plan.home(target), target)?;
-                    let mut operands: SmallVec<[Option<&HostData>; 4]> =
-                        SmallVec::with_capacity(node.inputs.len());
-                    for &j in &node.inputs {
-                        operands.push(if j == target {
-                            None
-                        } else {
-                            Some(buffers.read(graph, step, plan.home(j), j)?)
-                        });
-                    }
-                    op.eval_in_place(&operands, &operand_shapes, &shapes[step], &mut buffer)?;
-                    buffer
-                }
-                None => {
-                    let mut operands: SmallVec<[&HostData; 4]> =
-                        SmallVec::with_capacity(node.inputs.len());
-                    for &j in &node.inputs {
-                        operands.push(buffers.read(graph, step, plan.home(j), j)?);
-                    }
-                    op.eval(&operands, &operand_shapes, &shapes[step])?
-                }
-            };
-            buffers.put(plan.home(step), step, value)?;
-        }
-        let end = graph.nodes.len();
-        let mut returned: Vec<Option<Arc<HostData>>> = vec![None; num_buffers];
-        graph
-            .outputs
-            .iter()
-            .map(|&o| {
-                let home = plan.home(o);
-                let Some(b) = buffers.index(home) else {
-                    return match &graph.nodes[o].kind {
-                        ValueKind::Constant(literal) => Ok(literal.0.clone()),
-                        _ => Err(Error::InvalidPlan {
-                            detail: format!("output %{o} is computed but placed in a constant"),
-                        }),
-                    };
-                };
-                buffers.check_holder(end, home, o)?;
-                // One buffer returned twice is shared, not copied.
-                if let Some(shared) = &returned[b] {
-                    return Ok(shared.clone());
-                }
-                let shared = match home {
-                    Home::Slot(s) => buffers.slots[s].take().map(Arc::new),
-                    Home::Input(i) => {
-                        match std::mem::replace(&mut buffers.arguments[i], CpuArgument::Taken) {
-                            CpuArgument::Shared(data) => Some(data),
-                            CpuArgument::Owned(data) => Some(Arc::new(data)),
-                            CpuArgument::Taken => None,
-                        }
-                    }
-                    Home::Constant => None,
-                }
-                .ok_or_else(|| Error::InvalidPlan {
-                    detail: format!("output %{o} has no buffer at the end of the run"),
-                })?;
-                returned[b] = Some(shared.clone());
-                Ok(shared)
-            })
-            .collect()
+        run_steps(exe, inputs, shapes, &mut ())
     }
+}
+
+/// Told when each op step of a CPU run is done: the untimed run's `()`
+/// does nothing (and compiles to nothing).
+trait StepObserver {
+    fn step_done(&mut self);
+}
+
+impl StepObserver for () {
+    #[inline(always)]
+    fn step_done(&mut self) {}
+}
+
+/// Milliseconds per op step, read from a caller's clock.
+struct StepTimer<'c> {
+    clock: &'c dyn Fn() -> f64,
+    last: f64,
+    steps: Vec<f64>,
+}
+
+impl StepObserver for StepTimer<'_> {
+    fn step_done(&mut self) {
+        let now = (self.clock)();
+        self.steps.push(now - self.last);
+        self.last = now;
+    }
+}
+
+impl CpuBackend {
+    /// Runs `exe` like [`Backend::run`] and times each op step with
+    /// `clock` (milliseconds from any origin; the page's
+    /// `performance.now()`, `Instant` natively): the outputs, and each op
+    /// step's milliseconds in the order [`Backend::kernels`] lists them.
+    /// A plain run reads no clock.
+    ///
+    /// ```
+    /// use kiln::{compile, Array, Backend, CpuBackend, DType};
+    /// let f = compile(|x: Array| x.exp().sum(&[0], false));
+    /// let x = Array::ones(&[8], DType::F32);
+    /// let exe = f.executable(&x)?;
+    /// let shapes = exe.resolve_shapes(&[])?;
+    /// let start = std::time::Instant::now();
+    /// let clock = || start.elapsed().as_secs_f64() * 1e3;
+    /// let (out, steps) = CpuBackend.run_timed(&exe, vec![x.data()?], &shapes, &clock)?;
+    /// assert_eq!(steps.len(), CpuBackend.kernels(&exe, &shapes)?.steps.len());
+    /// assert_eq!(out.len(), 1);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn run_timed(
+        &self,
+        exe: &Executable,
+        inputs: Vec<Arc<HostData>>,
+        shapes: &[Vec<usize>],
+        clock: &dyn Fn() -> f64,
+    ) -> Result<(Vec<Arc<HostData>>, Vec<f64>)> {
+        let mut timer = StepTimer {
+            clock,
+            last: clock(),
+            steps: Vec::new(),
+        };
+        let outputs = run_steps(exe, inputs, shapes, &mut timer)?;
+        Ok((outputs, timer.steps))
+    }
+}
+
+/// The CPU executor's run, telling `observer` of each op step done.
+fn run_steps<O: StepObserver>(
+    exe: &Executable,
+    inputs: Vec<Arc<HostData>>,
+    shapes: &[Vec<usize>],
+    observer: &mut O,
+) -> Result<Vec<Arc<HostData>>> {
+    let graph = exe.graph();
+    let plan = exe.plan();
+    if shapes.len() != graph.nodes.len() {
+        return Err(Error::Backend {
+            backend: "cpu".into(),
+            detail: format!(
+                "{} value shapes for a graph of {} values",
+                shapes.len(),
+                graph.nodes.len()
+            ),
+        });
+    }
+    let num_buffers = plan.num_slots() + inputs.len();
+    let mut buffers = CpuBuffers {
+        slots: (0..plan.num_slots()).map(|_| None).collect(),
+        arguments: inputs.into_iter().map(CpuArgument::Shared).collect(),
+        holder: vec![EMPTY; num_buffers],
+    };
+    for (step, node) in graph.nodes.iter().enumerate() {
+        let op = match &node.kind {
+            ValueKind::Input(i) => {
+                if *i >= buffers.arguments.len() {
+                    return Err(Error::Backend {
+                        backend: "cpu".into(),
+                        detail: format!(
+                            "executable reads argument {i}, {} were given",
+                            buffers.arguments.len()
+                        ),
+                    });
+                }
+                let b = plan.home(step);
+                if let Some(b) = buffers.index(b) {
+                    buffers.holder[b] = step;
+                }
+                continue;
+            }
+            ValueKind::Constant(_) => continue,
+            ValueKind::Op(op) => op,
+        };
+        let mut operand_shapes: SmallVec<[&[usize]; 4]> =
+            SmallVec::with_capacity(node.inputs.len());
+        for &j in &node.inputs {
+            operand_shapes.push(&shapes[j]);
+        }
+        let value = match plan.in_place_of(step) {
+            Some(target) => {
+                let mut buffer = buffers.take(step, plan.home(target), target)?;
+                let mut operands: SmallVec<[Option<&HostData>; 4]> =
+                    SmallVec::with_capacity(node.inputs.len());
+                for &j in &node.inputs {
+                    operands.push(if j == target {
+                        None
+                    } else {
+                        Some(buffers.read(graph, step, plan.home(j), j)?)
+                    });
+                }
+                op.eval_in_place(&operands, &operand_shapes, &shapes[step], &mut buffer)?;
+                buffer
+            }
+            None => {
+                let mut operands: SmallVec<[&HostData; 4]> =
+                    SmallVec::with_capacity(node.inputs.len());
+                for &j in &node.inputs {
+                    operands.push(buffers.read(graph, step, plan.home(j), j)?);
+                }
+                op.eval(&operands, &operand_shapes, &shapes[step])?
+            }
+        };
+        buffers.put(plan.home(step), step, value)?;
+        observer.step_done();
+    }
+    let end = graph.nodes.len();
+    let mut returned: Vec<Option<Arc<HostData>>> = vec![None; num_buffers];
+    graph
+        .outputs
+        .iter()
+        .map(|&o| {
+            let home = plan.home(o);
+            let Some(b) = buffers.index(home) else {
+                return match &graph.nodes[o].kind {
+                    ValueKind::Constant(literal) => Ok(literal.0.clone()),
+                    _ => Err(Error::InvalidPlan {
+                        detail: format!("output %{o} is computed but placed in a constant"),
+                    }),
+                };
+            };
+            buffers.check_holder(end, home, o)?;
+            // One buffer returned twice is shared, not copied.
+            if let Some(shared) = &returned[b] {
+                return Ok(shared.clone());
+            }
+            let shared = match home {
+                Home::Slot(s) => buffers.slots[s].take().map(Arc::new),
+                Home::Input(i) => {
+                    match std::mem::replace(&mut buffers.arguments[i], CpuArgument::Taken) {
+                        CpuArgument::Shared(data) => Some(data),
+                        CpuArgument::Owned(data) => Some(Arc::new(data)),
+                        CpuArgument::Taken => None,
+                    }
+                }
+                Home::Constant => None,
+            }
+            .ok_or_else(|| Error::InvalidPlan {
+                detail: format!("output %{o} has no buffer at the end of the run"),
+            })?;
+            returned[b] = Some(shared.clone());
+            Ok(shared)
+        })
+        .collect()
 }

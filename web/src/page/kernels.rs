@@ -71,6 +71,13 @@ pub fn kernels_view(
              time)"
                 .to_string()
         }
+        CallClock::Wall if !steps_ms.is_empty() => {
+            let total: f64 = steps_ms.iter().flatten().sum();
+            format!(
+                "CPU executor time per step at the latest call: {} in all",
+                duration(total)
+            )
+        }
         CallClock::Wall => String::new(),
     };
     let code_host = NodeRef::<leptos::html::Div>::new();
