@@ -222,6 +222,30 @@ await check("custom-node", async () => {
   await eventually(() => page.locator(".cache li.entry.selected").getAttribute("data-entry"), "0", "picked entry");
 });
 
+await check("diff-of-two-entries-names-the-key-nodes-and-peaks", async () => {
+  // The custom-node example's two entries differ in `act`: diff the
+  // latest against the first.
+  await page.locator('.cache li.entry[data-entry="1"]').click();
+  await page.locator(".shown-entry", { hasText: "entry 1" }).waitFor({ timeout: 60000 });
+  await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 60000 });
+  await page.selectOption("#diff-against", "0");
+  await eventually(() => text(".diff-key li"),
+    'static/aux differs at node args[0]: before {act: "relu"}, now {act: "tanh"}', "the key difference");
+  await settled(async () => {
+    const peak = await text(".diff-peak");
+    if (!/^peak [\d.]+ (B|KiB|MiB) → [\d.]+ (B|KiB|MiB) \([+-][\d.]+ (B|KiB|MiB)\)$/.test(peak)) throw new Error(`peak: ${peak}`);
+    const parts = await page.locator(".diff-added li, .diff-changed li").allInnerTexts();
+    if (!parts.some((p) => p.includes("tanh"))) throw new Error(`added/changed: ${parts}`);
+    const removed = await page.locator(".diff-removed li, .diff-changed li").allInnerTexts();
+    if (!removed.some((p) => p.includes("relu"))) throw new Error(`removed/changed: ${removed}`);
+    // The graph marks what the later entry added or changed.
+    const marked = await page.locator(".graph g.box.diff-added, .graph g.box.diff-changed").count();
+    if (marked < 1) throw new Error("no box marked in the graph");
+  });
+  await page.selectOption("#diff-against", "");
+  await eventually(() => page.locator(".graph g.box.diff-added, .graph g.box.diff-changed").count(), 0, "marks cleared");
+});
+
 await check("shapeless", async () => {
   await runExample("shapeless", "n = 9");
   await eventually(() => text(".cache .summary"), "1 entries, 2 hits, 1 misses", "cache summary");
@@ -764,6 +788,12 @@ await check("the-graph-search-finds-ops-by-name", async () => {
   await eventually(() => page.locator(".graph g.box.match").count(), 1, "marked");
   await page.click("#graph-next");
   await eventually(() => page.locator('#graph-details tr[data-field="op"] td').innerText(), "%1.0 exp", "focused");
+  // By node id (a fused node: its members), by aval and by script line.
+  for (const [query, found] of [["%1", "3 found"], ["%1.1", "1 found"], ["f32[]", "1 found"], ["f32[4]", "4 found"], ["line 3", "2 found"]]) {
+    await page.fill("#graph-search", query);
+    await eventually(() => text("#graph-matches"), found, `matches of ${query}`);
+    await eventually(() => page.locator(".graph g.box.match").count(), Number(found[0]), `${query} marked`);
+  }
   await page.fill("#graph-search", "");
 });
 
@@ -886,6 +916,30 @@ await check("layout-at-390x844-the-views-stack-under-the-editor", async () => {
   await page.screenshot({ path: join(shots, "layout-390x844-window.png") });
   await page.locator(".graph-canvas").scrollIntoViewIfNeeded();
   await page.screenshot({ path: join(shots, "layout-390x844-graph.png") });
+  // The Kernels view stacks its list over the chosen step and stays in the window.
+  await page.locator(".kernels .kernel").first().scrollIntoViewIfNeeded();
+  await settled(async () => {
+    const kernels = await viewBox(".kernels");
+    if (kernels.x < 0 || kernels.x + kernels.width > 390) throw new Error(`the Kernels view at ${JSON.stringify(kernels)}`);
+  });
+  await page.screenshot({ path: join(shots, "layout-390x844-kernels.png") });
+});
+
+await check("layout-the-kernels-view-at-1440x900", async () => {
+  await page.setViewportSize({ width: 1440, height: 900 });
+  await runExample("mlp", "row sums");
+  await page.locator(".kernels .kernel").first().waitFor({ timeout: 30000 });
+  await page.locator(".kernels").scrollIntoViewIfNeeded();
+  await settled(async () => {
+    const list = await viewBox(".kernel-list");
+    const detail = await viewBox(".kernel-detail");
+    // The list beside the chosen step's fields and source.
+    if (!(detail.x >= list.x + list.width - 1 && detail.width >= 400)) {
+      throw new Error(`list ${JSON.stringify(list)}, detail ${JSON.stringify(detail)}`);
+    }
+  });
+  await page.screenshot({ path: join(shots, "layout-1440x900-kernels.png") });
+  await page.setViewportSize({ width: 1400, height: 1000 });
 });
 
 await check("layout-follows-a-dark-color-scheme", async () => {
@@ -944,6 +998,11 @@ await check("a-2000-node-graph-is-laid-out-and-searchable", async () => {
     return count;
   });
   await eventually(() => page.locator(".graph g.box").count(), boxes, "boxes drawn");
+  // Drawn at a zoom where box text is readable; Fit shows it all.
+  const zoom = () => page.evaluate(() => document.querySelector(".graph-canvas").kilnPanZoom.zoom());
+  await eventually(async () => (await zoom()) >= 0.7, true, "a readable zoom");
+  await page.click("#graph-fit");
+  await eventually(async () => (await zoom()) < 0.1, true, "fitted whole");
   await page.fill("#graph-search", "sin");
   await eventually(() => text("#graph-matches"), "1000 found", "matches");
   await page.click("#graph-next");

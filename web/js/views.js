@@ -241,6 +241,9 @@ export function layoutGraph(input) {
   });
 }
 
+// The smallest zoom a drawing starts at: 11 px text at 0.7 is about 8 px.
+const READABLE_ZOOM = 0.7;
+
 // Pan (drag the background) and zoom (wheel, about the pointer) of the
 // `<g class="viewport">` inside `svg`. Idempotent per element.
 export function panZoom(svg) {
@@ -288,10 +291,13 @@ export function panZoom(svg) {
       state.y = r.height / 2 - y * state.k;
       apply();
     },
-    // Scales the whole drawing (width, height) into the view, at most 1:1.
-    fit(width, height) {
+    // Scales the whole drawing (width, height) into the view, at most 1:1
+    // and at least `floor`: a drawing larger than that shows its top,
+    // centred, and pans.
+    fit(width, height, floor) {
       const r = svg.getBoundingClientRect();
-      state.k = Math.min(1, r.width / Math.max(width, 1), r.height / Math.max(height, 1));
+      const whole = Math.min(1, r.width / Math.max(width, 1), r.height / Math.max(height, 1));
+      state.k = Math.max(whole, floor);
       state.x = (r.width - width * state.k) / 2;
       state.y = 0;
       apply();
@@ -309,10 +315,17 @@ export function focusGraph(svg, x, y) {
   svg.kilnPanZoom.focus(x, y);
 }
 
-// Fits the drawing in `svg`'s view.
+// Fits the whole drawing in `svg`'s view.
 export function fitGraph(svg, width, height) {
   panZoom(svg);
-  svg.kilnPanZoom.fit(width, height);
+  svg.kilnPanZoom.fit(width, height, 0);
+}
+
+// Shows a new drawing: fitted, but never so small that its text cannot be
+// read (READABLE_ZOOM).
+export function showGraph(svg, width, height) {
+  panZoom(svg);
+  svg.kilnPanZoom.fit(width, height, READABLE_ZOOM);
 }
 
 // The index of the box an event happened on, or -1.

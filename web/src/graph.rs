@@ -287,18 +287,44 @@ fn traced_model(report: &Report) -> GraphModel {
     }
 }
 
-/// The boxes whose op name contains `query` (ignoring case); none for an
-/// empty query.
+/// The boxes `query` finds (ignoring case and spaces; none for an empty
+/// query): `%12` the boxes of node 12 (every member of a fused node),
+/// `%12.1` one member; an aval (`f32[16,64]`, any query with a `[`) the
+/// boxes of that aval; `line 4` or `:4` the boxes script line 4 made;
+/// anything else the boxes whose op name contains it.
 pub fn search(model: &GraphModel, query: &str) -> Vec<usize> {
-    let query = query.trim().to_lowercase();
+    let query: String = query
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase();
     if query.is_empty() {
         return Vec::new();
     }
+    let line = query
+        .strip_prefix("line ")
+        .or_else(|| query.strip_prefix(':'))
+        .and_then(|l| l.trim().parse::<u32>().ok());
+    let compact = query.replace(' ', "");
+    let matches = |b: &GraphBox| -> bool {
+        if let Some(id) = query.strip_prefix('%') {
+            let label = b.label.split(' ').next().unwrap_or("");
+            let own = label.trim_start_matches('%');
+            return own == id || (!id.contains('.') && own.split('.').next() == Some(id));
+        }
+        if let Some(line) = line {
+            return b.location.is_some_and(|l| l.line == line);
+        }
+        if compact.contains('[') {
+            return b.aval.replace(' ', "").to_lowercase() == compact;
+        }
+        b.op.to_lowercase().contains(&query)
+    };
     model
         .boxes
         .iter()
         .enumerate()
-        .filter(|(_, b)| b.op.to_lowercase().contains(&query))
+        .filter(|(_, b)| matches(b))
         .map(|(i, _)| i)
         .collect()
 }
@@ -584,6 +610,29 @@ mod tests {
         assert!(found[0].ends_with(".1 tanh"), "{found:?}");
         assert!(search(&model, "  ").is_empty());
         assert!(search(&model, "matmul").is_empty());
+    }
+
+    #[test]
+    fn search_finds_boxes_by_node_id_aval_and_script_line() {
+        let report = report_of(FUSED);
+        let model = graph_model(&report, GraphMode::Optimized);
+        let labels = |query: &str| -> Vec<String> {
+            search(&model, query)
+                .into_iter()
+                .map(|i| model.boxes[i].label.clone())
+                .collect()
+        };
+        // Node 1 is the fused group: all three members; `%1.1` one.
+        let group = labels("%1");
+        assert_eq!(group.len(), 3, "{group:?}");
+        assert!(group.iter().all(|l| l.starts_with("%1.")));
+        assert_eq!(labels("%1.1"), vec!["%1.1 tanh".to_string()]);
+        assert_eq!(labels("F32[ ]"), labels("f32[]"));
+        assert_eq!(labels("f32[]").len(), 1, "the sum");
+        assert_eq!(labels("f32[4]").len(), 4, "the argument and the members");
+        assert_eq!(labels("line 3"), labels(":3"));
+        assert!(labels("line 3").iter().any(|l| l.ends_with("tanh")));
+        assert!(labels("line 99").is_empty());
     }
 
     #[test]

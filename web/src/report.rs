@@ -6,7 +6,7 @@
 //! [`kiln::Report`] of every entry); the views render it and derive no
 //! compiler facts of their own.
 
-use kiln::{CacheInfo, KernelList, PlanMemory};
+use kiln::{CacheInfo, KernelList, MissReason, PlanMemory};
 use serde::{Deserialize, Serialize};
 
 /// The result of one run of a script.
@@ -97,6 +97,27 @@ pub struct FunctionReport {
     /// have none).
     #[serde(default)]
     pub kernels: Vec<EntryKernels>,
+    /// What differs between the cache keys of each ordered pair of its
+    /// latest [`KEY_DIFF_ENTRIES`] entries ([`kiln::Compiled::key_difference`]),
+    /// for the diff view.
+    #[serde(default)]
+    pub key_diffs: Vec<KeyDiff>,
+}
+
+/// Entries of a function whose keys the report compares pairwise (the
+/// latest ones): a function called with ever-new shapes must not send a
+/// comparison per pair of hundreds.
+pub const KEY_DIFF_ENTRIES: usize = 12;
+
+/// What differs between two entries' cache keys.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyDiff {
+    /// The entry compared from.
+    pub before: usize,
+    /// The entry compared to.
+    pub after: usize,
+    /// Kiln's explanation, as a miss gives it.
+    pub reasons: Vec<MissReason>,
 }
 
 /// The kernels the backend runs for one cache entry

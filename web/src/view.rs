@@ -3,7 +3,7 @@
 //! reasons, lifetimes, byte counts — is Kiln's own.
 
 use crate::report::{CallClock, CallTiming};
-use kiln::{CacheInfo, KernelList, Refusal, Report};
+use kiln::{CacheInfo, KernelList, Refusal, Report, ReportDiff};
 use serde::{Deserialize, Serialize};
 
 /// One row of the reinplace view: a verdict on one operand of one
@@ -382,6 +382,49 @@ pub fn kernels_summary(list: &KernelList) -> String {
     text
 }
 
+/// The diff view's lines: `%4 tanh f32[4]` per node added (in the later
+/// report) or removed (in the earlier), `%3 → %3: aval f32[2] → f32[4]`
+/// per node changed, and the peak bytes before and after.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiffLines {
+    /// Nodes only the later report has.
+    pub added: Vec<String>,
+    /// Nodes only the earlier report has.
+    pub removed: Vec<String>,
+    /// Nodes both have that differ, with what differs.
+    pub changed: Vec<String>,
+    /// `peak 512 B → 1 KiB (+512 B)`.
+    pub peak: String,
+}
+
+/// `diff` (from `before` to `after`, as [`Report::diff`] gives it) as
+/// lines.
+pub fn diff_lines(before: &Report, after: &Report, diff: &ReportDiff) -> DiffLines {
+    let node = |report: &Report, id: usize| {
+        report.nodes.get(id).map_or_else(
+            || format!("%{id}"),
+            |n| format!("%{id} {} {}", n.op, n.aval),
+        )
+    };
+    let change = diff.peak_after as i64 - diff.peak_before as i64;
+    let sign = if change < 0 { "-" } else { "+" };
+    DiffLines {
+        added: diff.added.iter().map(|&id| node(after, id)).collect(),
+        removed: diff.removed.iter().map(|&id| node(before, id)).collect(),
+        changed: diff
+            .changed
+            .iter()
+            .map(|c| format!("%{} → %{}: {}", c.before, c.after, c.what.join("; ")))
+            .collect(),
+        peak: format!(
+            "peak {} → {} ({sign}{})",
+            human_bytes(diff.peak_before),
+            human_bytes(diff.peak_after),
+            human_bytes(change.unsigned_abs() as usize)
+        ),
+    }
+}
+
 /// Which compiled function's which cache entry a view shows: a selection
 /// holds in the views of that entry only (node ids of other entries name
 /// other nodes).
@@ -593,6 +636,34 @@ mod tests {
         assert_eq!(
             selection.slot(report, Some(list)),
             Selection::Node(node).slot(report, None)
+        );
+    }
+
+    #[test]
+    fn a_diff_of_two_entries_names_the_key_the_changed_avals_and_the_peaks() {
+        let mut session = Session::new();
+        let report = session.run(
+            "let f = compile(|x| (x.exp() * 2.0).sum()); f.run(ones([4])); f.run(ones([64]))",
+        );
+        let function = &report.functions[0];
+        let (before, after) = (&function.cache.reports[0], &function.cache.reports[1]);
+        let key = function
+            .key_diffs
+            .iter()
+            .find(|k| k.before == 0 && k.after == 1)
+            .expect("the pair is compared");
+        assert_eq!(key.reasons[0].to_string(), "aval differs at leaf args[0]: f32[4] → f32[64]");
+        let lines = diff_lines(before, after, &before.diff(after));
+        assert!(lines.added.is_empty() && lines.removed.is_empty(), "{lines:?}");
+        assert!(
+            lines.changed.iter().any(|l| l.ends_with("aval f32[4] → f32[64]")),
+            "{lines:?}"
+        );
+        let (b, a) = (before.plan.memory.peak_bytes, after.plan.memory.peak_bytes);
+        assert!(a > b, "a bigger intermediate: {b} → {a}");
+        assert_eq!(
+            lines.peak,
+            format!("peak {} → {} (+{})", human_bytes(b), human_bytes(a), human_bytes(a - b))
         );
     }
 

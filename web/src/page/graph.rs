@@ -4,11 +4,12 @@
 //! search by op name and a details panel. The boxes and the SVG come from
 //! [`crate::graph`]; this module only wires them to the DOM.
 
-use super::views::{box_at, fit_graph, focus_graph, layout_graph, mark_only};
+use super::views::{box_at, fit_graph, focus_graph, layout_graph, mark_only, show_graph};
 use crate::graph::{
     cluster_details, details, graph_model, render_svg, search, GraphLayout, GraphMode, GraphModel,
 };
 use crate::view::{EntryScope, Selection};
+use super::diff::DiffMarks;
 use kiln::{KernelList, Report};
 use leptos::prelude::*;
 use serde::Serialize;
@@ -96,13 +97,14 @@ fn boxes_selector(indexes: &[usize]) -> String {
 
 /// The graph view of `report`, the entry `scope` names. `selected` is
 /// what is selected in any view (marked here when it is this entry's: its
-/// node, the values of its slot or of a kernel of `kernels`); `reveal`
-/// shows a script line in the editor.
+/// node, the values of its slot or of a kernel of `kernels`); `diff` the
+/// nodes the diff view marks; `reveal` shows a script line in the editor.
 pub fn graph_view(
     selected: RwSignal<Option<(EntryScope, Selection)>>,
     scope: EntryScope,
     report: Arc<Report>,
     kernels: Option<Arc<KernelList>>,
+    diff: RwSignal<DiffMarks>,
     reveal: impl Fn(u32) + Copy + Send + Sync + 'static,
 ) -> impl IntoView {
     let mode = RwSignal::new(GraphMode::Optimized);
@@ -139,6 +141,17 @@ pub fn graph_view(
             .map(|n| format!("[data-node=\"{n}\"]"))
             .collect();
         mark_only(&svg, "selected", &chosen.join(","));
+        // The diff view's nodes: added and changed against another entry.
+        let nodes = |ids: &[usize]| {
+            ids.iter()
+                .map(|n| format!("[data-node=\"{n}\"]"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        diff.with_untracked(|(added, changed)| {
+            mark_only(&svg, "diff-added", &nodes(added));
+            mark_only(&svg, "diff-changed", &nodes(changed));
+        });
     });
     {
         let report = report.clone();
@@ -171,7 +184,7 @@ pub fn graph_view(
                             "{} boxes laid out by dagre in {ms:.0} ms",
                             fresh.boxes.len()
                         ));
-                        fit_graph(&svg, placed.width, placed.height);
+                        show_graph(&svg, placed.width, placed.height);
                         layout.set_value(placed);
                     }
                     Err(e) => {
@@ -188,6 +201,7 @@ pub fn graph_view(
     Effect::new(move |_| {
         query.track();
         selected.track();
+        diff.track();
         refresh_marks();
     });
     let on_click = move |ev: leptos::ev::MouseEvent| {
@@ -286,7 +300,7 @@ pub fn graph_view(
                     on:click=move |_| mode.set(GraphMode::Optimized)>"Optimized"</button>
                 <button id="graph-traced" class:active=move || mode.get() == GraphMode::Traced
                     on:click=move |_| mode.set(GraphMode::Traced)>"Traced (before passes)"</button>
-                <input id="graph-search" type="search" placeholder="search ops"
+                <input id="graph-search" type="search" placeholder="op, %12, f32[16,64], line 4"
                     prop:value=move || query.get()
                     on:input=move |ev| query.set(event_target_value(&ev))/>
                 <span id="graph-matches">{move || {

@@ -2,6 +2,7 @@
 //! Leptos app on the main thread. Both live in one module; `index.html`
 //! calls `start_ui`, `worker.js` calls `start_worker`.
 
+mod diff;
 mod editor;
 mod graph;
 mod kernels;

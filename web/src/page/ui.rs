@@ -2,6 +2,7 @@
 //! the [`RunReport`]s it gets back. It derives nothing itself: every figure
 //! comes from the report, arranged by [`crate::view`].
 
+use super::diff::{diff_view, DiffMarks};
 use super::editor::{editor_view, EditorHandle};
 use super::graph::graph_view;
 use super::kernels::kernels_view;
@@ -10,7 +11,8 @@ use crate::examples::{Example, EXAMPLES};
 use crate::help::{code_spans, filter_help, help_sections, HelpSection, SCRIPT_API, SHORTCUTS};
 use crate::protocol::{Request, Response};
 use crate::report::{
-    CallClock, Comparison, EntryKernels, FunctionReport, RunReport, ScriptError, Verification,
+    CallClock, Comparison, EntryKernels, FunctionReport, KeyDiff, RunReport, ScriptError,
+    Verification,
 };
 use crate::share::{encode_fragment, export_report, import_report, program_in_link};
 use crate::view::{
@@ -734,6 +736,7 @@ fn function_view(page: Page, function: FunctionReport, clock: CallClock) -> impl
     // the cache view.
     let reports = function.cache.reports.clone();
     let kernels = function.kernels.clone();
+    let key_diffs = function.key_diffs.clone();
     let shown = RwSignal::new(reports.len().checked_sub(1));
     let line = function.line;
     view! {
@@ -762,7 +765,8 @@ fn function_view(page: Page, function: FunctionReport, clock: CallClock) -> impl
                     let report = (**reports.get(shown.get()?)?).clone();
                     let scope = EntryScope { line, entry: report.entry };
                     let listed = kernels.iter().find(|k| k.entry == report.entry).cloned();
-                    Some(entry_views(page, scope, report, listed, clock))
+                    let family = Family { entries: reports.clone(), key_diffs: key_diffs.clone() };
+                    Some(entry_views(page, scope, report, listed, family, clock))
                 }}
             </div>
         </div>
@@ -801,14 +805,22 @@ fn cache_view(function: &FunctionReport, shown: RwSignal<Option<usize>>) -> impl
     }
 }
 
+/// The other entries of a function, for the diff view.
+struct Family {
+    entries: Vec<Arc<Report>>,
+    key_diffs: Vec<KeyDiff>,
+}
+
 fn entry_views(
     page: Page,
     scope: EntryScope,
     report: Report,
     kernels: Option<EntryKernels>,
+    family: Family,
     clock: CallClock,
 ) -> impl IntoView {
     let report = Arc::new(report);
+    let marks = RwSignal::new(DiffMarks::default());
     let list = kernels
         .as_ref()
         .and_then(|k| k.list.clone())
@@ -819,7 +831,8 @@ fn entry_views(
         </p>
         {implicit_view(&report)}
         {vmap_view(&report)}
-        {graph_view(page.selected, scope, report.clone(), list.clone(), move |line| page.editor.reveal_line(line))}
+        {graph_view(page.selected, scope, report.clone(), list.clone(), marks, move |line| page.editor.reveal_line(line))}
+        {diff_view(report.clone(), family.entries, family.key_diffs, marks)}
         {kernels_view(page.selected, scope, report.clone(), kernels, clock)}
         {reinplace_view(page, scope, &report, list.clone())}
         {memory_view(page, scope, &report, list)}

@@ -55,9 +55,14 @@ extern "C" {
     #[wasm_bindgen(js_namespace = kilnViews, js_name = focusGraph)]
     pub fn focus_graph(svg: &web_sys::Element, x: f64, y: f64);
 
-    /// Fits the drawing in the view.
+    /// Fits the whole drawing in the view.
     #[wasm_bindgen(js_namespace = kilnViews, js_name = fitGraph)]
     pub fn fit_graph(svg: &web_sys::Element, width: f64, height: f64);
+
+    /// Shows a new drawing fitted in the view, but at a zoom where its
+    /// text is readable (its top, centred, when it is larger).
+    #[wasm_bindgen(js_namespace = kilnViews, js_name = showGraph)]
+    pub fn show_graph(svg: &web_sys::Element, width: f64, height: f64);
 
     /// The `data-box` index of the box an event happened on, or -1.
     #[wasm_bindgen(js_namespace = kilnViews, js_name = boxAt)]

@@ -3,7 +3,7 @@
 
 use super::values::{from_value, into_value, runtime_error, to_value, ScriptResult};
 use super::{script_message, Shared};
-use crate::report::{CallTiming, EntryKernels, FunctionReport};
+use crate::report::{CallTiming, EntryKernels, FunctionReport, KeyDiff, KEY_DIFF_ENTRIES};
 use kiln::{AnyBackend, Array, Compiled, DType, Function, Value, ValueParts};
 use rhai::{Dynamic, EvalAltResult, FnPtr};
 use std::cell::{Cell, RefCell};
@@ -387,6 +387,26 @@ impl ScriptFunction {
             .iter()
             .map(|r| EntryKernels::of(r.entry, self.compiled.kernels(r.entry)))
             .collect();
+        let latest: Vec<usize> = cache
+            .reports
+            .iter()
+            .rev()
+            .take(KEY_DIFF_ENTRIES)
+            .map(|r| r.entry)
+            .collect();
+        let key_diffs = latest
+            .iter()
+            .flat_map(|&before| latest.iter().map(move |&after| (before, after)))
+            .filter(|(before, after)| before != after)
+            .filter_map(|(before, after)| {
+                let reasons = self.compiled.key_difference(before, after).ok()?;
+                Some(KeyDiff {
+                    before,
+                    after,
+                    reasons,
+                })
+            })
+            .collect();
         FunctionReport {
             source: self.source.to_string(),
             line: self.line.get(),
@@ -396,6 +416,7 @@ impl ScriptFunction {
             cache,
             calls: self.calls.borrow().clone(),
             kernels,
+            key_diffs,
         }
     }
 }
