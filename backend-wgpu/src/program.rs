@@ -190,7 +190,11 @@ pub(crate) struct ProgramCache {
 impl ProgramCache {
     /// The prepared program of `exe` for `shapes`, if one was prepared
     /// (and is still kept); counts as no use.
-    pub(crate) fn prepared(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Option<Arc<Prepared>> {
+    pub(crate) fn prepared(
+        &self,
+        exe: &Executable,
+        shapes: &[Vec<usize>],
+    ) -> Option<Arc<Prepared>> {
         let programs = lock(&self.programs);
         let entry = programs.get(&exe.id())?;
         entry

@@ -46,7 +46,11 @@ fn the_kernel_list_names_each_dispatch_with_its_source_bindings_grid_and_node() 
     assert!(sum.grid.is_some_and(|g| g.iter().all(|&n| n >= 1)));
     let report = &f.cache().reports[0];
     let node = sum.nodes[0];
-    assert!(report.nodes[node].op.starts_with("sum"), "{}", report.nodes[node].op);
+    assert!(
+        report.nodes[node].op.starts_with("sum"),
+        "{}",
+        report.nodes[node].op
+    );
     // Every dispatch serves a value of the graph.
     assert!(list
         .steps
@@ -59,7 +63,11 @@ fn the_kernel_list_names_each_dispatch_with_its_source_bindings_grid_and_node() 
 fn a_timed_call_reports_each_dispatchs_gpu_time_beside_the_kernel_list() {
     let Some(gpu) = backend() else { return };
     if !gpu.set_gpu_timing(true) {
-        assert!(!required(), "the adapter {} has no timestamp queries", gpu.adapter());
+        assert!(
+            !required(),
+            "the adapter {} has no timestamp queries",
+            gpu.adapter()
+        );
         eprintln!("skipping: {} has no timestamp queries", gpu.adapter());
         return;
     }
@@ -79,7 +87,11 @@ fn a_timed_call_reports_each_dispatchs_gpu_time_beside_the_kernel_list() {
         for (step, ns) in list.steps.iter().zip(&time.steps_ns) {
             assert_eq!(ns.is_some(), step.kind == StepKind::Dispatch, "{step:?}");
         }
-        let longest = time.steps_ns.iter().flatten().fold(0.0f64, |a, &b| a.max(b));
+        let longest = time
+            .steps_ns
+            .iter()
+            .flatten()
+            .fold(0.0f64, |a, &b| a.max(b));
         assert!(time.total_ns >= longest, "{time:?}");
     }
     // Times are read once; untimed calls add none.

@@ -117,6 +117,7 @@ pub mod passes {
     pub use crate::transform::implicit::optimize;
 }
 
+pub use compile::diff::{NodeChange, ReportDiff};
 pub use compile::eval::{eval, eval_async, eval_cache_stats, EvalCacheStats};
 pub use compile::forward::{
     hessian, jacfwd, jacrev, jvp, linearize, Hessian, JacFwd, JacRev, Linear,
@@ -127,7 +128,6 @@ pub use compile::grad::{
 pub use compile::report::{
     CacheInfo, CacheMiss, MissReason, PlanReport, Report, ReportNode, SlotReport, SlotValue,
 };
-pub use compile::diff::{NodeChange, ReportDiff};
 pub use compile::vmap::{vmap, Vmap};
 pub use compile::{compile, CacheKey, Compiled, Function, LeafSignature};
 pub use data::{HostData, HostElement};

@@ -113,7 +113,10 @@ mod tests {
         let steps = kernels.list.as_ref().map_or(0, |l| l.steps.len());
         assert!(steps >= 1);
         assert_eq!(kernels.steps_ms.len(), steps);
-        assert!(kernels.steps_ms.iter().all(|t| t.is_some_and(|ms| ms >= 0.0)));
+        assert!(kernels
+            .steps_ms
+            .iter()
+            .all(|t| t.is_some_and(|ms| ms >= 0.0)));
         assert!(function.calls.iter().all(|c| c.device_ms.is_some()));
         assert!(cpu.take_times().is_empty(), "times are taken once");
     }

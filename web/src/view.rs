@@ -620,8 +620,12 @@ mod tests {
             .filter(|n| !n.op.starts_with("input ") && n.op != "constant")
             .count();
         assert_eq!(rows.len(), ops, "one step per op node");
-        assert!(rows.iter().all(|r| r.kind == "evaluate" && r.nodes.starts_with('%')));
-        assert!(kernels_summary(list).starts_with(&format!("{} steps on cpu: {} evaluate", ops, ops)));
+        assert!(rows
+            .iter()
+            .all(|r| r.kind == "evaluate" && r.nodes.starts_with('%')));
+        assert!(
+            kernels_summary(list).starts_with(&format!("{} steps on cpu: {} evaluate", ops, ops))
+        );
         // A fused node's step selects the node every member box carries.
         let fused = list
             .steps
@@ -632,7 +636,10 @@ mod tests {
         let selection = Selection::Kernel(fused);
         let report = &function.cache.reports[entry];
         assert_eq!(selection.nodes(report, Some(list)), vec![node]);
-        assert_eq!(Selection::Node(node).kernels(report, Some(list)), vec![fused]);
+        assert_eq!(
+            Selection::Node(node).kernels(report, Some(list)),
+            vec![fused]
+        );
         assert_eq!(
             selection.slot(report, Some(list)),
             Selection::Node(node).slot(report, None)
@@ -642,9 +649,8 @@ mod tests {
     #[test]
     fn a_diff_of_two_entries_names_the_key_the_changed_avals_and_the_peaks() {
         let mut session = Session::new();
-        let report = session.run(
-            "let f = compile(|x| (x.exp() * 2.0).sum()); f.run(ones([4])); f.run(ones([64]))",
-        );
+        let report = session
+            .run("let f = compile(|x| (x.exp() * 2.0).sum()); f.run(ones([4])); f.run(ones([64]))");
         let function = &report.functions[0];
         let (before, after) = (&function.cache.reports[0], &function.cache.reports[1]);
         let key = function
@@ -652,18 +658,32 @@ mod tests {
             .iter()
             .find(|k| k.before == 0 && k.after == 1)
             .expect("the pair is compared");
-        assert_eq!(key.reasons[0].to_string(), "aval differs at leaf args[0]: f32[4] → f32[64]");
+        assert_eq!(
+            key.reasons[0].to_string(),
+            "aval differs at leaf args[0]: f32[4] → f32[64]"
+        );
         let lines = diff_lines(before, after, &before.diff(after));
-        assert!(lines.added.is_empty() && lines.removed.is_empty(), "{lines:?}");
         assert!(
-            lines.changed.iter().any(|l| l.ends_with("aval f32[4] → f32[64]")),
+            lines.added.is_empty() && lines.removed.is_empty(),
+            "{lines:?}"
+        );
+        assert!(
+            lines
+                .changed
+                .iter()
+                .any(|l| l.ends_with("aval f32[4] → f32[64]")),
             "{lines:?}"
         );
         let (b, a) = (before.plan.memory.peak_bytes, after.plan.memory.peak_bytes);
         assert!(a > b, "a bigger intermediate: {b} → {a}");
         assert_eq!(
             lines.peak,
-            format!("peak {} → {} (+{})", human_bytes(b), human_bytes(a), human_bytes(a - b))
+            format!(
+                "peak {} → {} (+{})",
+                human_bytes(b),
+                human_bytes(a),
+                human_bytes(a - b)
+            )
         );
     }
 
@@ -745,7 +765,8 @@ mod tests {
     #[test]
     fn device_times_go_to_the_calls_that_made_them_and_to_the_entrys_kernels() {
         use crate::report::DeviceTime;
-        let mut report = Session::new().run("let f = compile(|x| x.exp().sum()); f.run(ones([4])); f.run(ones([4]))");
+        let mut report = Session::new()
+            .run("let f = compile(|x| x.exp().sum()); f.run(ones([4])); f.run(ones([4]))");
         let function = &mut report.functions[0];
         function.calls[0].device_calls = Some((0, 1));
         function.calls[1].device_calls = Some((1, 3));

@@ -104,11 +104,7 @@ fn identities(report: &Report) -> Vec<Identity> {
             let op = op_name(&node.op).to_string();
             let at = node.location.map(|l| (l.line, l.column));
             let nth = seen.entry((op.clone(), at)).or_default();
-            let identity = Identity {
-                op,
-                at,
-                nth: *nth,
-            };
+            let identity = Identity { op, at, nth: *nth };
             *nth += 1;
             identity
         })
@@ -180,7 +176,11 @@ mod tests {
         b.call(&x).unwrap();
         let (ra, rb) = (&a.cache().reports[0], &b.cache().reports[0]);
         let diff = ra.diff(rb);
-        let added: Vec<&str> = diff.added.iter().map(|&n| rb.nodes[n].op.as_str()).collect();
+        let added: Vec<&str> = diff
+            .added
+            .iter()
+            .map(|&n| rb.nodes[n].op.as_str())
+            .collect();
         assert_eq!(added, vec!["tanh"]);
         assert!(diff.removed.is_empty(), "{diff:?}");
     }

@@ -4,12 +4,12 @@
 //! search by op name and a details panel. The boxes and the SVG come from
 //! [`crate::graph`]; this module only wires them to the DOM.
 
+use super::diff::DiffMarks;
 use super::views::{box_at, fit_graph, focus_graph, layout_graph, mark_only, show_graph};
 use crate::graph::{
     cluster_details, details, graph_model, render_svg, search, GraphLayout, GraphMode, GraphModel,
 };
 use crate::view::{EntryScope, Selection};
-use super::diff::DiffMarks;
 use kiln::{KernelList, Report};
 use leptos::prelude::*;
 use serde::Serialize;

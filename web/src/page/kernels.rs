@@ -110,7 +110,11 @@ pub fn kernels_view(
     let detail = move || step_details(&detail_list, shown.get());
     let has_source = {
         let list = list.clone();
-        move || list.steps.get(shown.get()).is_some_and(|s| s.source.is_some())
+        move || {
+            list.steps
+                .get(shown.get())
+                .is_some_and(|s| s.source.is_some())
+        }
     };
     view! {
         <div class="view kernels" data-steps=list.steps.len()>

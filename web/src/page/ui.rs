@@ -17,8 +17,7 @@ use crate::report::{
 use crate::share::{encode_fragment, export_report, import_report, program_in_link};
 use crate::view::{
     call_time, calls_summary, entry_leaves, human_bytes, miss_lines, reinplace_rows, round_ms,
-    timeline,
-    EntryScope, Selection,
+    timeline, EntryScope, Selection,
 };
 use kiln::{KernelList, Report};
 use leptos::prelude::*;
@@ -821,10 +820,7 @@ fn entry_views(
 ) -> impl IntoView {
     let report = Arc::new(report);
     let marks = RwSignal::new(DiffMarks::default());
-    let list = kernels
-        .as_ref()
-        .and_then(|k| k.list.clone())
-        .map(Arc::new);
+    let list = kernels.as_ref().and_then(|k| k.list.clone()).map(Arc::new);
     view! {
         <p class="shown-entry meta">
             {format!("entry {}: its graph, kernels, reinplace decisions and memory", scope.entry)}
