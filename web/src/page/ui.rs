@@ -821,6 +821,7 @@ fn entry_views(
     let report = Arc::new(report);
     let marks = RwSignal::new(DiffMarks::default());
     let list = kernels.as_ref().and_then(|k| k.list.clone()).map(Arc::new);
+    let marked = highlighted(page, scope, &report, list.clone());
     view! {
         <p class="shown-entry meta">
             {format!("entry {}: its graph, kernels, reinplace decisions and memory", scope.entry)}
@@ -830,8 +831,8 @@ fn entry_views(
         {graph_view(page.selected, scope, report.clone(), list.clone(), marks, move |line| page.editor.reveal_line(line))}
         {diff_view(report.clone(), family.entries, family.key_diffs, marks)}
         {kernels_view(page.selected, scope, report.clone(), kernels, clock)}
-        {reinplace_view(page, scope, &report, list.clone())}
-        {memory_view(page, scope, &report, list)}
+        {reinplace_view(page, scope, &report, marked)}
+        {memory_view(page, scope, &report, marked)}
     }
 }
 
@@ -842,7 +843,7 @@ fn highlighted(
     scope: EntryScope,
     report: &Arc<Report>,
     kernels: Option<Arc<KernelList>>,
-) -> Memo<(Vec<usize>, Option<usize>)> {
+) -> Marked {
     let report = report.clone();
     Memo::new(move |_| match page.selected.get() {
         Some((at, selection)) if at == scope => {
@@ -900,14 +901,11 @@ fn vmap_view(report: &Report) -> Option<impl IntoView> {
     })
 }
 
-fn reinplace_view(
-    page: Page,
-    scope: EntryScope,
-    report: &Arc<Report>,
-    kernels: Option<Arc<KernelList>>,
-) -> impl IntoView {
+/// What the selection marks in an entry's views: (nodes, slot).
+type Marked = Memo<(Vec<usize>, Option<usize>)>;
+
+fn reinplace_view(page: Page, scope: EntryScope, report: &Report, marked: Marked) -> impl IntoView {
     let rows = reinplace_rows(report);
-    let marked = highlighted(page, scope, report, kernels);
     view! {
         <div class="view reinplace">
             <h3>"Reinplace decisions"</h3>
@@ -956,14 +954,8 @@ const AXIS_TICKS: usize = 10;
 /// own, the bars in an SVG whose x axis is the schedule scaled to the
 /// width left (one unit per step), a step axis under it, a legend, and a
 /// tooltip per bar.
-fn memory_view(
-    page: Page,
-    scope: EntryScope,
-    report: &Arc<Report>,
-    kernels: Option<Arc<KernelList>>,
-) -> impl IntoView {
+fn memory_view(page: Page, scope: EntryScope, report: &Report, marked: Marked) -> impl IntoView {
     let t = timeline(report);
-    let marked = highlighted(page, scope, report, kernels);
     let steps = t.steps.max(1);
     let height = t.rows.len() * ROW_H;
     let ticks = t.axis_ticks(AXIS_TICKS);
