@@ -142,7 +142,9 @@ pub use ir::graph::{Graph, GraphNode, ImplicitDecision, Origin, Provenance, Valu
 pub use ir::passes::{PassRecord, Passes};
 pub use kiln_derive::Tree;
 pub use limits::Limits;
-pub use location::{at_location, current_location, SourceLocation};
+pub use location::{
+    at_location, current_composition, current_location, in_composition, SourceLocation,
+};
 pub use ops::batching::VmapFallback;
 pub use ops::binary::Operand;
 pub use ops::layout::concat;

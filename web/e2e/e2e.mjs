@@ -813,6 +813,27 @@ await check("layout-graph-details-stand-beside-the-canvas-and-a-fused-group-has-
   });
 });
 
+await check("the-graph-finds-and-collapses-nn-compositions", async () => {
+  await runScript("let f = compile(|x| nn::gelu(x).exp()).fusion(false);\nf.run(ones([4]))");
+  await page.locator(newOutput(), { hasText: "result" }).first().waitFor({ timeout: 30000 });
+  await page.locator('.graph svg[data-drawn="optimized"][data-collapsed="false"]').waitFor({ timeout: 60000 });
+  await page.fill("#graph-search", "nn::gelu");
+  const ops = await settled(async () => {
+    const n = Number((await text("#graph-matches")).split(" ")[0]);
+    if (!(n > 2)) throw new Error(`${n} found`);
+    return n;
+  });
+  await page.locator(".graph g.box.match").first().click();
+  await eventually(() => page.locator('#graph-details tr[data-field="composition"] td').innerText(), "nn::gelu", "the box's composition");
+  await page.click("#graph-collapse");
+  await page.locator('.graph svg[data-drawn="optimized"][data-collapsed="true"]').waitFor({ timeout: 60000 });
+  await eventually(() => text("#graph-matches"), "1 found", "one box for the call");
+  await eventually(() => page.locator(".graph g.box.match text").first().innerText(), `gelu (${ops} ops)`, "the collapsed box");
+  await page.click("#graph-collapse");
+  await page.locator('.graph svg[data-drawn="optimized"][data-collapsed="false"]').waitFor({ timeout: 60000 });
+  await page.fill("#graph-search", "");
+});
+
 /// The layout's checks: each sets the viewport it is about and a fresh
 /// function (compile caches outlive runs).
 const viewBox = (selector) => page.locator(selector).first().boundingBox();

@@ -650,7 +650,7 @@ mod tests {
     fn a_diff_of_two_entries_names_the_key_the_changed_avals_and_the_peaks() {
         let mut session = Session::new();
         let report = session
-            .run("let f = compile(|x| (x.exp() * 2.0).sum()); f.run(ones([4])); f.run(ones([64]))");
+            .run("let f = compile(|x| (x.exp() * 2.0).sum()); f.run(ones([4])); f.run(ones([1024]))");
         let function = &report.functions[0];
         let (before, after) = (&function.cache.reports[0], &function.cache.reports[1]);
         let key = function
@@ -660,7 +660,7 @@ mod tests {
             .expect("the pair is compared");
         assert_eq!(
             key.reasons[0].to_string(),
-            "aval differs at leaf args[0]: f32[4] → f32[64]"
+            "aval differs at leaf args[0]: f32[4] → f32[1024]"
         );
         let lines = diff_lines(before, after, &before.diff(after));
         assert!(
@@ -671,7 +671,7 @@ mod tests {
             lines
                 .changed
                 .iter()
-                .any(|l| l.ends_with("aval f32[4] → f32[64]")),
+                .any(|l| l.ends_with("aval f32[4] → f32[1024]")),
             "{lines:?}"
         );
         let (b, a) = (before.plan.memory.peak_bytes, after.plan.memory.peak_bytes);

@@ -7,7 +7,8 @@
 use super::diff::DiffMarks;
 use super::views::{box_at, fit_graph, focus_graph, layout_graph, mark_only, show_graph};
 use crate::graph::{
-    cluster_details, details, graph_model, render_svg, search, GraphLayout, GraphMode, GraphModel,
+    cluster_details, collapse_compositions, details, graph_model, render_svg, search, GraphLayout,
+    GraphMode, GraphModel,
 };
 use crate::view::{EntryScope, Selection};
 use kiln::{KernelList, Report};
@@ -115,7 +116,10 @@ pub fn graph_view(
     let laid_out = RwSignal::new(String::new());
     let model = StoredValue::new_local(graph_model(&report, GraphMode::Optimized));
     let layout = StoredValue::new_local(GraphLayout::default());
-    let drawn = StoredValue::new_local(None::<GraphMode>);
+    // Each call of an `nn` composition drawn as one box.
+    let collapse = RwSignal::new(false);
+    let has_compositions = report.nodes.iter().any(|n| n.composition.is_some());
+    let drawn = StoredValue::new_local(None::<(GraphMode, bool)>);
     let svg = NodeRef::<leptos::svg::Svg>::new();
     let viewport = NodeRef::<leptos::svg::G>::new();
     // Counts layouts asked for: a layout that comes back after a newer
@@ -157,15 +161,18 @@ pub fn graph_view(
         let report = report.clone();
         let refresh_marks = refresh_marks.clone();
         Effect::new(move |_| {
-            let mode = mode.get();
+            let (mode, collapsed) = (mode.get(), collapse.get());
             let (Some(svg), Some(viewport)) = (svg.get(), viewport.get()) else {
                 return;
             };
-            if drawn.get_value() == Some(mode) {
+            if drawn.get_value() == Some((mode, collapsed)) {
                 return;
             }
-            drawn.set_value(Some(mode));
-            let fresh = graph_model(&report, mode);
+            drawn.set_value(Some((mode, collapsed)));
+            let fresh = match collapsed {
+                true => collapse_compositions(graph_model(&report, mode)),
+                false => graph_model(&report, mode),
+            };
             let ticket = asked.get_value() + 1;
             asked.set_value(ticket);
             laid_out.set(format!("laying out {} boxes…", fresh.boxes.len()));
@@ -180,6 +187,7 @@ pub fn graph_view(
                         viewport.set_inner_html(&render_svg(&fresh, &placed));
                         // What the browser tests wait for.
                         let _ = svg.set_attribute("data-drawn", mode.name());
+                        let _ = svg.set_attribute("data-collapsed", &collapsed.to_string());
                         laid_out.set(format!(
                             "{} boxes laid out by dagre in {ms:.0} ms",
                             fresh.boxes.len()
@@ -308,6 +316,10 @@ pub fn graph_view(
                     if query.with(|q| q.trim().is_empty()) { String::new() } else { format!("{n} found") }
                 }}</span>
                 <button id="graph-next" on:click=focus_next>"Next"</button>
+                {has_compositions.then(|| view! {
+                    <button id="graph-collapse" class:active=move || collapse.get()
+                        on:click=move |_| collapse.update(|c| *c = !*c)>"Collapse nn calls"</button>
+                })}
                 <button id="graph-fit" on:click=fit>"Fit"</button>
                 <span id="graph-layout" class="meta">{move || laid_out.get()}</span>
             </div>
