@@ -828,7 +828,7 @@ await check("the-graph-finds-and-collapses-nn-compositions", async () => {
   await page.click("#graph-collapse");
   await page.locator('.graph svg[data-drawn="optimized"][data-collapsed="true"]').waitFor({ timeout: 60000 });
   await eventually(() => text("#graph-matches"), "1 found", "one box for the call");
-  await eventually(() => page.locator(".graph g.box.match text").first().innerText(), `gelu (${ops} ops)`, "the collapsed box");
+  await eventually(() => page.locator(".graph g.box.match text").first().textContent(), `gelu (${ops} ops)`, "the collapsed box");
   await page.click("#graph-collapse");
   await page.locator('.graph svg[data-drawn="optimized"][data-collapsed="false"]').waitFor({ timeout: 60000 });
   await page.fill("#graph-search", "");
