@@ -130,6 +130,10 @@ pub struct ReportNode {
     /// For a fused op, its member ops in evaluation order (the last one is
     /// the result); empty for any other node.
     pub group: Vec<GroupStep>,
+    /// The `nn` composition that made it (`softmax`, `layer_norm`), if
+    /// one did (reports from before it was recorded have none).
+    #[serde(default)]
+    pub composition: Option<String>,
 }
 
 /// One member op of a fused group, as the report shows it.
@@ -145,6 +149,9 @@ pub struct GroupStep {
     pub traced: Vec<usize>,
     /// Where the program made it.
     pub location: Option<SourceLocation>,
+    /// The `nn` composition that made it, if one did.
+    #[serde(default)]
+    pub composition: Option<String>,
 }
 
 /// What a member of a fused group reads.
@@ -172,6 +179,9 @@ pub struct TracedNode {
     pub location: Option<SourceLocation>,
     /// Whether it belongs to a gradient's backward pass.
     pub backward: bool,
+    /// The `nn` composition that made it, if one did.
+    #[serde(default)]
+    pub composition: Option<String>,
     /// The node of [`Report::nodes`] that computes it, if one still does
     /// (simplification and DCE drop some).
     pub optimized: Option<usize>,
@@ -433,7 +443,7 @@ pub(crate) fn explain_miss<'a>(
 
 /// Every difference between a stored key and a new one; `now_paths` caches
 /// the new key's leaf paths.
-fn differences(
+pub(crate) fn differences(
     before: &CacheKey,
     now: &CacheKey,
     now_paths: &OnceCell<Vec<KeyPath>>,
@@ -528,6 +538,10 @@ pub(crate) fn build_report(
                 inputs: node.inputs.to_vec(),
                 aval: node.aval.to_string(),
                 location: traced.origin(id).and_then(|o| o.location),
+                composition: traced
+                    .origin(id)
+                    .and_then(|o| o.composition)
+                    .map(str::to_string),
                 backward: traced.is_backward(id),
                 optimized: optimized_of[id],
             })
@@ -626,6 +640,7 @@ fn report_nodes(
             },
             traced: origin(id).traced.to_vec(),
             location: origin(id).location,
+            composition: origin(id).composition.map(str::to_string),
             group: group_steps(node, origin(id), traced),
             inputs: node.inputs.to_vec(),
             aval: node.aval.to_string(),
@@ -815,6 +830,10 @@ fn group_steps(node: &GraphNode, origin: &Origin, traced: &Graph) -> Vec<GroupSt
                 location: computes
                     .iter()
                     .find_map(|&t| traced.origin(t).and_then(|o| o.location)),
+                composition: computes
+                    .iter()
+                    .find_map(|&t| traced.origin(t).and_then(|o| o.composition))
+                    .map(str::to_string),
                 traced: computes,
             }
         })
