@@ -73,7 +73,10 @@ pub(crate) async fn open() -> Result<Gpu, DeviceError> {
         })?;
     let info = adapter.get_info();
     let limits = adapter.limits();
-    let features = adapter.features() & wgpu::Features::SHADER_F16;
+    // f16 arithmetic where the adapter has it; timestamps for
+    // `WgpuBackend::set_gpu_timing`.
+    let features =
+        adapter.features() & (wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY);
     let (device, queue) = adapter
         .request_device(&wgpu::DeviceDescriptor {
             label: Some("kiln"),

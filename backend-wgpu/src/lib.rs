@@ -25,22 +25,25 @@ mod buffer;
 mod device;
 mod program;
 mod shared;
+mod timing;
 mod wait;
 
 pub use buffer::WgpuBuffer;
 pub use device::{DeviceError, BACKEND_ENV};
 pub use kiln_kernels::pool::{PoolStats, MAX_IDLE_BUFFERS, MAX_IDLE_BYTES};
 pub use kiln_kernels::{MatmulVariant, Target};
+pub use timing::{CallGpuTime, MAX_PENDING_TIMES};
 
 use buffer::StatusWords;
 use device::block_on;
-use kiln::{Backend, Executable, HostData, Result};
+use kiln::{Backend, Executable, HostData, KernelList, Result};
 use kiln_kernels::program::{Buffer, Caps, Program, Step};
 use kiln_kernels::{from_words, storage_bytes, to_words};
 use program::{binding, Prepared, ProgramCache};
 use shared::{backend_err, caps, Shared};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use timing::{PendingTime, Timing};
 
 /// How many device objects the backend has created: a cached call adds
 /// nothing to any of them.
@@ -61,6 +64,7 @@ pub struct Counters {
 pub struct WgpuBackend {
     shared: Arc<Shared>,
     programs: Arc<ProgramCache>,
+    timing: Arc<Timing>,
 }
 
 /// Bind groups over call buffers kept per program before they are all
@@ -84,6 +88,7 @@ impl WgpuBackend {
         Ok(WgpuBackend {
             shared: Arc::new(Shared::new(name, gpu, caps)),
             programs: Arc::default(),
+            timing: Arc::default(),
         })
     }
 
@@ -120,7 +125,75 @@ impl WgpuBackend {
         WgpuBackend {
             shared: Arc::new(Shared::new(name, s.gpu.clone(), caps)),
             programs: Arc::default(),
+            timing: Arc::default(),
         }
+    }
+
+    /// True when the device writes timestamps (the adapter has
+    /// [`wgpu::Features::TIMESTAMP_QUERY`]), so calls can be timed on the
+    /// GPU ([`Self::set_gpu_timing`]).
+    pub fn has_gpu_timestamps(&self) -> bool {
+        self.shared
+            .gpu
+            .device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+    }
+
+    /// Times every later call on the GPU (`on`), or stops: each dispatch
+    /// then runs in a compute pass of its own bracketed by timestamps, and
+    /// each call makes a query set and two small buffers. Read the times
+    /// with [`Self::take_gpu_times`]. Returns whether calls are timed:
+    /// false where the device has no timestamps.
+    ///
+    /// ```no_run
+    /// use kiln::Array;
+    /// let gpu = kiln_wgpu::WgpuBackend::new().expect("an adapter");
+    /// if gpu.set_gpu_timing(true) {
+    ///     let f = kiln::compile(|x: Array| x.exp()).with_backend(gpu.clone());
+    ///     f.call(&Array::ones(&[1024], kiln::DType::F32))?;
+    ///     let times = pollster::block_on(gpu.take_gpu_times())?;
+    ///     println!("{} ns on the GPU", times[0].total_ns);
+    /// }
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn set_gpu_timing(&self, on: bool) -> bool {
+        let timed = on && self.has_gpu_timestamps();
+        self.timing.enabled.store(timed, Ordering::Relaxed);
+        timed
+    }
+
+    /// Calls timed so far: the calls a piece of work made are the ones it
+    /// added ([`CallGpuTime::call`] numbers them from 0).
+    pub fn gpu_calls_timed(&self) -> u64 {
+        self.timing.calls.load(Ordering::Relaxed)
+    }
+
+    /// The GPU times of the timed calls not read yet (at most
+    /// [`MAX_PENDING_TIMES`], the latest), in call order, read back
+    /// without blocking (natively it drives the device until they are
+    /// there).
+    pub async fn take_gpu_times(&self) -> Result<Vec<CallGpuTime>> {
+        let s = &self.shared;
+        let pending: Vec<PendingTime> = shared::lock(&self.timing.pending).drain(..).collect();
+        let period = f64::from(s.gpu.queue.get_timestamp_period());
+        let mut times = Vec::with_capacity(pending.len());
+        for p in pending {
+            let words = self.read_staging(&p.staging).await;
+            s.pool.give(p.staging, true);
+            let ticks: Vec<u64> = words?
+                .chunks_exact(2)
+                .map(|w| u64::from(w[0]) | (u64::from(w[1]) << 32))
+                .collect();
+            let (steps_ns, total_ns) = timing::spans(&p.pairs, &ticks, period);
+            times.push(CallGpuTime {
+                executable: p.executable,
+                call: p.call,
+                steps_ns,
+                total_ns,
+            });
+        }
+        Ok(times)
     }
 
     /// The adapter's description, like `llvmpipe (LLVM 15.0.6, 256 bits) / Vulkan`.
@@ -268,7 +341,12 @@ impl WgpuBackend {
 
     /// Records `prepared`'s steps over `inputs` and fresh output buffers
     /// into one encoder and submits it.
-    fn execute(&self, prepared: &Prepared, inputs: &[WgpuBuffer]) -> Result<Vec<WgpuBuffer>> {
+    fn execute(
+        &self,
+        exe: &Executable,
+        prepared: &Prepared,
+        inputs: &[WgpuBuffer],
+    ) -> Result<Vec<WgpuBuffer>> {
         let s = &self.shared;
         let device = &s.gpu.device;
         let program = &prepared.program;
@@ -314,10 +392,25 @@ impl WgpuBackend {
             label: Some("kiln call"),
         });
         let mut pass: Option<wgpu::ComputePass<'static>> = None;
+        let mut timer = self.call_timer(device, program);
         for (c, step) in program.steps.iter().enumerate() {
             match step {
                 Step::Dispatch(dispatch) => {
-                    let pass = pass.get_or_insert_with(|| {
+                    // A timed dispatch runs in a pass of its own, between
+                    // its timestamps.
+                    let bracket = timer.as_mut().and_then(CallTimer::next_pair);
+                    if let Some(writes) = &bracket {
+                        drop(pass.take());
+                        pass = Some(
+                            encoder
+                                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                                    label: Some("kiln timed kernel"),
+                                    timestamp_writes: Some(writes.clone()),
+                                })
+                                .forget_lifetime(),
+                        );
+                    }
+                    let open = pass.get_or_insert_with(|| {
                         encoder
                             .begin_compute_pass(&wgpu::ComputePassDescriptor {
                                 label: Some("kiln kernels"),
@@ -329,13 +422,19 @@ impl WgpuBackend {
                     let (Some((pipeline, _)), Some(group)) = (&prepared.pipelines[c], group) else {
                         return Err(backend_err("a dispatch has no pipeline or bind group"));
                     };
-                    pass.set_pipeline(pipeline);
-                    pass.set_bind_group(0, group, &[]);
+                    open.set_pipeline(pipeline);
+                    open.set_bind_group(0, group, &[]);
                     let [x, y, z] = dispatch.grid;
-                    pass.dispatch_workgroups(x, y, z);
+                    open.dispatch_workgroups(x, y, z);
                     s.dispatches.fetch_add(1, Ordering::Relaxed);
+                    if bracket.is_some() {
+                        drop(pass.take());
+                    }
                 }
                 Step::Copy { from, to } => {
+                    if let Some(timer) = &mut timer {
+                        timer.pairs.push(None);
+                    }
                     drop(pass.take());
                     let (source, target) = (resolve(from.buffer)?, resolve(to.buffer)?);
                     binding(source, from)?;
@@ -349,6 +448,9 @@ impl WgpuBackend {
                     );
                 }
                 Step::Clear(range) => {
+                    if let Some(timer) = &mut timer {
+                        timer.pairs.push(None);
+                    }
                     drop(pass.take());
                     let buffer = resolve(range.buffer)?;
                     binding(buffer, range)?;
@@ -374,7 +476,11 @@ impl WgpuBackend {
                 prepared.checks.clone(),
             ))
         });
+        let timed = timer.map(|timer| timer.resolve(s, &mut encoder, exe.id(), &self.timing));
         s.gpu.queue.submit([encoder.finish()]);
+        if let Some(pending) = timed {
+            self.timing.push(pending);
+        }
         Ok(outputs
             .into_iter()
             .map(|mut output| {
@@ -382,6 +488,29 @@ impl WgpuBackend {
                 output
             })
             .collect())
+    }
+
+    /// The timer of a call of `program` when calls are timed.
+    fn call_timer(&self, device: &wgpu::Device, program: &Program) -> Option<CallTimer> {
+        if !self.timing.enabled.load(Ordering::Relaxed) {
+            return None;
+        }
+        let dispatches = program
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::Dispatch(_)))
+            .count()
+            .min(MAX_TIMED_DISPATCHES) as u32;
+        (dispatches > 0).then(|| CallTimer {
+            queries: device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("kiln kernel timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2 * dispatches,
+            }),
+            capacity: dispatches,
+            pairs: Vec::with_capacity(program.steps.len()),
+            used: 0,
+        })
     }
 
     /// The words of a staging buffer once the device has filled it.
@@ -405,6 +534,66 @@ impl WgpuBackend {
         };
         staging.unmap();
         Ok(words)
+    }
+}
+
+/// Dispatches of one call timed at most: two queries each, within
+/// WebGPU's 4,096 queries per query set (later dispatches go untimed).
+const MAX_TIMED_DISPATCHES: usize = 2048;
+
+/// The timestamps of one call being recorded.
+struct CallTimer {
+    queries: wgpu::QuerySet,
+    /// Pairs of queries the set holds.
+    capacity: u32,
+    /// Per step so far: its pair.
+    pairs: Vec<Option<u32>>,
+    used: u32,
+}
+
+impl CallTimer {
+    /// The timestamp writes of the next dispatch (recorded as its step's
+    /// pair), or `None` once the set is full.
+    fn next_pair(&mut self) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+        if self.used == self.capacity {
+            self.pairs.push(None);
+            return None;
+        }
+        let pair = self.used;
+        self.used += 1;
+        self.pairs.push(Some(pair));
+        Some(wgpu::ComputePassTimestampWrites {
+            query_set: &self.queries,
+            beginning_of_pass_write_index: Some(2 * pair),
+            end_of_pass_write_index: Some(2 * pair + 1),
+        })
+    }
+
+    /// Resolves the timestamps into a readback buffer at the end of
+    /// `encoder`'s commands.
+    fn resolve(
+        self,
+        s: &Shared,
+        encoder: &mut wgpu::CommandEncoder,
+        executable: u64,
+        timing: &Timing,
+    ) -> PendingTime {
+        let bytes = 16 * u64::from(self.used);
+        let resolved = s.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln resolved timestamps"),
+            size: bytes,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        encoder.resolve_query_set(&self.queries, 0..2 * self.used, &resolved, 0);
+        let staging = s.pool.take(&s.gpu.device, bytes, true);
+        encoder.copy_buffer_to_buffer(&resolved, 0, &staging, 0, bytes);
+        PendingTime {
+            executable,
+            call: timing.next_call(),
+            pairs: self.pairs,
+            staging,
+        }
     }
 }
 
@@ -448,6 +637,17 @@ impl Backend for WgpuBackend {
         Box::pin(WgpuBackend::download_async(self, buffer))
     }
 
+    /// The steps of the program a call at `shapes` runs: the one prepared
+    /// for it, else the same lowering done afresh (nothing is prepared on
+    /// the device).
+    fn kernels(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Result<KernelList> {
+        let s = &self.shared;
+        Ok(match self.programs.prepared(exe, shapes) {
+            Some(prepared) => prepared.program.kernel_list(&s.name, exe.id()),
+            None => kiln_kernels::lower(exe, shapes, &s.caps)?.kernel_list(&s.name, exe.id()),
+        })
+    }
+
     fn run(
         &self,
         exe: &Executable,
@@ -470,7 +670,7 @@ impl Backend for WgpuBackend {
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let result = self.programs.get(s, exe, shapes).and_then(|prepared| {
             let inputs = self.own_written_inputs(&prepared.program, inputs);
-            self.execute(&prepared, &inputs)
+            self.execute(exe, &prepared, &inputs)
         });
         let invalid = block_on(validation.pop()).flatten();
         let out_of_memory = block_on(memory.pop()).flatten();

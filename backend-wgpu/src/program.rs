@@ -188,6 +188,22 @@ pub(crate) struct ProgramCache {
 }
 
 impl ProgramCache {
+    /// The prepared program of `exe` for `shapes`, if one was prepared
+    /// (and is still kept); counts as no use.
+    pub(crate) fn prepared(
+        &self,
+        exe: &Executable,
+        shapes: &[Vec<usize>],
+    ) -> Option<Arc<Prepared>> {
+        let programs = lock(&self.programs);
+        let entry = programs.get(&exe.id())?;
+        entry
+            .programs
+            .iter()
+            .find(|p| p.program.shapes == shapes)
+            .cloned()
+    }
+
     /// The prepared program of `exe` for `shapes` on `shared`'s device,
     /// lowered and prepared on first use.
     pub(crate) fn get(

@@ -117,6 +117,7 @@ pub mod passes {
     pub use crate::transform::implicit::optimize;
 }
 
+pub use compile::diff::{NodeChange, ReportDiff};
 pub use compile::eval::{eval, eval_async, eval_cache_stats, EvalCacheStats};
 pub use compile::forward::{
     hessian, jacfwd, jacrev, jvp, linearize, Hessian, JacFwd, JacRev, Linear,
@@ -136,13 +137,15 @@ pub use error::{Error, Result};
 pub use exec::device::{
     default_device, set_default_device, with_default_device, AnyBackend, Device, DeviceBuffer,
 };
-pub use exec::{Backend, CpuBackend, Executable};
+pub use exec::{Backend, CpuBackend, Executable, KernelList, KernelStep, StepBinding, StepKind};
 pub use handle::array::Array;
 pub use ir::graph::{Graph, GraphNode, ImplicitDecision, Origin, Provenance, ValueKind};
 pub use ir::passes::{PassRecord, Passes};
 pub use kiln_derive::Tree;
 pub use limits::Limits;
-pub use location::{at_location, current_location, SourceLocation};
+pub use location::{
+    at_location, current_composition, current_location, in_composition, SourceLocation,
+};
 pub use ops::batching::{VmapFallback, VmapMaterialization};
 pub use ops::binary::Operand;
 pub use ops::layout::concat;

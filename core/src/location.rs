@@ -39,6 +39,39 @@ thread_local! {
     static CURRENT: Cell<Option<SourceLocation>> = const { Cell::new(None) };
 }
 
+thread_local! {
+    /// The `nn` composition being built, if any (the outermost one).
+    static COMPOSITION: Cell<Option<&'static str>> = const { Cell::new(None) };
+}
+
+/// The `nn` composition (`softmax`, `layer_norm`, …) whose ops are being
+/// built now, if any: arrays built meanwhile record it, and a
+/// [`crate::Report`] names it for each node it made.
+pub fn current_composition() -> Option<&'static str> {
+    COMPOSITION.with(Cell::get)
+}
+
+/// Runs `f` as composition `name`: arrays it builds record it. Within
+/// another composition the outer one stays (a `layer_norm` built of
+/// `mean`s is one layer norm).
+///
+/// ```
+/// use kiln::{nn, Array, DType};
+/// let y = nn::gelu(&Array::ones(&[2], DType::F32));
+/// assert_eq!(y.composition(), Some("gelu"));
+/// ```
+pub fn in_composition<R>(name: &'static str, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<&'static str>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            COMPOSITION.with(|c| c.set(self.0));
+        }
+    }
+    let outer = current_composition();
+    let _restore = Restore(COMPOSITION.with(|c| c.replace(outer.or(Some(name)))));
+    f()
+}
+
 /// The location arrays built now record, if a front end set one.
 pub fn current_location() -> Option<SourceLocation> {
     CURRENT.with(Cell::get)

@@ -430,6 +430,10 @@ fn bad_bodies_are_errors_naming_the_path_and_avals() {
         err.contains("[1]") && err.contains("carry") && err.contains("f32[]"),
         "{err}"
     );
+    let err = cond(&x.greater(0.0), |x: Array| Ok(x), |x: Array| Ok(-&x), &x)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cond") && err.contains("bool[2]"), "{err}");
     let err = while_loop(|x: Array| Ok(x.greater(0.0)), |x: Array| Ok(x), &x)
         .unwrap_err()
         .to_string();

@@ -182,6 +182,11 @@ let exponent = concat([array([0.0, -1.0, 3.0, 0.5, 0.3333333, 1e30, -200.0, 1e30
 show("pow", base.pow(exponent));
 show("sin", array([1e10, -1e10, 3e7, 1e30]).sin());`;
 
+/// A call time with its figures blanked and what it measures dropped:
+/// `4.5 ms (traced)` on the CPU, `4.5 ms submit time (traced)` or `4.5 ms
+/// submit · 310 µs GPU (traced)` on WebGPU all read `_ ms (traced)`.
+const plainTimes = (t) => t.replace(/ submit( time| · [\d.]+ (ns|µs|ms) GPU)/g, "").replace(/[\d.]+ ms/g, "_ ms");
+
 await check("loads-and-runs-the-first-example", async () => {
   await page.goto(url);
   await page.locator("#status", { hasText: "ready" }).waitFor({ timeout: 60000 });
@@ -217,14 +222,38 @@ await check("custom-node", async () => {
   await eventually(() => page.locator(".cache li.entry.selected").getAttribute("data-entry"), "0", "picked entry");
 });
 
+await check("diff-of-two-entries-names-the-key-nodes-and-peaks", async () => {
+  // The custom-node example's two entries differ in `act`: diff the
+  // latest against the first.
+  await page.locator('.cache li.entry[data-entry="1"]').click();
+  await page.locator(".shown-entry", { hasText: "entry 1" }).waitFor({ timeout: 60000 });
+  await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 60000 });
+  await page.selectOption("#diff-against", "0");
+  await eventually(() => text(".diff-key li"),
+    'static/aux differs at node args[0]: before {act: "relu"}, now {act: "tanh"}', "the key difference");
+  await settled(async () => {
+    const peak = await text(".diff-peak");
+    if (!/^peak [\d.]+ (B|KiB|MiB) → [\d.]+ (B|KiB|MiB) \([+-][\d.]+ (B|KiB|MiB)\)$/.test(peak)) throw new Error(`peak: ${peak}`);
+    const parts = await page.locator(".diff-added li, .diff-changed li").allInnerTexts();
+    if (!parts.some((p) => p.includes("tanh"))) throw new Error(`added/changed: ${parts}`);
+    const removed = await page.locator(".diff-removed li, .diff-changed li").allInnerTexts();
+    if (!removed.some((p) => p.includes("relu"))) throw new Error(`removed/changed: ${removed}`);
+    // The graph marks what the later entry added or changed.
+    const marked = await page.locator(".graph g.box.diff-added, .graph g.box.diff-changed").count();
+    if (marked < 1) throw new Error("no box marked in the graph");
+  });
+  await page.selectOption("#diff-against", "");
+  await eventually(() => page.locator(".graph g.box.diff-added, .graph g.box.diff-changed").count(), 0, "marks cleared");
+});
+
 await check("shapeless", async () => {
   await runExample("shapeless", "n = 9");
   await eventually(() => text(".cache .summary"), "1 entries, 2 hits, 1 misses", "cache summary");
-  await eventually(async () => (await text(".calls-summary")).replace(/[\d.]+ ms/g, "_ ms"),
+  await eventually(async () => plainTimes(await text(".calls-summary")),
     "3 calls: 1 traced, 2 cached · first _ ms (traced) · last _ ms (cached)", "calls summary");
   await page.click(".calls-summary");
   const calls = async () => (await page.locator(".calls li").allInnerTexts())
-    .map((c) => c.replace(/[\d.]+ ms/, "_ ms")).join("|");
+    .map(plainTimes).join("|");
   await eventually(calls, "call 1: _ ms (traced)|call 2: _ ms (cached)|call 3: _ ms (cached)", "calls");
 });
 
@@ -678,6 +707,86 @@ await check("the-graph-draws-fused-groups-as-clusters-with-script-lines", async 
   });
 });
 
+await check("kernels-lists-every-step-and-links-kernels-and-nodes", async () => {
+  // FUSED's graph: one fused group (exp, tanh, mul) and the sum.
+  await page.locator(".kernels .kernel").first().waitFor({ timeout: 30000 });
+  const summary = await settled(async () => {
+    const s = await text(".kernels-summary");
+    const wanted = mode === "webgpu" ? /^\d+ steps on wgpu:.*\d+ dispatch.* · arena / : /^2 steps on cpu: 2 evaluate$/;
+    if (!wanted.test(s)) throw new Error(`summary: ${s}`);
+    return s;
+  });
+  const ops = await page.locator(".kernels .kernel-op").allInnerTexts();
+  const fused = ops.findIndex((op) => op.startsWith("fused"));
+  if (fused < 0 || !ops.some((op) => op.startsWith("sum"))) throw new Error(`kernels ${ops} (${summary})`);
+  if (mode === "webgpu") {
+    // The first dispatch's WGSL is shown, highlighted, with its bindings and grid.
+    await settled(async () => {
+      const code = await page.evaluate(() => document.querySelector(".kernels .code-view").kilnCodeView.text());
+      if (!code.includes("@compute") || !code.includes("fn main")) throw new Error(`code: ${code.slice(0, 200)}`);
+      // Scrolled to the entry point.
+      await eventually(async () => (await text(".kernels .code-view .cm-content")).includes("@compute"), true, "the entry point in view");
+      const keywords = await page.locator(".kernels .code-view .tok-keyword").count();
+      if (keywords < 3) throw new Error(`${keywords} keywords highlighted`);
+      const bindings = await page.locator(".kernel-fields .binding").allInnerTexts();
+      if (!/^params\[\d+\.\.\d+\)$/.test(bindings[0] ?? "") || bindings.length < 3) throw new Error(`bindings ${bindings}`);
+      const grid = await text('.kernel-fields tr[data-field="grid"] td');
+      if (!/^\d+ × \d+ × \d+ workgroups$/.test(grid)) throw new Error(`grid ${grid}`);
+    });
+  } else {
+    // The CPU executor's steps: op evaluations, no kernel source.
+    await eventually(() => page.locator(".kernels .code-view.hidden").count(), 1, "no source on the CPU");
+    await eventually(() => page.locator(".kernels .kernel-kind").first().innerText(), "evaluate", "step kind");
+  }
+  // A kernel selects its nodes: the fused kernel every member box, and
+  // its value's bar and slot in the timeline.
+  const row = page.locator(".kernels .kernel").nth(fused);
+  const node = (await row.getAttribute("data-nodes")).replace("%", "");
+  await row.click();
+  await eventually(() => page.locator(`.graph g.box.selected[data-node="${node}"]`).count(), 3, "the fused group's members selected");
+  await eventually(() => page.locator(".kernels .kernel.selected").count(), 1, "the kernel marked");
+  await eventually(() => page.locator(`.memory rect.bar.selected[data-value="${node}"]`).count(), 1, "its value in the timeline");
+  await eventually(async () => (await page.locator(".memory .slot-label.selected").count()) === 1, true, "its slot marked");
+  await eventually(() => page.locator('.kernel-fields tr[data-field="nodes"] td').innerText(), `%${node}`, "the kernel's details");
+  // A node selects its kernel.
+  await page.locator('.graph g.box[data-op="sum"]').click();
+  await eventually(async () => (await page.locator(".kernels .kernel.selected .kernel-op").allInnerTexts()).map((op) => op.split("(")[0]).join(","), "sum", "the sum's kernel marked");
+});
+
+await check("call-and-kernel-times-say-what-they-measure", async () => {
+  // FUSED ran once: on the CPU its time is the executor's work; on WebGPU
+  // it is submit time, with the GPU's time beside it where the adapter
+  // writes timestamps (then every dispatch has its time too).
+  await page.click(".calls-summary");
+  const call = await settled(async () => {
+    const c = await text(".calls li");
+    if (!c.startsWith("call 1: ")) throw new Error(`call: ${c}`);
+    return c;
+  });
+  const timing = await page.locator(".kernels-timing").innerText();
+  const stepTimes = async (timedKind) => {
+    const times = await page.locator(".kernels .kernel").evaluateAll((rows) => rows.map((r) =>
+      [r.querySelector(".kernel-kind").textContent, r.querySelector(".kernel-time").textContent]));
+    for (const [kind, time] of times) {
+      if ((kind === timedKind) !== /^[\d.]+ (ns|µs|ms)$/.test(time)) throw new Error(`a ${kind} timed "${time}"`);
+    }
+  };
+  if (mode === "cpu") {
+    if (!/^call 1: [\d.]+ ms \(traced\)$/.test(call)) throw new Error(`CPU call: ${call}`);
+    if (!timing.startsWith("CPU executor time per step at the latest call: ")) throw new Error(`timing: ${timing}`);
+    await stepTimes("evaluate");
+  } else if (/ GPU \(traced\)$/.test(call)) {
+    if (!/^call 1: [\d.]+ ms submit · [\d.]+ (ns|µs|ms) GPU \(traced\)$/.test(call)) throw new Error(`GPU call: ${call}`);
+    if (!timing.startsWith("GPU time per kernel at the latest call, from timestamp queries: ")) throw new Error(`timing: ${timing}`);
+    await stepTimes("dispatch");
+  } else {
+    if (!/^call 1: [\d.]+ ms submit time \(traced\)$/.test(call)) throw new Error(`WebGPU call: ${call}`);
+    if (!timing.startsWith("no GPU time per kernel: the adapter has no timestamp queries")) throw new Error(`timing: ${timing}`);
+  }
+  console.log(`     ${mode}: ${call}; ${timing || "(no timing note)"}`);
+  await page.click(".calls-summary");
+});
+
 await check("the-graph-toggles-to-the-traced-graph-and-back", async () => {
   const optimized = await page.locator(".graph g.box").count();
   await page.click("#graph-traced");
@@ -698,6 +807,12 @@ await check("the-graph-search-finds-ops-by-name", async () => {
   await eventually(() => page.locator(".graph g.box.match").count(), 1, "marked");
   await page.click("#graph-next");
   await eventually(() => page.locator('#graph-details tr[data-field="op"] td').innerText(), "%1.0 exp", "focused");
+  // By node id (a fused node: its members), by aval and by script line.
+  for (const [query, found] of [["%1", "3 found"], ["%1.1", "1 found"], ["f32[]", "1 found"], ["f32[4]", "4 found"], ["line 3", "2 found"]]) {
+    await page.fill("#graph-search", query);
+    await eventually(() => text("#graph-matches"), found, `matches of ${query}`);
+    await eventually(() => page.locator(".graph g.box.match").count(), Number(found[0]), `${query} marked`);
+  }
   await page.fill("#graph-search", "");
 });
 
@@ -715,6 +830,27 @@ await check("layout-graph-details-stand-beside-the-canvas-and-a-fused-group-has-
       throw new Error(`details at ${JSON.stringify(details)}, not beside the canvas at ${JSON.stringify(canvas)}`);
     }
   });
+});
+
+await check("the-graph-finds-and-collapses-nn-compositions", async () => {
+  await runScript("let f = compile(|x| nn::gelu(x).exp()).fusion(false);\nf.run(ones([4]))");
+  await page.locator(newOutput(), { hasText: "result" }).first().waitFor({ timeout: 30000 });
+  await page.locator('.graph svg[data-drawn="optimized"][data-collapsed="false"]').waitFor({ timeout: 60000 });
+  await page.fill("#graph-search", "nn::gelu");
+  const ops = await settled(async () => {
+    const n = Number((await text("#graph-matches")).split(" ")[0]);
+    if (!(n > 2)) throw new Error(`${n} found`);
+    return n;
+  });
+  await page.locator(".graph g.box.match").first().click();
+  await eventually(() => page.locator('#graph-details tr[data-field="composition"] td').innerText(), "nn::gelu", "the box's composition");
+  await page.click("#graph-collapse");
+  await page.locator('.graph svg[data-drawn="optimized"][data-collapsed="true"]').waitFor({ timeout: 60000 });
+  await eventually(() => text("#graph-matches"), "1 found", "one box for the call");
+  await eventually(() => page.locator(".graph g.box.match text").first().textContent(), `gelu (${ops} ops)`, "the collapsed box");
+  await page.click("#graph-collapse");
+  await page.locator('.graph svg[data-drawn="optimized"][data-collapsed="false"]').waitFor({ timeout: 60000 });
+  await page.fill("#graph-search", "");
 });
 
 /// The layout's checks: each sets the viewport it is about and a fresh
@@ -759,7 +895,7 @@ await check("layout-200-calls-are-summarized-and-expand", async () => {
   const own = Date.now() % 100000;
   await runScript(`let f = compile(|x| x * 0.5 + ${own}.0);\nlet y = ones([2]);\nfor i in 0..200 { y = f.run(y); }\nshow("200 calls", y)`);
   await page.locator(newOutput(), { hasText: "200 calls" }).waitFor({ timeout: 60000 });
-  await eventually(async () => (await text(".calls-summary")).replace(/[\d.]+ ms/g, "_ ms"),
+  await eventually(async () => plainTimes(await text(".calls-summary")),
     "200 calls: 1 traced, 199 cached · first _ ms (traced) · last _ ms (cached)", "calls summary");
   await eventually(() => page.locator(".calls li").count(), 0, "the list folded");
   await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 60000 });
@@ -770,7 +906,7 @@ await check("layout-200-calls-are-summarized-and-expand", async () => {
   });
   await page.click(".calls-summary");
   await eventually(() => page.locator(".calls li").count(), 200, "every call listed");
-  await eventually(() => page.locator(".calls li").last().innerText().then((t) => t.replace(/[\d.]+ ms/, "_ ms")),
+  await eventually(() => page.locator(".calls li").last().innerText().then(plainTimes),
     "call 200: _ ms (cached)", "the last call");
 });
 
@@ -820,6 +956,30 @@ await check("layout-at-390x844-the-views-stack-under-the-editor", async () => {
   await page.screenshot({ path: join(shots, "layout-390x844-window.png") });
   await page.locator(".graph-canvas").scrollIntoViewIfNeeded();
   await page.screenshot({ path: join(shots, "layout-390x844-graph.png") });
+  // The Kernels view stacks its list over the chosen step and stays in the window.
+  await page.locator(".kernels .kernel").first().scrollIntoViewIfNeeded();
+  await settled(async () => {
+    const kernels = await viewBox(".kernels");
+    if (kernels.x < 0 || kernels.x + kernels.width > 390) throw new Error(`the Kernels view at ${JSON.stringify(kernels)}`);
+  });
+  await page.screenshot({ path: join(shots, "layout-390x844-kernels.png") });
+});
+
+await check("layout-the-kernels-view-at-1440x900", async () => {
+  await page.setViewportSize({ width: 1440, height: 900 });
+  await runExample("mlp", "row sums");
+  await page.locator(".kernels .kernel").first().waitFor({ timeout: 30000 });
+  await page.locator(".kernels").scrollIntoViewIfNeeded();
+  await settled(async () => {
+    const list = await viewBox(".kernel-list");
+    const detail = await viewBox(".kernel-detail");
+    // The list beside the chosen step's fields and source.
+    if (!(detail.x >= list.x + list.width - 1 && detail.width >= 400)) {
+      throw new Error(`list ${JSON.stringify(list)}, detail ${JSON.stringify(detail)}`);
+    }
+  });
+  await page.screenshot({ path: join(shots, "layout-1440x900-kernels.png") });
+  await page.setViewportSize({ width: 1400, height: 1000 });
 });
 
 await check("layout-follows-a-dark-color-scheme", async () => {
@@ -878,6 +1038,11 @@ await check("a-2000-node-graph-is-laid-out-and-searchable", async () => {
     return count;
   });
   await eventually(() => page.locator(".graph g.box").count(), boxes, "boxes drawn");
+  // Drawn at a zoom where box text is readable; Fit shows it all.
+  const zoom = () => page.evaluate(() => document.querySelector(".graph-canvas").kilnPanZoom.zoom());
+  await eventually(async () => (await zoom()) >= 0.7, true, "a readable zoom");
+  await page.click("#graph-fit");
+  await eventually(async () => (await zoom()) < 0.1, true, "fitted whole");
   await page.fill("#graph-search", "sin");
   await eventually(() => text("#graph-matches"), "1000 found", "matches");
   await page.click("#graph-next");

@@ -1,6 +1,7 @@
 // Playground timings for `cargo xtask bench`: page load to the first
 // example fully shown, an edit of the read-later example to every view
-// updated, and a 2,000-node graph from Ctrl+Enter to drawn. Usage: node
+// updated, an edit of the MLP example to its Kernels view updated, and a
+// 2,000-node graph from Ctrl+Enter to drawn. Usage: node
 // timing.mjs URL; prints one JSON object.
 import { chromium } from "playwright-core";
 import { mkdtempSync } from "node:fs";
@@ -51,6 +52,28 @@ for (let i = 0; i < 10; i++) {
 }
 runs.sort((a, b) => a - b);
 
+// The MLP example edited (its hidden activation swapped) until the Kernels
+// view lists the new activation's kernel.
+await page.click('.example[data-id="mlp"]');
+await page.locator(".output .label", { hasText: "row sums" }).waitFor({ timeout: 30000 });
+await page.locator(".kernels .kernel").first().waitFor({ timeout: 30000 });
+const kernelRuns = [];
+for (let i = 0; i < 10; i++) {
+  kernelRuns.push(await page.evaluate(async (i) => {
+    const editor = window.kilnEditor;
+    const [from, to] = i % 2 === 0 ? ["relu", "tanh"] : ["tanh", "relu"];
+    const listed = () => [...document.querySelectorAll(".kernels .kernel-op")].map((k) => k.textContent).join(" ");
+    const text = editor.text().replace(`.${from}()`, `.${to}()`);
+    editor.view.dispatch({ changes: { from: 0, to: editor.view.state.doc.length, insert: text } });
+    const start = performance.now();
+    document.querySelector("#editor .cm-content").dispatchEvent(
+      new KeyboardEvent("keydown", { key: "Enter", ctrlKey: true, bubbles: true, cancelable: true }));
+    while (!(listed().includes(to) && !listed().includes(from))) await new Promise((r) => requestAnimationFrame(r));
+    return performance.now() - start;
+  }, i));
+}
+kernelRuns.sort((a, b) => a - b);
+
 // A chain of 2,000 ops, unfused: its graph has 2,001 boxes.
 const chain = "let f = compile(|x| {\n  let y = x;\n  for i in 0..1000 { y = (y * 1.5).sin(); }\n  y\n}).fusion(false);\nf.run(ones([4]))";
 const graphMs = await page.evaluate(async (text) => {
@@ -69,4 +92,5 @@ console.log(JSON.stringify({
   web_first_render_ms: Math.round(firstRender * 10) / 10,
   web_rerun_ms: Math.round(runs[Math.floor(runs.length / 2)] * 10) / 10,
   web_graph_2000_ms: Math.round(graphMs),
+  web_kernels_view_ms: Math.round(kernelRuns[Math.floor(kernelRuns.length / 2)] * 10) / 10,
 }));

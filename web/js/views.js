@@ -11,7 +11,7 @@ import {
   highlightActiveLineGutter, drawSelection,
 } from "@codemirror/view";
 import { defaultKeymap, history, historyKeymap, indentWithTab } from "@codemirror/commands";
-import { syntaxHighlighting, bracketMatching, indentOnInput } from "@codemirror/language";
+import { syntaxHighlighting, bracketMatching, indentOnInput, StreamLanguage } from "@codemirror/language";
 import { classHighlighter } from "@lezer/highlight";
 import { javascript } from "@codemirror/lang-javascript";
 import { setDiagnostics, lintGutter } from "@codemirror/lint";
@@ -130,6 +130,76 @@ export function createEditor(parent, doc, onChange, onRun) {
   return editor;
 }
 
+// ----- kernel source ----------------------------------------------------
+
+// WGSL for highlighting only: keywords, types and builtins, numbers,
+// attributes and comments, as token classes the page's theme colours.
+const WGSL_KEYWORDS = new Set(("alias break case const const_assert continue continuing default " +
+  "diagnostic discard else enable fn for if let loop override requires return struct switch var while " +
+  "true false").split(" "));
+const WGSL_TYPES = /^(?:array|atomic|bool|f16|f32|i32|u32|mat[234]x[234][fh]?|ptr|sampler|texture_\w+|vec[234][fuih]?|storage|uniform|workgroup|private|function|read|write|read_write)$/;
+const wgsl = StreamLanguage.define({
+  name: "wgsl",
+  token(stream, state) {
+    if (state.comment) {
+      if (stream.skipTo("*/")) { stream.next(); stream.next(); state.comment = false; } else stream.skipToEnd();
+      return "comment";
+    }
+    if (stream.eatSpace()) return null;
+    if (stream.match("//")) { stream.skipToEnd(); return "comment"; }
+    if (stream.match("/*")) { state.comment = true; return "comment"; }
+    if (stream.match(/^@\w+/)) return "meta";
+    if (stream.match(/^(?:0x[0-9a-fA-F]+|\d+\.?\d*(?:e[+-]?\d+)?|\.\d+)[iufh]?/)) return "number";
+    const word = stream.match(/^[A-Za-z_]\w*/);
+    if (word) {
+      if (WGSL_KEYWORDS.has(word[0])) return "keyword";
+      if (WGSL_TYPES.test(word[0])) return "typeName";
+      return "variableName";
+    }
+    stream.next();
+    return "operator";
+  },
+  startState: () => ({ comment: false }),
+});
+
+// A read-only CodeMirror view of a kernel's WGSL in `parent`.
+class CodeView {
+  constructor(parent) {
+    // The browser tests read the shown source through the host element.
+    parent.kilnCodeView = this;
+    this.view = new EditorView({
+      parent,
+      state: EditorState.create({
+        doc: "",
+        extensions: [
+          lineNumbers(),
+          EditorState.readOnly.of(true),
+          EditorView.editable.of(false),
+          wgsl,
+          syntaxHighlighting(classHighlighter),
+        ],
+      }),
+    });
+  }
+
+  text() {
+    return this.view.state.doc.toString();
+  }
+
+  // Shows `text` scrolled to its entry point (`@compute`): the shared
+  // helpers above it are a scroll away.
+  setText(text) {
+    if (text === this.text()) return;
+    this.view.dispatch({ changes: { from: 0, to: this.view.state.doc.length, insert: text } });
+    const entry = Math.max(text.indexOf("@compute"), 0);
+    this.view.dispatch({ effects: EditorView.scrollIntoView(entry, { y: "start", yMargin: 4 }) });
+  }
+}
+
+export function createCodeView(parent) {
+  return new CodeView(parent);
+}
+
 // ----- graph ----------------------------------------------------------
 
 // The layout worker, started on first use, and the layouts it owes.
@@ -170,6 +240,9 @@ export function layoutGraph(input) {
     layoutWorker.postMessage({ id, input });
   });
 }
+
+// The smallest zoom a drawing starts at: 11 px text at 0.7 is about 8 px.
+const READABLE_ZOOM = 0.7;
 
 // Pan (drag the background) and zoom (wheel, about the pointer) of the
 // `<g class="viewport">` inside `svg`. Idempotent per element.
@@ -218,10 +291,13 @@ export function panZoom(svg) {
       state.y = r.height / 2 - y * state.k;
       apply();
     },
-    // Scales the whole drawing (width, height) into the view, at most 1:1.
-    fit(width, height) {
+    // Scales the whole drawing (width, height) into the view, at most 1:1
+    // and at least `floor`: a drawing larger than that shows its top,
+    // centred, and pans.
+    fit(width, height, floor) {
       const r = svg.getBoundingClientRect();
-      state.k = Math.min(1, r.width / Math.max(width, 1), r.height / Math.max(height, 1));
+      const whole = Math.min(1, r.width / Math.max(width, 1), r.height / Math.max(height, 1));
+      state.k = Math.max(whole, floor);
       state.x = (r.width - width * state.k) / 2;
       state.y = 0;
       apply();
@@ -239,10 +315,17 @@ export function focusGraph(svg, x, y) {
   svg.kilnPanZoom.focus(x, y);
 }
 
-// Fits the drawing in `svg`'s view.
+// Fits the whole drawing in `svg`'s view.
 export function fitGraph(svg, width, height) {
   panZoom(svg);
-  svg.kilnPanZoom.fit(width, height);
+  svg.kilnPanZoom.fit(width, height, 0);
+}
+
+// Shows a new drawing: fitted, but never so small that its text cannot be
+// read (READABLE_ZOOM).
+export function showGraph(svg, width, height) {
+  panZoom(svg);
+  svg.kilnPanZoom.fit(width, height, READABLE_ZOOM);
 }
 
 // The index of the box an event happened on, or -1.

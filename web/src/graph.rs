@@ -75,6 +75,9 @@ pub struct GraphBox {
     pub step: Option<usize>,
     /// The script position that made it.
     pub location: Option<SourceLocation>,
+    /// The `nn` composition that made it (`softmax`, `layer_norm`).
+    #[serde(default)]
+    pub composition: Option<String>,
     /// The cluster it is drawn in.
     pub cluster: Option<usize>,
     /// Its size in pixels.
@@ -200,6 +203,7 @@ fn optimized_model(report: &Report) -> GraphModel {
                 traced: None,
                 step: None,
                 location: node.location,
+                composition: node.composition.clone(),
                 cluster: None,
                 width: 0.0,
                 height: 0.0,
@@ -231,6 +235,7 @@ fn optimized_model(report: &Report) -> GraphModel {
                 traced: None,
                 step: Some(k),
                 location: step.location,
+                composition: step.composition.clone(),
                 cluster: Some(cluster),
                 width: 0.0,
                 height: 0.0,
@@ -266,6 +271,7 @@ fn traced_model(report: &Report) -> GraphModel {
                 traced: Some(t.id),
                 step: None,
                 location: t.location,
+                composition: t.composition.clone(),
                 cluster: None,
                 width: 0.0,
                 height: 0.0,
@@ -287,18 +293,130 @@ fn traced_model(report: &Report) -> GraphModel {
     }
 }
 
-/// The boxes whose op name contains `query` (ignoring case); none for an
-/// empty query.
+/// `model` with each call of an `nn` composition (the boxes one
+/// composition made at one script position) drawn as one box, `layer_norm
+/// (7 ops)`, standing for its last node. Fused groups keep the members
+/// outside compositions (a group left empty is not drawn).
+pub fn collapse_compositions(model: GraphModel) -> GraphModel {
+    type Call = (String, Option<SourceLocation>);
+    let mut calls: Vec<(Call, Vec<usize>)> = Vec::new();
+    for (i, b) in model.boxes.iter().enumerate() {
+        if let Some(c) = &b.composition {
+            let call = (c.clone(), b.location);
+            match calls.iter_mut().find(|(k, _)| *k == call) {
+                Some((_, members)) => members.push(i),
+                None => calls.push((call, vec![i])),
+            }
+        }
+    }
+    let mut into: Vec<Option<usize>> = vec![None; model.boxes.len()];
+    let mut boxes: Vec<GraphBox> = Vec::new();
+    // Each box in order; a composition's box where its last member was.
+    let last_of: Vec<Option<&Vec<usize>>> = (0..model.boxes.len())
+        .map(|i| {
+            calls
+                .iter()
+                .find(|(_, m)| m.len() > 1 && m.last() == Some(&i))
+                .map(|(_, m)| m)
+        })
+        .collect();
+    for (i, b) in model.boxes.iter().enumerate() {
+        let collapsed = b.composition.as_ref().and_then(|c| {
+            calls
+                .iter()
+                .find(|((k, at), m)| k == c && *at == b.location && m.len() > 1)
+        });
+        if collapsed.is_some() && last_of[i].is_none() {
+            continue;
+        }
+        into[i] = Some(boxes.len());
+        match last_of[i] {
+            Some(members) => {
+                for &m in members {
+                    into[m] = Some(boxes.len());
+                }
+                let name = b.composition.clone().unwrap_or_default();
+                boxes.push(sized(GraphBox {
+                    label: format!("{name} ({} ops)", members.len()),
+                    op: name,
+                    kind: BoxKind::Plain,
+                    step: None,
+                    cluster: None,
+                    ..b.clone()
+                }));
+            }
+            None => boxes.push(b.clone()),
+        }
+    }
+    // Clusters that still hold a box, renumbered.
+    let mut kept: Vec<Option<usize>> = vec![None; model.clusters.len()];
+    let mut clusters = Vec::new();
+    for b in &mut boxes {
+        if let Some(c) = b.cluster {
+            if kept[c].is_none() {
+                kept[c] = Some(clusters.len());
+                clusters.push(model.clusters[c].clone());
+            }
+            b.cluster = kept[c];
+        }
+    }
+    let mut edges: Vec<(usize, usize)> = model
+        .edges
+        .iter()
+        .filter_map(|&(a, b)| Some((into[a]?, into[b]?)))
+        .filter(|(a, b)| a != b)
+        .collect();
+    edges.sort_unstable();
+    edges.dedup();
+    GraphModel {
+        mode: model.mode,
+        boxes,
+        clusters,
+        edges,
+    }
+}
+
+/// The boxes `query` finds (ignoring case and spaces; none for an empty
+/// query): `%12` the boxes of node 12 (every member of a fused node),
+/// `%12.1` one member; an aval (`f32[16,64]`, any query with a `[`) the
+/// boxes of that aval; `line 4` or `:4` the boxes script line 4 made; an
+/// `nn` composition (`layer_norm`, `nn::gelu`) the boxes it made;
+/// anything else the boxes whose op name contains it.
 pub fn search(model: &GraphModel, query: &str) -> Vec<usize> {
-    let query = query.trim().to_lowercase();
+    let query: String = query
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase();
     if query.is_empty() {
         return Vec::new();
     }
+    let line = query
+        .strip_prefix("line ")
+        .or_else(|| query.strip_prefix(':'))
+        .and_then(|l| l.trim().parse::<u32>().ok());
+    let compact = query.replace(' ', "");
+    let matches = |b: &GraphBox| -> bool {
+        if let Some(id) = query.strip_prefix('%') {
+            let label = b.label.split(' ').next().unwrap_or("");
+            let own = label.trim_start_matches('%');
+            return own == id || (!id.contains('.') && own.split('.').next() == Some(id));
+        }
+        if let Some(line) = line {
+            return b.location.is_some_and(|l| l.line == line);
+        }
+        if compact.contains('[') {
+            return b.aval.replace(' ', "").to_lowercase() == compact;
+        }
+        let composition = query.strip_prefix("nn::").unwrap_or(&query);
+        b.op.to_lowercase().contains(&query)
+            || b.composition.as_deref().is_some_and(|c| c == composition)
+    };
     model
         .boxes
         .iter()
         .enumerate()
-        .filter(|(_, b)| b.op.to_lowercase().contains(&query))
+        .filter(|(_, b)| matches(b))
         .map(|(i, _)| i)
         .collect()
 }
@@ -310,6 +428,9 @@ pub fn details(report: &Report, model: &GraphModel, index: usize) -> Vec<(&'stat
         return Vec::new();
     };
     let mut rows = vec![("op", b.label.clone()), ("aval", b.aval.clone())];
+    if let Some(c) = &b.composition {
+        rows.push(("composition", format!("nn::{c}")));
+    }
     let node = b.node.and_then(|n| report.nodes.get(n));
     if b.traced.is_some() {
         rows.push((
@@ -584,6 +705,55 @@ mod tests {
         assert!(found[0].ends_with(".1 tanh"), "{found:?}");
         assert!(search(&model, "  ").is_empty());
         assert!(search(&model, "matmul").is_empty());
+    }
+
+    #[test]
+    fn a_composition_is_found_by_name_and_collapses_into_one_box() {
+        let script = "let f = compile(|x| nn::gelu(x).exp()).fusion(false);\nf.run(ones([4]))";
+        let report = report_of(script);
+        let model = graph_model(&report, GraphMode::Optimized);
+        let gelu = search(&model, "nn::gelu");
+        assert!(gelu.len() > 2, "gelu's ops: {gelu:?}");
+        assert_eq!(search(&model, "GELU"), gelu);
+        assert!(gelu
+            .iter()
+            .all(|&i| model.boxes[i].composition.as_deref() == Some("gelu")));
+        let before = model.boxes.len();
+        let collapsed = collapse_compositions(model);
+        assert_eq!(collapsed.boxes.len(), before - gelu.len() + 1);
+        let one = search(&collapsed, "gelu");
+        assert_eq!(one.len(), 1);
+        assert_eq!(
+            collapsed.boxes[one[0]].label,
+            format!("gelu ({} ops)", gelu.len())
+        );
+        // The input feeds the gelu box, the gelu box the exp.
+        let exp = search(&collapsed, "exp")[0];
+        assert!(collapsed.edges.contains(&(one[0], exp)));
+        assert!(collapsed.edges.iter().all(|(a, b)| a != b));
+    }
+
+    #[test]
+    fn search_finds_boxes_by_node_id_aval_and_script_line() {
+        let report = report_of(FUSED);
+        let model = graph_model(&report, GraphMode::Optimized);
+        let labels = |query: &str| -> Vec<String> {
+            search(&model, query)
+                .into_iter()
+                .map(|i| model.boxes[i].label.clone())
+                .collect()
+        };
+        // Node 1 is the fused group: all three members; `%1.1` one.
+        let group = labels("%1");
+        assert_eq!(group.len(), 3, "{group:?}");
+        assert!(group.iter().all(|l| l.starts_with("%1.")));
+        assert_eq!(labels("%1.1"), vec!["%1.1 tanh".to_string()]);
+        assert_eq!(labels("F32[ ]"), labels("f32[]"));
+        assert_eq!(labels("f32[]").len(), 1, "the sum");
+        assert_eq!(labels("f32[4]").len(), 4, "the argument and the members");
+        assert_eq!(labels("line 3"), labels(":3"));
+        assert!(labels("line 3").iter().any(|l| l.ends_with("tanh")));
+        assert!(labels("line 99").is_empty());
     }
 
     #[test]

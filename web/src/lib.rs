@@ -18,4 +18,5 @@ pub mod report;
 pub mod script;
 pub mod share;
 pub mod source;
+pub mod timed_cpu;
 pub mod view;

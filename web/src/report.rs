@@ -6,7 +6,7 @@
 //! [`kiln::Report`] of every entry); the views render it and derive no
 //! compiler facts of their own.
 
-use kiln::{CacheInfo, PlanMemory};
+use kiln::{CacheInfo, KernelList, MissReason, PlanMemory};
 use serde::{Deserialize, Serialize};
 
 /// The result of one run of a script.
@@ -27,8 +27,40 @@ pub struct RunReport {
     pub backend: String,
     /// Wall-clock milliseconds of the whole run, parsing included.
     pub total_ms: f64,
+    /// What the calls' times measure.
+    #[serde(default)]
+    pub clock: CallClock,
     /// Why the run stopped early, if it did.
     pub error: Option<ScriptError>,
+}
+
+impl RunReport {
+    /// Gives each call the device time of the device calls it made
+    /// (summed), and each listed entry its per-step times at its latest
+    /// measured call (`times` in call order, as the backend read them).
+    pub fn attach_device_times(&mut self, times: &[DeviceTime]) {
+        for function in &mut self.functions {
+            for call in &mut function.calls {
+                if let Some((first, end)) = call.device_calls {
+                    let made: Vec<&DeviceTime> = times
+                        .iter()
+                        .filter(|t| (first..end).contains(&t.call))
+                        .collect();
+                    if !made.is_empty() {
+                        call.device_ms = Some(made.iter().map(|t| t.total_ms).sum());
+                    }
+                }
+            }
+            for kernels in &mut function.kernels {
+                let Some(list) = &kernels.list else { continue };
+                if let Some(latest) = times.iter().rev().find(|t| {
+                    t.executable == list.executable && t.steps_ms.len() == list.steps.len()
+                }) {
+                    kernels.steps_ms = latest.steps_ms.clone();
+                }
+            }
+        }
+    }
 }
 
 /// One shown value.
@@ -60,6 +92,69 @@ pub struct FunctionReport {
     pub cache: CacheInfo,
     /// This run's calls, in order.
     pub calls: Vec<CallTiming>,
+    /// What the backend runs for each cache entry, beside
+    /// [`CacheInfo::reports`] (reports exported before they were listed
+    /// have none).
+    #[serde(default)]
+    pub kernels: Vec<EntryKernels>,
+    /// What differs between the cache keys of each ordered pair of its
+    /// latest [`KEY_DIFF_ENTRIES`] entries ([`kiln::Compiled::key_difference`]),
+    /// for the diff view.
+    #[serde(default)]
+    pub key_diffs: Vec<KeyDiff>,
+}
+
+/// Entries of a function whose keys the report compares pairwise (the
+/// latest ones): a function called with ever-new shapes must not send a
+/// comparison per pair of hundreds.
+pub const KEY_DIFF_ENTRIES: usize = 12;
+
+/// What differs between two entries' cache keys.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyDiff {
+    /// The entry compared from.
+    pub before: usize,
+    /// The entry compared to.
+    pub after: usize,
+    /// Kiln's explanation, as a miss gives it.
+    pub reasons: Vec<MissReason>,
+}
+
+/// The kernels the backend runs for one cache entry
+/// ([`kiln::Compiled::kernels`]), or why they could not be listed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EntryKernels {
+    /// The cache entry.
+    pub entry: usize,
+    /// Its steps, when the backend listed them.
+    pub list: Option<KernelList>,
+    /// Why it did not.
+    pub error: Option<String>,
+    /// Milliseconds per step at the run's latest measured call of the
+    /// entry (GPU timestamps), beside [`KernelList::steps`]; empty when
+    /// none was measured.
+    #[serde(default)]
+    pub steps_ms: Vec<Option<f64>>,
+}
+
+impl EntryKernels {
+    /// The list of `entry`, or its error.
+    pub fn of(entry: usize, listed: kiln::Result<KernelList>) -> EntryKernels {
+        match listed {
+            Ok(list) => EntryKernels {
+                entry,
+                list: Some(list),
+                error: None,
+                steps_ms: Vec::new(),
+            },
+            Err(e) => EntryKernels {
+                entry,
+                list: None,
+                error: Some(e.to_string()),
+                steps_ms: Vec::new(),
+            },
+        }
+    }
 }
 
 /// One call of a compiled function.
@@ -67,8 +162,45 @@ pub struct FunctionReport {
 pub struct CallTiming {
     /// Whether this call missed the cache and traced.
     pub traced: bool,
-    /// Wall-clock milliseconds of the call, tracing included.
+    /// Wall-clock milliseconds of the call, tracing included (on a GPU,
+    /// the time to record and submit its work: see [`CallClock`]).
     pub ms: f64,
+    /// Milliseconds its work took on the device, from GPU timestamps.
+    #[serde(default)]
+    pub device_ms: Option<f64>,
+    /// The device calls it made, as the worker's counter of timed calls
+    /// numbers them (first, end): how [`RunReport::attach_device_times`]
+    /// finds its times. Not sent.
+    #[serde(skip)]
+    pub device_calls: Option<(u64, u64)>,
+}
+
+/// What a run's call times measure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallClock {
+    /// The call's wall time is its work (the CPU executor runs it before
+    /// returning).
+    #[default]
+    Wall,
+    /// A GPU call returns once its work is submitted: its wall time is
+    /// submit time, and the work's time comes from GPU timestamps.
+    GpuTimestamps,
+    /// Submit time only: the adapter has no timestamp queries.
+    SubmitOnly,
+}
+
+/// One device call's measured time, from the backend's timestamps.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceTime {
+    /// The call's number on the backend's counter of timed calls.
+    pub call: u64,
+    /// The executable called ([`kiln::KernelList::executable`]).
+    pub executable: u64,
+    /// Milliseconds per step of its kernel list; `None` where unmeasured.
+    pub steps_ms: Vec<Option<f64>>,
+    /// Milliseconds from its first kernel's start to its last one's end.
+    pub total_ms: f64,
 }
 
 /// An error that stopped a run, with where in the script it happened.

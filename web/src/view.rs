@@ -2,8 +2,8 @@
 //! only rearrange Kiln's data (rows, bars, layers); every fact — decisions,
 //! reasons, lifetimes, byte counts — is Kiln's own.
 
-use crate::report::CallTiming;
-use kiln::{CacheInfo, Refusal, Report};
+use crate::report::{CallClock, CallTiming};
+use kiln::{CacheInfo, KernelList, Refusal, Report, ReportDiff};
 use serde::{Deserialize, Serialize};
 
 /// One row of the reinplace view: a verdict on one operand of one
@@ -205,11 +205,8 @@ pub fn human_bytes(bytes: usize) -> String {
 /// 1 traced, 199 cached · first 3.1 ms (traced) · last 0.05 ms (cached)`.
 /// The page shows every call only when asked (a script calling a function
 /// in a loop would otherwise push every view down by a line per call).
-pub fn calls_summary(calls: &[CallTiming]) -> String {
-    let describe = |c: &CallTiming| {
-        let kind = if c.traced { "traced" } else { "cached" };
-        format!("{} ms ({kind})", round_ms(c.ms))
-    };
+pub fn calls_summary(calls: &[CallTiming], clock: CallClock) -> String {
+    let describe = |c: &CallTiming| call_time(c, clock);
     let traced = calls.iter().filter(|c| c.traced).count();
     let counts = format!(
         "{} call{}: {traced} traced, {} cached",
@@ -225,6 +222,34 @@ pub fn calls_summary(calls: &[CallTiming]) -> String {
             describe(first),
             describe(last)
         ),
+    }
+}
+
+/// A call's time as the calls list prints it: `4.57 ms (traced)` on the
+/// CPU; on a GPU, which returns once the work is submitted, `4.57 ms
+/// submit · 0.31 ms GPU (cached)` with timestamps, else `4.57 ms submit
+/// time (cached)`.
+pub fn call_time(call: &CallTiming, clock: CallClock) -> String {
+    let kind = if call.traced { "traced" } else { "cached" };
+    let ms = round_ms(call.ms);
+    match (clock, call.device_ms) {
+        (CallClock::Wall, _) => format!("{ms} ms ({kind})"),
+        (CallClock::GpuTimestamps, Some(gpu)) => {
+            format!("{ms} ms submit · {} GPU ({kind})", duration(gpu))
+        }
+        _ => format!("{ms} ms submit time ({kind})"),
+    }
+}
+
+/// A measured duration in the unit that suits it: `850 ns`, `12.5 µs`,
+/// `3.25 ms`.
+pub fn duration(ms: f64) -> String {
+    if ms >= 1.0 {
+        format!("{} ms", round_ms(ms))
+    } else if ms >= 1e-3 {
+        format!("{} µs", (ms * 1e4).round() / 10.0)
+    } else {
+        format!("{} ns", (ms * 1e6).round())
     }
 }
 
@@ -286,6 +311,120 @@ fn path_order(path: &str) -> Vec<(String, u64)> {
     key
 }
 
+/// One row of the kernels view: a step of the entry's [`KernelList`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelRow {
+    /// Its index in the list.
+    pub index: usize,
+    /// `dispatch`, `copy`, `clear` or `evaluate`.
+    pub kind: &'static str,
+    /// The op it computes.
+    pub op: String,
+    /// The graph values it serves: `%5`, `%5 %6`, or empty.
+    pub nodes: String,
+    /// `grid 4×1×1` for a dispatch, the bytes moved for a copy or clear,
+    /// empty for a CPU step.
+    pub extent: String,
+}
+
+/// The kernels view's rows: every step of `list`, in order.
+pub fn kernel_rows(list: &KernelList) -> Vec<KernelRow> {
+    list.steps
+        .iter()
+        .enumerate()
+        .map(|(index, step)| KernelRow {
+            index,
+            kind: step.kind.name(),
+            op: step.op.clone(),
+            nodes: node_ids(&step.nodes),
+            extent: match (step.grid, step.kind) {
+                (Some([x, y, z]), _) => format!("grid {x}×{y}×{z}"),
+                (None, kiln::StepKind::Copy | kiln::StepKind::Clear) => step
+                    .bindings
+                    .first()
+                    .map(|b| human_bytes(b.bytes as usize))
+                    .unwrap_or_default(),
+                (None, _) => String::new(),
+            },
+        })
+        .collect()
+}
+
+/// `%5 %6`: node ids as the graph labels them.
+pub fn node_ids(nodes: &[usize]) -> String {
+    nodes
+        .iter()
+        .map(|n| format!("%{n}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// What the kernels view says of a list: `12 steps on cpu: 12 evaluate`,
+/// `9 steps on wgpu:…: 7 dispatch, 2 copy · arena 1.5 KiB`.
+pub fn kernels_summary(list: &KernelList) -> String {
+    let mut counts: Vec<(&'static str, usize)> = Vec::new();
+    for step in &list.steps {
+        match counts.iter_mut().find(|(k, _)| *k == step.kind.name()) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((step.kind.name(), 1)),
+        }
+    }
+    let kinds: Vec<String> = counts.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    let mut text = format!(
+        "{} steps on {}: {}",
+        list.steps.len(),
+        list.backend,
+        kinds.join(", ")
+    );
+    if let Some(bytes) = list.arena_bytes {
+        text.push_str(&format!(" · arena {}", human_bytes(bytes as usize)));
+    }
+    text
+}
+
+/// The diff view's lines: `%4 tanh f32[4]` per node added (in the later
+/// report) or removed (in the earlier), `%3 → %3: aval f32[2] → f32[4]`
+/// per node changed, and the peak bytes before and after.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiffLines {
+    /// Nodes only the later report has.
+    pub added: Vec<String>,
+    /// Nodes only the earlier report has.
+    pub removed: Vec<String>,
+    /// Nodes both have that differ, with what differs.
+    pub changed: Vec<String>,
+    /// `peak 512 B → 1 KiB (+512 B)`.
+    pub peak: String,
+}
+
+/// `diff` (from `before` to `after`, as [`Report::diff`] gives it) as
+/// lines.
+pub fn diff_lines(before: &Report, after: &Report, diff: &ReportDiff) -> DiffLines {
+    let node = |report: &Report, id: usize| {
+        report.nodes.get(id).map_or_else(
+            || format!("%{id}"),
+            |n| format!("%{id} {} {}", n.op, n.aval),
+        )
+    };
+    let change = diff.peak_after as i64 - diff.peak_before as i64;
+    let sign = if change < 0 { "-" } else { "+" };
+    DiffLines {
+        added: diff.added.iter().map(|&id| node(after, id)).collect(),
+        removed: diff.removed.iter().map(|&id| node(before, id)).collect(),
+        changed: diff
+            .changed
+            .iter()
+            .map(|c| format!("%{} → %{}: {}", c.before, c.after, c.what.join("; ")))
+            .collect(),
+        peak: format!(
+            "peak {} → {} ({sign}{})",
+            human_bytes(diff.peak_before),
+            human_bytes(diff.peak_after),
+            human_bytes(change.unsigned_abs() as usize)
+        ),
+    }
+}
+
 /// Which compiled function's which cache entry a view shows: a selection
 /// holds in the views of that entry only (node ids of other entries name
 /// other nodes).
@@ -299,18 +438,22 @@ pub struct EntryScope {
 
 /// What is selected in one entry's views. Every view highlights its part
 /// of it: the graph the boxes, the reinplace table the rows, the memory
-/// timeline the bars and the slot row.
+/// timeline the bars and the slot row, the kernels view the kernel rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Selection {
     /// A node, that is the value it computes.
     Node(usize),
     /// A slot, with every value it holds.
     Slot(usize),
+    /// A step of the entry's kernel list, with the values it serves.
+    Kernel(usize),
 }
 
 impl Selection {
-    /// The nodes highlighted: the node, or the values the slot holds.
-    pub fn nodes(self, report: &Report) -> Vec<usize> {
+    /// The nodes highlighted: the node, the values the slot holds, or the
+    /// values the kernel serves (a fused kernel's one node stands for all
+    /// its members).
+    pub fn nodes(self, report: &Report, kernels: Option<&KernelList>) -> Vec<usize> {
         match self {
             Selection::Node(node) => vec![node],
             Selection::Slot(slot) => report
@@ -320,21 +463,43 @@ impl Selection {
                 .filter(|s| s.slot == slot)
                 .flat_map(|s| s.values.iter().map(|v| v.value))
                 .collect(),
+            Selection::Kernel(k) => kernels
+                .and_then(|list| list.steps.get(k))
+                .map(|step| step.nodes.clone())
+                .unwrap_or_default(),
         }
     }
 
     /// The slot row highlighted: the slot, or the one holding the node's
-    /// value (none for a value outside the plan, such as an argument).
-    pub fn slot(self, report: &Report) -> Option<usize> {
-        match self {
-            Selection::Slot(slot) => Some(slot),
-            Selection::Node(node) => report
-                .plan
-                .slots
-                .iter()
-                .find(|s| s.values.iter().any(|v| v.value == node))
-                .map(|s| s.slot),
+    /// (or the kernel's first) value (none for a value outside the plan,
+    /// such as an argument).
+    pub fn slot(self, report: &Report, kernels: Option<&KernelList>) -> Option<usize> {
+        let node = match self {
+            Selection::Slot(slot) => return Some(slot),
+            Selection::Node(node) => node,
+            Selection::Kernel(_) => *self.nodes(report, kernels).first()?,
+        };
+        report
+            .plan
+            .slots
+            .iter()
+            .find(|s| s.values.iter().any(|v| v.value == node))
+            .map(|s| s.slot)
+    }
+
+    /// The kernel steps highlighted: the kernel, or every step serving a
+    /// highlighted node.
+    pub fn kernels(self, report: &Report, kernels: Option<&KernelList>) -> Vec<usize> {
+        let Some(list) = kernels else {
+            return Vec::new();
+        };
+        if let Selection::Kernel(k) = self {
+            return vec![k];
         }
+        let nodes = self.nodes(report, kernels);
+        (0..list.steps.len())
+            .filter(|&k| list.steps[k].nodes.iter().any(|n| nodes.contains(n)))
+            .collect()
     }
 }
 
@@ -390,15 +555,15 @@ mod tests {
             .expect("the MLP reuses a slot");
         let values: Vec<usize> = shared.values.iter().map(|v| v.value).collect();
         let slot = Selection::Slot(shared.slot);
-        assert_eq!(slot.nodes(&report), values);
-        assert_eq!(slot.slot(&report), Some(shared.slot));
+        assert_eq!(slot.nodes(&report, None), values);
+        assert_eq!(slot.slot(&report, None), Some(shared.slot));
         for &value in &values {
             let node = Selection::Node(value);
-            assert_eq!(node.nodes(&report), vec![value]);
-            assert_eq!(node.slot(&report), Some(shared.slot), "%{value}");
+            assert_eq!(node.nodes(&report, None), vec![value]);
+            assert_eq!(node.slot(&report, None), Some(shared.slot), "%{value}");
         }
         assert_eq!(
-            Selection::Slot(usize::MAX).nodes(&report),
+            Selection::Slot(usize::MAX).nodes(&report, None),
             Vec::<usize>::new()
         );
     }
@@ -440,6 +605,90 @@ mod tests {
     }
 
     #[test]
+    fn kernel_rows_follow_the_cpu_executors_schedule_and_link_each_node() {
+        let mut session = Session::new();
+        let report = session.run(MLP.script);
+        let function = &report.functions[0];
+        let entry = function.cache.reports.len() - 1;
+        let kernels = &function.kernels[entry];
+        assert_eq!(kernels.entry, function.cache.reports[entry].entry);
+        let list = kernels.list.as_ref().expect("the CPU lists its steps");
+        let rows = kernel_rows(list);
+        let ops = function.cache.reports[entry]
+            .nodes
+            .iter()
+            .filter(|n| !n.op.starts_with("input ") && n.op != "constant")
+            .count();
+        assert_eq!(rows.len(), ops, "one step per op node");
+        assert!(rows
+            .iter()
+            .all(|r| r.kind == "evaluate" && r.nodes.starts_with('%')));
+        assert!(
+            kernels_summary(list).starts_with(&format!("{} steps on cpu: {} evaluate", ops, ops))
+        );
+        // A fused node's step selects the node every member box carries.
+        let fused = list
+            .steps
+            .iter()
+            .position(|s| s.op.starts_with("fused"))
+            .expect("the MLP fuses its elementwise tail");
+        let node = list.steps[fused].nodes[0];
+        let selection = Selection::Kernel(fused);
+        let report = &function.cache.reports[entry];
+        assert_eq!(selection.nodes(report, Some(list)), vec![node]);
+        assert_eq!(
+            Selection::Node(node).kernels(report, Some(list)),
+            vec![fused]
+        );
+        assert_eq!(
+            selection.slot(report, Some(list)),
+            Selection::Node(node).slot(report, None)
+        );
+    }
+
+    #[test]
+    fn a_diff_of_two_entries_names_the_key_the_changed_avals_and_the_peaks() {
+        let mut session = Session::new();
+        let report = session.run(
+            "let f = compile(|x| (x.exp() * 2.0).sum()); f.run(ones([4])); f.run(ones([1024]))",
+        );
+        let function = &report.functions[0];
+        let (before, after) = (&function.cache.reports[0], &function.cache.reports[1]);
+        let key = function
+            .key_diffs
+            .iter()
+            .find(|k| k.before == 0 && k.after == 1)
+            .expect("the pair is compared");
+        assert_eq!(
+            key.reasons[0].to_string(),
+            "aval differs at leaf args[0]: f32[4] → f32[1024]"
+        );
+        let lines = diff_lines(before, after, &before.diff(after));
+        assert!(
+            lines.added.is_empty() && lines.removed.is_empty(),
+            "{lines:?}"
+        );
+        assert!(
+            lines
+                .changed
+                .iter()
+                .any(|l| l.ends_with("aval f32[4] → f32[1024]")),
+            "{lines:?}"
+        );
+        let (b, a) = (before.plan.memory.peak_bytes, after.plan.memory.peak_bytes);
+        assert!(a > b, "a bigger intermediate: {b} → {a}");
+        assert_eq!(
+            lines.peak,
+            format!(
+                "peak {} → {} (+{})",
+                human_bytes(b),
+                human_bytes(a),
+                human_bytes(a - b)
+            )
+        );
+    }
+
+    #[test]
     fn human_bytes_picks_the_unit_and_keeps_one_decimal() {
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(16 * 1024), "16 KiB");
@@ -470,18 +719,71 @@ mod tests {
 
     #[test]
     fn calls_are_summarized_by_count_first_and_last() {
-        let call = |traced, ms| CallTiming { traced, ms };
+        let call = |traced, ms| CallTiming {
+            traced,
+            ms,
+            device_ms: None,
+            device_calls: None,
+        };
         let mut calls = vec![call(true, 4.56789)];
         calls.extend((0..199).map(|_| call(false, 0.05)));
         assert_eq!(
-            calls_summary(&calls),
+            calls_summary(&calls, CallClock::Wall),
             "200 calls: 1 traced, 199 cached · first 4.57 ms (traced) · last 0.05 ms (cached)"
         );
         assert_eq!(
-            calls_summary(&calls[..1]),
+            calls_summary(&calls[..1], CallClock::Wall),
             "1 call: 1 traced, 0 cached · 4.57 ms (traced)"
         );
-        assert_eq!(calls_summary(&[]), "no calls");
+        assert_eq!(calls_summary(&[], CallClock::Wall), "no calls");
+    }
+
+    #[test]
+    fn a_gpu_calls_time_says_submit_time_and_gives_the_gpu_time_where_measured() {
+        let mut call = CallTiming {
+            traced: false,
+            ms: 6.912,
+            device_ms: None,
+            device_calls: None,
+        };
+        assert_eq!(
+            call_time(&call, CallClock::SubmitOnly),
+            "6.91 ms submit time (cached)"
+        );
+        assert_eq!(
+            call_time(&call, CallClock::GpuTimestamps),
+            "6.91 ms submit time (cached)"
+        );
+        call.device_ms = Some(0.31234);
+        assert_eq!(
+            call_time(&call, CallClock::GpuTimestamps),
+            "6.91 ms submit · 312.3 µs GPU (cached)"
+        );
+        assert_eq!(duration(6393.0), "6393 ms");
+        assert_eq!(duration(0.00085), "850 ns");
+    }
+
+    #[test]
+    fn device_times_go_to_the_calls_that_made_them_and_to_the_entrys_kernels() {
+        use crate::report::DeviceTime;
+        let mut report = Session::new()
+            .run("let f = compile(|x| x.exp().sum()); f.run(ones([4])); f.run(ones([4]))");
+        let function = &mut report.functions[0];
+        function.calls[0].device_calls = Some((0, 1));
+        function.calls[1].device_calls = Some((1, 3));
+        let list = function.kernels[0].list.clone().unwrap();
+        let steps = list.steps.len();
+        let time = |call, total_ms| DeviceTime {
+            call,
+            executable: list.executable,
+            steps_ms: vec![Some(total_ms); steps],
+            total_ms,
+        };
+        report.attach_device_times(&[time(0, 1.0), time(1, 2.0), time(2, 0.5)]);
+        let function = &report.functions[0];
+        assert_eq!(function.calls[0].device_ms, Some(1.0));
+        assert_eq!(function.calls[1].device_ms, Some(2.5));
+        assert_eq!(function.kernels[0].steps_ms, vec![Some(0.5); steps]);
     }
 
     #[test]

@@ -116,13 +116,14 @@ fn e2e_repeated(runs: usize) -> Result<(), String> {
 }
 
 /// The playground's benchmark figures, by name.
-const FIGURES: [&str; 6] = [
+const FIGURES: [&str; 7] = [
     "web_wasm_bytes",
     "web_wasm_gzip_bytes",
     "web_site_gzip_bytes",
     "web_first_render_ms",
     "web_rerun_ms",
     "web_graph_2000_ms",
+    "web_kernels_view_ms",
 ];
 
 /// The playground's figures `selection` asks for (all when it is empty, as
@@ -151,7 +152,12 @@ pub fn bench_figures(selection: &[String]) -> Result<Vec<(String, f64, &'static 
         site_gzip += gzip_size(&path).ok_or_else(|| format!("cannot gzip {}", path.display()))?;
     }
     figures.push(("web_site_gzip_bytes".to_string(), site_gzip as f64, "bytes"));
-    const TIMINGS: [&str; 3] = ["web_first_render_ms", "web_rerun_ms", "web_graph_2000_ms"];
+    const TIMINGS: [&str; 4] = [
+        "web_first_render_ms",
+        "web_rerun_ms",
+        "web_graph_2000_ms",
+        "web_kernels_view_ms",
+    ];
     if TIMINGS.iter().any(|name| wanted(name)) {
         let (tools, script, port) = browser_script("web/e2e/timing.mjs", "timing.mjs", site)?;
         let out = process::stdout_of(

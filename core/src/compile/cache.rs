@@ -3,11 +3,11 @@
 
 use super::key::{hash_key, CacheKey, KeyView};
 use super::report::{
-    arg_path, build_report, explain_miss, CacheInfo, CacheMiss, MissReason, Report,
+    arg_path, build_report, differences, explain_miss, CacheInfo, CacheMiss, MissReason, Report,
 };
 use crate::error::{Error, Result};
 use crate::exec::device::read_back;
-use crate::exec::{Backend, CpuBackend, Executable, SymbolSource};
+use crate::exec::{Backend, CpuBackend, Executable, KernelList, SymbolSource};
 use crate::handle::array::Array;
 use crate::hash::FastMap;
 use crate::ir::graph::Graph;
@@ -109,6 +109,23 @@ struct Entry {
     exe: Arc<Executable>,
     output_tree: TreeDef,
     report: Arc<Report>,
+    /// A shapeless entry's argument shapes at its latest call, for
+    /// [`Compiled::kernels`] (a static entry's key pins them).
+    latest_shapes: Mutex<Vec<Vec<usize>>>,
+}
+
+impl Entry {
+    /// Keeps a shapeless entry's argument shapes of this call (copied only
+    /// when they changed).
+    fn remember_shapes(&self, shapes: &[&[usize]]) {
+        if !self.exe.is_shapeless() {
+            return;
+        }
+        let mut latest = self.latest_shapes.lock().unwrap_or_else(|p| p.into_inner());
+        if latest.len() != shapes.len() || latest.iter().zip(shapes).any(|(a, b)| a != b) {
+            *latest = shapes.iter().map(|s| s.to_vec()).collect();
+        }
+    }
 }
 
 #[derive(Default)]
@@ -237,6 +254,52 @@ where
             miss_log: state.miss_log.iter().cloned().collect(),
             reports: state.entries.iter().map(|e| e.report.clone()).collect(),
         }
+    }
+
+    /// What differs between the cache keys of entries `before` and
+    /// `after` (indexes as [`crate::Report::entry`] gives them), as a miss
+    /// explains it; an `Err` for an entry the cache does not hold. See
+    /// [`crate::compile::diff`] for the rest of what differs.
+    pub fn key_difference(&self, before: usize, after: usize) -> Result<Vec<MissReason>> {
+        let state = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = |i: usize| {
+            state.entries.get(i).ok_or_else(|| Error::InvalidArgument {
+                op: "key_difference".into(),
+                detail: format!("the cache holds no entry {i}"),
+            })
+        };
+        let (a, b) = (entry(before)?, entry(after)?);
+        Ok(differences(&a.key, &b.key, &std::cell::OnceCell::new()))
+    }
+
+    /// What the backend runs for cache entry `entry` (the index
+    /// [`crate::Report::entry`] gives), step by step
+    /// ([`Backend::kernels`]), at the shapes of its latest call; an `Err`
+    /// for an entry the cache does not hold, a shapeless entry never
+    /// called, or a backend that does not list its kernels.
+    pub fn kernels(&self, entry: usize) -> Result<KernelList> {
+        let entry = {
+            let state = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            state.entries.get(entry).cloned()
+        }
+        .ok_or_else(|| Error::InvalidArgument {
+            op: "kernels".into(),
+            detail: format!("the cache holds no entry {entry}"),
+        })?;
+        let latest = entry
+            .latest_shapes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if entry.exe.is_shapeless() && latest.is_empty() {
+            return Err(Error::InvalidArgument {
+                op: "kernels".into(),
+                detail: "a shapeless entry lists its kernels once it has been called".into(),
+            });
+        }
+        let refs: Vec<&[usize]> = latest.iter().map(Vec::as_slice).collect();
+        let shapes = entry.exe.resolve_shapes(&refs)?;
+        self.backend.kernels(&entry.exe, &shapes)
     }
 
     /// Compiles for the signature of `args` without running: traces on a
@@ -551,6 +614,7 @@ where
             exe,
             output_tree,
             report,
+            latest_shapes: Mutex::default(),
         });
         state.buckets.entry(bucket).or_default().push(index);
         state.entries.push(entry.clone());
@@ -655,6 +719,7 @@ where
         }
         drop(leaves);
         let resolved = entry.exe.resolve_shapes(shapes)?;
+        entry.remember_shapes(shapes);
         let outputs = self.backend.run(&entry.exe, inputs, &resolved)?;
         Ok((outputs, resolved))
     }

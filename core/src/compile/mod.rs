@@ -5,6 +5,7 @@
 //! mode and Jacobians ([`forward`]), batching ([`vmap`]).
 
 pub mod cache;
+pub mod diff;
 pub mod eval;
 pub mod forward;
 pub mod grad;

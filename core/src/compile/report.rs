@@ -130,6 +130,10 @@ pub struct ReportNode {
     /// For a fused op, its member ops in evaluation order (the last one is
     /// the result); empty for any other node.
     pub group: Vec<GroupStep>,
+    /// The `nn` composition that made it (`softmax`, `layer_norm`), if
+    /// one did (reports from before it was recorded have none).
+    #[serde(default)]
+    pub composition: Option<String>,
 }
 
 /// One member op of a fused group, as the report shows it.
@@ -145,6 +149,9 @@ pub struct GroupStep {
     pub traced: Vec<usize>,
     /// Where the program made it.
     pub location: Option<SourceLocation>,
+    /// The `nn` composition that made it, if one did.
+    #[serde(default)]
+    pub composition: Option<String>,
 }
 
 /// What a member of a fused group reads.
@@ -172,6 +179,9 @@ pub struct TracedNode {
     pub location: Option<SourceLocation>,
     /// Whether it belongs to a gradient's backward pass.
     pub backward: bool,
+    /// The `nn` composition that made it, if one did.
+    #[serde(default)]
+    pub composition: Option<String>,
     /// The node of [`Report::nodes`] that computes it, if one still does
     /// (simplification and DCE drop some).
     pub optimized: Option<usize>,
@@ -437,7 +447,7 @@ pub(crate) fn explain_miss<'a>(
 
 /// Every difference between a stored key and a new one; `now_paths` caches
 /// the new key's leaf paths.
-fn differences(
+pub(crate) fn differences(
     before: &CacheKey,
     now: &CacheKey,
     now_paths: &OnceCell<Vec<KeyPath>>,
@@ -533,6 +543,10 @@ pub(crate) fn build_report(
                 inputs: node.inputs.to_vec(),
                 aval: node.aval.to_string(),
                 location: traced.origin(id).and_then(|o| o.location),
+                composition: traced
+                    .origin(id)
+                    .and_then(|o| o.composition)
+                    .map(str::to_string),
                 backward: traced.is_backward(id),
                 optimized: optimized_of[id],
             })
@@ -631,6 +645,7 @@ fn report_nodes(
             },
             traced: origin(id).traced.to_vec(),
             location: origin(id).location,
+            composition: origin(id).composition.map(str::to_string),
             group: group_steps(node, origin(id), traced),
             inputs: node.inputs.to_vec(),
             aval: node.aval.to_string(),
@@ -763,10 +778,10 @@ fn carried_values(call: &ControlCall, k: usize, body: &Executable) -> Vec<Carrie
                 ValueKind::Op(op) => format!("%{v} `{}`", op.name()),
                 _ => format!("%{v}"),
             };
-            let (in_place, detail) = if plan.home(out) == Home::Input(input) {
-                (true, format!("updated in place by {}", name(out)))
-            } else if matches!(node.kind, ValueKind::Input(i) if i == input) {
+            let (in_place, detail) = if matches!(node.kind, ValueKind::Input(i) if i == input) {
                 (true, "passed through unchanged".to_string())
+            } else if plan.home(out) == Home::Input(input) {
+                (true, format!("updated in place by {}", name(out)))
             } else {
                 let refusal = plan
                     .decisions()
@@ -820,6 +835,10 @@ fn group_steps(node: &GraphNode, origin: &Origin, traced: &Graph) -> Vec<GroupSt
                 location: computes
                     .iter()
                     .find_map(|&t| traced.origin(t).and_then(|o| o.location)),
+                composition: computes
+                    .iter()
+                    .find_map(|&t| traced.origin(t).and_then(|o| o.composition))
+                    .map(str::to_string),
                 traced: computes,
             }
         })

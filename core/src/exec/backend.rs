@@ -1,10 +1,11 @@
 //! The [`Backend`] trait: what every executor (the CPU executor here,
 //! wgpu and Metal in their crates) implements to run an [`Executable`].
 
+use super::kernels::KernelList;
 use super::Executable;
 use crate::buffer::DeviceBuffer;
 use crate::data::HostData;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::sync::Arc;
 
 pub use crate::buffer::DownloadFuture;
@@ -47,6 +48,17 @@ pub trait Backend: Send + Sync + 'static {
         inputs: Vec<Self::Buffer>,
         shapes: &[Vec<usize>],
     ) -> Result<Vec<Self::Buffer>>;
+    /// What `run` executes for `exe` at `shapes` (as for [`Backend::run`]),
+    /// step by step: its kernels with their sources, bindings and grids, or
+    /// the op nodes it evaluates. By default an `Err`: a backend that can
+    /// list its steps says so.
+    fn kernels(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Result<KernelList> {
+        let _ = (exe, shapes);
+        Err(Error::Backend {
+            backend: self.name().to_string(),
+            detail: "this backend does not list its kernels".to_string(),
+        })
+    }
     /// `buffer` type-erased, as a [`crate::Device`] and an array kept on
     /// the device hold it.
     fn share(buffer: Self::Buffer) -> DeviceBuffer {

@@ -2,6 +2,7 @@
 //! through the executable's slot plan.
 
 use super::control::run_control;
+use super::kernels::{KernelList, KernelStep, StepBinding, StepKind};
 use super::{Backend, Executable};
 use crate::data::HostData;
 use crate::error::{Error, Result};
@@ -148,155 +149,281 @@ impl Backend for CpuBackend {
         Ok(buffer)
     }
 
+    /// One step per op node, in schedule order: the node's op evaluated
+    /// into its home (an in-place node's is its operand's), reading its
+    /// operands' homes. Inputs and constants need no step.
+    fn kernels(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Result<KernelList> {
+        let graph = exe.graph();
+        let plan = exe.plan();
+        let bytes = |v: usize| -> u64 {
+            let numel: usize = shapes.get(v).map_or(0, |s| s.iter().product());
+            (numel * graph.nodes[v].aval.dtype.size_bytes()) as u64
+        };
+        let binding = |v: usize| StepBinding {
+            buffer: match plan.home(v) {
+                Home::Slot(s) => format!("slot {s}"),
+                Home::Input(i) => format!("input {i}"),
+                Home::Constant => "constant".to_string(),
+            },
+            offset: 0,
+            bytes: bytes(v),
+        };
+        let steps = graph
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(v, node)| match &node.kind {
+                ValueKind::Op(op) => Some(KernelStep {
+                    kind: StepKind::Evaluate,
+                    op: op.describe(),
+                    nodes: vec![v],
+                    source: None,
+                    entry_point: None,
+                    bindings: std::iter::once(v)
+                        .chain(node.inputs.iter().copied())
+                        .map(binding)
+                        .collect(),
+                    grid: None,
+                }),
+                _ => None,
+            })
+            .collect();
+        Ok(KernelList {
+            backend: "cpu".to_string(),
+            executable: exe.id(),
+            steps,
+            sources: Vec::new(),
+            arena_bytes: None,
+        })
+    }
+
     fn run(
         &self,
         exe: &Executable,
         inputs: Vec<Arc<HostData>>,
         shapes: &[Vec<usize>],
     ) -> Result<Vec<Arc<HostData>>> {
-        let graph = exe.graph();
-        let plan = exe.plan();
-        if shapes.len() != graph.nodes.len() {
-            return Err(Error::Backend {
-                backend: "cpu".into(),
-                detail: format!(
-                    "{} value shapes for a graph of {} values",
-                    shapes.len(),
-                    graph.nodes.len()
-                ),
-            });
-        }
-        let num_buffers = plan.num_slots() + inputs.len();
-        let mut buffers = CpuBuffers {
-            slots: (0..plan.num_slots()).map(|_| None).collect(),
-            arguments: inputs.into_iter().map(CpuArgument::Shared).collect(),
-            holder: vec![EMPTY; num_buffers],
+        run_steps(exe, inputs, shapes, &mut ())
+    }
+}
+
+/// Told when each op step of a CPU run is done: the untimed run's `()`
+/// does nothing (and compiles to nothing).
+trait StepObserver {
+    fn step_done(&mut self);
+}
+
+impl StepObserver for () {
+    #[inline(always)]
+    fn step_done(&mut self) {}
+}
+
+/// Milliseconds per op step, read from a caller's clock.
+struct StepTimer<'c> {
+    clock: &'c dyn Fn() -> f64,
+    last: f64,
+    steps: Vec<f64>,
+}
+
+impl StepObserver for StepTimer<'_> {
+    fn step_done(&mut self) {
+        let now = (self.clock)();
+        self.steps.push(now - self.last);
+        self.last = now;
+    }
+}
+
+impl CpuBackend {
+    /// Runs `exe` like [`Backend::run`] and times each op step with
+    /// `clock` (milliseconds from any origin; the page's
+    /// `performance.now()`, `Instant` natively): the outputs, and each op
+    /// step's milliseconds in the order [`Backend::kernels`] lists them.
+    /// A plain run reads no clock.
+    ///
+    /// ```
+    /// use kiln::{compile, Array, Backend, CpuBackend, DType};
+    /// let f = compile(|x: Array| x.exp().sum(&[0], false));
+    /// let x = Array::ones(&[8], DType::F32);
+    /// let exe = f.executable(&x)?;
+    /// let shapes = exe.resolve_shapes(&[])?;
+    /// let start = std::time::Instant::now();
+    /// let clock = || start.elapsed().as_secs_f64() * 1e3;
+    /// let (out, steps) = CpuBackend.run_timed(&exe, vec![x.data()?], &shapes, &clock)?;
+    /// assert_eq!(steps.len(), CpuBackend.kernels(&exe, &shapes)?.steps.len());
+    /// assert_eq!(out.len(), 1);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn run_timed(
+        &self,
+        exe: &Executable,
+        inputs: Vec<Arc<HostData>>,
+        shapes: &[Vec<usize>],
+        clock: &dyn Fn() -> f64,
+    ) -> Result<(Vec<Arc<HostData>>, Vec<f64>)> {
+        let mut timer = StepTimer {
+            clock,
+            last: clock(),
+            steps: Vec::new(),
         };
-        // Each control node's results: its `get` values and their indices.
-        let mut results_of: FastMap<usize, SmallVec<[(usize, usize); 4]>> = FastMap::default();
-        for (v, node) in graph.nodes.iter().enumerate() {
-            if let ValueKind::Op(Op::Get { index, .. }) = node.kind {
-                results_of
-                    .entry(node.inputs[0])
-                    .or_default()
-                    .push((v, index));
-            }
+        let outputs = run_steps(exe, inputs, shapes, &mut timer)?;
+        Ok((outputs, timer.steps))
+    }
+}
+
+/// The CPU executor's run, telling `observer` of each op step done.
+fn run_steps<O: StepObserver>(
+    exe: &Executable,
+    inputs: Vec<Arc<HostData>>,
+    shapes: &[Vec<usize>],
+    observer: &mut O,
+) -> Result<Vec<Arc<HostData>>> {
+    let graph = exe.graph();
+    let plan = exe.plan();
+    if shapes.len() != graph.nodes.len() {
+        return Err(Error::Backend {
+            backend: "cpu".into(),
+            detail: format!(
+                "{} value shapes for a graph of {} values",
+                shapes.len(),
+                graph.nodes.len()
+            ),
+        });
+    }
+    let num_buffers = plan.num_slots() + inputs.len();
+    let mut buffers = CpuBuffers {
+        slots: (0..plan.num_slots()).map(|_| None).collect(),
+        arguments: inputs.into_iter().map(CpuArgument::Shared).collect(),
+        holder: vec![EMPTY; num_buffers],
+    };
+    // Each control node's results: its `get` values and their indices.
+    let mut results_of: FastMap<usize, SmallVec<[(usize, usize); 4]>> = FastMap::default();
+    for (v, node) in graph.nodes.iter().enumerate() {
+        if let ValueKind::Op(Op::Get { index, .. }) = node.kind {
+            results_of
+                .entry(node.inputs[0])
+                .or_default()
+                .push((v, index));
         }
-        for (step, node) in graph.nodes.iter().enumerate() {
-            let op = match &node.kind {
-                ValueKind::Input(i) => {
-                    if *i >= buffers.arguments.len() {
-                        return Err(Error::Backend {
-                            backend: "cpu".into(),
-                            detail: format!(
-                                "executable reads argument {i}, {} were given",
-                                buffers.arguments.len()
-                            ),
-                        });
-                    }
-                    let b = plan.home(step);
-                    if let Some(b) = buffers.index(b) {
-                        buffers.holder[b] = step;
-                    }
-                    continue;
+    }
+    for (step, node) in graph.nodes.iter().enumerate() {
+        let op = match &node.kind {
+            ValueKind::Input(i) => {
+                if *i >= buffers.arguments.len() {
+                    return Err(Error::Backend {
+                        backend: "cpu".into(),
+                        detail: format!(
+                            "executable reads argument {i}, {} were given",
+                            buffers.arguments.len()
+                        ),
+                    });
                 }
-                ValueKind::Constant(_) => continue,
-                // Its control node wrote it.
-                ValueKind::Op(Op::Get { .. }) => continue,
-                ValueKind::Op(op) => op,
-            };
-            let mut operand_shapes: SmallVec<[&[usize]; 4]> =
-                SmallVec::with_capacity(node.inputs.len());
-            for &j in &node.inputs {
-                operand_shapes.push(&shapes[j]);
-            }
-            if let Op::Control(call) = op {
-                let results = {
-                    let mut operands: SmallVec<[&HostData; 4]> =
-                        SmallVec::with_capacity(node.inputs.len());
-                    for &j in &node.inputs {
-                        operands.push(buffers.read(graph, step, plan.home(j), j)?);
-                    }
-                    run_control(
-                        call,
-                        exe.bodies(step),
-                        &operands,
-                        &operand_shapes,
-                        &|body, inputs, shapes| CpuBackend.run(body, inputs, shapes),
-                    )?
-                };
-                buffers.put(plan.home(step), step, HostData::U8(Vec::new()))?;
-                for &(get, index) in results_of.get(&step).into_iter().flatten() {
-                    let data = results.get(index).ok_or_else(|| Error::InvalidPlan {
-                        detail: format!("%{get} reads result {index} of `{}`", call.name()),
-                    })?;
-                    buffers.put(plan.home(get), get, (**data).clone())?;
+                let b = plan.home(step);
+                if let Some(b) = buffers.index(b) {
+                    buffers.holder[b] = step;
                 }
                 continue;
             }
-            let value = match plan.in_place_of(step) {
-                Some(target) => {
-                    let mut buffer = buffers.take(step, plan.home(target), target)?;
-                    let mut operands: SmallVec<[Option<&HostData>; 4]> =
-                        SmallVec::with_capacity(node.inputs.len());
-                    for &j in &node.inputs {
-                        operands.push(if j == target {
-                            None
-                        } else {
-                            Some(buffers.read(graph, step, plan.home(j), j)?)
-                        });
-                    }
-                    op.eval_in_place(&operands, &operand_shapes, &shapes[step], &mut buffer)?;
-                    buffer
-                }
-                None => {
-                    let mut operands: SmallVec<[&HostData; 4]> =
-                        SmallVec::with_capacity(node.inputs.len());
-                    for &j in &node.inputs {
-                        operands.push(buffers.read(graph, step, plan.home(j), j)?);
-                    }
-                    op.eval(&operands, &operand_shapes, &shapes[step])?
-                }
-            };
-            buffers.put(plan.home(step), step, value)?;
+            ValueKind::Constant(_) => continue,
+            // Its control node wrote it.
+            ValueKind::Op(Op::Get { .. }) => {
+                observer.step_done();
+                continue;
+            }
+            ValueKind::Op(op) => op,
+        };
+        let mut operand_shapes: SmallVec<[&[usize]; 4]> =
+            SmallVec::with_capacity(node.inputs.len());
+        for &j in &node.inputs {
+            operand_shapes.push(&shapes[j]);
         }
-        let end = graph.nodes.len();
-        let mut returned: Vec<Option<Arc<HostData>>> = vec![None; num_buffers];
-        graph
-            .outputs
-            .iter()
-            .map(|&o| {
-                let home = plan.home(o);
-                let Some(b) = buffers.index(home) else {
-                    return match &graph.nodes[o].kind {
-                        ValueKind::Constant(literal) => Ok(literal.0.clone()),
-                        _ => Err(Error::InvalidPlan {
-                            detail: format!("output %{o} is computed but placed in a constant"),
-                        }),
-                    };
-                };
-                buffers.check_holder(end, home, o)?;
-                // One buffer returned twice is shared, not copied.
-                if let Some(shared) = &returned[b] {
-                    return Ok(shared.clone());
+        if let Op::Control(call) = op {
+            let results = {
+                let mut operands: SmallVec<[&HostData; 4]> =
+                    SmallVec::with_capacity(node.inputs.len());
+                for &j in &node.inputs {
+                    operands.push(buffers.read(graph, step, plan.home(j), j)?);
                 }
-                let shared = match home {
-                    Home::Slot(s) => buffers.slots[s].take().map(Arc::new),
-                    Home::Input(i) => {
-                        match std::mem::replace(&mut buffers.arguments[i], CpuArgument::Taken) {
-                            CpuArgument::Shared(data) => Some(data),
-                            CpuArgument::Owned(data) => Some(Arc::new(data)),
-                            CpuArgument::Taken => None,
-                        }
-                    }
-                    Home::Constant => None,
-                }
-                .ok_or_else(|| Error::InvalidPlan {
-                    detail: format!("output %{o} has no buffer at the end of the run"),
+                run_control(
+                    call,
+                    exe.bodies(step),
+                    &operands,
+                    &operand_shapes,
+                    &|body, inputs, shapes| CpuBackend.run(body, inputs, shapes),
+                )?
+            };
+            buffers.put(plan.home(step), step, HostData::U8(Vec::new()))?;
+            for &(get, index) in results_of.get(&step).into_iter().flatten() {
+                let data = results.get(index).ok_or_else(|| Error::InvalidPlan {
+                    detail: format!("%{get} reads result {index} of `{}`", call.name()),
                 })?;
-                returned[b] = Some(shared.clone());
-                Ok(shared)
-            })
-            .collect()
+                buffers.put(plan.home(get), get, (**data).clone())?;
+            }
+            observer.step_done();
+            continue;
+        }
+        let value = match plan.in_place_of(step) {
+            Some(target) => {
+                let mut buffer = buffers.take(step, plan.home(target), target)?;
+                let mut operands: SmallVec<[Option<&HostData>; 4]> =
+                    SmallVec::with_capacity(node.inputs.len());
+                for &j in &node.inputs {
+                    operands.push(if j == target {
+                        None
+                    } else {
+                        Some(buffers.read(graph, step, plan.home(j), j)?)
+                    });
+                }
+                op.eval_in_place(&operands, &operand_shapes, &shapes[step], &mut buffer)?;
+                buffer
+            }
+            None => {
+                let mut operands: SmallVec<[&HostData; 4]> =
+                    SmallVec::with_capacity(node.inputs.len());
+                for &j in &node.inputs {
+                    operands.push(buffers.read(graph, step, plan.home(j), j)?);
+                }
+                op.eval(&operands, &operand_shapes, &shapes[step])?
+            }
+        };
+        buffers.put(plan.home(step), step, value)?;
+        observer.step_done();
     }
+    let end = graph.nodes.len();
+    let mut returned: Vec<Option<Arc<HostData>>> = vec![None; num_buffers];
+    graph
+        .outputs
+        .iter()
+        .map(|&o| {
+            let home = plan.home(o);
+            let Some(b) = buffers.index(home) else {
+                return match &graph.nodes[o].kind {
+                    ValueKind::Constant(literal) => Ok(literal.0.clone()),
+                    _ => Err(Error::InvalidPlan {
+                        detail: format!("output %{o} is computed but placed in a constant"),
+                    }),
+                };
+            };
+            buffers.check_holder(end, home, o)?;
+            // One buffer returned twice is shared, not copied.
+            if let Some(shared) = &returned[b] {
+                return Ok(shared.clone());
+            }
+            let shared = match home {
+                Home::Slot(s) => buffers.slots[s].take().map(Arc::new),
+                Home::Input(i) => {
+                    match std::mem::replace(&mut buffers.arguments[i], CpuArgument::Taken) {
+                        CpuArgument::Shared(data) => Some(data),
+                        CpuArgument::Owned(data) => Some(Arc::new(data)),
+                        CpuArgument::Taken => None,
+                    }
+                }
+                Home::Constant => None,
+            }
+            .ok_or_else(|| Error::InvalidPlan {
+                detail: format!("output %{o} has no buffer at the end of the run"),
+            })?;
+            returned[b] = Some(shared.clone());
+            Ok(shared)
+        })
+        .collect()
 }

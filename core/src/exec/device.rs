@@ -26,7 +26,7 @@
 //! [`Array::data`]: crate::Array::data
 //! [`Array::to_vec`]: crate::Array::to_vec
 
-use super::{Backend, CpuBackend, DownloadFuture, Executable};
+use super::{Backend, CpuBackend, DownloadFuture, Executable, KernelList};
 use crate::buffer::ReadBack;
 use crate::data::HostData;
 use crate::error::{Error, Result};
@@ -53,6 +53,15 @@ pub trait Device: Send + Sync {
         inputs: Vec<DeviceBuffer>,
         shapes: &[Vec<usize>],
     ) -> Result<Vec<DeviceBuffer>>;
+    /// Lists what `run` executes, like [`Backend::kernels`] (by default
+    /// an `Err`, as there).
+    fn kernels(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Result<KernelList> {
+        let _ = (exe, shapes);
+        Err(Error::Backend {
+            backend: self.name().to_string(),
+            detail: "this device does not list its kernels".to_string(),
+        })
+    }
     /// Copies a buffer back to the host, blocking (an `Err` in a browser,
     /// where only [`Device::download_async`] can read a GPU buffer).
     fn download(&self, buffer: &DeviceBuffer) -> Result<Arc<HostData>>;
@@ -95,6 +104,10 @@ impl<B: Backend> Device for B {
             .into_iter()
             .map(B::share)
             .collect())
+    }
+
+    fn kernels(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Result<KernelList> {
+        Backend::kernels(self, exe, shapes)
     }
 
     fn download(&self, buffer: &DeviceBuffer) -> Result<Arc<HostData>> {
@@ -183,6 +196,10 @@ impl Backend for AnyBackend {
         shapes: &[Vec<usize>],
     ) -> Result<Vec<DeviceBuffer>> {
         self.0.run(exe, inputs, shapes)
+    }
+
+    fn kernels(&self, exe: &Executable, shapes: &[Vec<usize>]) -> Result<KernelList> {
+        self.0.kernels(exe, shapes)
     }
 
     // Its buffers are already erased: no second wrapping.

@@ -10,7 +10,7 @@ use crate::buffer::{host_data, DeviceBuffer, ReadBack};
 use crate::data::HostData;
 use crate::error::{arg_err, Error, Result};
 use crate::limits::check_aval;
-use crate::location::{current_location, SourceLocation};
+use crate::location::{current_composition, current_location, SourceLocation};
 use crate::ops::{Condition, Guard, Op, ShapeCx};
 use crate::shape::{Aval, Shape};
 use crate::DType;
@@ -42,6 +42,8 @@ pub(crate) struct Node {
     pub(crate) resident: OnceLock<Resident>,
     /// Where the user's program made it, when a front end said.
     pub(crate) location: Option<SourceLocation>,
+    /// The `nn` composition that made it, if one did.
+    pub(crate) composition: Option<&'static str>,
 }
 
 /// A value kept on the device that computed it.
@@ -96,6 +98,7 @@ impl Array {
                 value: cell,
                 resident: OnceLock::new(),
                 location: current_location(),
+                composition: current_composition(),
             }),
         }
     }
@@ -212,6 +215,12 @@ impl Array {
     /// location while it was built (see [`crate::at_location`]).
     pub fn location(&self) -> Option<SourceLocation> {
         self.node.location
+    }
+
+    /// The `nn` composition that made it (`softmax`, `layer_norm`), if
+    /// one did (see [`crate::in_composition`]).
+    pub fn composition(&self) -> Option<&'static str> {
+        self.node.composition
     }
 
     /// The error this array carries, if an op that built it failed.

@@ -117,6 +117,9 @@ pub struct Origin {
     /// Where the user's program made it (for a merged value, the first
     /// made; for a fused op, its root's), when the front end said.
     pub location: Option<SourceLocation>,
+    /// The `nn` composition that made it (for a merged value, the first
+    /// made's), if one did.
+    pub composition: Option<&'static str>,
 }
 
 impl Origin {
@@ -126,13 +129,21 @@ impl Origin {
             traced: SmallVec::from_elem(id, 1),
             steps: Vec::new(),
             location,
+            composition: None,
         }
+    }
+
+    /// This origin, made by composition `composition`.
+    pub fn within(mut self, composition: Option<&'static str>) -> Origin {
+        self.composition = composition;
+        self
     }
 
     /// Adds the traced values of `other` (a value merged into this one).
     pub fn absorb(&mut self, other: &Origin) {
         self.traced.extend(other.traced.iter().copied());
         self.location = self.location.or(other.location);
+        self.composition = self.composition.or(other.composition);
     }
 }
 

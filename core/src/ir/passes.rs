@@ -438,6 +438,7 @@ pub fn fuse(graph: Graph) -> Result<(Graph, usize)> {
         // location is where the program asked for the group's result.
         let mut origin = Origin {
             location: origin_of(v).location,
+            composition: origin_of(v).composition,
             ..Origin::default()
         };
         for &m in &members[v] {

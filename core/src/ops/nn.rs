@@ -2,6 +2,7 @@
 //! fusion makes them fast where a backend fuses).
 
 use crate::handle::array::Array;
+use crate::location::in_composition;
 
 /// `softmax` along `axis`, stabilised by subtracting the maximum.
 ///
@@ -12,22 +13,26 @@ use crate::handle::array::Array;
 /// # Ok::<(), kiln::Error>(())
 /// ```
 pub fn softmax(x: &Array, axis: isize) -> Array {
-    if empty_float_axis(x, axis) {
-        return x.clone();
-    }
-    let shifted = x - x.max(&[axis], true);
-    let e = shifted.exp();
-    &e / e.sum(&[axis], true)
+    in_composition("softmax", || {
+        if empty_float_axis(x, axis) {
+            return x.clone();
+        }
+        let shifted = x - x.max(&[axis], true);
+        let e = shifted.exp();
+        &e / e.sum(&[axis], true)
+    })
 }
 
 /// `log(softmax(x))` along `axis`, computed without forming the softmax.
 pub fn log_softmax(x: &Array, axis: isize) -> Array {
-    if empty_float_axis(x, axis) {
-        return x.clone();
-    }
-    let shifted = x - x.max(&[axis], true);
-    let log_sum = shifted.exp().sum(&[axis], true).log();
-    shifted - log_sum
+    in_composition("log_softmax", || {
+        if empty_float_axis(x, axis) {
+            return x.clone();
+        }
+        let shifted = x - x.max(&[axis], true);
+        let log_sum = shifted.exp().sum(&[axis], true).log();
+        shifted - log_sum
+    })
 }
 
 /// True when float `x`'s `axis` has size 0: the (log-)softmax over it has
@@ -42,28 +47,34 @@ fn empty_float_axis(x: &Array, axis: isize) -> bool {
 
 /// GELU with the exact erf form: `x/2 · (1 + erf(x/√2))`.
 pub fn gelu(x: &Array) -> Array {
-    x * 0.5 * ((x * std::f64::consts::FRAC_1_SQRT_2).erf() + 1.0)
+    in_composition("gelu", || {
+        x * 0.5 * ((x * std::f64::consts::FRAC_1_SQRT_2).erf() + 1.0)
+    })
 }
 
 /// GELU with the tanh approximation used by many transformer checkpoints.
 pub fn gelu_tanh(x: &Array) -> Array {
-    let sqrt_2_over_pi = (2.0 / std::f64::consts::PI).sqrt();
-    let inner = (x + x * x * x * 0.044715) * sqrt_2_over_pi;
-    x * 0.5 * (inner.tanh() + 1.0)
+    in_composition("gelu_tanh", || {
+        let sqrt_2_over_pi = (2.0 / std::f64::consts::PI).sqrt();
+        let inner = (x + x * x * x * 0.044715) * sqrt_2_over_pi;
+        x * 0.5 * (inner.tanh() + 1.0)
+    })
 }
 
 /// Layer normalisation over the last axis, with optional scale and shift.
 pub fn layer_norm(x: &Array, weight: Option<&Array>, bias: Option<&Array>, eps: f64) -> Array {
-    let centered = x - x.mean(&[-1], true);
-    let variance = (&centered * &centered).mean(&[-1], true);
-    let mut y = centered * (variance + eps).rsqrt();
-    if let Some(w) = weight {
-        y = y * w;
-    }
-    if let Some(b) = bias {
-        y = y + b;
-    }
-    y
+    in_composition("layer_norm", || {
+        let centered = x - x.mean(&[-1], true);
+        let variance = (&centered * &centered).mean(&[-1], true);
+        let mut y = centered * (variance + eps).rsqrt();
+        if let Some(w) = weight {
+            y = y * w;
+        }
+        if let Some(b) = bias {
+            y = y + b;
+        }
+        y
+    })
 }
 
 #[cfg(test)]

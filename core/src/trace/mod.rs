@@ -139,6 +139,6 @@ fn push(
         inputs,
         aval: array.aval().clone(),
     };
-    let origin = Origin::traced(id, array.location());
+    let origin = Origin::traced(id, array.location()).within(array.composition());
     graph.push_node(node, backward.contains(&array.id()), origin);
 }

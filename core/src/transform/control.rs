@@ -37,6 +37,14 @@ fn floats(values: &[Array]) -> Vec<usize> {
         .collect()
 }
 
+/// The values of `values` that are given, at `positions` (all given).
+fn present(values: &[Option<Array>], positions: &[usize]) -> Vec<Array> {
+    positions
+        .iter()
+        .filter_map(|&i| values.get(i).cloned().flatten())
+        .collect()
+}
+
 /// `grad` where given, else zeros like `like`.
 fn or_zeros(grad: Option<Array>, like: &Array) -> Array {
     grad.unwrap_or_else(|| like.zeros_like())
@@ -83,7 +91,7 @@ pub(crate) fn vjp(
                 .collect();
             let mut scanned: Vec<Array> = stacked_carries.to_vec();
             scanned.extend(xs.iter().cloned());
-            scanned.extend(given_ys.iter().map(|&i| cts[i].clone().expect("given")));
+            scanned.extend(present(&cts, &given_ys));
             let (nfc, nxs) = (float_carries.len(), xs.len());
             let results = build_scan(
                 length.clone(),
@@ -144,10 +152,7 @@ pub(crate) fn vjp(
             let (consts, operands) = rest.split_at(nc);
             let targets = floats(rest);
             let given: Vec<usize> = (0..cts.len()).filter(|&i| cts[i].is_some()).collect();
-            let given_cts: Vec<Array> = given
-                .iter()
-                .map(|&i| cts[i].clone().expect("given"))
-                .collect();
+            let given_cts = present(&cts, &given);
             let branches: Vec<FlatBranch<'_>> = call
                 .graphs()
                 .iter()
@@ -224,11 +229,7 @@ pub(crate) fn jvp(
                 .filter(|&i| i >= carries.end)
                 .collect();
             let mut scan_consts = consts.to_vec();
-            scan_consts.extend(
-                given_consts
-                    .iter()
-                    .map(|&i| tangents[i].clone().expect("given")),
-            );
+            scan_consts.extend(present(tangents, &given_consts));
             let mut carry = init.to_vec();
             carry.extend(
                 float_carries
@@ -236,11 +237,7 @@ pub(crate) fn jvp(
                     .map(|&i| or_zeros(tangents[carries.start + i].clone(), &init[i])),
             );
             let mut scanned = xs.to_vec();
-            scanned.extend(
-                given_xs
-                    .iter()
-                    .map(|&i| tangents[i].clone().expect("given")),
-            );
+            scanned.extend(present(tangents, &given_xs));
             let ys_float: Vec<usize> = (0..graph.outputs.len() - k)
                 .filter(|&j| graph.nodes[graph.outputs[k + j]].aval.dtype.is_float())
                 .collect();
@@ -296,10 +293,7 @@ pub(crate) fn jvp(
             let (index, rest) = inputs.split_at(1);
             let (consts, operands) = rest.split_at(nc);
             let given_rest: Vec<usize> = given.iter().filter(|&&i| i > 0).map(|&i| i - 1).collect();
-            let given_tangents: Vec<Array> = given_rest
-                .iter()
-                .map(|&i| tangents[1 + i].clone().expect("given"))
-                .collect();
+            let given_tangents = present(&tangents[1..], &given_rest);
             let result_floats: Vec<usize> = (0..call.results.len())
                 .filter(|&i| call.results[i].dtype.is_float())
                 .collect();
@@ -348,11 +342,7 @@ pub(crate) fn jvp(
                 .filter(|&i| i < carries.start)
                 .collect();
             let mut loop_consts = consts.to_vec();
-            loop_consts.extend(
-                given_consts
-                    .iter()
-                    .map(|&i| tangents[i].clone().expect("given")),
-            );
+            loop_consts.extend(present(tangents, &given_consts));
             let mut carry = init.to_vec();
             carry.extend(
                 float_carries

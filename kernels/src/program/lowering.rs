@@ -65,6 +65,7 @@ fn lower_with(
         arena: ArenaBuilder::new(slots.size as u64),
         locs: vec![None; graph.nodes.len()],
         steps: Vec::new(),
+        owners: Vec::new(),
         checks: Vec::new(),
     };
     // Each computed output value is written straight into its first output
@@ -113,12 +114,15 @@ fn lower_with(
                 .map(|&j| lowering.loc(j))
                 .collect::<Result<Vec<_>>>()?;
             lowering.control_op(v, call, &operands, &results)?;
+            // Every iteration's and branch's steps serve the control node.
+            lowering.own_steps(v);
             lowering.locs[v] = Some(out);
             continue;
         }
         lowering.check_binding(op.name(), out.bytes)?;
         lowering.arena.new_op();
         lowering.lower_op(v, op, out)?;
+        lowering.own_steps(v);
         lowering.locs[v] = Some(out);
     }
     let mut outputs = Vec::with_capacity(graph.outputs.len());
@@ -130,6 +134,7 @@ fn lower_with(
             lowering.check_binding("output", bytes)?;
             let from = lowering.loc(v)?;
             lowering.copy(from, Loc::at(Place::Output(o), 0, bytes));
+            lowering.own_steps(v);
         }
         outputs.push(OutputInfo { dtype, len, bytes });
     }
@@ -145,6 +150,9 @@ pub(super) struct Lowering<'a> {
     pub(super) arena: ArenaBuilder,
     pub(super) locs: Vec<Option<Loc>>,
     pub(super) steps: Vec<Cmd>,
+    /// The graph value each of `steps` serves (filled in as each op is
+    /// lowered).
+    owners: Vec<usize>,
     pub(super) checks: Vec<(Loc, String, String)>,
 }
 
@@ -303,6 +311,11 @@ impl Lowering<'_> {
         }
     }
 
+    /// Marks the steps recorded since the last call as serving value `v`.
+    fn own_steps(&mut self, v: usize) {
+        self.owners.resize(self.steps.len(), v);
+    }
+
     /// Records a copy of `from` into `to` (a copy kernel within the arena).
     pub(super) fn copy(&mut self, from: Loc, to: Loc) {
         if from != to {
@@ -396,9 +409,17 @@ impl Lowering<'_> {
     /// first.
     fn finish(mut self, outputs: Vec<OutputInfo>) -> Result<Program> {
         let mut resolved = Vec::with_capacity(self.steps.len());
-        for cmd in std::mem::take(&mut self.steps) {
+        // The value each resolved step serves, beside it.
+        let mut resolved_owners = Vec::with_capacity(self.steps.len());
+        let owners = std::mem::take(&mut self.owners);
+        for (c, cmd) in std::mem::take(&mut self.steps).into_iter().enumerate() {
+            let owner = owners.get(c).copied();
             match cmd {
-                Cmd::Copy { from, to } => resolved.extend(self.copy_cmds(from, to)?),
+                Cmd::Copy { from, to } => {
+                    let cmds = self.copy_cmds(from, to)?;
+                    resolved_owners.extend(std::iter::repeat_n(owner, cmds.len()));
+                    resolved.extend(cmds);
+                }
                 Cmd::Dispatch {
                     op,
                     source,
@@ -414,10 +435,13 @@ impl Lowering<'_> {
                     for i in 2..bindings.len() {
                         if (1..i).any(|j| bindings[j].overlaps(&bindings[i])) {
                             let copy = self.arena.private_copy(bindings[i].bytes);
-                            resolved.extend(self.copy_cmds(bindings[i], copy)?);
+                            let cmds = self.copy_cmds(bindings[i], copy)?;
+                            resolved_owners.extend(std::iter::repeat_n(owner, cmds.len()));
+                            resolved.extend(cmds);
                             bindings[i] = copy;
                         }
                     }
+                    resolved_owners.push(owner);
                     resolved.push(Cmd::Dispatch {
                         op,
                         source,
@@ -449,6 +473,8 @@ impl Lowering<'_> {
             .iter()
             .map(|(word, _, _)| Step::Clear(range(*word)))
             .collect();
+        let mut step_values = vec![None; steps.len()];
+        step_values.extend(resolved_owners);
         for cmd in resolved {
             steps.push(match cmd {
                 Cmd::Dispatch {
@@ -524,6 +550,7 @@ impl Lowering<'_> {
             checks,
             outputs,
             written_inputs,
+            step_values,
         })
     }
 

@@ -31,6 +31,7 @@ mod control;
 mod custom;
 mod fused;
 mod half;
+mod listing;
 mod loc;
 mod lowering;
 mod op_kernel;

@@ -234,4 +234,8 @@ pub struct Program {
     pub outputs: Vec<OutputInfo>,
     /// Arguments some step writes (donated ones reinplaced into), sorted.
     pub written_inputs: Vec<usize>,
+    /// The graph value each step serves, beside [`Program::steps`]: the
+    /// op value it computes (a fused group's node for all its steps), the
+    /// output a copy fills; `None` for the status words cleared first.
+    pub step_values: Vec<Option<usize>>,
 }

@@ -469,6 +469,14 @@ fn main() {
     }
     custom_kernel_benchmarks(&names, &mut report);
     wgpu_benchmarks(&names, &mut report);
+    if control::WGPU_FIGURES.iter().any(|f| selected(f, &names)) || control::wanted(&names) {
+        match WgpuBackend::new() {
+            Ok(gpu) => control::wgpu_benchmarks(&names, &gpu, &mut report),
+            Err(e) => {
+                eprintln!("kiln-bench: no wgpu adapter ({e}); the wgpu cond figures are left out")
+            }
+        }
+    }
     quant::benchmarks(&names, &mut report);
     metal::benchmarks(&names, &mut report);
     println!("{}", report.to_json());

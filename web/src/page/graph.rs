@@ -4,12 +4,14 @@
 //! search by op name and a details panel. The boxes and the SVG come from
 //! [`crate::graph`]; this module only wires them to the DOM.
 
-use super::views::{box_at, fit_graph, focus_graph, layout_graph, mark_only};
+use super::diff::DiffMarks;
+use super::views::{box_at, fit_graph, focus_graph, layout_graph, mark_only, show_graph};
 use crate::graph::{
-    cluster_details, details, graph_model, render_svg, search, GraphLayout, GraphMode, GraphModel,
+    cluster_details, collapse_compositions, details, graph_model, render_svg, search, GraphLayout,
+    GraphMode, GraphModel,
 };
 use crate::view::{EntryScope, Selection};
-use kiln::Report;
+use kiln::{KernelList, Report};
 use leptos::prelude::*;
 use serde::Serialize;
 use std::rc::Rc;
@@ -96,12 +98,14 @@ fn boxes_selector(indexes: &[usize]) -> String {
 
 /// The graph view of `report`, the entry `scope` names. `selected` is
 /// what is selected in any view (marked here when it is this entry's: its
-/// node, or the values of its slot); `reveal` shows a script line in the
-/// editor.
+/// node, the values of its slot or of a kernel of `kernels`); `diff` the
+/// nodes the diff view marks; `reveal` shows a script line in the editor.
 pub fn graph_view(
     selected: RwSignal<Option<(EntryScope, Selection)>>,
     scope: EntryScope,
     report: Arc<Report>,
+    kernels: Option<Arc<KernelList>>,
+    diff: RwSignal<DiffMarks>,
     reveal: impl Fn(u32) + Copy + Send + Sync + 'static,
 ) -> impl IntoView {
     let mode = RwSignal::new(GraphMode::Optimized);
@@ -112,7 +116,10 @@ pub fn graph_view(
     let laid_out = RwSignal::new(String::new());
     let model = StoredValue::new_local(graph_model(&report, GraphMode::Optimized));
     let layout = StoredValue::new_local(GraphLayout::default());
-    let drawn = StoredValue::new_local(None::<GraphMode>);
+    // Each call of an `nn` composition drawn as one box.
+    let collapse = RwSignal::new(false);
+    let has_compositions = report.nodes.iter().any(|n| n.composition.is_some());
+    let drawn = StoredValue::new_local(None::<(GraphMode, bool)>);
     let svg = NodeRef::<leptos::svg::Svg>::new();
     let viewport = NodeRef::<leptos::svg::G>::new();
     // Counts layouts asked for: a layout that comes back after a newer
@@ -128,7 +135,9 @@ pub fn graph_view(
         matches.set(found);
         next_match.set(0);
         let chosen = match selected.get_untracked() {
-            Some((at, selection)) if at == scope => selection.nodes(&marks_report),
+            Some((at, selection)) if at == scope => {
+                selection.nodes(&marks_report, kernels.as_deref())
+            }
             _ => Vec::new(),
         };
         let chosen: Vec<String> = chosen
@@ -136,20 +145,34 @@ pub fn graph_view(
             .map(|n| format!("[data-node=\"{n}\"]"))
             .collect();
         mark_only(&svg, "selected", &chosen.join(","));
+        // The diff view's nodes: added and changed against another entry.
+        let nodes = |ids: &[usize]| {
+            ids.iter()
+                .map(|n| format!("[data-node=\"{n}\"]"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        diff.with_untracked(|(added, changed)| {
+            mark_only(&svg, "diff-added", &nodes(added));
+            mark_only(&svg, "diff-changed", &nodes(changed));
+        });
     });
     {
         let report = report.clone();
         let refresh_marks = refresh_marks.clone();
         Effect::new(move |_| {
-            let mode = mode.get();
+            let (mode, collapsed) = (mode.get(), collapse.get());
             let (Some(svg), Some(viewport)) = (svg.get(), viewport.get()) else {
                 return;
             };
-            if drawn.get_value() == Some(mode) {
+            if drawn.get_value() == Some((mode, collapsed)) {
                 return;
             }
-            drawn.set_value(Some(mode));
-            let fresh = graph_model(&report, mode);
+            drawn.set_value(Some((mode, collapsed)));
+            let fresh = match collapsed {
+                true => collapse_compositions(graph_model(&report, mode)),
+                false => graph_model(&report, mode),
+            };
             let ticket = asked.get_value() + 1;
             asked.set_value(ticket);
             laid_out.set(format!("laying out {} boxes…", fresh.boxes.len()));
@@ -164,11 +187,12 @@ pub fn graph_view(
                         viewport.set_inner_html(&render_svg(&fresh, &placed));
                         // What the browser tests wait for.
                         let _ = svg.set_attribute("data-drawn", mode.name());
+                        let _ = svg.set_attribute("data-collapsed", &collapsed.to_string());
                         laid_out.set(format!(
                             "{} boxes laid out by dagre in {ms:.0} ms",
                             fresh.boxes.len()
                         ));
-                        fit_graph(&svg, placed.width, placed.height);
+                        show_graph(&svg, placed.width, placed.height);
                         layout.set_value(placed);
                     }
                     Err(e) => {
@@ -185,6 +209,7 @@ pub fn graph_view(
     Effect::new(move |_| {
         query.track();
         selected.track();
+        diff.track();
         refresh_marks();
     });
     let on_click = move |ev: leptos::ev::MouseEvent| {
@@ -283,7 +308,7 @@ pub fn graph_view(
                     on:click=move |_| mode.set(GraphMode::Optimized)>"Optimized"</button>
                 <button id="graph-traced" class:active=move || mode.get() == GraphMode::Traced
                     on:click=move |_| mode.set(GraphMode::Traced)>"Traced (before passes)"</button>
-                <input id="graph-search" type="search" placeholder="search ops"
+                <input id="graph-search" type="search" placeholder="op, %12, f32[16,64], line 4"
                     prop:value=move || query.get()
                     on:input=move |ev| query.set(event_target_value(&ev))/>
                 <span id="graph-matches">{move || {
@@ -291,6 +316,10 @@ pub fn graph_view(
                     if query.with(|q| q.trim().is_empty()) { String::new() } else { format!("{n} found") }
                 }}</span>
                 <button id="graph-next" on:click=focus_next>"Next"</button>
+                {has_compositions.then(|| view! {
+                    <button id="graph-collapse" class:active=move || collapse.get()
+                        on:click=move |_| collapse.update(|c| *c = !*c)>"Collapse nn calls"</button>
+                })}
                 <button id="graph-fit" on:click=fit>"Fit"</button>
                 <span id="graph-layout" class="meta">{move || laid_out.get()}</span>
             </div>

@@ -2,8 +2,10 @@
 //! Leptos app on the main thread. Both live in one module; `index.html`
 //! calls `start_ui`, `worker.js` calls `start_worker`.
 
+mod diff;
 mod editor;
 mod graph;
+mod kernels;
 mod ui;
 mod views;
 mod worker;

@@ -2,19 +2,24 @@
 //! the [`RunReport`]s it gets back. It derives nothing itself: every figure
 //! comes from the report, arranged by [`crate::view`].
 
+use super::diff::{diff_view, DiffMarks};
 use super::editor::{editor_view, EditorHandle};
 use super::graph::graph_view;
+use super::kernels::kernels_view;
 use crate::backend::{BackendChoice, BackendStatus};
 use crate::examples::{Example, EXAMPLES};
 use crate::help::{code_spans, filter_help, help_sections, HelpSection, SCRIPT_API, SHORTCUTS};
 use crate::protocol::{Request, Response};
-use crate::report::{Comparison, FunctionReport, RunReport, ScriptError, Verification};
+use crate::report::{
+    CallClock, Comparison, EntryKernels, FunctionReport, KeyDiff, RunReport, ScriptError,
+    Verification,
+};
 use crate::share::{encode_fragment, export_report, import_report, program_in_link};
 use crate::view::{
-    calls_summary, entry_leaves, human_bytes, miss_lines, reinplace_rows, round_ms, timeline,
-    EntryScope, Selection,
+    call_time, calls_summary, entry_leaves, human_bytes, miss_lines, reinplace_rows, round_ms,
+    timeline, EntryScope, Selection,
 };
-use kiln::{LoopReport, Report};
+use kiln::{KernelList, LoopReport, Report};
 use leptos::prelude::*;
 use serde::Serialize;
 use std::sync::Arc;
@@ -704,12 +709,12 @@ fn report_view(page: Page, report: RunReport) -> impl IntoView {
                 .collect_view()}
             {(!report.log.is_empty()).then(|| view! { <pre class="log">{report.log.join("\n")}</pre> })}
         </div>
-        {report.functions.into_iter().map(|f| function_view(page, f)).collect_view()}
+        {report.functions.into_iter().map(|f| function_view(page, f, report.clock)).collect_view()}
     }
 }
 
-fn function_view(page: Page, function: FunctionReport) -> impl IntoView {
-    let summary = calls_summary(&function.calls);
+fn function_view(page: Page, function: FunctionReport, clock: CallClock) -> impl IntoView {
+    let summary = calls_summary(&function.calls, clock);
     // Every call, drawn only once the list is opened: a loop of thousands
     // of calls costs nothing until asked for.
     let all_calls = function.calls.clone();
@@ -720,8 +725,7 @@ fn function_view(page: Page, function: FunctionReport) -> impl IntoView {
                 .iter()
                 .enumerate()
                 .map(|(i, c)| {
-                    let kind = if c.traced { "traced" } else { "cached" };
-                    let text = format!("call {}: {} ms ({kind})", i + 1, round_ms(c.ms));
+                    let text = format!("call {}: {}", i + 1, call_time(c, clock));
                     view! { <li>{text}</li> }
                 })
                 .collect_view()
@@ -730,6 +734,8 @@ fn function_view(page: Page, function: FunctionReport) -> impl IntoView {
     // The entry whose views are shown: the latest, or the one picked in
     // the cache view.
     let reports = function.cache.reports.clone();
+    let kernels = function.kernels.clone();
+    let key_diffs = function.key_diffs.clone();
     let shown = RwSignal::new(reports.len().checked_sub(1));
     let line = function.line;
     view! {
@@ -757,7 +763,9 @@ fn function_view(page: Page, function: FunctionReport) -> impl IntoView {
                 {move || {
                     let report = (**reports.get(shown.get()?)?).clone();
                     let scope = EntryScope { line, entry: report.entry };
-                    Some(entry_views(page, scope, report))
+                    let listed = kernels.iter().find(|k| k.entry == report.entry).cloned();
+                    let family = Family { entries: reports.clone(), key_diffs: key_diffs.clone() };
+                    Some(entry_views(page, scope, report, listed, family, clock))
                 }}
             </div>
         </div>
@@ -796,18 +804,36 @@ fn cache_view(function: &FunctionReport, shown: RwSignal<Option<usize>>) -> impl
     }
 }
 
-fn entry_views(page: Page, scope: EntryScope, report: Report) -> impl IntoView {
+/// The other entries of a function, for the diff view.
+struct Family {
+    entries: Vec<Arc<Report>>,
+    key_diffs: Vec<KeyDiff>,
+}
+
+fn entry_views(
+    page: Page,
+    scope: EntryScope,
+    report: Report,
+    kernels: Option<EntryKernels>,
+    family: Family,
+    clock: CallClock,
+) -> impl IntoView {
     let report = Arc::new(report);
+    let marks = RwSignal::new(DiffMarks::default());
+    let list = kernels.as_ref().and_then(|k| k.list.clone()).map(Arc::new);
+    let marked = highlighted(page, scope, &report, list.clone());
     view! {
         <p class="shown-entry meta">
-            {format!("entry {}: its graph, reinplace decisions and memory", scope.entry)}
+            {format!("entry {}: its graph, kernels, reinplace decisions and memory", scope.entry)}
         </p>
         {implicit_view(&report)}
         {vmap_view(&report)}
         {loops_view(&report)}
-        {graph_view(page.selected, scope, report.clone(), move |line| page.editor.reveal_line(line))}
-        {reinplace_view(page, scope, &report)}
-        {memory_view(page, scope, &report)}
+        {graph_view(page.selected, scope, report.clone(), list.clone(), marks, move |line| page.editor.reveal_line(line))}
+        {diff_view(report.clone(), family.entries, family.key_diffs, marks)}
+        {kernels_view(page.selected, scope, report.clone(), kernels, clock)}
+        {reinplace_view(page, scope, &report, marked)}
+        {memory_view(page, scope, &report, marked)}
     }
 }
 
@@ -817,10 +843,17 @@ fn highlighted(
     page: Page,
     scope: EntryScope,
     report: &Arc<Report>,
-) -> Memo<(Vec<usize>, Option<usize>)> {
+    kernels: Option<Arc<KernelList>>,
+) -> Marked {
     let report = report.clone();
     Memo::new(move |_| match page.selected.get() {
-        Some((at, selection)) if at == scope => (selection.nodes(&report), selection.slot(&report)),
+        Some((at, selection)) if at == scope => {
+            let kernels = kernels.as_deref();
+            (
+                selection.nodes(&report, kernels),
+                selection.slot(&report, kernels),
+            )
+        }
         _ => (Vec::new(), None),
     })
 }
@@ -945,9 +978,11 @@ fn loop_view(l: &LoopReport) -> AnyView {
     .into_any()
 }
 
-fn reinplace_view(page: Page, scope: EntryScope, report: &Arc<Report>) -> impl IntoView {
+/// What the selection marks in an entry's views: (nodes, slot).
+type Marked = Memo<(Vec<usize>, Option<usize>)>;
+
+fn reinplace_view(page: Page, scope: EntryScope, report: &Report, marked: Marked) -> impl IntoView {
     let rows = reinplace_rows(report);
-    let marked = highlighted(page, scope, report);
     view! {
         <div class="view reinplace">
             <h3>"Reinplace decisions"</h3>
@@ -996,9 +1031,8 @@ const AXIS_TICKS: usize = 10;
 /// own, the bars in an SVG whose x axis is the schedule scaled to the
 /// width left (one unit per step), a step axis under it, a legend, and a
 /// tooltip per bar.
-fn memory_view(page: Page, scope: EntryScope, report: &Arc<Report>) -> impl IntoView {
+fn memory_view(page: Page, scope: EntryScope, report: &Report, marked: Marked) -> impl IntoView {
     let t = timeline(report);
-    let marked = highlighted(page, scope, report);
     let steps = t.steps.max(1);
     let height = t.rows.len() * ROW_H;
     let ticks = t.axis_ticks(AXIS_TICKS);

@@ -35,6 +35,17 @@ extern "C" {
     #[wasm_bindgen(method, js_name = revealLine)]
     pub fn reveal_line(this: &Editor, line: u32);
 
+    /// A read-only CodeMirror view of WGSL source.
+    pub type CodeView;
+
+    /// A code view in `parent`, empty.
+    #[wasm_bindgen(js_namespace = kilnViews, js_name = createCodeView)]
+    pub fn create_code_view(parent: &web_sys::HtmlElement) -> CodeView;
+
+    /// Shows `text` in the code view.
+    #[wasm_bindgen(method, js_name = setText)]
+    pub fn set_code(this: &CodeView, text: &str);
+
     /// Lays a graph out with dagre in the layout worker: a promise of the
     /// placed graph (see `layoutGraph` in layout.js).
     #[wasm_bindgen(js_namespace = kilnViews, js_name = layoutGraph)]
@@ -44,9 +55,14 @@ extern "C" {
     #[wasm_bindgen(js_namespace = kilnViews, js_name = focusGraph)]
     pub fn focus_graph(svg: &web_sys::Element, x: f64, y: f64);
 
-    /// Fits the drawing in the view.
+    /// Fits the whole drawing in the view.
     #[wasm_bindgen(js_namespace = kilnViews, js_name = fitGraph)]
     pub fn fit_graph(svg: &web_sys::Element, width: f64, height: f64);
+
+    /// Shows a new drawing fitted in the view, but at a zoom where its
+    /// text is readable (its top, centred, when it is larger).
+    #[wasm_bindgen(js_namespace = kilnViews, js_name = showGraph)]
+    pub fn show_graph(svg: &web_sys::Element, width: f64, height: f64);
 
     /// The `data-box` index of the box an event happened on, or -1.
     #[wasm_bindgen(js_namespace = kilnViews, js_name = boxAt)]

@@ -9,9 +9,11 @@
 
 use crate::backend::{AdapterInfo, BackendChoice, BackendStatus};
 use crate::protocol::{Request, Response};
-use crate::script::Session;
+use crate::report::{CallClock, DeviceTime, RunReport};
+use crate::script::{DeviceCallCounter, Session};
+use crate::timed_cpu::TimedCpu;
 use js_sys::{Function, Promise, Reflect};
-use kiln::{CpuBackend, Device};
+use kiln::Device;
 use kiln_wgpu::WgpuBackend;
 use serde::Serialize;
 use std::cell::{Cell, RefCell};
@@ -31,6 +33,8 @@ struct Worker {
     /// Whether requests are being answered (or the backend opened).
     busy: Cell<bool>,
     gpu: RefCell<Option<WgpuBackend>>,
+    /// The CPU executor, timing its steps.
+    cpu: TimedCpu,
     adapter: RefCell<Option<AdapterInfo>>,
     unavailable: RefCell<Option<String>>,
 }
@@ -46,6 +50,7 @@ pub fn start_worker() -> Result<(), JsValue> {
         queue: RefCell::default(),
         busy: Cell::new(true),
         gpu: RefCell::new(None),
+        cpu: TimedCpu::default(),
         adapter: RefCell::new(None),
         unavailable: RefCell::new(None),
     });
@@ -69,11 +74,17 @@ pub fn start_worker() -> Result<(), JsValue> {
     spawn_local(async move {
         match open_webgpu().await {
             Ok((gpu, adapter)) => {
-                kiln::set_default_device(Arc::new(gpu.clone()));
+                // Calls are timed on the GPU where the adapter writes
+                // timestamps.
+                gpu.set_gpu_timing(true);
                 *worker.gpu.borrow_mut() = Some(gpu);
                 *worker.adapter.borrow_mut() = Some(adapter);
             }
             Err(reason) => *worker.unavailable.borrow_mut() = Some(reason),
+        }
+        let counter = worker.use_backend(BackendChoice::Webgpu);
+        if let Some(session) = worker.session.borrow_mut().as_mut() {
+            session.count_device_calls(Some(counter));
         }
         worker.post(&Response::Ready {
             backend: worker.status(),
@@ -115,16 +126,18 @@ impl Worker {
             return;
         };
         let response = match request {
-            Request::Run { id, script } => Some(Response::Report {
-                id,
-                report: session.run_async(&script).await,
-            }),
+            Request::Run { id, script } => {
+                let mut report = session.run_async(&script).await;
+                self.measure(&mut report).await;
+                Some(Response::Report { id, report })
+            }
             Request::Compare { id, script } => Some(Response::Comparison {
                 id,
                 rows: session.compare(&script),
             }),
             Request::Verify { id, script } => {
-                let (report, verification) = session.verify(&script).await;
+                let (mut report, verification) = session.verify(&script).await;
+                self.measure(&mut report).await;
                 Some(Response::Verified {
                     id,
                     report,
@@ -132,11 +145,7 @@ impl Worker {
                 })
             }
             Request::SetBackend { backend } => {
-                let device: Arc<dyn Device> = match (backend, self.gpu.borrow().clone()) {
-                    (BackendChoice::Webgpu, Some(gpu)) => Arc::new(gpu),
-                    _ => Arc::new(CpuBackend),
-                };
-                kiln::set_default_device(device);
+                session.count_device_calls(Some(self.use_backend(backend)));
                 Some(Response::Ready {
                     backend: self.status(),
                 })
@@ -145,6 +154,61 @@ impl Worker {
         *self.session.borrow_mut() = Some(session);
         if let Some(response) = response {
             self.post(&response);
+        }
+    }
+
+    /// Runs later scripts on `choice` (the CPU where WebGPU is missing);
+    /// returns the counter of that device's runs, by which each compiled
+    /// call notes the runs it made.
+    fn use_backend(&self, choice: BackendChoice) -> DeviceCallCounter {
+        let gpu = self.gpu.borrow().clone();
+        let (device, counter): (Arc<dyn Device>, DeviceCallCounter) = match (choice, gpu) {
+            (BackendChoice::Webgpu, Some(gpu)) => {
+                let counter = gpu.clone();
+                (Arc::new(gpu), Rc::new(move || counter.gpu_calls_timed()))
+            }
+            _ => {
+                let counter = self.cpu.clone();
+                (Arc::new(self.cpu.clone()), Rc::new(move || counter.runs()))
+            }
+        };
+        kiln::set_default_device(device);
+        counter
+    }
+
+    /// Says what `report`'s call times measure and gives its calls and
+    /// kernels their device times: the CPU executor's per step, the GPU's
+    /// from timestamps where the adapter writes them.
+    async fn measure(&self, report: &mut RunReport) {
+        let cpu_times = self.cpu.take_times();
+        let gpu = self.gpu.borrow().clone();
+        let Some(gpu) = gpu.filter(|g| kiln::Backend::name(g) == report.backend) else {
+            report.attach_device_times(&cpu_times);
+            report.clock = CallClock::Wall;
+            return;
+        };
+        if !gpu.has_gpu_timestamps() {
+            report.clock = CallClock::SubmitOnly;
+            return;
+        }
+        match gpu.take_gpu_times().await {
+            Ok(times) => {
+                let times: Vec<DeviceTime> = times
+                    .into_iter()
+                    .map(|t| DeviceTime {
+                        call: t.call,
+                        executable: t.executable,
+                        steps_ms: t.steps_ns.iter().map(|ns| ns.map(|ns| ns * 1e-6)).collect(),
+                        total_ms: t.total_ns * 1e-6,
+                    })
+                    .collect();
+                report.attach_device_times(&times);
+                report.clock = CallClock::GpuTimestamps;
+            }
+            Err(e) => {
+                console_error(&format!("kiln worker: GPU times unread: {e}"));
+                report.clock = CallClock::SubmitOnly;
+            }
         }
     }
 

@@ -3,7 +3,7 @@
 
 use super::values::{from_value, into_value, runtime_error, to_value, ScriptResult};
 use super::{script_message, Shared};
-use crate::report::{CallTiming, FunctionReport};
+use crate::report::{CallTiming, EntryKernels, FunctionReport, KeyDiff, KEY_DIFF_ENTRIES};
 use kiln::{AnyBackend, Array, Compiled, DType, Function, Value, ValueParts};
 use rhai::{Dynamic, EvalAltResult, FnPtr};
 use std::cell::{Cell, RefCell};
@@ -281,6 +281,8 @@ pub(super) struct ScriptFunction {
     /// output that is not a tree, the script wants the error itself.
     failure: Rc<RefCell<Option<Box<EvalAltResult>>>>,
     calls: RefCell<Vec<CallTiming>>,
+    /// The session: its counter of timed device calls, if any.
+    session: Weak<Shared>,
     /// The run that last called it, to drop functions no run uses.
     pub(super) last_run: Cell<u64>,
 }
@@ -325,6 +327,7 @@ impl ScriptFunction {
             body,
             failure,
             calls: RefCell::default(),
+            session: Rc::downgrade(shared),
             last_run: Cell::new(0),
         }
     }
@@ -347,11 +350,22 @@ impl ScriptFunction {
     pub(super) fn call(&self, args: Vec<Dynamic>) -> ScriptResult<Dynamic> {
         let args = Value::Tuple(args.into_iter().map(into_value).collect());
         let misses = self.compiled.cache().misses;
+        let counter = self
+            .session
+            .upgrade()
+            .and_then(|s| s.device_calls.borrow().clone());
+        let first = counter.as_ref().map(|count| count());
         let start = Instant::now();
         let result = self.compiled.call_deferred(args);
         let ms = start.elapsed().as_secs_f64() * 1e3;
         let traced = self.compiled.cache().misses > misses;
-        self.calls.borrow_mut().push(CallTiming { traced, ms });
+        let device_calls = first.zip(counter.map(|count| count()));
+        self.calls.borrow_mut().push(CallTiming {
+            traced,
+            ms,
+            device_ms: None,
+            device_calls,
+        });
         let failure = self.failure.borrow_mut().take();
         // A failed trace is reported by the script's own error, whether
         // Kiln saw it fail (a trace) or returned the stand-in output (a
@@ -367,14 +381,42 @@ impl ScriptFunction {
     }
 
     pub(super) fn report(&self) -> FunctionReport {
+        let cache = self.compiled.cache();
+        let kernels = cache
+            .reports
+            .iter()
+            .map(|r| EntryKernels::of(r.entry, self.compiled.kernels(r.entry)))
+            .collect();
+        let latest: Vec<usize> = cache
+            .reports
+            .iter()
+            .rev()
+            .take(KEY_DIFF_ENTRIES)
+            .map(|r| r.entry)
+            .collect();
+        let key_diffs = latest
+            .iter()
+            .flat_map(|&before| latest.iter().map(move |&after| (before, after)))
+            .filter(|(before, after)| before != after)
+            .filter_map(|(before, after)| {
+                let reasons = self.compiled.key_difference(before, after).ok()?;
+                Some(KeyDiff {
+                    before,
+                    after,
+                    reasons,
+                })
+            })
+            .collect();
         FunctionReport {
             source: self.source.to_string(),
             line: self.line.get(),
             shapeless: self.options.shapeless,
             fusion: self.options.fusion,
             donate: self.options.donate.clone(),
-            cache: self.compiled.cache(),
+            cache,
             calls: self.calls.borrow().clone(),
+            kernels,
+            key_diffs,
         }
     }
 }

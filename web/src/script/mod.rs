@@ -27,7 +27,9 @@ pub use function::{Options, Transform, WhatIf};
 pub use nodes::{register_node, NodeSpec, ScriptObject};
 
 use crate::format::numpy_repr;
-use crate::report::{Comparison, Output, RunReport, ScriptError, VariantFigures, Verification};
+use crate::report::{
+    CallClock, Comparison, Output, RunReport, ScriptError, VariantFigures, Verification,
+};
 use function::ScriptFunction;
 use rhai::{Dynamic, Engine, EvalAltResult, ParseError, Position, Scope, AST};
 use std::cell::{Cell, RefCell};
@@ -127,7 +129,13 @@ pub(crate) struct Shared {
     /// Options forced on this run's compiled functions.
     what_if: Cell<WhatIf>,
     deadline: Cell<Option<Instant>>,
+    /// Counts the device calls timed so far (see
+    /// [`Session::count_device_calls`]).
+    device_calls: RefCell<Option<DeviceCallCounter>>,
 }
+
+/// Counts a backend's timed calls: a compiled call made those it added.
+pub type DeviceCallCounter = Rc<dyn Fn() -> u64>;
 
 /// A value a script showed, with where: rendered after the run, once
 /// every array in it is read back from the device.
@@ -307,6 +315,7 @@ impl Session {
             max_nesting: limits.max_nested_compiled_calls,
             what_if: Cell::new(WhatIf::default()),
             deadline: Cell::new(None),
+            device_calls: RefCell::new(None),
         });
         let engine = Rc::new(api::engine(&shared, &limits));
         *shared.engine.borrow_mut() = Rc::downgrade(&engine);
@@ -315,6 +324,13 @@ impl Session {
             shared,
             limits,
         }
+    }
+
+    /// Numbers each compiled call's device work by `counter` (the
+    /// backend's count of timed calls; `None` stops), so that
+    /// [`RunReport::attach_device_times`] can give each call its time.
+    pub fn count_device_calls(&mut self, counter: Option<DeviceCallCounter>) {
+        *self.shared.device_calls.borrow_mut() = counter;
     }
 
     /// Runs `script` and reports what it did. A failed run reports its
@@ -523,6 +539,7 @@ impl Session {
             functions,
             backend: kiln::default_device().name().to_string(),
             total_ms: executed.start.elapsed().as_secs_f64() * 1e3,
+            clock: CallClock::default(),
             error,
         }
     }

@@ -124,7 +124,9 @@ fn an_unchanged_function_keeps_its_cache_across_edits_and_explains_the_miss() {
         function.calls,
         vec![crate::report::CallTiming {
             traced: true,
-            ms: function.calls[0].ms
+            ms: function.calls[0].ms,
+            device_ms: None,
+            device_calls: None,
         }]
     );
 }

@@ -165,3 +165,44 @@ pub fn benchmarks(names: &[String], report: &mut BenchReport) {
         report.record("kv_decode_256_cached", cached / 1e3, "ms");
     }
 }
+
+/// The wgpu figures of `switch`: a `cond` whose branches are each a
+/// 512×512 matmul against that matmul alone. The GPU lowering runs every
+/// branch and selects (no readback stalls the queue), so the first costs
+/// about twice the second.
+pub const WGPU_FIGURES: [&str; 2] = ["wgpu_cond_both_branches_ms", "wgpu_cond_one_branch_ms"];
+
+/// Records the wgpu control-flow figures `names` select, on `gpu`.
+pub fn wgpu_benchmarks(names: &[String], gpu: &kiln_wgpu::WgpuBackend, report: &mut BenchReport) {
+    if !WGPU_FIGURES.iter().any(|f| figure(f, names)) {
+        return;
+    }
+    let a = normal(11, &[512, 512]);
+    let b = normal(12, &[512, 512]);
+    let pred = Array::scalar(1.0, DType::Bool);
+    let both = compile(|(p, a, b): (Array, Array, Array)| {
+        kiln::cond(
+            &p,
+            |(a, b): (Array, Array)| Ok(a.matmul(&b)),
+            |(a, b): (Array, Array)| Ok(b.matmul(&a)),
+            &(a, b),
+        )
+    })
+    .with_backend(gpu.clone());
+    let one = compile(|(a, b): (Array, Array)| a.matmul(&b)).with_backend(gpu.clone());
+    let args = (pred, a.clone(), b.clone());
+    both.call(&args).expect("cond runs").expect("cond traces");
+    one.call(&(a.clone(), b.clone())).expect("matmul runs");
+    let both_ms = median_micros(5, || {
+        let out = both.call(&args).expect("cond runs").expect("cond traces");
+        out.eval().expect("cond result");
+    }) / 1e3;
+    let one_ms = median_micros(5, || {
+        one.call(&(a.clone(), b.clone()))
+            .expect("matmul runs")
+            .eval()
+            .expect("matmul result");
+    }) / 1e3;
+    report.record("wgpu_cond_both_branches_ms", both_ms, "ms");
+    report.record("wgpu_cond_one_branch_ms", one_ms, "ms");
+}
