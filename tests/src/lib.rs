@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod conformance;
+pub mod decoding;
 pub mod gpu;
 pub mod isolate;
 pub mod programs;

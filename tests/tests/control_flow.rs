@@ -13,9 +13,10 @@
 use kiln::random::Key;
 use kiln::{
     compile, cond, fori_loop, scan, scan_with, select, switch, while_loop, Array, Branch, DType,
-    Executable, Refusal, Result, ScanOptions, ValueKind,
+    Executable, Refusal, ScanOptions, ValueKind,
 };
 use kiln_tests::conformance::compare_within;
+use kiln_tests::decoding::decode;
 use kiln_tests::programs::{cases, instr, run, Instr};
 use proptest::prelude::*;
 
@@ -249,33 +250,8 @@ fn a_thousand_step_scan_is_one_node_with_its_invariants_hoisted() {
     assert!(h.to_vec::<f32>().unwrap().iter().all(|v| v.abs() <= 1.0));
 }
 
-/// One decoding step: writes `k` into row `t` of the cache and attends
-/// over the cache.
-fn decode(steps: usize) -> impl Fn((Array, Array, Array)) -> Result<(Array, Array)> {
-    move |(cache, q, ks): (Array, Array, Array)| {
-        let zero = Array::scalar(0.0, DType::I32);
-        let indices = Array::arange(0.0, steps as f64, 1.0, DType::I32)?;
-        let ((cache, out), ()) = scan(
-            |(cache, _out): (Array, Array), (k, t): (Array, Array)| {
-                let cache = cache.dynamic_update_slice(&k.expand_dims(0), &[t, zero.clone()]);
-                let scores = cache.matmul(&q.expand_dims(1)).squeeze(&[1]);
-                let weights = kiln::nn::softmax(&scores, -1);
-                let out = weights.expand_dims(0).matmul(&cache).squeeze(&[0]);
-                Ok(((cache, out), ()))
-            },
-            &(cache, q.zeros_like()),
-            &(ks, indices),
-        )?;
-        Ok((cache, out))
-    }
-}
-
 fn decode_args(steps: usize) -> (Array, Array, Array) {
-    (
-        Array::zeros(&[256, 16], DType::F32),
-        normal(7, &[16]),
-        normal(8, &[steps, 16]),
-    )
+    kiln_tests::decoding::decode_args(steps, 16)
 }
 
 #[test]

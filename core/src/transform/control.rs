@@ -45,6 +45,13 @@ fn present(values: &[Option<Array>], positions: &[usize]) -> Vec<Array> {
         .collect()
 }
 
+/// Sets `seeds[offset + positions[k]]` to `values[k]` for every `k`.
+fn seed(seeds: &mut [Option<Array>], offset: usize, positions: &[usize], values: &[Array]) {
+    for (&i, v) in positions.iter().zip(values) {
+        seeds[offset + i] = Some(v.clone());
+    }
+}
+
 /// `grad` where given, else zeros like `like`.
 fn or_zeros(grad: Option<Array>, like: &Array) -> Array {
     grad.unwrap_or_else(|| like.zeros_like())
@@ -106,12 +113,8 @@ pub(crate) fn vjp(
                     let wrt = [cs, c_i, x_i].concat();
                     let outs = replay(graph, &wrt)?;
                     let mut seeds: Vec<Option<Array>> = vec![None; outs.len()];
-                    for (pos, &i) in float_carries.iter().enumerate() {
-                        seeds[i] = Some(ct_c[pos].clone());
-                    }
-                    for (pos, &i) in given_ys.iter().enumerate() {
-                        seeds[i] = Some(ct_y[pos].clone());
-                    }
+                    seed(&mut seeds, 0, &float_carries, ct_c);
+                    seed(&mut seeds, 0, &given_ys, ct_y);
                     let grads = backward(&outs, seeds, &wrt)?;
                     let (g_consts, rest) = grads.split_at(cs.len());
                     let (g_carry, g_xs) = rest.split_at(k);
@@ -163,9 +166,7 @@ pub(crate) fn vjp(
                         let wrt = [cs, ops].concat();
                         let outs = replay(graph, &wrt)?;
                         let mut seeds: Vec<Option<Array>> = vec![None; outs.len()];
-                        for (pos, &i) in given.iter().enumerate() {
-                            seeds[i] = Some(cts[pos].clone());
-                        }
+                        seed(&mut seeds, 0, given, cts);
                         let grads = backward(&outs, seeds, &wrt)?;
                         Ok(targets
                             .iter()
@@ -238,6 +239,7 @@ pub(crate) fn jvp(
             );
             let mut scanned = xs.to_vec();
             scanned.extend(present(tangents, &given_xs));
+            let xs_positions: Vec<usize> = given_xs.iter().map(|&i| i - carries.end).collect();
             let ys_float: Vec<usize> = (0..graph.outputs.len() - k)
                 .filter(|&j| graph.nodes[graph.outputs[k + j]].aval.dtype.is_float())
                 .collect();
@@ -253,15 +255,9 @@ pub(crate) fn jvp(
                     let (x, t_x) = x.split_at(xs.len());
                     let wrt = [cs, c, x].concat();
                     let mut seeds: Vec<Option<Array>> = vec![None; wrt.len()];
-                    for (pos, &i) in given_consts.iter().enumerate() {
-                        seeds[i] = Some(t_cs[pos].clone());
-                    }
-                    for (pos, &i) in float_carries.iter().enumerate() {
-                        seeds[cs.len() + i] = Some(t_c[pos].clone());
-                    }
-                    for (pos, &i) in given_xs.iter().enumerate() {
-                        seeds[cs.len() + k + (i - carries.end)] = Some(t_x[pos].clone());
-                    }
+                    seed(&mut seeds, 0, &given_consts, t_cs);
+                    seed(&mut seeds, cs.len(), &float_carries, t_c);
+                    seed(&mut seeds, cs.len() + k, &xs_positions, t_x);
                     let outs = replay(graph, &wrt)?;
                     let touts = push_tangents(&outs, &wrt, seeds)?;
                     let mut new_carry = outs[..k].to_vec();
@@ -305,9 +301,7 @@ pub(crate) fn jvp(
                         let (ops, ts) = ops.split_at(operands.len());
                         let wrt = [cs, ops].concat();
                         let mut seeds: Vec<Option<Array>> = vec![None; wrt.len()];
-                        for (pos, &i) in given_rest.iter().enumerate() {
-                            seeds[i] = Some(ts[pos].clone());
-                        }
+                        seed(&mut seeds, 0, given_rest, ts);
                         let outs = replay(graph, &wrt)?;
                         let touts = push_tangents(&outs, &wrt, seeds)?;
                         Ok(result_floats
@@ -359,12 +353,8 @@ pub(crate) fn jvp(
                     let (c, t_c) = c.split_at(k);
                     let wrt = [cs, c].concat();
                     let mut seeds: Vec<Option<Array>> = vec![None; wrt.len()];
-                    for (pos, &i) in given_consts.iter().enumerate() {
-                        seeds[i] = Some(t_cs[pos].clone());
-                    }
-                    for (pos, &i) in float_carries.iter().enumerate() {
-                        seeds[nc + i] = Some(t_c[pos].clone());
-                    }
+                    seed(&mut seeds, 0, &given_consts, t_cs);
+                    seed(&mut seeds, nc, &float_carries, t_c);
                     let outs = replay(body, &wrt)?;
                     let touts = push_tangents(&outs, &wrt, seeds)?;
                     let mut new_carry = outs.clone();

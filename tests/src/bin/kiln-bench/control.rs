@@ -7,6 +7,7 @@
 
 use kiln::{compile, scan, Array, DType, Result};
 use kiln_tests::bench::{median_micros, selected, time_once_ms, BenchReport};
+use kiln_tests::decoding::decode;
 
 /// The figures of [`benchmarks`].
 pub const FIGURES: [&str; 7] = [
@@ -66,35 +67,8 @@ fn rnn_unrolled((h, w, xs): RnnArgs) -> Array {
     })
 }
 
-/// A decoding loop of `steps` steps over a 256-row cache: each step writes
-/// its key into row `t` and attends over the cache.
-fn decode(steps: usize) -> impl Fn((Array, Array, Array)) -> Result<(Array, Array)> {
-    move |(cache, q, ks): (Array, Array, Array)| {
-        let zero = Array::scalar(0.0, DType::I32);
-        let t = Array::arange(0.0, steps as f64, 1.0, DType::I32)?;
-        let ((cache, out), ()) = scan(
-            |(cache, _): (Array, Array), (k, t): (Array, Array)| {
-                let cache = cache.dynamic_update_slice(&k.expand_dims(0), &[t, zero.clone()]);
-                let scores = cache.matmul(&q.expand_dims(1)).squeeze(&[1]);
-                let out = kiln::nn::softmax(&scores, -1)
-                    .expand_dims(0)
-                    .matmul(&cache)
-                    .squeeze(&[0]);
-                Ok(((cache, out), ()))
-            },
-            &(cache, q.zeros_like()),
-            &(ks, t),
-        )?;
-        Ok((cache, out))
-    }
-}
-
 fn decode_args(steps: usize) -> (Array, Array, Array) {
-    (
-        Array::zeros(&[256, 64], DType::F32),
-        normal(7, &[64]),
-        normal(8, &[steps, 64]),
-    )
+    kiln_tests::decoding::decode_args(steps, 64)
 }
 
 /// The planned peak of one decoding call: the enclosing plan's arena plus
