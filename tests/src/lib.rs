@@ -1,6 +1,7 @@
 //! Shared helpers of Kiln's integration tests (in `tests/tests/`) and the
 //! benchmark program.
 
+pub mod arrays;
 pub mod bench;
 pub mod conformance;
 pub mod decoding;

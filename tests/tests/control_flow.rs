@@ -10,30 +10,14 @@
 //! `Err`s naming the path and avals. Case count of the property tests:
 //! `KILN_CASES` (CI default 16).
 
-use kiln::random::Key;
 use kiln::{
     compile, cond, fori_loop, scan, scan_with, select, switch, while_loop, Array, Branch, DType,
     Executable, Refusal, ScanOptions, ValueKind,
 };
-use kiln_tests::conformance::compare_within;
+use kiln_tests::arrays::{close, example, normal, stack};
 use kiln_tests::decoding::decode;
 use kiln_tests::programs::{cases, instr, run, Instr};
 use proptest::prelude::*;
-
-fn normal(seed: u64, shape: &[usize]) -> Array {
-    Array::random_normal(Key::new(seed), shape, DType::F32).unwrap()
-}
-
-fn close(got: &Array, want: &Array, atol: f64, rtol: f64) {
-    assert_eq!(got.dims().unwrap(), want.dims().unwrap(), "shapes");
-    compare_within(&got.data().unwrap(), &want.data().unwrap(), atol, rtol)
-        .unwrap_or_else(|e| panic!("{e}"));
-}
-
-fn stack(parts: &[Array]) -> Array {
-    let expanded: Vec<Array> = parts.iter().map(|p| p.expand_dims(0)).collect();
-    kiln::concat(&expanded, 0)
-}
 
 fn int(v: i32) -> Array {
     Array::from_vec(vec![v], &[]).unwrap()
@@ -104,7 +88,7 @@ proptest! {
         }
         let want_ys: Vec<Array> = want_ys.into_iter().map(Option::unwrap).collect();
         close(&carry, &c, 1e-5, 1e-4);
-        close(&ys, &stack(&want_ys), 1e-5, 1e-4);
+        close(&ys, &stack(&want_ys, 0), 1e-5, 1e-4);
     }
 
     #[test]
@@ -447,7 +431,7 @@ fn rnn_loss(unrolled: bool) -> impl Fn((Array, Array, Array)) -> Array {
                 );
                 ys.push(h.clone());
             }
-            (h, stack(&ys))
+            (h, stack(&ys, 0))
         } else {
             scan(
                 |h: Array, x: Array| {
@@ -711,12 +695,6 @@ fn on_wgpu_switch_dynamic_updates_and_the_decoding_loop_match_the_cpu() {
     assert!(err.contains("while_loop"), "{err}");
 }
 
-/// Example `i` of `x` along axis 0.
-fn example(x: &Array, i: usize) -> Array {
-    x.slice_axis(0, i as i64, Some(i as i64 + 1), 1)
-        .squeeze(&[0])
-}
-
 #[test]
 fn vmap_of_control_flow_equals_stacking_each_example() {
     let b = 3;
@@ -741,17 +719,17 @@ fn vmap_of_control_flow_equals_stacking_each_example() {
         .call(&(h.clone(), w.clone(), xs.clone()))
         .unwrap();
     let want: Vec<(Array, Array)> = (0..b)
-        .map(|i| per_example((example(&h, i), w.clone(), example(&xs, i))))
+        .map(|i| per_example((example(&h, 0, i), w.clone(), example(&xs, 0, i))))
         .collect();
     close(
         &hs,
-        &stack(&want.iter().map(|p| p.0.clone()).collect::<Vec<_>>()),
+        &stack(&want.iter().map(|p| p.0.clone()).collect::<Vec<_>>(), 0),
         1e-6,
         1e-5,
     );
     close(
         &ys,
-        &stack(&want.iter().map(|p| p.1.clone()).collect::<Vec<_>>()),
+        &stack(&want.iter().map(|p| p.1.clone()).collect::<Vec<_>>(), 0),
         1e-6,
         1e-5,
     );
@@ -776,16 +754,16 @@ fn vmap_of_control_flow_equals_stacking_each_example() {
         (c, w)
     };
     let (c, until) = compile(kiln::vmap(branchy)).call(&x).unwrap();
-    let want: Vec<(Array, Array)> = (0..3).map(|i| branchy(example(&x, i))).collect();
+    let want: Vec<(Array, Array)> = (0..3).map(|i| branchy(example(&x, 0, i))).collect();
     close(
         &c,
-        &stack(&want.iter().map(|p| p.0.clone()).collect::<Vec<_>>()),
+        &stack(&want.iter().map(|p| p.0.clone()).collect::<Vec<_>>(), 0),
         0.0,
         0.0,
     );
     close(
         &until,
-        &stack(&want.iter().map(|p| p.1.clone()).collect::<Vec<_>>()),
+        &stack(&want.iter().map(|p| p.1.clone()).collect::<Vec<_>>(), 0),
         0.0,
         0.0,
     );
@@ -804,7 +782,7 @@ fn vmap_of_control_flow_equals_stacking_each_example() {
         .map(|i| {
             kiln::grad(loss)
                 .wrt(["args[1]"])
-                .call(&(example(&h, i), w.clone(), example(&xs, i)))
+                .call(&(example(&h, 0, i), w.clone(), example(&xs, 0, i)))
                 .unwrap()
                 .1
         })
@@ -812,7 +790,7 @@ fn vmap_of_control_flow_equals_stacking_each_example() {
     let g = compile(kiln::vmap(kiln::grad(loss).wrt(["args[1]"])).in_axes([("args[1]", None)]))
         .call(&(h.clone(), w.clone(), xs.clone()))
         .unwrap();
-    close(&g.1, &stack(&want), 1e-5, 1e-4);
+    close(&g.1, &stack(&want, 0), 1e-5, 1e-4);
     assert!(f_has_no_fallbacks(&compile(kiln::vmap(branchy)), &x));
 }
 

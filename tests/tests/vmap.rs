@@ -7,37 +7,15 @@
 
 use kiln::implicit::{ImplicitArray, LowRank};
 use kiln::ops::custom::CustomOp;
-use kiln::random::Key;
 use kiln::{
     compile, concat, gather_qmm, grad, jvp, nn, quantize, quantized_matmul, vmap, Array, DType,
     QuantFormat, SliceAxis, Tree,
 };
+use kiln_tests::arrays::{close, example, normal, stack};
 use kiln_tests::conformance::compare_within;
 use kiln_tests::programs::{cases, instr, make_inputs, run};
 use proptest::prelude::*;
 use std::sync::Arc;
-
-fn normal(seed: u64, shape: &[usize]) -> Array {
-    Array::random_normal(Key::new(seed), shape, DType::F32).unwrap()
-}
-
-/// Example `i` of `x` along `axis`.
-fn example(x: &Array, axis: usize, i: usize) -> Array {
-    x.slice_axis(axis as isize, i as i64, Some(i as i64 + 1), 1)
-        .squeeze(&[axis as isize])
-}
-
-/// `parts` stacked along a new `axis`.
-fn stack(parts: &[Array], axis: usize) -> Array {
-    let expanded: Vec<Array> = parts.iter().map(|p| p.expand_dims(axis as isize)).collect();
-    concat(&expanded, axis as isize)
-}
-
-fn close(got: &Array, want: &Array, atol: f64, rtol: f64) {
-    assert_eq!(got.dims(), want.dims(), "shapes");
-    compare_within(&got.data().unwrap(), &want.data().unwrap(), atol, rtol)
-        .unwrap_or_else(|e| panic!("{e}"));
-}
 
 /// Checks `vmap(f)` over `xs` (each batched along axis 0, `n` examples)
 /// against stacking `f` on each example.
