@@ -611,7 +611,6 @@ await check("scan-kv-cache-is-one-loop-written-in-place-with-a-flat-peak", async
     }
     if ((await page.locator(".loops li.body-node").count()) < 3) throw new Error("the body's nodes are not listed");
   });
-  await page.screenshot({ path: `${shots}/scan-kv-cache-loops.png`, fullPage: false });
 });
 
 await check("an-exported-report-re-opens", async () => {

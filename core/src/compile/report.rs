@@ -768,10 +768,10 @@ fn carried_values(call: &ControlCall, k: usize, body: &Executable) -> Vec<Carrie
         return Vec::new();
     }
     let (graph, plan) = (body.graph(), body.plan());
-    let first_carry = call.carry_operands().start - call.first_const();
     (0..call.num_carry)
         .map(|c| {
-            let input = first_carry + c;
+            // A loop body reads its consts, then its carries.
+            let input = call.num_consts + c;
             let out = graph.outputs[c];
             let node = &graph.nodes[out];
             let name = |v: usize| match &graph.nodes[v].kind {

@@ -47,16 +47,17 @@ pub(super) fn run_control(
         .clone()
         .map(|i| Arc::new(operands[i].clone()))
         .collect();
-    let inputs_of = |graph: usize,
-                     carry: Vec<Arc<HostData>>,
-                     row: Option<usize>|
-     -> Result<Vec<Arc<HostData>>> {
+    // A scan's scanned arrays are the operands after its carries; `row`
+    // is the iteration's slice of each (no other construct slices).
+    let inputs_of = |carry: Vec<Arc<HostData>>, row: Option<usize>| -> Result<Vec<Arc<HostData>>> {
         let mut inputs = consts.clone();
         inputs.extend(carry);
-        for input in call.subgraph_inputs(graph).iter().filter(|i| i.sliced) {
-            let (data, shape) = (operands[input.operand], shapes[input.operand]);
+        let Some(i) = row else {
+            return Ok(inputs);
+        };
+        for operand in carries.end..operands.len() {
+            let (data, shape) = (operands[operand], shapes[operand]);
             let len: usize = shape[1..].iter().product();
-            let i = row.unwrap_or(0);
             inputs.push(Arc::new(data.range(i * len, len).ok_or_else(|| {
                 Error::InvalidPlan {
                     detail: format!("`{}` reads row {i} of an operand of {shape:?}", call.name()),
@@ -79,14 +80,14 @@ pub(super) fn run_control(
             .collect()
     };
     match &call.kind {
-        ControlKind::Scan { reverse, .. } => {
+        ControlKind::Scan { reverse, length } => {
             let body = &bodies[0];
             let body_shapes = body.resolve_shapes(&in_shapes(0))?.into_owned();
-            let sliced = call.subgraph_inputs(0).into_iter().find(|i| i.sliced);
-            let length = match (&call.kind, sliced) {
-                (_, Some(x)) => shapes[x.operand][0],
-                (ControlKind::Scan { length, .. }, None) => length.known().unwrap_or(0),
-                _ => 0,
+            // The scanned arrays' leading dim; a scan without any has a
+            // static length.
+            let length = match shapes.get(carries.end) {
+                Some(first_scanned) => first_scanned[0],
+                None => length.known().unwrap_or(0),
             };
             let graph = body.graph();
             let num_carry = carries.len();
@@ -99,7 +100,7 @@ pub(super) fn run_control(
                 .collect::<Result<_>>()?;
             for step in 0..length {
                 let row = if *reverse { length - 1 - step } else { step };
-                let inputs = inputs_of(0, std::mem::take(&mut carry), Some(row))?;
+                let inputs = inputs_of(std::mem::take(&mut carry), Some(row))?;
                 let mut outputs = run(body, inputs, &body_shapes)?;
                 for (y, out) in ys.iter_mut().zip(&outputs[num_carry..]) {
                     y.write_range(row * out.len(), out)
@@ -116,13 +117,13 @@ pub(super) fn run_control(
             let test_shapes = test.resolve_shapes(&in_shapes(0))?.into_owned();
             let body_shapes = body.resolve_shapes(&in_shapes(1))?.into_owned();
             loop {
-                let holds = run(test, inputs_of(0, carry.clone(), None)?, &test_shapes)?
+                let holds = run(test, inputs_of(carry.clone(), None)?, &test_shapes)?
                     .first()
                     .is_some_and(|pred| pred.get_f64(0) != 0.0);
                 if !holds {
                     return Ok(carry);
                 }
-                carry = run(body, inputs_of(1, carry, None)?, &body_shapes)?;
+                carry = run(body, inputs_of(carry, None)?, &body_shapes)?;
             }
         }
         ControlKind::Switch => {
@@ -130,7 +131,7 @@ pub(super) fn run_control(
             let index = operands[0].get_f64(0).clamp(0.0, last as f64) as usize;
             let branch = &bodies[index];
             let branch_shapes = branch.resolve_shapes(&in_shapes(index))?.into_owned();
-            run(branch, inputs_of(index, carry, None)?, &branch_shapes)
+            run(branch, inputs_of(carry, None)?, &branch_shapes)
         }
     }
 }

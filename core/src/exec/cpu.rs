@@ -352,11 +352,22 @@ fn run_steps<O: StepObserver>(
                 )?
             };
             buffers.put(plan.home(step), step, HostData::U8(Vec::new()))?;
-            for &(get, index) in results_of.get(&step).into_iter().flatten() {
-                let data = results.get(index).ok_or_else(|| Error::InvalidPlan {
+            // Each result moves into its `get`'s buffer: a loop's final
+            // carries (a whole cache) are not copied again; a result two
+            // `get`s read is copied for all but the last.
+            let mut results: Vec<Option<Arc<HostData>>> = results.into_iter().map(Some).collect();
+            let gets = results_of.get(&step).map_or(&[][..], |g| g.as_slice());
+            for (k, &(get, index)) in gets.iter().enumerate() {
+                let missing = || Error::InvalidPlan {
                     detail: format!("%{get} reads result {index} of `{}`", call.name()),
-                })?;
-                buffers.put(plan.home(get), get, (**data).clone())?;
+                };
+                let read_again = gets[k + 1..].iter().any(|&(_, i)| i == index);
+                let data = match results.get_mut(index).ok_or_else(missing)? {
+                    slot if read_again => slot.clone().ok_or_else(missing)?,
+                    slot => slot.take().ok_or_else(missing)?,
+                };
+                let owned = Arc::try_unwrap(data).unwrap_or_else(|shared| (*shared).clone());
+                buffers.put(plan.home(get), get, owned)?;
             }
             observer.step_done();
             continue;

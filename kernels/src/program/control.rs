@@ -39,13 +39,14 @@ struct Embedded {
 
 impl Lowering<'_> {
     /// Lowers control node `v` over `operands`, writing result `r` into
-    /// `results[r]` (`None`: no value reads it).
+    /// `results[r]`, the range of the `get` value it names (`None`: no
+    /// value reads it).
     pub(super) fn control_op(
         &mut self,
         v: usize,
         call: &ControlCall,
         operands: &[Loc],
-        results: &[Option<Loc>],
+        results: &[Option<(Loc, usize)>],
     ) -> Result<()> {
         match &call.kind {
             ControlKind::Scan { reverse, .. } => self.scan(v, call, *reverse, operands, results),
@@ -187,7 +188,7 @@ impl Lowering<'_> {
         call: &ControlCall,
         reverse: bool,
         operands: &[Loc],
-        results: &[Option<Loc>],
+        results: &[Option<(Loc, usize)>],
     ) -> Result<()> {
         let node = &self.exe.graph().nodes[v];
         let body = self
@@ -215,7 +216,7 @@ impl Lowering<'_> {
         for (c, operand) in carries.clone().enumerate() {
             let bytes = operands[operand].bytes;
             let loc = match results.get(c).copied().flatten() {
-                Some(loc) => loc,
+                Some((loc, _)) => loc,
                 None => self.arena.scratch(bytes),
             };
             self.copy(operands[operand], loc);
@@ -274,13 +275,12 @@ impl Lowering<'_> {
         }
         let mut stacked = Vec::new();
         for (r, aval) in call.results.iter().enumerate().skip(k) {
-            let row_shape: Vec<usize> = match results.get(r).copied().flatten() {
-                Some(_) => self.shapes_of_result(v, r)[1..].to_vec(),
-                None => Vec::new(),
+            let (result, row_shape) = match results.get(r).copied().flatten() {
+                Some((loc, get)) => (Some(loc), self.shapes[get][1..].to_vec()),
+                None => (None, Vec::new()),
             };
             let row_elems: usize = row_shape.iter().product();
             let row_bytes = storage_bytes(aval.dtype, row_elems);
-            let result = results.get(r).copied().flatten();
             let direct = result
                 .is_some_and(|l| row_bytes.is_multiple_of(align) && l.offset.is_multiple_of(align));
             let stride_bytes = if direct {
@@ -291,8 +291,9 @@ impl Lowering<'_> {
             let staging = match (result, direct) {
                 (Some(_), true) => None,
                 (Some(_), false) => Some(self.arena.scratch(stride_bytes * length as u64)),
-                // Unread: every iteration writes one scratch row.
-                (None, _) => Some(self.arena.scratch(row_bytes.max(4))),
+                // Unread: every iteration writes one scratch row, as large
+                // as the body's output (no `get` gives its shape).
+                (None, _) => Some(self.arena.scratch(sub.program.outputs[r].bytes.max(4))),
             };
             stacked.push(Stacked {
                 result,
@@ -371,25 +372,12 @@ impl Lowering<'_> {
         Ok(())
     }
 
-    /// The shape of result `r` of control node `v`, from the `get` value
-    /// reading it.
-    fn shapes_of_result(&self, v: usize, r: usize) -> Vec<usize> {
-        let graph = self.exe.graph();
-        graph
-            .nodes
-            .iter()
-            .enumerate()
-            .find(|(_, n)| n.inputs.first() == Some(&v) && matches!(&n.kind, kiln::ValueKind::Op(kiln::Op::Get { index, .. }) if *index == r))
-            .map(|(g, _)| self.shapes[g].clone())
-            .unwrap_or_default()
-    }
-
     fn switch(
         &mut self,
         v: usize,
         call: &ControlCall,
         operands: &[Loc],
-        results: &[Option<Loc>],
+        results: &[Option<(Loc, usize)>],
     ) -> Result<()> {
         let bodies = self.exe.bodies(v).to_vec();
         let limit = self.caps.max_storage_buffers_per_stage as usize;
@@ -419,8 +407,8 @@ impl Lowering<'_> {
             branch_results.push(outs);
         }
         for (r, result) in results.iter().enumerate() {
-            let Some(out) = *result else { continue };
-            let shape = self.shapes_of_result(v, r);
+            let Some((out, get)) = *result else { continue };
+            let shape = self.shapes[get].clone();
             if shape.iter().product::<usize>() == 0 {
                 continue;
             }

@@ -98,13 +98,13 @@ fn lower_with(
         let out = lowering.place(v, op, claimed[v], &slots)?;
         if let Op::Control(call) = op {
             lowering.arena.new_op();
-            let mut results: Vec<Option<Loc>> = vec![None; call.results.len()];
+            let mut results: Vec<Option<(Loc, usize)>> = vec![None; call.results.len()];
             for (g, get) in graph.nodes.iter().enumerate() {
                 if let ValueKind::Op(get_op @ Op::Get { index, .. }) = &get.kind {
                     if get.inputs[0] == v && *index < results.len() {
                         let loc = lowering.place(g, get_op, claimed[g], &slots)?;
                         lowering.locs[g] = Some(loc);
-                        results[*index] = Some(loc);
+                        results[*index] = Some((loc, g));
                     }
                 }
             }
