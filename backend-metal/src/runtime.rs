@@ -161,23 +161,28 @@ impl CallDone {
     /// Waits for the call, then `Err` for a failed command buffer or bad
     /// input its kernels reported.
     fn wait(&self) -> Result<()> {
-        let command_buffer = &self.command_buffer.0;
-        command_buffer.waitUntilCompleted();
-        if command_buffer.status() == MTLCommandBufferStatus::Error {
-            let reason = command_buffer.error().map_or_else(
-                || "unknown".to_string(),
-                |e| e.localizedDescription().to_string(),
-            );
-            return Err(backend_err(format!(
-                "the call's command buffer failed: {reason}"
-            )));
-        }
+        wait_for(&self.command_buffer.0)?;
         let Some((words, checks)) = &self.status else {
             return Ok(());
         };
         let words = read_words(words.buffer(), checks.len());
         Check::first_error(checks, &words).map_or(Ok(()), Err)
     }
+}
+
+/// Waits for a committed command buffer; `Err` when it failed.
+fn wait_for(command_buffer: &ProtocolObject<dyn MTLCommandBuffer>) -> Result<()> {
+    command_buffer.waitUntilCompleted();
+    if command_buffer.status() == MTLCommandBufferStatus::Error {
+        let reason = command_buffer.error().map_or_else(
+            || "unknown".to_string(),
+            |e| e.localizedDescription().to_string(),
+        );
+        return Err(backend_err(format!(
+            "the call's command buffer failed: {reason}"
+        )));
+    }
+    Ok(())
 }
 
 /// `count` words of a shared buffer's contents.
@@ -497,7 +502,7 @@ impl MetalBackend {
         prepared: &Prepared,
         inputs: &[MetalBuffer],
         outputs: &[Held],
-        command_buffer: &ProtocolObject<dyn MTLCommandBuffer>,
+        command_buffer: &mut Retained<ProtocolObject<dyn MTLCommandBuffer>>,
         encoder: &mut Encoder,
     ) -> Result<()> {
         let resolve = |buffer: Buffer| -> Result<&ProtocolObject<dyn MTLBuffer>> {
@@ -518,7 +523,11 @@ impl MetalBackend {
             }
             Ok(buffer)
         };
-        for (step, pipeline) in prepared.program.steps.iter().zip(&prepared.pipelines) {
+        let steps = &prepared.program.steps;
+        let mut c = 0;
+        while let Some(step) = steps.get(c) {
+            let pipeline = &prepared.pipelines[c];
+            c += 1;
             match (step, pipeline) {
                 (Step::Dispatch(d), Some(pipeline)) => {
                     let compute = encoder.compute(command_buffer)?;
@@ -590,6 +599,33 @@ impl MetalBackend {
                 (Step::Dispatch(d), None) => {
                     return Err(backend_err(format!("`{}` has no pipeline", d.op)))
                 }
+                // A `while_loop`'s test: what is encoded so far runs, and
+                // the predicate is read from the shared arena.
+                (Step::Branch { predicate, exit }, _) => {
+                    let arena = inside(predicate)?;
+                    encoder.end();
+                    command_buffer.commit();
+                    wait_for(command_buffer)?;
+                    // SAFETY: the word lies inside the shared arena (checked)
+                    // and the command buffer writing it has completed.
+                    let word = unsafe {
+                        arena
+                            .contents()
+                            .cast::<u8>()
+                            .add(predicate.offset as usize)
+                            .cast::<u32>()
+                            .read_unaligned()
+                    };
+                    *command_buffer = self
+                        .shared
+                        .queue
+                        .commandBuffer()
+                        .ok_or_else(|| backend_err("the queue gave no command buffer"))?;
+                    if word == 0 {
+                        c = *exit;
+                    }
+                }
+                (Step::Jump { to }, _) => c = *to,
             }
         }
         Ok(())
@@ -703,7 +739,7 @@ impl Backend for MetalBackend {
         }
         let prepared = s.prepared(exe, shapes)?;
         let program = &prepared.program;
-        let command_buffer = s
+        let mut command_buffer = s
             .queue
             .commandBuffer()
             .ok_or_else(|| backend_err("the queue gave no command buffer"))?;
@@ -749,7 +785,13 @@ impl Backend for MetalBackend {
             .iter()
             .map(|output| s.buffer(output.bytes, false))
             .collect::<Result<Vec<_>>>()?;
-        self.encode(&prepared, &inputs, &outputs, &command_buffer, &mut encoder)?;
+        self.encode(
+            &prepared,
+            &inputs,
+            &outputs,
+            &mut command_buffer,
+            &mut encoder,
+        )?;
         let status = if program.checks.is_empty() {
             None
         } else {

@@ -116,6 +116,9 @@ pub(crate) async fn open() -> Result<Gpu, DeviceError> {
     })
 }
 
+/// True where a call may wait for the device ([`block_on`] completes).
+pub(crate) const CAN_BLOCK: bool = cfg!(not(target_arch = "wasm32"));
+
 /// Waits for `future` where the platform can block (native), `None` in the
 /// browser, where only the event loop can drive it.
 pub(crate) fn block_on<F: Future>(future: F) -> Option<F::Output> {

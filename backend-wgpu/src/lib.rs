@@ -37,7 +37,7 @@ pub use timing::{CallGpuTime, MAX_PENDING_TIMES};
 use buffer::StatusWords;
 use device::block_on;
 use kiln::{Backend, Executable, HostData, KernelList, Result};
-use kiln_kernels::program::{Buffer, Caps, Program, Step};
+use kiln_kernels::program::{Buffer, Caps, Program, Range, Step};
 use kiln_kernels::{from_words, storage_bytes, to_words};
 use program::{binding, Prepared, ProgramCache};
 use shared::{backend_err, caps, Shared};
@@ -388,12 +388,23 @@ impl WgpuBackend {
             });
         }
         drop(cached);
-        let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("kiln call"),
-        });
+        let new_encoder = || {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("kiln call"),
+            })
+        };
+        let mut encoder = new_encoder();
         let mut pass: Option<wgpu::ComputePass<'static>> = None;
-        let mut timer = self.call_timer(device, program);
-        for (c, step) in program.steps.iter().enumerate() {
+        // Per-kernel times are matched to steps in order, which a loop
+        // repeats: a program with loops is not timed.
+        let mut timer = if program.has_loops() {
+            None
+        } else {
+            self.call_timer(device, program)
+        };
+        let mut c = 0;
+        while let Some(step) = program.steps.get(c) {
+            c += 1;
             match step {
                 Step::Dispatch(dispatch) => {
                     // A timed dispatch runs in a pass of its own, between
@@ -418,8 +429,11 @@ impl WgpuBackend {
                             })
                             .forget_lifetime()
                     });
-                    let group = prepared.fixed_groups[c].as_ref().or(per_call[c].as_ref());
-                    let (Some((pipeline, _)), Some(group)) = (&prepared.pipelines[c], group) else {
+                    let group = prepared.fixed_groups[c - 1]
+                        .as_ref()
+                        .or(per_call[c - 1].as_ref());
+                    let (Some((pipeline, _)), Some(group)) = (&prepared.pipelines[c - 1], group)
+                    else {
                         return Err(backend_err("a dispatch has no pipeline or bind group"));
                     };
                     open.set_pipeline(pipeline);
@@ -456,6 +470,14 @@ impl WgpuBackend {
                     binding(buffer, range)?;
                     encoder.clear_buffer(buffer, range.offset, Some(range.bytes));
                 }
+                Step::Branch { predicate, exit } => {
+                    drop(pass.take());
+                    let finished = std::mem::replace(&mut encoder, new_encoder());
+                    if self.read_predicate(finished, &prepared.arena, predicate)? == 0 {
+                        c = *exit;
+                    }
+                }
+                Step::Jump { to } => c = *to,
             }
         }
         drop(pass);
@@ -488,6 +510,25 @@ impl WgpuBackend {
                 output
             })
             .collect())
+    }
+
+    /// Submits `encoder` with a copy of the predicate word at `predicate`
+    /// of `arena` and reads the word back, waiting for the device: a
+    /// `while_loop`'s test.
+    fn read_predicate(
+        &self,
+        mut encoder: wgpu::CommandEncoder,
+        arena: &wgpu::Buffer,
+        predicate: &Range,
+    ) -> Result<u32> {
+        let s = &self.shared;
+        let staging = s.pool.take(&s.gpu.device, 4, true);
+        encoder.copy_buffer_to_buffer(arena, predicate.offset, &staging, 0, 4);
+        s.gpu.queue.submit([encoder.finish()]);
+        let words =
+            block_on(self.read_staging(&staging)).unwrap_or_else(|| Err(loop_cannot_wait()));
+        s.pool.give(staging, true);
+        Ok(words?.first().copied().unwrap_or(0))
     }
 
     /// The timer of a call of `program` when calls are timed.
@@ -669,6 +710,9 @@ impl Backend for WgpuBackend {
         let memory = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let result = self.programs.get(s, exe, shapes).and_then(|prepared| {
+            if prepared.program.has_loops() && !device::CAN_BLOCK {
+                return Err(loop_cannot_wait());
+            }
             let inputs = self.own_written_inputs(&prepared.program, inputs);
             self.execute(exe, &prepared, &inputs)
         });
@@ -682,4 +726,15 @@ impl Backend for WgpuBackend {
         s.check_alive()?;
         result
     }
+}
+
+/// The `Err` of a program with a `while_loop` where a call cannot wait for
+/// the device: a browser completes a readback only after the script
+/// yields, and the loop reads its predicate back every iteration.
+fn loop_cannot_wait() -> kiln::Error {
+    backend_err(
+        "`while_loop` reads its predicate back after every iteration, and a browser completes \
+         a readback only after the script yields: run it on the CPU backend, or bound it with \
+         `fori_loop` or `scan`",
+    )
 }

@@ -1326,12 +1326,47 @@ fn the_program_check_rejects_an_output_overlapping_an_operand_and_an_unwritten_o
     unwritten.steps.retain(|step| match step {
         Step::Dispatch(d) => !matches!(d.bindings[1].buffer, Buffer::Output(_)),
         Step::Copy { to, .. } => !matches!(to.buffer, Buffer::Output(_)),
-        Step::Clear(_) => true,
+        Step::Clear(_) | Step::Branch { .. } | Step::Jump { .. } => true,
     });
     assert_eq!(
         unwritten.check(&caps, &inputs),
         Err("output 0 is never written".to_string())
     );
+
+    // A loop's branch leaves forward; a jump goes back over a branch that
+    // leaves to the step after it.
+    let last = program.steps.len();
+    let word = kiln_kernels::program::Range {
+        buffer: Buffer::Arena,
+        offset: program.arena_bytes - 4,
+        bytes: 4,
+    };
+    let mut backwards = program.clone();
+    backwards.steps.push(Step::Branch {
+        predicate: word,
+        exit: 0,
+    });
+    assert_eq!(
+        backwards.check(&caps, &inputs),
+        Err(format!("step {last} leaves its loop to step 0"))
+    );
+    let mut stray_jump = program.clone();
+    stray_jump.steps.push(Step::Jump { to: 0 });
+    let error = stray_jump.check(&caps, &inputs).unwrap_err();
+    assert!(
+        error.starts_with(&format!("step {last} jumps to step 0")),
+        "{error}"
+    );
+    let mut looped = program.clone();
+    looped.steps.insert(
+        0,
+        Step::Branch {
+            predicate: word,
+            exit: last + 2,
+        },
+    );
+    looped.steps.push(Step::Jump { to: 0 });
+    assert_eq!(looped.check(&caps, &inputs), Ok(()));
 }
 
 #[test]

@@ -11,8 +11,8 @@
 //! `KILN_CASES` (CI default 16).
 
 use kiln::{
-    compile, cond, fori_loop, scan, scan_with, select, switch, while_loop, Array, Branch, DType,
-    Executable, Refusal, ScanOptions, ValueKind,
+    compile, cond, fori_loop, scan, scan_with, select, switch, while_loop, Array, Backend, Branch,
+    DType, Executable, Refusal, ScanOptions, StepKind, ValueKind,
 };
 use kiln_tests::arrays::{close, example, normal, stack};
 use kiln_tests::decoding::decode;
@@ -698,18 +698,92 @@ fn on_wgpu_switch_dynamic_updates_and_the_decoding_loop_match_the_cpu() {
         .unwrap();
     close(&cache, &want_cache, 0.0, 0.0);
     close(&out, &want_out, 1e-5, 1e-4);
-    let err = compile(|x: Array| {
-        while_loop(
-            |x: Array| Ok(x.sum_all().less(10.0)),
-            |x: Array| Ok(&x * 2.0),
-            &x,
-        )
-    })
-    .with_backend(gpu)
-    .call(&Array::from_vec(vec![1.0f32], &[1]).unwrap())
-    .unwrap_err()
-    .to_string();
-    assert!(err.contains("while_loop"), "{err}");
+}
+
+/// Triples `x` until it passes 100, counting the steps.
+fn triple_past_100(x: Array) -> kiln::Result<(Array, Array)> {
+    while_loop(
+        |(x, _): (Array, Array)| Ok(x.less(100.0)),
+        |(x, steps): (Array, Array)| Ok((&x * 3.0, steps + 1)),
+        &(x, int(0)),
+    )
+}
+
+/// Three outer steps, each running an inner loop (`y ← y·w + 1` while
+/// `Σy` is below a limit the outer step computes) and writing its step
+/// number into row `i` of a cache.
+fn nested_while_loops((y, w, cache): (Array, Array, Array)) -> kiln::Result<(Array, Array, Array)> {
+    let (_, y, cache) = while_loop(
+        |(i, _, _): (Array, Array, Array)| Ok(i.less(3)),
+        |(i, y, cache): (Array, Array, Array)| {
+            let limit = (&i.cast(DType::F32) + 1.0) * 10.0;
+            let w = w.clone();
+            let y = while_loop(
+                move |y: Array| Ok(y.sum_all().less(&limit)),
+                move |y: Array| Ok(&y * &w + 1.0),
+                &y,
+            )?;
+            let row = (&y * (&i.cast(DType::F32) + 1.0)).expand_dims(0);
+            let cache = cache.dynamic_update_slice(&row, &[i.clone(), int(0)]);
+            Ok((i + 1, y, cache))
+        },
+        &(int(0), y, cache),
+    )?;
+    Ok((y.clone(), cache, y.sum_all()))
+}
+
+#[test]
+fn on_wgpu_while_loops_read_their_predicate_back_each_iteration_and_match_the_cpu() {
+    let args = (
+        Array::from_vec(vec![0.5f32, 0.25], &[2]).unwrap(),
+        Array::from_vec(vec![1.5f32, 1.25], &[2]).unwrap(),
+        Array::zeros(&[4, 2], DType::F32),
+    );
+    // The lowering is checked without a device: a branch reading one word
+    // and leaving forward, jumps back over it, nested loops renumbered.
+    let leaves = [args.0.clone(), args.1.clone(), args.2.clone()];
+    let exe = compile(nested_while_loops).executable(&args).unwrap();
+    let shapes = kiln_tests::value_shapes(&exe, &leaves);
+    let caps = kiln_kernels::program::Caps::default();
+    let program = kiln_kernels::lower(&exe, &shapes, &caps).unwrap();
+    let input_bytes = [8, 8, 32];
+    assert_eq!(program.check(&caps, &input_bytes), Ok(()));
+    let branches = program
+        .steps
+        .iter()
+        .filter(|s| matches!(s, kiln_kernels::program::Step::Branch { .. }))
+        .count();
+    assert_eq!(branches, 2, "the outer and the inner loop's tests");
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let on_gpu = compile(triple_past_100).with_backend(gpu.clone());
+    for (x, want) in [(1.0, (243.0, 5)), (500.0, (500.0, 0)), (99.0, (297.0, 1))] {
+        let (got, steps) = on_gpu.call(&Array::scalar(x, DType::F32)).unwrap().unwrap();
+        assert_eq!(
+            (got.item::<f32>().unwrap(), steps.item::<i32>().unwrap()),
+            want,
+            "from {x}"
+        );
+    }
+    let want = compile(nested_while_loops).call(&args).unwrap().unwrap();
+    let nested = compile(nested_while_loops).with_backend(gpu.clone());
+    let got = nested.call(&args).unwrap().unwrap();
+    close(&got.0, &want.0, 0.0, 0.0);
+    close(&got.1, &want.1, 0.0, 0.0);
+    close(&got.2, &want.2, 0.0, 0.0);
+    let cache = got.1.to_vec::<f32>().unwrap();
+    assert!(
+        cache[..6].iter().all(|&v| v > 0.0) && cache[6..] == [0.0, 0.0],
+        "{cache:?}"
+    );
+    // The Kernels listing shows each loop's test and its way back.
+    let exe = nested.executable(&args).unwrap();
+    let list = gpu
+        .kernels(&exe, &kiln_tests::value_shapes(&exe, &leaves))
+        .unwrap();
+    let kinds = |kind| list.steps.iter().filter(|s| s.kind == kind).count();
+    assert_eq!((kinds(StepKind::Branch), kinds(StepKind::Jump)), (2, 2));
 }
 
 #[test]

@@ -50,16 +50,23 @@ pub enum StepKind {
     Clear,
     /// The CPU executor evaluating one op node.
     Evaluate,
+    /// A loop's test: the predicate read back, the loop left when it is
+    /// false (a GPU `while_loop`).
+    Branch,
+    /// Back to a loop's test.
+    Jump,
 }
 
 impl StepKind {
-    /// `dispatch`, `copy`, `clear` or `evaluate`.
+    /// `dispatch`, `copy`, `clear`, `evaluate`, `branch` or `jump`.
     pub fn name(self) -> &'static str {
         match self {
             StepKind::Dispatch => "dispatch",
             StepKind::Copy => "copy",
             StepKind::Clear => "clear",
             StepKind::Evaluate => "evaluate",
+            StepKind::Branch => "branch",
+            StepKind::Jump => "jump",
         }
     }
 }

@@ -14,7 +14,9 @@ impl Program {
     /// binding); every kernel reads its parameters from the parameter
     /// buffer, and nothing else binds it; parameters, constants and
     /// status words lie outside the plan's slots; status words are cleared
-    /// before any kernel runs; and every non-empty output is written.
+    /// before any kernel runs; every loop's branch reads one arena word and
+    /// leaves forward, and every jump goes back over a branch that leaves
+    /// to the step after it; and every non-empty output is written.
     /// `Err` says which step broke which rule.
     pub fn check(&self, caps: &Caps, input_bytes: &[u64]) -> Result<(), String> {
         let inside = |range: &Range, what: &str| -> Result<(), String> {
@@ -123,6 +125,30 @@ impl Program {
                     inside(range, &format!("step {s} (clear)"))?;
                     if kernels_ran {
                         return Err(format!("step {s} clears {range:?} after a kernel ran"));
+                    }
+                }
+                Step::Branch { predicate, exit } => {
+                    inside(predicate, &format!("step {s} (branch)"))?;
+                    if predicate.buffer != Buffer::Arena || predicate.bytes != 4 {
+                        return Err(format!(
+                            "step {s} reads its predicate from {predicate:?}, not one arena word"
+                        ));
+                    }
+                    if *exit <= s || *exit > self.steps.len() {
+                        return Err(format!("step {s} leaves its loop to step {exit}"));
+                    }
+                }
+                Step::Jump { to } => {
+                    // Only back to a loop's test, so every loop ends at a branch.
+                    let closes_a_loop = *to < s
+                        && self.steps[*to..s].iter().any(
+                            |step| matches!(step, Step::Branch { exit, .. } if *exit == s + 1),
+                        );
+                    if !closes_a_loop {
+                        return Err(format!(
+                            "step {s} jumps to step {to}, not back over a branch leaving to step {}",
+                            s + 1
+                        ));
                     }
                 }
             }

@@ -17,13 +17,18 @@
 //! * **switch**: every branch runs and a select kernel picks each result
 //!   from the branch the index names (no readback stalls the queue; a
 //!   branch costs its work even when not taken).
-//! * **while_loop**: its trip count is known only when it runs, which a
-//!   program of fixed steps cannot express: an `Err` (it runs on the CPU
-//!   executor).
+//! * **while_loop**: its trip count is known only when it runs. The test's
+//!   steps write the predicate into a word, a branch step
+//!   ([`Step::Branch`](super::types::Step::Branch)) leaves the loop when
+//!   the executor reads it back as zero, and a jump after the body's steps
+//!   goes back to the test: one readback per
+//!   iteration, which waits for the device each time (a browser cannot
+//!   wait inside a synchronous call: there it is an `Err`). The carries
+//!   live as a scan's do.
 
 use super::loc::{Cmd, Loc, Place};
-use super::lowering::{lower_body, Lowering};
-use super::types::{Buffer, Program, Range, Step};
+use super::lowering::{lower_body, spliced, Lowering};
+use super::types::{Buffer, Program, Range};
 use crate::abi::{element_bytes, storage_bytes};
 use crate::spec::View;
 use kiln::plan::Home;
@@ -51,11 +56,7 @@ impl Lowering<'_> {
         match &call.kind {
             ControlKind::Scan { reverse, .. } => self.scan(v, call, *reverse, operands, results),
             ControlKind::Switch => self.switch(v, call, operands, results),
-            ControlKind::While => Err(self.err(
-                "`while_loop` has no GPU lowering: its trip count is known only when it runs, \
-                 and a program's steps are fixed; run it on the CPU executor"
-                    .to_string(),
-            )),
+            ControlKind::While => self.while_loop(v, call, operands, results),
         }
     }
 
@@ -122,31 +123,7 @@ impl Lowering<'_> {
                 Buffer::Output(o) => base(outputs.get(o), format!("output {o}")),
             }
         };
-        let mut spliced = Vec::with_capacity(sub.program.steps.len());
-        for step in &sub.program.steps {
-            spliced.push(match step {
-                Step::Dispatch(d) => Cmd::Dispatch {
-                    op: d.op.clone(),
-                    source: d.source.clone(),
-                    entry_point: d.entry_point.clone(),
-                    bindings: d
-                        .bindings
-                        .iter()
-                        .map(|&r| relocate(r))
-                        .collect::<Result<_>>()?,
-                    grid: d.grid,
-                },
-                Step::Copy { from, to } => {
-                    let (from, to) = (relocate(*from)?, relocate(*to)?);
-                    if from == to {
-                        continue;
-                    }
-                    Cmd::Copy { from, to }
-                }
-                // The caller clears every status word, the bodies' too.
-                Step::Clear(_) => continue,
-            });
-        }
+        let cmds = spliced(&sub.program.steps, self.steps.len(), relocate)?;
         let mut checks = Vec::new();
         if first {
             for check in &sub.program.checks {
@@ -158,7 +135,7 @@ impl Lowering<'_> {
             }
         }
         self.checks.extend(checks);
-        self.steps.extend(spliced);
+        self.steps.extend(cmds);
         Ok(())
     }
 
@@ -180,6 +157,88 @@ impl Lowering<'_> {
         )
         .map_err(|e| self.err(e.to_string()))?;
         self.dispatch("scan", spec, vec![to, from], None)
+    }
+
+    /// Where the carries of loop `call` live: each in its result's range
+    /// (scratch when nothing reads it), initialized from its operand; and
+    /// where `body` writes each new value: the same range when its plan
+    /// writes the carry in place of its input, else a second range copied
+    /// back after every iteration (double-buffered, as the report says).
+    fn carries(
+        &mut self,
+        call: &ControlCall,
+        body: &Executable,
+        operands: &[Loc],
+        results: &[Option<(Loc, usize)>],
+    ) -> (Vec<Loc>, Vec<Loc>) {
+        let mut carry_locs = Vec::with_capacity(call.num_carry);
+        for (c, operand) in call.carry_operands().enumerate() {
+            let bytes = operands[operand].bytes;
+            let loc = match results.get(c).copied().flatten() {
+                Some((loc, _)) => loc,
+                None => self.arena.scratch(bytes),
+            };
+            self.copy(operands[operand], loc);
+            carry_locs.push(loc);
+        }
+        let graph = body.graph();
+        let carry_out = carry_locs
+            .iter()
+            .enumerate()
+            .map(|(c, &loc)| {
+                let value = graph.outputs[c];
+                let input = call.num_consts + c;
+                let own = body.plan().home(value) == Home::Input(input)
+                    || matches!(graph.nodes[value].kind, kiln::ValueKind::Input(i) if i == input);
+                if own {
+                    loc
+                } else {
+                    self.arena.scratch(loc.bytes)
+                }
+            })
+            .collect();
+        (carry_locs, carry_out)
+    }
+
+    /// A `while_loop`: the test writes the predicate, a branch leaves the
+    /// loop when it reads zero, the body writes the new carries and a jump
+    /// goes back to the test.
+    fn while_loop(
+        &mut self,
+        v: usize,
+        call: &ControlCall,
+        operands: &[Loc],
+        results: &[Option<(Loc, usize)>],
+    ) -> Result<()> {
+        let bodies = self.exe.bodies(v).to_vec();
+        let [test, body] = bodies.as_slice() else {
+            return Err(self.err("a while_loop without its test and body".into()));
+        };
+        let (carry_locs, carry_out) = self.carries(call, body, operands, results);
+        let test_shapes = self.subgraph_shapes(v, call, 0);
+        let test = self.embed_body(test, &test_shapes)?;
+        let body_shapes = self.subgraph_shapes(v, call, 1);
+        let body = self.embed_body(body, &body_shapes)?;
+        // Test and body read the consts, then the carries where they live.
+        let ins: Vec<Loc> = (call.first_const()..call.carry_operands().start)
+            .map(|j| operands[j])
+            .chain(carry_locs.iter().copied())
+            .collect();
+        let predicate = self.arena.scratch(4);
+        let head = self.steps.len();
+        self.splice(&test, &ins, &[predicate], true)?;
+        let branch = self.steps.len();
+        self.steps.push(Cmd::Branch { predicate, exit: 0 });
+        self.splice(&body, &ins, &carry_out, true)?;
+        for (&to, &from) in carry_locs.iter().zip(&carry_out) {
+            self.copy(from, to);
+        }
+        self.steps.push(Cmd::Jump { to: head });
+        let exit = self.steps.len();
+        if let Some(Cmd::Branch { exit: target, .. }) = self.steps.get_mut(branch) {
+            *target = exit;
+        }
+        Ok(())
     }
 
     fn scan(
@@ -211,32 +270,7 @@ impl Lowering<'_> {
         let sub = self.embed_body(&body, &in_shapes)?;
         let align = u64::from(self.caps.binding_offset_alignment.max(4));
         let dtype_of = |j: usize| self.exe.graph().nodes[node.inputs[j]].aval.dtype;
-        // Carries: in their results' ranges (or scratch when unread).
-        let mut carry_locs = Vec::with_capacity(k);
-        for (c, operand) in carries.clone().enumerate() {
-            let bytes = operands[operand].bytes;
-            let loc = match results.get(c).copied().flatten() {
-                Some((loc, _)) => loc,
-                None => self.arena.scratch(bytes),
-            };
-            self.copy(operands[operand], loc);
-            carry_locs.push(loc);
-        }
-        // Where each carry's new value goes: its own range when the body
-        // writes it in place of its input, else a second range.
-        let graph = body.graph();
-        let mut carry_out = Vec::with_capacity(k);
-        for (c, &loc) in carry_locs.iter().enumerate() {
-            let value = graph.outputs[c];
-            let input = call.num_consts + c;
-            let own = body.plan().home(value) == Home::Input(input)
-                || matches!(graph.nodes[value].kind, kiln::ValueKind::Input(i) if i == input);
-            carry_out.push(if own {
-                loc
-            } else {
-                self.arena.scratch(loc.bytes)
-            });
-        }
+        let (carry_locs, carry_out) = self.carries(call, &body, operands, results);
         // Scanned slices: bound in place at aligned rows, else copied.
         struct Scanned {
             operand: Loc,

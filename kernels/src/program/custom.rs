@@ -3,9 +3,9 @@
 //! the caller's, whose arguments are the op's operands and whose output is
 //! the op's value.
 
-use super::loc::{Cmd, Loc, Place};
-use super::lowering::{lower, Lowering};
-use super::types::{Buffer, Range, Step};
+use super::loc::{Loc, Place};
+use super::lowering::{lower, spliced, Lowering};
+use super::types::{Buffer, Range};
 use kiln::{CustomCall, DType, Result};
 
 impl Lowering<'_> {
@@ -55,33 +55,12 @@ impl Lowering<'_> {
                 ))),
             }
         };
-        let mut spliced = Vec::with_capacity(sub.steps.len());
-        for step in sub.steps {
-            spliced.push(match step {
-                Step::Dispatch(d) => Cmd::Dispatch {
-                    op: d.op,
-                    source: d.source,
-                    entry_point: d.entry_point,
-                    bindings: d
-                        .bindings
-                        .into_iter()
-                        .map(relocate)
-                        .collect::<Result<_>>()?,
-                    grid: d.grid,
-                },
-                Step::Copy { from, to } => Cmd::Copy {
-                    from: relocate(from)?,
-                    to: relocate(to)?,
-                },
-                // The caller clears every status word, the forward's too.
-                Step::Clear(_) => continue,
-            });
-        }
+        let cmds = spliced(&sub.steps, self.steps.len(), relocate)?;
         let mut checks = Vec::with_capacity(sub.checks.len());
         for check in sub.checks {
             checks.push((relocate(check.word)?, check.op, check.detail));
         }
-        self.steps.extend(spliced);
+        self.steps.extend(cmds);
         self.checks.extend(checks);
         Ok(())
     }

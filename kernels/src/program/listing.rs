@@ -72,6 +72,24 @@ impl Program {
                         bindings: vec![step_binding(range)],
                         grid: None,
                     },
+                    Step::Branch { predicate, exit } => KernelStep {
+                        kind: StepKind::Branch,
+                        op: format!("read back the predicate; false: go to step {exit}"),
+                        nodes,
+                        source: None,
+                        entry_point: None,
+                        bindings: vec![step_binding(predicate)],
+                        grid: None,
+                    },
+                    Step::Jump { to } => KernelStep {
+                        kind: StepKind::Jump,
+                        op: format!("go to step {to}"),
+                        nodes,
+                        source: None,
+                        entry_point: None,
+                        bindings: Vec::new(),
+                        grid: None,
+                    },
                 }
             })
             .collect();

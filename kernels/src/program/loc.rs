@@ -56,4 +56,14 @@ pub(super) enum Cmd {
         from: Loc,
         to: Loc,
     },
+    /// A loop's test ([`super::types::Step::Branch`]); `exit` indexes the
+    /// lowering's commands until the program is finished.
+    Branch {
+        predicate: Loc,
+        exit: usize,
+    },
+    /// Back to command `to` ([`super::types::Step::Jump`]).
+    Jump {
+        to: usize,
+    },
 }

@@ -412,9 +412,17 @@ impl Lowering<'_> {
         // The value each resolved step serves, beside it.
         let mut resolved_owners = Vec::with_capacity(self.steps.len());
         let owners = std::mem::take(&mut self.owners);
+        // Where each command's steps start among the resolved ones (loops
+        // name commands until here).
+        let mut starts = Vec::with_capacity(self.steps.len() + 1);
         for (c, cmd) in std::mem::take(&mut self.steps).into_iter().enumerate() {
+            starts.push(resolved.len());
             let owner = owners.get(c).copied();
             match cmd {
+                Cmd::Branch { .. } | Cmd::Jump { .. } => {
+                    resolved_owners.push(owner);
+                    resolved.push(cmd);
+                }
                 Cmd::Copy { from, to } => {
                     let cmds = self.copy_cmds(from, to)?;
                     resolved_owners.extend(std::iter::repeat_n(owner, cmds.len()));
@@ -452,6 +460,7 @@ impl Lowering<'_> {
                 }
             }
         }
+        starts.push(resolved.len());
         let scratch_base = self.arena.seal_scratch();
         let caps = self.caps;
         let range = |loc: Loc| -> Range {
@@ -475,6 +484,8 @@ impl Lowering<'_> {
             .collect();
         let mut step_values = vec![None; steps.len()];
         step_values.extend(resolved_owners);
+        let clears = steps.len();
+        let step_of = |command: usize| clears + starts[command];
         for cmd in resolved {
             steps.push(match cmd {
                 Cmd::Dispatch {
@@ -494,6 +505,11 @@ impl Lowering<'_> {
                     from: range(from),
                     to: range(to),
                 },
+                Cmd::Branch { predicate, exit } => Step::Branch {
+                    predicate: range(predicate),
+                    exit: step_of(exit),
+                },
+                Cmd::Jump { to } => Step::Jump { to: step_of(to) },
             });
         }
         let checks = self
@@ -631,4 +647,57 @@ fn check_launch(caps: &Caps, op: &str, launch: &Launch) -> Result<[u32; 3]> {
         });
     }
     Ok(launch.grid)
+}
+
+/// The steps of an embedded program as commands to append after command
+/// `base - 1`, each range through `relocate`. Its status words are the
+/// caller's to clear, copies onto themselves vanish, and its loops' step
+/// numbers become command numbers.
+pub(super) fn spliced(
+    steps: &[Step],
+    base: usize,
+    relocate: impl Fn(Range) -> Result<Loc>,
+) -> Result<Vec<Cmd>> {
+    // The command each embedded step starts at (a vanished step at the
+    // next one's), and one past the last.
+    let mut starts = Vec::with_capacity(steps.len() + 1);
+    let mut cmds = Vec::with_capacity(steps.len());
+    for step in steps {
+        starts.push(base + cmds.len());
+        cmds.push(match step {
+            Step::Dispatch(d) => Cmd::Dispatch {
+                op: d.op.clone(),
+                source: d.source.clone(),
+                entry_point: d.entry_point.clone(),
+                bindings: d
+                    .bindings
+                    .iter()
+                    .map(|&r| relocate(r))
+                    .collect::<Result<_>>()?,
+                grid: d.grid,
+            },
+            Step::Copy { from, to } => {
+                let (from, to) = (relocate(*from)?, relocate(*to)?);
+                if from == to {
+                    continue;
+                }
+                Cmd::Copy { from, to }
+            }
+            Step::Clear(_) => continue,
+            Step::Branch { predicate, exit } => Cmd::Branch {
+                predicate: relocate(*predicate)?,
+                exit: *exit,
+            },
+            Step::Jump { to } => Cmd::Jump { to: *to },
+        });
+    }
+    starts.push(base + cmds.len());
+    for cmd in &mut cmds {
+        match cmd {
+            Cmd::Branch { exit, .. } => *exit = starts[*exit],
+            Cmd::Jump { to } => *to = starts[*to],
+            Cmd::Dispatch { .. } | Cmd::Copy { .. } => {}
+        }
+    }
+    Ok(cmds)
 }

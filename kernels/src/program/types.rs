@@ -137,6 +137,22 @@ pub enum Step {
     },
     /// Bytes set to zero (status words before the kernels run).
     Clear(Range),
+    /// The test of a loop whose trip count is known only as it runs
+    /// (`while_loop`): the steps recorded so far are submitted, the
+    /// predicate word is read back, and when it is zero the program goes
+    /// on at step `exit`, else at the next step.
+    Branch {
+        /// The predicate: one word, nonzero to stay in the loop.
+        predicate: Range,
+        /// The first step after the loop.
+        exit: usize,
+    },
+    /// The program goes on at step `to` (the end of a loop's body, back to
+    /// its test).
+    Jump {
+        /// The step to go on at.
+        to: usize,
+    },
 }
 
 /// A status word some kernel raises when its input is bad (see
@@ -216,7 +232,8 @@ pub struct ArenaUse {
 pub struct Program {
     /// The value shapes it was lowered for.
     pub shapes: Vec<Vec<usize>>,
-    /// The steps, in order.
+    /// The steps, in order; [`Step::Branch`] and [`Step::Jump`] form
+    /// loops.
     pub steps: Vec<Step>,
     /// Bytes of the arena buffer.
     pub arena_bytes: u64,
@@ -238,4 +255,12 @@ pub struct Program {
     /// op value it computes (a fused group's node for all its steps), the
     /// output a copy fills; `None` for the status words cleared first.
     pub step_values: Vec<Option<usize>>,
+}
+
+impl Program {
+    /// True when some step reads a predicate back ([`Step::Branch`]): a
+    /// call waits on the device once per iteration of such a loop.
+    pub fn has_loops(&self) -> bool {
+        self.steps.iter().any(|s| matches!(s, Step::Branch { .. }))
+    }
 }
