@@ -611,6 +611,18 @@ await check("scan-kv-cache-is-one-loop-written-in-place-with-a-flat-peak", async
     }
     if ((await page.locator(".loops li.body-node").count()) < 3) throw new Error("the body's nodes are not listed");
   });
+  // The graph opens the body as a cluster of its nodes, labelled with its trip count and carries.
+  await page.locator("#graph-loops").first().click();
+  await eventually(() => page.locator('svg.graph-canvas[data-loops-open="true"]').count().then((n) => n > 0), true, "loop bodies drawn");
+  await settled(async () => {
+    const label = await page.locator(".graph .cluster.loop text").first().textContent({ timeout: 5000 });
+    if (!/^scan %\d+ · body · \d+ iterations · carry\[0\] in place/.test(label)) throw new Error(`loop cluster: ${label}`);
+    if ((await page.locator(".graph .cluster.loop").count()) < 1) throw new Error("no loop cluster");
+  });
+  // The memory view has the body's own timeline: one plan for every iteration.
+  await page.locator("details.body-timeline summary").first().click();
+  await eventually(() => page.locator("details.body-timeline[open] rect.bar").count().then((n) => n > 0), true, "the body's slots drawn");
+  await page.screenshot({ path: join(shots, "scan-kv-cache-loop-body-opened.png"), fullPage: true });
 });
 
 await check("an-exported-report-re-opens", async () => {

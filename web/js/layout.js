@@ -128,7 +128,8 @@ function outerLayout(ids, size, edges, large) {
 }
 
 // Places a graph with dagre's layered (Sugiyama) layout. `input` is
-// { boxes: [{ width, height, cluster }], clusters: count, edges: [[from, to]] };
+// { boxes: [{ width, height, cluster }], clusters: count, titles: [least width
+// of each cluster, for its title], edges: [[from, to]] };
 // returns { width, height, boxes: [[x, y]], clusters: [[x, y, w, h]],
 // edges: [[[x, y], ...]], long: [edge index] } in input order (x, y are
 // centres; `long` lists the edges drawn straight, not routed).
@@ -143,13 +144,13 @@ export function layoutGraph(input) {
   input.boxes.forEach((b, i) => {
     if (b.cluster !== null && b.cluster !== undefined) members[b.cluster].push(i);
   });
-  const inner = members.map((ids) => {
+  const inner = members.map((ids, k) => {
     const inside = new Set(ids);
     const edges = input.edges.filter(([f, t]) => inside.has(f) && inside.has(t));
     const g = layered(ids.map(String), (id) => input.boxes[Number(id)], edges.map(([f, t]) => [String(f), String(t)]), false);
     const label = g.graph();
     // Room for the cluster's title above its members.
-    return { g, width: label.width, height: label.height + 16 };
+    return { g, width: Math.max(label.width, (input.titles && input.titles[k]) || 0), height: label.height + 16 };
   });
   const outerId = (i) => {
     const c = input.boxes[i].cluster;

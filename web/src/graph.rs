@@ -1,10 +1,10 @@
 //! The graph view's model: a [`Report`]'s optimized graph (fused groups
-//! opened into clusters of their member ops) or its traced graph before
-//! the passes, as boxes and edges for a layout library to place, and the
+//! opened into clusters of their member ops, loop bodies on request) or
+//! its traced graph before the passes, as boxes and edges for a layout library to place, and the
 //! SVG drawn from the placed boxes. Every fact shown — ops, avals, homes,
 //! reinplace decisions, group members, script lines — is the report's.
 
-use kiln::report::GroupArg;
+use kiln::report::{BodyReport, GroupArg, LoopReport};
 use kiln::{Report, SourceLocation};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
@@ -39,6 +39,8 @@ pub enum BoxKind {
     Member,
     /// A traced node no optimized node computes (simplified away or dead).
     Dropped,
+    /// A loop body or branch drawn as a cluster.
+    Loop,
     /// Anything else.
     Plain,
 }
@@ -51,6 +53,7 @@ impl BoxKind {
             BoxKind::Refused => "refused",
             BoxKind::Member => "member",
             BoxKind::Dropped => "dropped",
+            BoxKind::Loop => "loop",
             BoxKind::Plain => "plain",
         }
     }
@@ -80,21 +83,55 @@ pub struct GraphBox {
     pub composition: Option<String>,
     /// The cluster it is drawn in.
     pub cluster: Option<usize>,
+    /// Inside an opened loop body (its cluster's), the body's node it is.
+    #[serde(default)]
+    pub body_node: Option<usize>,
     /// Its size in pixels.
     pub width: f64,
     /// Its height in pixels.
     pub height: f64,
 }
 
-/// A fused group, drawn as a frame around its members.
+/// A fused group or an opened loop body, drawn as a frame around its
+/// members.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cluster {
-    /// The fused node.
+    /// The fused node, or the control node whose body it is.
     pub node: usize,
-    /// `fused %5: 3 ops`.
+    /// `fused %5: 3 ops`, `scan %5 · body · 1000 iterations`.
     pub label: String,
-    /// The group's reinplace colour.
+    /// The group's reinplace colour ([`BoxKind::Loop`] for a body).
     pub kind: BoxKind,
+    /// For a loop body, where it is in [`Report::loops`].
+    #[serde(default)]
+    pub body: Option<BodyPath>,
+}
+
+impl Cluster {
+    /// The width its title needs, in pixels: a frame is at least this wide.
+    pub fn title_width(&self) -> f64 {
+        self.label.chars().count() as f64 * CHAR_WIDTH + 12.0
+    }
+}
+
+/// Where a loop body is in a report: from [`Report::loops`] down, each
+/// step the loop's position in its list and the body's in the loop's.
+pub type BodyPath = Vec<(usize, usize)>;
+
+/// The loop and body `path` names in `report`.
+pub fn body_at<'r>(
+    report: &'r Report,
+    path: &[(usize, usize)],
+) -> Option<(&'r LoopReport, &'r BodyReport)> {
+    let mut loops = &report.loops;
+    let mut found = None;
+    for &(l, b) in path {
+        let lp = loops.get(l)?;
+        let body = lp.bodies.get(b)?;
+        loops = &body.loops;
+        found = Some((lp, body));
+    }
+    found
 }
 
 /// A graph ready for layout.
@@ -205,6 +242,7 @@ fn optimized_model(report: &Report) -> GraphModel {
                 location: node.location,
                 composition: node.composition.clone(),
                 cluster: None,
+                body_node: None,
                 width: 0.0,
                 height: 0.0,
             }));
@@ -215,6 +253,7 @@ fn optimized_model(report: &Report) -> GraphModel {
             node: node.id,
             label: format!("fused %{}: {} ops", node.id, node.group.len()),
             kind,
+            body: None,
         });
         let first = boxes.len();
         let last = node.group.len() - 1;
@@ -237,6 +276,7 @@ fn optimized_model(report: &Report) -> GraphModel {
                 location: step.location,
                 composition: step.composition.clone(),
                 cluster: Some(cluster),
+                body_node: None,
                 width: 0.0,
                 height: 0.0,
             }));
@@ -273,6 +313,7 @@ fn traced_model(report: &Report) -> GraphModel {
                 location: t.location,
                 composition: t.composition.clone(),
                 cluster: None,
+                body_node: None,
                 width: 0.0,
                 height: 0.0,
             })
@@ -291,6 +332,109 @@ fn traced_model(report: &Report) -> GraphModel {
         clusters: Vec::new(),
         edges,
     }
+}
+
+/// `model` (the optimized graph) with every body of every control-flow
+/// node of `report` opened: a cluster per body or branch, labelled with its
+/// loop, trip count and how each carry moves between iterations, holding a
+/// box per body node (selecting one selects the loop's node), with an edge
+/// from the loop's box to the body's inputs. Loops inside bodies open too.
+pub fn open_loops(mut model: GraphModel, report: &Report) -> GraphModel {
+    let loop_box = |model: &GraphModel, node: usize| {
+        model
+            .boxes
+            .iter()
+            .position(|b| b.node == Some(node) && b.step.is_none() && b.body_node.is_none())
+    };
+    let mut pending: Vec<(BodyPath, Option<usize>)> = report
+        .loops
+        .iter()
+        .enumerate()
+        .flat_map(|(l, lp)| {
+            let from = loop_box(&model, lp.node);
+            (0..lp.bodies.len()).map(move |b| (vec![(l, b)], from))
+        })
+        .collect();
+    let mut next = 0;
+    while let Some((path, from)) = pending.get(next).cloned() {
+        next += 1;
+        let Some((lp, body)) = body_at(report, &path) else {
+            continue;
+        };
+        let cluster = model.clusters.len();
+        model.clusters.push(Cluster {
+            node: lp.node,
+            label: body_label(lp, body),
+            kind: BoxKind::Loop,
+            body: Some(path.clone()),
+        });
+        let first = model.boxes.len();
+        let index_of = |id: usize| {
+            body.nodes
+                .iter()
+                .position(|n| n.id == id)
+                .map(|i| first + i)
+        };
+        for node in &body.nodes {
+            let at = model.boxes.len();
+            match (node.inputs.is_empty(), from) {
+                (true, Some(from)) => model.edges.push((from, at)),
+                _ => model.edges.extend(
+                    node.inputs
+                        .iter()
+                        .filter_map(|&i| index_of(i))
+                        .map(|i| (i, at)),
+                ),
+            }
+            model.boxes.push(sized(GraphBox {
+                label: format!("%{} {}", node.id, node.op),
+                op: op_name(&node.op),
+                aval: node.aval.clone(),
+                kind: match &node.reinplace {
+                    Some(d) if d.target().is_some() => BoxKind::Taken,
+                    Some(_) => BoxKind::Refused,
+                    None => BoxKind::Plain,
+                },
+                node: Some(lp.node),
+                traced: None,
+                step: None,
+                location: node.location,
+                composition: node.composition.clone(),
+                cluster: Some(cluster),
+                body_node: Some(node.id),
+                width: 0.0,
+                height: 0.0,
+            }));
+        }
+        for (l, inner) in body.loops.iter().enumerate() {
+            let inner_box = index_of(inner.node);
+            for b in 0..inner.bodies.len() {
+                let mut inner_path = path.clone();
+                inner_path.push((l, b));
+                pending.push((inner_path, inner_box));
+            }
+        }
+    }
+    model.edges.sort_unstable();
+    model.edges.dedup();
+    model
+}
+
+/// `scan %5 · body · 1000 iterations · carry[0] in place`.
+fn body_label(lp: &LoopReport, body: &BodyReport) -> String {
+    let mut label = format!("{} %{} · {}", op_name(&lp.op), lp.node, body.name);
+    if let Some(trips) = &lp.trip_count {
+        let _ = write!(label, " · {trips} iterations");
+    }
+    for carried in &body.carried {
+        let how = if carried.in_place {
+            "in place"
+        } else {
+            "double-buffered"
+        };
+        let _ = write!(label, " · carry[{}] {how}", carried.carry);
+    }
+    label
 }
 
 /// `model` with each call of an `nn` composition (the boxes one
@@ -431,7 +575,26 @@ pub fn details(report: &Report, model: &GraphModel, index: usize) -> Vec<(&'stat
     if let Some(c) = &b.composition {
         rows.push(("composition", format!("nn::{c}")));
     }
-    let node = b.node.and_then(|n| report.nodes.get(n));
+    let body = b
+        .cluster
+        .and_then(|c| model.clusters.get(c))
+        .and_then(|c| c.body.as_deref())
+        .and_then(|path| body_at(report, path));
+    let node = match (b.body_node, body) {
+        (Some(id), Some((lp, body))) => {
+            rows.push((
+                "loop",
+                format!(
+                    "in the {} of {} %{} (planned once for every iteration)",
+                    body.name,
+                    op_name(&lp.op),
+                    lp.node
+                ),
+            ));
+            body.nodes.iter().find(|n| n.id == id)
+        }
+        _ => b.node.and_then(|n| report.nodes.get(n)),
+    };
     if b.traced.is_some() {
         rows.push((
             "after passes",
@@ -475,6 +638,14 @@ pub fn cluster_details(
     model: &GraphModel,
     cluster: usize,
 ) -> Vec<(&'static str, String)> {
+    if let Some((lp, body)) = model
+        .clusters
+        .get(cluster)
+        .and_then(|c| c.body.as_deref())
+        .and_then(|path| body_at(report, path))
+    {
+        return loop_body_details(lp, body);
+    }
     let Some(node) = model
         .clusters
         .get(cluster)
@@ -511,6 +682,39 @@ pub fn cluster_details(
         node.location
             .map_or_else(|| "no script position".to_string(), |l| l.to_string()),
     ));
+    rows
+}
+
+/// The rows of an opened loop body: the loop, its trip count, the body's
+/// nodes and planned peak, and how each carry moves between iterations.
+fn loop_body_details(lp: &LoopReport, body: &BodyReport) -> Vec<(&'static str, String)> {
+    let mut rows = vec![
+        ("loop", format!("%{} {}", lp.node, lp.op)),
+        (
+            "iterations",
+            lp.trip_count
+                .clone()
+                .unwrap_or_else(|| "known only as it runs".to_string()),
+        ),
+        (
+            "body",
+            format!(
+                "{}: {} nodes, one plan for every iteration, peak {}",
+                body.name,
+                body.nodes.len(),
+                crate::view::human_bytes(body.plan.memory.peak_bytes)
+            ),
+        ),
+    ];
+    for carried in &body.carried {
+        rows.push((
+            "carry",
+            format!(
+                "carry[{}] {}: {}",
+                carried.carry, carried.aval, carried.detail
+            ),
+        ));
+    }
     rows
 }
 
@@ -626,6 +830,106 @@ mod tests {
             .map(|b| b.location.map(|l| l.line))
             .collect();
         assert_eq!(lines, [None, Some(2), Some(3), Some(3), Some(4)]);
+    }
+
+    #[test]
+    fn opened_loops_draw_each_body_as_a_cluster_with_its_trip_count_and_carries() {
+        let report = report_of(
+            "let f = compile(|xs| scan(|c, x| [c + x, x.sum()], zeros([2]), xs));\nf.run(ones([3, 2]))",
+        );
+        let closed = graph_model(&report, GraphMode::Optimized);
+        assert!(closed.clusters.iter().all(|c| c.body.is_none()));
+        let model = open_loops(closed.clone(), &report);
+        let scan = report.loops[0].node;
+        let bodies: Vec<&Cluster> = model.clusters.iter().filter(|c| c.body.is_some()).collect();
+        assert_eq!(bodies.len(), 1, "{:?}", model.clusters);
+        let label = &bodies[0].label;
+        assert!(
+            label.starts_with(&format!("scan %{scan} · body · 3 iterations · carry[0] ")),
+            "{label}"
+        );
+        let cluster = model
+            .clusters
+            .iter()
+            .position(|c| c.body.is_some())
+            .unwrap();
+        let members: Vec<&GraphBox> = model
+            .boxes
+            .iter()
+            .filter(|b| b.cluster == Some(cluster))
+            .collect();
+        assert_eq!(members.len(), report.loops[0].bodies[0].nodes.len());
+        assert!(members
+            .iter()
+            .all(|b| b.node == Some(scan) && b.body_node.is_some()));
+        assert!(members.iter().any(|b| b.op == "add") && members.iter().any(|b| b.op == "sum"));
+        // The loop's box feeds the body's inputs; the closed graph's edges stay.
+        let loop_box = model
+            .boxes
+            .iter()
+            .position(|b| b.node == Some(scan) && b.body_node.is_none())
+            .unwrap();
+        assert!(model
+            .edges
+            .iter()
+            .any(|&(a, b)| a == loop_box && model.boxes[b].cluster == Some(cluster)));
+        assert!(closed.edges.iter().all(|e| model.edges.contains(e)));
+        let rows = cluster_details(&report, &model, cluster);
+        assert!(rows.contains(&("iterations", "3".to_string())), "{rows:?}");
+        assert!(
+            rows.iter()
+                .any(|(f, v)| *f == "carry" && v.starts_with("carry[0] f32[2]")),
+            "{rows:?}"
+        );
+        let add = model
+            .boxes
+            .iter()
+            .position(|b| b.cluster == Some(cluster) && b.op == "add")
+            .unwrap();
+        let rows = details(&report, &model, add);
+        assert!(
+            rows.iter()
+                .any(|(f, v)| *f == "loop" && v.contains(&format!("body of scan %{scan}"))),
+            "{rows:?}"
+        );
+    }
+
+    #[test]
+    fn a_loop_inside_a_body_opens_as_its_own_cluster_fed_by_its_node() {
+        let report = report_of(
+            "let f = compile(|x| fori_loop(0, 2, |i, c| while_loop(|v| v.sum() < 40.0, |v| v * 2.0, c), x));\nf.run(ones([2]))",
+        );
+        let model = open_loops(graph_model(&report, GraphMode::Optimized), &report);
+        let labels: Vec<&str> = model
+            .clusters
+            .iter()
+            .filter(|c| c.body.is_some())
+            .map(|c| c.label.as_str())
+            .collect();
+        assert_eq!(
+            labels.len(),
+            3,
+            "the scan's body, the while loop's cond and body: {labels:?}"
+        );
+        assert!(
+            labels[1].starts_with("while_loop %") && labels[1].contains("cond"),
+            "{labels:?}"
+        );
+        let inner = model
+            .boxes
+            .iter()
+            .position(|b| b.body_node.is_some() && b.op == "while_loop")
+            .unwrap();
+        let fed: Vec<Option<usize>> = model
+            .edges
+            .iter()
+            .filter(|e| e.0 == inner)
+            .map(|e| model.boxes[e.1].cluster)
+            .collect();
+        assert!(
+            fed.iter().any(|c| *c != model.boxes[inner].cluster),
+            "{fed:?}"
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! reasons, lifetimes, byte counts — is Kiln's own.
 
 use crate::report::{CallClock, CallTiming};
+use kiln::report::{BodyReport, LoopReport, PlanReport, ReportNode};
 use kiln::{CacheInfo, KernelList, Refusal, Report, ReportDiff};
 use serde::{Deserialize, Serialize};
 
@@ -101,7 +102,62 @@ pub struct TimelineBar {
 
 /// The slot timeline of `report`'s plan.
 pub fn timeline(report: &Report) -> Timeline {
-    let plan = &report.plan;
+    plan_timeline(&report.plan, &report.nodes)
+}
+
+/// A loop body's own slot timeline: one plan reused by every iteration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BodyTimeline {
+    /// `scan %5 · body · 1000 iterations`.
+    pub title: String,
+    /// The control node whose body it is (in the graph holding the loop:
+    /// the entry's for a top-level loop).
+    pub loop_node: usize,
+    /// True for a loop of the entry's own graph (not inside a body).
+    pub top_level: bool,
+    /// Its slots over the body's schedule.
+    pub timeline: Timeline,
+    /// How each carry moves between iterations: `carry[0] f32[64,16]:
+    /// updated in place by %5 dynamic_update_slice`.
+    pub carried: Vec<String>,
+}
+
+/// The timeline of every body and branch of `report`'s control-flow nodes,
+/// loops inside bodies after their enclosing body.
+pub fn body_timelines(report: &Report) -> Vec<BodyTimeline> {
+    fn walk(loops: &[LoopReport], top_level: bool, out: &mut Vec<BodyTimeline>) {
+        for lp in loops {
+            let op = lp.op.split('(').next().unwrap_or_default();
+            for body in &lp.bodies {
+                let trips = lp
+                    .trip_count
+                    .as_ref()
+                    .map_or_else(String::new, |t| format!(" · {t} iterations"));
+                out.push(BodyTimeline {
+                    title: format!("{op} %{} · {}{trips}", lp.node, body.name),
+                    loop_node: lp.node,
+                    top_level,
+                    timeline: plan_timeline(&body.plan, &body.nodes),
+                    carried: carried_lines(body),
+                });
+                walk(&body.loops, false, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&report.loops, true, &mut out);
+    out
+}
+
+fn carried_lines(body: &BodyReport) -> Vec<String> {
+    body.carried
+        .iter()
+        .map(|c| format!("carry[{}] {}: {}", c.carry, c.aval, c.detail))
+        .collect()
+}
+
+/// The timeline of `plan` over a graph of `nodes`.
+fn plan_timeline(plan: &PlanReport, nodes: &[ReportNode]) -> Timeline {
     let rows = plan
         .slots
         .iter()
@@ -112,7 +168,7 @@ pub fn timeline(report: &Report) -> Timeline {
                 .values
                 .iter()
                 .map(|v| {
-                    let node = report.nodes.get(v.value);
+                    let node = nodes.iter().find(|n| n.id == v.value);
                     TimelineBar {
                         value: v.value,
                         op: node.map(|n| n.op.clone()).unwrap_or_default(),
@@ -128,7 +184,7 @@ pub fn timeline(report: &Report) -> Timeline {
         })
         .collect();
     Timeline {
-        steps: report.nodes.len(),
+        steps: nodes.len(),
         rows,
         peak_bytes: plan.memory.peak_bytes,
         lower_bound_bytes: plan.memory.lower_bound_bytes,
@@ -542,6 +598,45 @@ mod tests {
             .iter()
             .flat_map(|r| &r.bars)
             .all(|b| b.def <= b.last && b.last <= t.steps));
+    }
+
+    #[test]
+    fn every_loop_body_has_a_timeline_of_its_own_plan_and_its_carries() {
+        let report = first_report(
+            "let f = compile(|x| fori_loop(0, 3, |i, c| while_loop(|v| v.sum() < 40.0, |v| (v * 2.0).exp().log(), c), x));\nf.run(ones([2]))",
+        );
+        let bodies = body_timelines(&report);
+        let titles: Vec<&str> = bodies.iter().map(|b| b.title.as_str()).collect();
+        let scan = report.loops[0].node;
+        assert_eq!(titles[0], format!("scan %{scan} · body · 3 iterations"));
+        assert!(
+            titles[1].starts_with("while_loop %") && titles[1].ends_with("cond"),
+            "{titles:?}"
+        );
+        assert!(titles[2].ends_with("body"), "{titles:?}");
+        assert_eq!(
+            bodies.iter().map(|b| b.top_level).collect::<Vec<_>>(),
+            [true, false, false]
+        );
+        let inner = &bodies[2];
+        let body = &report.loops[0].bodies[0].loops[0].bodies[1];
+        assert_eq!(inner.timeline.steps, body.nodes.len());
+        assert_eq!(inner.timeline.peak_bytes, body.plan.memory.peak_bytes);
+        let bars: usize = inner.timeline.rows.iter().map(|r| r.bars.len()).sum();
+        let planned: usize = body.plan.slots.iter().map(|s| s.values.len()).sum();
+        assert_eq!(bars, planned);
+        assert!(inner
+            .timeline
+            .rows
+            .iter()
+            .flat_map(|r| &r.bars)
+            .all(|b| !b.op.is_empty()));
+        assert_eq!(inner.carried.len(), 1);
+        assert!(
+            inner.carried[0].starts_with("carry[0] f32[2]: "),
+            "{:?}",
+            inner.carried
+        );
     }
 
     #[test]

@@ -21,10 +21,9 @@
 //!   steps write the predicate into a word, a branch step
 //!   ([`Step::Branch`](super::types::Step::Branch)) leaves the loop when
 //!   the executor reads it back as zero, and a jump after the body's steps
-//!   goes back to the test: one readback per
-//!   iteration, which waits for the device each time (a browser cannot
-//!   wait inside a synchronous call: there it is an `Err`). The carries
-//!   live as a scan's do.
+//!   goes back to the test: one readback per iteration, which waits for
+//!   the device each time (a browser cannot wait inside a synchronous
+//!   call: there it is an `Err`). The carries live as a scan's do.
 
 use super::loc::{Cmd, Loc, Place};
 use super::lowering::{lower_body, spliced, Lowering};

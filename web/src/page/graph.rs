@@ -7,8 +7,8 @@
 use super::diff::DiffMarks;
 use super::views::{box_at, fit_graph, focus_graph, layout_graph, mark_only, show_graph};
 use crate::graph::{
-    cluster_details, collapse_compositions, details, graph_model, render_svg, search, GraphLayout,
-    GraphMode, GraphModel,
+    cluster_details, collapse_compositions, details, graph_model, open_loops, render_svg, search,
+    GraphLayout, GraphMode, GraphModel,
 };
 use crate::view::{EntryScope, Selection};
 use kiln::{KernelList, Report};
@@ -44,6 +44,8 @@ fn group_at(event: &web_sys::Event) -> Option<usize> {
 struct LayoutInput<'a> {
     boxes: Vec<LayoutBox>,
     clusters: usize,
+    /// Each cluster's least width: its title's.
+    titles: Vec<f64>,
     edges: &'a [(usize, usize)],
 }
 
@@ -68,6 +70,7 @@ async fn lay_out(model: &GraphModel) -> Result<(GraphLayout, f64), String> {
             })
             .collect(),
         clusters: model.clusters.len(),
+        titles: model.clusters.iter().map(|c| c.title_width()).collect(),
         edges: &model.edges,
     };
     let input = input
@@ -119,7 +122,10 @@ pub fn graph_view(
     // Each call of an `nn` composition drawn as one box.
     let collapse = RwSignal::new(false);
     let has_compositions = report.nodes.iter().any(|n| n.composition.is_some());
-    let drawn = StoredValue::new_local(None::<(GraphMode, bool)>);
+    // Every loop body drawn as a cluster of its nodes.
+    let open = RwSignal::new(false);
+    let has_loops = !report.loops.is_empty();
+    let drawn = StoredValue::new_local(None::<(GraphMode, bool, bool)>);
     let svg = NodeRef::<leptos::svg::Svg>::new();
     let viewport = NodeRef::<leptos::svg::G>::new();
     // Counts layouts asked for: a layout that comes back after a newer
@@ -161,18 +167,21 @@ pub fn graph_view(
         let report = report.clone();
         let refresh_marks = refresh_marks.clone();
         Effect::new(move |_| {
-            let (mode, collapsed) = (mode.get(), collapse.get());
+            let (mode, collapsed, opened) = (mode.get(), collapse.get(), open.get());
             let (Some(svg), Some(viewport)) = (svg.get(), viewport.get()) else {
                 return;
             };
-            if drawn.get_value() == Some((mode, collapsed)) {
+            if drawn.get_value() == Some((mode, collapsed, opened)) {
                 return;
             }
-            drawn.set_value(Some((mode, collapsed)));
-            let fresh = match collapsed {
-                true => collapse_compositions(graph_model(&report, mode)),
-                false => graph_model(&report, mode),
-            };
+            drawn.set_value(Some((mode, collapsed, opened)));
+            let mut fresh = graph_model(&report, mode);
+            if opened && mode == GraphMode::Optimized {
+                fresh = open_loops(fresh, &report);
+            }
+            if collapsed {
+                fresh = collapse_compositions(fresh);
+            }
             let ticket = asked.get_value() + 1;
             asked.set_value(ticket);
             laid_out.set(format!("laying out {} boxes…", fresh.boxes.len()));
@@ -188,6 +197,7 @@ pub fn graph_view(
                         // What the browser tests wait for.
                         let _ = svg.set_attribute("data-drawn", mode.name());
                         let _ = svg.set_attribute("data-collapsed", &collapsed.to_string());
+                        let _ = svg.set_attribute("data-loops-open", &opened.to_string());
                         laid_out.set(format!(
                             "{} boxes laid out by dagre in {ms:.0} ms",
                             fresh.boxes.len()
@@ -259,7 +269,7 @@ pub fn graph_view(
             return view! {
                 <p id="graph-hint" class="meta">
                     "Click a box for its op, aval, home, reinplace decision and script line; \
-                     click a fused group's frame for the group."
+                     click a fused group's or loop body's frame for the group or the loop."
                 </p>
             }
             .into_any();
@@ -319,6 +329,11 @@ pub fn graph_view(
                 {has_compositions.then(|| view! {
                     <button id="graph-collapse" class:active=move || collapse.get()
                         on:click=move |_| collapse.update(|c| *c = !*c)>"Collapse nn calls"</button>
+                })}
+                {has_loops.then(|| view! {
+                    <button id="graph-loops" class:active=move || open.get()
+                        disabled=move || mode.get() != GraphMode::Optimized
+                        on:click=move |_| open.update(|o| *o = !*o)>"Open loop bodies"</button>
                 })}
                 <button id="graph-fit" on:click=fit>"Fit"</button>
                 <span id="graph-layout" class="meta">{move || laid_out.get()}</span>

@@ -16,8 +16,8 @@ use crate::report::{
 };
 use crate::share::{encode_fragment, export_report, import_report, program_in_link};
 use crate::view::{
-    call_time, calls_summary, entry_leaves, human_bytes, miss_lines, reinplace_rows, round_ms,
-    timeline, EntryScope, Selection,
+    body_timelines, call_time, calls_summary, entry_leaves, human_bytes, miss_lines,
+    reinplace_rows, round_ms, timeline, EntryScope, Selection, Timeline,
 };
 use kiln::{KernelList, LoopReport, Report};
 use leptos::prelude::*;
@@ -1030,88 +1030,141 @@ const AXIS_TICKS: usize = 10;
 /// The slot timeline, fitted to its box: slot labels in a column of their
 /// own, the bars in an SVG whose x axis is the schedule scaled to the
 /// width left (one unit per step), a step axis under it, a legend, and a
-/// tooltip per bar.
+/// tooltip per bar. Under it, each loop body's own timeline (one plan for
+/// every iteration), folded.
 fn memory_view(page: Page, scope: EntryScope, report: &Report, marked: Marked) -> impl IntoView {
     let t = timeline(report);
-    let steps = t.steps.max(1);
-    let height = t.rows.len() * ROW_H;
-    let ticks = t.axis_ticks(AXIS_TICKS);
-    let labels: Vec<(usize, usize)> = t.rows.iter().map(|r| (r.slot, r.bytes)).collect();
+    let bodies = body_timelines(report);
     view! {
         <div class="view memory">
             <h3>"Memory"</h3>
-            <p class="figures">
-                <span class="peak" title=human_bytes(t.peak_bytes)>{format!("peak {} B", t.peak_bytes)}</span>
-                " · "
-                <span class="lower-bound" title=human_bytes(t.lower_bound_bytes)>{format!("lower bound {} B", t.lower_bound_bytes)}</span>
-                " · "
-                <span class="no-reuse" title=human_bytes(t.no_reuse_bytes)>{format!("no reuse {} B", t.no_reuse_bytes)}</span>
-            </p>
+            {plan_figures(&t)}
             <p class="legend">
                 <span class="swatch value"></span>" a value, from the step defining it to its last read "
                 <span class="swatch in-place"></span>" written in place (continues its operand's slot) "
                 <span class="swatch selected"></span>" selected"
             </p>
-            <div class="timeline">
-                <div class="slot-labels">
-                    {labels
+            {timeline_chart(page, scope, t, marked, None)}
+            {(!bodies.is_empty()).then(|| view! {
+                <h4>"Loop bodies: one plan for every iteration"</h4>
+                {bodies
+                    .into_iter()
+                    .map(|body| view! {
+                        <details class="body-timeline" data-loop=body.loop_node>
+                            <summary>{format!("{} · peak {}", body.title, human_bytes(body.timeline.peak_bytes))}</summary>
+                            {plan_figures(&body.timeline)}
+                            <ul class="carried">
+                                {body.carried.into_iter().map(|line| view! { <li>{line}</li> }).collect_view()}
+                            </ul>
+                            {timeline_chart(page, scope, body.timeline, marked, Some((body.loop_node, body.top_level)))}
+                        </details>
+                    })
+                    .collect_view()}
+            })}
+        </div>
+    }
+}
+
+/// A plan's peak, lower bound and no-reuse bytes.
+fn plan_figures(t: &Timeline) -> impl IntoView {
+    view! {
+        <p class="figures">
+            <span class="peak" title=human_bytes(t.peak_bytes)>{format!("peak {} B", t.peak_bytes)}</span>
+            " · "
+            <span class="lower-bound" title=human_bytes(t.lower_bound_bytes)>{format!("lower bound {} B", t.lower_bound_bytes)}</span>
+            " · "
+            <span class="no-reuse" title=human_bytes(t.no_reuse_bytes)>{format!("no reuse {} B", t.no_reuse_bytes)}</span>
+        </p>
+    }
+}
+
+/// The slot labels, bars and step axis of `t`. The entry's own timeline
+/// (`body` `None`) selects and marks values and slots; a body's (its loop
+/// node, and whether that node is the entry's) selects the loop's node.
+fn timeline_chart(
+    page: Page,
+    scope: EntryScope,
+    t: Timeline,
+    marked: Marked,
+    body: Option<(usize, bool)>,
+) -> impl IntoView {
+    let steps = t.steps.max(1);
+    let height = t.rows.len() * ROW_H;
+    let ticks = t.axis_ticks(AXIS_TICKS);
+    let labels: Vec<(usize, usize)> = t.rows.iter().map(|r| (r.slot, r.bytes)).collect();
+    let own = body.is_none();
+    // What clicking a value or a slot selects: in a body, its loop's node
+    // when that node is the entry's (a nested loop's node is not).
+    let select = move |selection: Selection| {
+        let chosen = match body {
+            None => Some(selection),
+            Some((node, true)) => Some(Selection::Node(node)),
+            Some((_, false)) => None,
+        };
+        if let Some(chosen) = chosen {
+            page.selected.set(Some((scope, chosen)));
+        }
+    };
+    view! {
+        <div class="timeline">
+            <div class="slot-labels">
+                {labels
+                    .into_iter()
+                    .map(|(index, bytes)| view! {
+                        <div class="slot-label" data-slot=index title=format!("{bytes} B")
+                            class:selected=move || own && marked.with(|(_, s)| *s == Some(index))
+                            on:click=move |_| select(Selection::Slot(index))>
+                            {format!("slot {index} · {}", human_bytes(bytes))}
+                        </div>
+                    })
+                    .collect_view()}
+            </div>
+            <div class="lanes">
+                <svg class="bars" width="100%" height=height viewBox=format!("0 0 {steps} {height}")
+                    preserveAspectRatio="none">
+                    {t
+                        .rows
                         .into_iter()
-                        .map(|(index, bytes)| view! {
-                            <div class="slot-label" data-slot=index title=format!("{bytes} B")
-                                class:selected=move || marked.with(|(_, s)| *s == Some(index))
-                                on:click=move |_| page.selected.set(Some((scope, Selection::Slot(index))))>
-                                {format!("slot {index} · {}", human_bytes(bytes))}
-                            </div>
+                        .enumerate()
+                        .map(|(row, slot)| {
+                            let y = row * ROW_H + 3;
+                            let index = slot.slot;
+                            slot.bars
+                                .into_iter()
+                                .map(|b| {
+                                    let tip = b.tooltip(index, slot.bytes);
+                                    let value = b.value;
+                                    // A gap of a tenth of a step keeps
+                                    // neighbouring lifetimes apart.
+                                    let width = (b.last.saturating_sub(b.def) + 1) as f64 - 0.1;
+                                    view! {
+                                        <rect
+                                            class="bar"
+                                            class:in-place=b.in_place
+                                            class:selected=move || own && marked.with(|(nodes, _)| nodes.contains(&value))
+                                            data-value=value
+                                            data-slot=index
+                                            x=b.def y=y width=width height=ROW_H - 6
+                                            on:click=move |_| select(Selection::Node(value))
+                                        >
+                                            <title>{tip}</title>
+                                        </rect>
+                                    }
+                                })
+                                .collect_view()
+                        })
+                        .collect_view()}
+                </svg>
+                <div class="axis">
+                    {ticks
+                        .into_iter()
+                        .map(|step| {
+                            let left = (step as f64 + 0.5) / steps as f64 * 100.0;
+                            view! { <span class="tick" style=format!("left: {left:.3}%")>{step}</span> }
                         })
                         .collect_view()}
                 </div>
-                <div class="lanes">
-                    <svg class="bars" width="100%" height=height viewBox=format!("0 0 {steps} {height}")
-                        preserveAspectRatio="none">
-                        {t
-                            .rows
-                            .into_iter()
-                            .enumerate()
-                            .map(|(row, slot)| {
-                                let y = row * ROW_H + 3;
-                                let index = slot.slot;
-                                slot.bars
-                                    .into_iter()
-                                    .map(|b| {
-                                        let tip = b.tooltip(index, slot.bytes);
-                                        let value = b.value;
-                                        // A gap of a tenth of a step keeps
-                                        // neighbouring lifetimes apart.
-                                        let width = (b.last.saturating_sub(b.def) + 1) as f64 - 0.1;
-                                        view! {
-                                            <rect
-                                                class="bar"
-                                                class:in-place=b.in_place
-                                                class:selected=move || marked.with(|(nodes, _)| nodes.contains(&value))
-                                                data-value=value
-                                                data-slot=index
-                                                x=b.def y=y width=width height=ROW_H - 6
-                                                on:click=move |_| page.selected.set(Some((scope, Selection::Node(value))))
-                                            >
-                                                <title>{tip}</title>
-                                            </rect>
-                                        }
-                                    })
-                                    .collect_view()
-                            })
-                            .collect_view()}
-                    </svg>
-                    <div class="axis">
-                        {ticks
-                            .into_iter()
-                            .map(|step| {
-                                let left = (step as f64 + 0.5) / steps as f64 * 100.0;
-                                view! { <span class="tick" style=format!("left: {left:.3}%")>{step}</span> }
-                            })
-                            .collect_view()}
-                    </div>
-                    <p class="axis-title">"schedule step"</p>
-                </div>
+                <p class="axis-title">"schedule step"</p>
             </div>
         </div>
     }
