@@ -144,7 +144,18 @@ pub fn benchmarks(names: &[String], report: &mut BenchReport) {
 /// 512×512 matmul against that matmul alone. The GPU lowering runs every
 /// branch and selects (no readback stalls the queue), so the first costs
 /// about twice the second.
-pub const WGPU_FIGURES: [&str; 2] = ["wgpu_cond_both_branches_ms", "wgpu_cond_one_branch_ms"];
+///
+/// And a `while_loop` of 100 iterations (a counter and a `[1024]` update)
+/// against the same body as a `fori_loop`: the while loop reads its
+/// predicate back every iteration (one submission and wait each), the
+/// `fori_loop` records its 100 iterations into one submission. Both
+/// figures include reading the result back.
+pub const WGPU_FIGURES: [&str; 4] = [
+    "wgpu_cond_both_branches_ms",
+    "wgpu_cond_one_branch_ms",
+    "wgpu_while_100_ms",
+    "wgpu_fori_100_ms",
+];
 
 /// Records the wgpu control-flow figures `names` select, on `gpu`.
 pub fn wgpu_benchmarks(names: &[String], gpu: &kiln_wgpu::WgpuBackend, report: &mut BenchReport) {
@@ -179,4 +190,33 @@ pub fn wgpu_benchmarks(names: &[String], gpu: &kiln_wgpu::WgpuBackend, report: &
     }) / 1e3;
     report.record("wgpu_cond_both_branches_ms", both_ms, "ms");
     report.record("wgpu_cond_one_branch_ms", one_ms, "ms");
+    let step = |x: &Array| x * 1.01 + 1.0;
+    let while_100 = compile(move |x: Array| {
+        let (_, x) = kiln::while_loop(
+            |(i, _): (Array, Array)| Ok(i.less(100)),
+            move |(i, x): (Array, Array)| Ok((i + 1, step(&x))),
+            &(Array::scalar(0.0, DType::I32), x),
+        )?;
+        Ok::<_, kiln::Error>(x)
+    })
+    .with_backend(gpu.clone());
+    let fori_100 =
+        compile(move |x: Array| kiln::fori_loop(0, 100, move |_, x: Array| Ok(step(&x)), &x))
+            .with_backend(gpu.clone());
+    let x = normal(13, &[1024]);
+    let while_ms = loop_ms(|| while_100.call(&x).expect("the loop runs"));
+    let fori_ms = loop_ms(|| fori_100.call(&x).expect("the loop runs"));
+    report.record("wgpu_while_100_ms", while_ms, "ms");
+    report.record("wgpu_fori_100_ms", fori_ms, "ms");
+}
+
+/// The median milliseconds of a loop's cached call, its result read back.
+fn loop_ms(call: impl Fn() -> kiln::Result<Array>) -> f64 {
+    let run = || {
+        call()
+            .and_then(|x| x.to_vec::<f32>())
+            .expect("the loop's result")
+    };
+    run();
+    median_micros(5, || drop(run())) / 1e3
 }
