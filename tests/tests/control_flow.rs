@@ -491,6 +491,57 @@ fn the_gradient_of_a_scan_equals_the_unrolled_loops() {
     );
 }
 
+/// The nodes of each scan body of `exe` that depend only on the body's
+/// consts: loop-invariant work left inside the loop.
+fn invariant_body_nodes(exe: &Executable) -> Vec<String> {
+    let mut found = Vec::new();
+    for scan in nodes_named(exe, "scan") {
+        let ValueKind::Op(kiln::Op::Control(call)) = &exe.graph().nodes[scan].kind else {
+            continue;
+        };
+        for body in exe.bodies(scan) {
+            let nodes = &body.graph().nodes;
+            let mut invariant = vec![false; nodes.len()];
+            for (v, node) in nodes.iter().enumerate() {
+                invariant[v] = match &node.kind {
+                    ValueKind::Input(i) => *i < call.num_consts,
+                    ValueKind::Constant(_) => true,
+                    ValueKind::Op(op) => {
+                        let hoistable =
+                            !node.inputs.is_empty() && node.inputs.iter().all(|&i| invariant[i]);
+                        if hoistable {
+                            found.push(format!("%{v} {}", op.name()));
+                        }
+                        hoistable
+                    }
+                };
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn a_gradient_scan_computes_what_depends_only_on_its_consts_once_outside_the_loop() {
+    let args = (
+        normal(1, &[1, 4]),
+        &normal(2, &[4, 4]) * 0.5,
+        normal(3, &[5, 1, 4]),
+    );
+    let g = compile(kiln::grad(rnn_loss(false)));
+    let exe = g.executable(&args).unwrap();
+    assert_eq!(invariant_body_nodes(&exe), Vec::<String>::new());
+    if let Some(gpu) = kiln_tests::gpu::backend() {
+        // The GPU's product reads no transposed operand: `wᵀ` is made once.
+        let on_gpu = compile(kiln::grad(rnn_loss(false))).with_backend(gpu);
+        let exe = on_gpu.executable(&args).unwrap();
+        assert_eq!(invariant_body_nodes(&exe), Vec::<String>::new());
+        let want = g.call(&args).unwrap();
+        let got = on_gpu.call(&args).unwrap();
+        close(&got.1, &want.1, 1e-5, 1e-4);
+    }
+}
+
 #[test]
 fn forward_mode_through_scan_and_while_equals_the_unrolled_tangents() {
     let args = (

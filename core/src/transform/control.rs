@@ -100,13 +100,17 @@ pub(crate) fn vjp(
             scanned.extend(xs.iter().cloned());
             scanned.extend(present(&cts, &given_ys));
             let (nfc, nxs) = (float_carries.len(), xs.len());
+            // The body reads the consts as the values they are, not as
+            // placeholders: what it computes from them alone (`wᵀ` for
+            // `g · wᵀ`) is captured, so computed once outside the loop.
             let results = build_scan(
                 length.clone(),
                 !*reverse,
-                consts,
+                &[],
                 &[ct_carry, acc].concat(),
                 &scanned,
-                |cs, carry, x| {
+                |_, carry, x| {
+                    let cs = consts;
                     let (ct_c, acc) = carry.split_at(nfc);
                     let (c_i, rest) = x.split_at(k);
                     let (x_i, ct_y) = rest.split_at(nxs);
