@@ -1164,7 +1164,7 @@ if (mode === "webgpu") {
     const recovered = Date.now() - stopped;
     if (recovered > 2000) throw new Error(`the next script ran ${recovered} ms after Stop`);
     await eventually(() => text("#outputs .output pre"), "array([2., 2.], dtype=float32)", "the next script's value", 2000);
-    console.log(`     the next script ran ${recovered} ms after Stop, on ${await text("#outputs > .meta")}`);
+    console.log(`     the next script ran ${recovered} ms after Stop (${await text("#outputs > .meta")})`);
     // Once the GPU has finished the stopped work, the page is back on WebGPU.
     await page.locator("#backend", { hasText: "backend: WebGPU" }).waitFor({ timeout: 120000 });
     await runScript('show("webgpu again", ones([2]) * 3.0)');

@@ -122,7 +122,7 @@ impl Page {
                     // module rather than fetching and compiling it again
                     // (`worker.js` waits for it).
                     Ok(worker) => match worker.post_message(&wasm_bindgen::module()) {
-                        Ok(()) => (worker, Vec::new()),
+                        Ok(()) => (worker, Early::default()),
                         Err(e) => {
                             self.status.set(Status::Failed(format!(
                                 "cannot hand the module to the worker: {e:?}"
@@ -228,12 +228,21 @@ impl Page {
         worker.set_onerror(Some(on_error.as_ref().unchecked_ref()));
         self.worker.set_value(Some(worker));
         self.ready.set(false);
-        // What the worker said before it was adopted, in order.
+        // What the worker said before it was adopted, in order, then the
+        // first error it had (which replaces it).
         let handle: &js_sys::Function = on_message.as_ref().unchecked_ref();
-        for event in early {
+        for event in early.messages {
             if let Err(e) = handle.call1(&JsValue::NULL, &event) {
                 self.status.set(Status::Failed(format!(
                     "cannot read the worker's message: {e:?}"
+                )));
+            }
+        }
+        if let Some(error) = early.errors.into_iter().next() {
+            let handle: &js_sys::Function = on_error.as_ref().unchecked_ref();
+            if let Err(e) = handle.call1(&JsValue::NULL, &error) {
+                self.status.set(Status::Failed(format!(
+                    "cannot read the worker's error: {e:?}"
                 )));
             }
         }
@@ -509,10 +518,18 @@ impl Page {
     }
 }
 
-/// The worker `index.html` started beside the page (see there), with the
-/// messages it sent before this page could listen, once: later workers
-/// (after Stop or a crash) are the page's own.
-fn adopt_boot_worker() -> Option<(Worker, Vec<JsValue>)> {
+/// What a worker sent before the page listened: its messages, in order,
+/// and its errors.
+#[derive(Default)]
+struct Early {
+    messages: Vec<JsValue>,
+    errors: Vec<JsValue>,
+}
+
+/// The worker `index.html` started beside the page (see there), with what
+/// it sent before this page could listen, once: later workers (after Stop
+/// or a crash) are the page's own.
+fn adopt_boot_worker() -> Option<(Worker, Early)> {
     let global = js_sys::global();
     let key = JsValue::from_str("kilnBootWorker");
     let boot = js_sys::Reflect::get(&global, &key).ok()?;
@@ -524,11 +541,18 @@ fn adopt_boot_worker() -> Option<(Worker, Vec<JsValue>)> {
         .ok()?
         .dyn_into()
         .ok()?;
-    let early: js_sys::Array = js_sys::Reflect::get(&boot, &"early".into())
-        .ok()?
-        .dyn_into()
-        .ok()?;
-    Some((worker, early.iter().collect()))
+    let list = |name: &str| {
+        js_sys::Reflect::get(&boot, &name.into())
+            .ok()
+            .and_then(|list| list.dyn_into::<js_sys::Array>().ok())
+            .map(|list| list.iter().collect())
+            .unwrap_or_default()
+    };
+    let early = Early {
+        messages: list("early"),
+        errors: list("errors"),
+    };
+    Some((worker, early))
 }
 
 #[component]
