@@ -10,10 +10,13 @@
 //! [`TIMING_TICKS`] ticks is therefore run again, on the same inputs,
 //! until the executable's runs in this run of the script add up to that
 //! many ticks; every figure is the mean over the runs, and the view says
-//! which figures are still below the tick over the runs.
+//! which figures are still below the tick over the runs. An executable's
+//! first run, when short, is not counted but always repeated: it pays for
+//! compiling the code the browser compiles lazily, on first call.
 
 use crate::report::DeviceTime;
 use kiln::{Backend, CpuBackend, Executable, HostData, KernelList, Result};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use web_time::Instant;
@@ -26,6 +29,11 @@ const MAX_KEPT_RUNS: usize = 256;
 /// twentieth of a tick (5 µs of Chromium's 100 µs) or better, for at most
 /// 2 ms of repeated work per executable and script run there.
 pub const TIMING_TICKS: f64 = 20.0;
+
+/// A first run at least this long (milliseconds) counts: compiling the
+/// code it needs is then a small part of it, and running it again would
+/// cost the user as much again.
+const COUNTED_FIRST_RUN_MS: f64 = 100.0;
 
 /// The most runs one call is repeated to time it: a program of a few
 /// nanoseconds stops here rather than spin for its ticks.
@@ -47,6 +55,8 @@ pub struct TimedCpu {
     tick_ms: f64,
     runs: Arc<AtomicU64>,
     times: Arc<Mutex<Vec<DeviceTime>>>,
+    /// The executables run so far (a short first run is not counted).
+    seen: Arc<Mutex<HashSet<u64>>>,
 }
 
 impl Default for TimedCpu {
@@ -86,6 +96,7 @@ impl TimedCpu {
             tick_ms,
             runs: Arc::default(),
             times: Arc::default(),
+            seen: Arc::default(),
         }
     }
 
@@ -145,23 +156,38 @@ impl Backend for TimedCpu {
         let clock = move || origin.elapsed().as_secs_f64() * 1e3;
         let wanted_ms = TIMING_TICKS * self.tick_ms;
         let timed_before = self.timed_ms(exe.id());
+        let first = self
+            .seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(exe.id());
         // Kept for repeats only while the executable is short of its
         // ticks: a donated argument is then copied rather than taken.
-        let again = (timed_before < wanted_ms).then(|| inputs.clone());
+        let again = (first || timed_before < wanted_ms).then(|| inputs.clone());
         let (outputs, steps) = CpuBackend.run_timed(exe, inputs, shapes, &clock)?;
-        let mut sums = steps;
-        let mut runs = 1;
+        // A short first run's time is mostly the browser compiling code:
+        // only its repeats count.
+        let warm_up = first && steps.iter().sum::<f64>() < COUNTED_FIRST_RUN_MS;
+        let (mut sums, mut runs) = if warm_up {
+            (vec![0.0; steps.len()], 0)
+        } else {
+            (steps, 1)
+        };
         let repeat_start = clock();
+        let mut repeated = false;
         if let Some(inputs) = again {
-            while timed_before + sums.iter().sum::<f64>() < wanted_ms && runs < MAX_TIMING_RUNS {
+            while runs == 0
+                || (timed_before + sums.iter().sum::<f64>() < wanted_ms && runs < MAX_TIMING_RUNS)
+            {
                 let (_, steps) = CpuBackend.run_timed(exe, inputs.clone(), shapes, &clock)?;
                 for (sum, step) in sums.iter_mut().zip(steps) {
                     *sum += step;
                 }
                 runs += 1;
+                repeated = true;
             }
         }
-        let repeat_ms = if runs > 1 {
+        let repeat_ms = if repeated {
             clock() - repeat_start
         } else {
             0.0
