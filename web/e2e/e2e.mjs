@@ -182,6 +182,11 @@ let exponent = concat([array([0.0, -1.0, 3.0, 0.5, 0.3333333, 1e30, -200.0, 1e30
 show("pow", base.pow(exponent));
 show("sin", array([1e10, -1e10, 3e7, 1e30]).sin());`;
 
+/// The stopped GPU work: products of GPU_STOP_N² matrices, seconds of
+/// SwiftShader's time in all (it finishes them after Stop).
+const GPU_STOP_N = 512;
+const GPU_STOP_PRODUCTS = 60;
+
 /// A call time with its figures blanked and what it measures dropped:
 /// `4.5 ms (traced)` on the CPU, `4.5 ms submit time (traced)` or `4.5 ms
 /// submit · 310 µs GPU (traced)` on WebGPU all read `_ ms (traced)`.
@@ -244,6 +249,78 @@ await check("diff-of-two-entries-names-the-key-nodes-and-peaks", async () => {
   });
   await page.selectOption("#diff-against", "");
   await eventually(() => page.locator(".graph g.box.diff-added, .graph g.box.diff-changed").count(), 0, "marks cleared");
+});
+
+await check("diff-against-the-previous-run-names-the-edit-and-marks-it", async () => {
+  // A run, then the script edited (a multiply added, a longer argument):
+  // the shown entry against the previous run names the changed function
+  // text and the argument's aval, lists the nodes and peaks, marks the
+  // graph.
+  await runScript('let f = compile(|x| x.exp().sum());\nshow("before", f.run(ones([4])))');
+  await page.locator(newOutput(), { hasText: "before" }).waitFor({ timeout: 30000 });
+  await runScript('let f = compile(|x| (x * 2.0).exp().sum());\nshow("after", f.run(ones([8])))');
+  await page.locator(newOutput(), { hasText: "after" }).waitFor({ timeout: 30000 });
+  await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 60000 });
+  await page.selectOption("#diff-against", "previous");
+  await settled(async () => {
+    const key = await page.locator(".diff-key li").allInnerTexts();
+    expectEqual(key.join(" | "),
+      "the function's text or options changed since the previous run (compile at line 1) | " +
+      "aval differs at leaf args[0]: f32[4] → f32[8]", "the key difference");
+    const peak = await text(".diff-peak");
+    if (!/^peak [\d.]+ (B|KiB|MiB) → [\d.]+ (B|KiB|MiB) \([+-][\d.]+ (B|KiB|MiB)\)$/.test(peak)) throw new Error(`peak: ${peak}`);
+    const parts = await page.locator(".diff-added li, .diff-changed li").allInnerTexts();
+    if (!parts.some((p) => p.includes("mul"))) throw new Error(`added/changed: ${parts}`);
+    const marked = await page.locator(".graph g.box.diff-added, .graph g.box.diff-changed").count();
+    if (marked < 1) throw new Error("no box marked in the graph");
+  });
+  // The same script again: its function is the previous run's, unchanged.
+  await runScript('let f = compile(|x| (x * 2.0).exp().sum());\nshow("again", f.run(ones([8])))');
+  await page.locator(newOutput(), { hasText: "again" }).waitFor({ timeout: 30000 });
+  await page.selectOption("#diff-against", "previous");
+  await eventually(() => text(".diff-key li"), "the same entry as the previous run: nothing changed", "an unchanged rerun");
+  await eventually(() => page.locator(".diff-added li, .diff-removed li, .diff-changed li").count(), 0, "no node differs");
+});
+
+await check("cpu-step-times-are-means-and-say-when-below-the-clock", async () => {
+  // A call of a few nanoseconds per step: the browser's clock ticks far
+  // more coarsely, so the worker repeats the call and every step time is
+  // a mean, or "< resolution" — never a measured-looking 0.
+  if (mode === "webgpu") {
+    await page.selectOption("#backend-choice", "cpu");
+    await page.locator("#backend", { hasText: "backend: CPU" }).waitFor({ timeout: 30000 });
+    await page.locator("#status", { hasText: "ready" }).waitFor({ timeout: 30000 });
+  }
+  await runScript('let f = compile(|x| (x * 2.0).exp().sum([0], false));\nshow("small", f.run(ones([4])))');
+  await page.locator(newOutput(), { hasText: "small" }).waitFor({ timeout: 30000 });
+  await page.locator("#outputs > .meta", { hasText: "on CPU" }).waitFor({ timeout: 30000 });
+  const timing = await settled(async () => {
+    const t = await text(".kernels-timing");
+    const m = t.match(/^CPU executor time per step, the mean of (\d+) runs \(the clock ticks every ([\d.]+ (ns|µs|ms)), so a step under ([\d.]+ (ns|µs|ms)) reads “< \4”\): [\d.]+ (ns|µs|ms) in all$/);
+    if (!m) throw new Error(`timing: ${t}`);
+    if (!(Number(m[1]) > 1)) throw new Error(`a short call is timed over repeated runs: ${t}`);
+    return t;
+  });
+  await settled(async () => {
+    const times = await page.locator(".kernels .kernel").evaluateAll((rows) => rows.map((r) => {
+      const time = r.querySelector(".kernel-time");
+      return [r.querySelector(".kernel-kind").textContent, time.textContent, time.getAttribute("title") ?? ""];
+    }));
+    const evaluated = times.filter(([kind]) => kind === "evaluate");
+    if (evaluated.length === 0) throw new Error("no evaluated step");
+    for (const [, time, title] of evaluated) {
+      if (/^0 (ns|µs|ms)$/.test(time)) throw new Error(`a step reads a measured zero: ${time}`);
+      const below = /^< [\d.]+ (ns|µs|ms)$/.test(time);
+      if (!below && !/^[\d.]+ (ns|µs|ms)$/.test(time)) throw new Error(`a step timed "${time}"`);
+      if (below !== title.startsWith("below the clock's resolution")) throw new Error(`"${time}" titled "${title}"`);
+    }
+  });
+  console.log(`     ${timing}`);
+  if (mode === "webgpu") {
+    await page.selectOption("#backend-choice", "webgpu");
+    await page.locator("#backend", { hasText: "backend: WebGPU" }).waitFor({ timeout: 30000 });
+    await page.locator("#outputs > .meta", { hasText: "on WebGPU" }).waitFor({ timeout: 60000 });
+  }
 });
 
 await check("shapeless", async () => {
@@ -779,16 +856,16 @@ await check("call-and-kernel-times-say-what-they-measure", async () => {
     const times = await page.locator(".kernels .kernel").evaluateAll((rows) => rows.map((r) =>
       [r.querySelector(".kernel-kind").textContent, r.querySelector(".kernel-time").textContent]));
     for (const [kind, time] of times) {
-      if ((kind === timedKind) !== /^[\d.]+ (ns|µs|ms)$/.test(time)) throw new Error(`a ${kind} timed "${time}"`);
+      if ((kind === timedKind) !== /^(< )?[\d.]+ (ns|µs|ms)$/.test(time)) throw new Error(`a ${kind} timed "${time}"`);
     }
   };
   if (mode === "cpu") {
     if (!/^call 1: [\d.]+ ms \(traced\)$/.test(call)) throw new Error(`CPU call: ${call}`);
-    if (!timing.startsWith("CPU executor time per step at the latest call: ")) throw new Error(`timing: ${timing}`);
+    if (!timing.startsWith("CPU executor time per step, the mean of ")) throw new Error(`timing: ${timing}`);
     await stepTimes("evaluate");
   } else if (/ GPU \(traced\)$/.test(call)) {
     if (!/^call 1: [\d.]+ ms submit · [\d.]+ (ns|µs|ms) GPU \(traced\)$/.test(call)) throw new Error(`GPU call: ${call}`);
-    if (!timing.startsWith("GPU time per kernel at the latest call, from timestamp queries: ")) throw new Error(`timing: ${timing}`);
+    if (!timing.startsWith("GPU time per kernel, the mean of 1 timed call, from timestamp queries: ")) throw new Error(`timing: ${timing}`);
     await stepTimes("dispatch");
   } else {
     if (!/^call 1: [\d.]+ ms submit time \(traced\)$/.test(call)) throw new Error(`WebGPU call: ${call}`);
@@ -1080,5 +1157,33 @@ await check("an-endless-loop-is-stopped-and-the-page-responds", async () => {
   console.log(`     the next script ran ${Date.now() - stopped} ms after Stop`);
   await runExample("donation", "params");
 });
+
+if (mode === "webgpu") {
+  // Last: the stopped GPU work keeps SwiftShader busy until it is done.
+  await check("stop-during-long-gpu-work-recovers-within-2-s", async () => {
+    // A loop of large products: the script submits seconds of GPU work at
+    // once, which no browser can cancel; Stop must still give a page that
+    // runs the next script within 2 s (on the CPU while the GPU finishes),
+    // and WebGPU comes back once the GPU is free.
+    await runScript(`let a = ones([${GPU_STOP_N}, ${GPU_STOP_N}]) * 0.001;\nlet b = a;\nfor i in 0..${GPU_STOP_PRODUCTS} { b = a @ b; }\nshow("products", b.sum())`);
+    await page.locator("#status", { hasText: "running" }).waitFor({ timeout: 60000 });
+    await page.waitForTimeout(1000);
+    await page.click("#stop");
+    const stopped = Date.now();
+    await page.locator("#status", { hasText: "stopped" }).waitFor({ timeout: 2000 });
+    await runScript('show("after gpu stop", ones([2]) + 1.0)');
+    await page.locator(newOutput(), { hasText: "after gpu stop" }).waitFor({ timeout: Math.max(1, 2000 - (Date.now() - stopped)) });
+    const recovered = Date.now() - stopped;
+    if (recovered > 2000) throw new Error(`the next script ran ${recovered} ms after Stop`);
+    await eventually(() => text("#outputs .output pre"), "array([2., 2.], dtype=float32)", "the next script's value", 2000);
+    console.log(`     the next script ran ${recovered} ms after Stop (${await text("#outputs > .meta")})`);
+    // Once the GPU has finished the stopped work, the page is back on WebGPU.
+    await page.locator("#backend", { hasText: "backend: WebGPU" }).waitFor({ timeout: 120000 });
+    await runScript('show("webgpu again", ones([2]) * 3.0)');
+    await page.locator(newOutput(), { hasText: "webgpu again" }).waitFor({ timeout: 30000 });
+    await page.locator("#outputs > .meta", { hasText: "on WebGPU" }).waitFor({ timeout: 30000 });
+    console.log(`     WebGPU back ${Date.now() - stopped} ms after Stop`);
+  });
+}
 
 await finish();

@@ -13,7 +13,6 @@ import {
 import { defaultKeymap, history, historyKeymap, indentWithTab } from "@codemirror/commands";
 import { syntaxHighlighting, bracketMatching, indentOnInput, StreamLanguage } from "@codemirror/language";
 import { classHighlighter } from "@lezer/highlight";
-import { javascript } from "@codemirror/lang-javascript";
 import { setDiagnostics, lintGutter } from "@codemirror/lint";
 import { searchKeymap, highlightSelectionMatches } from "@codemirror/search";
 
@@ -87,6 +86,76 @@ class Editor {
   }
 }
 
+// ----- Rhai -------------------------------------------------------------
+
+// Rhai for highlighting and indentation, token by token: keywords,
+// literals, strings (with `${}` inside backtick strings), comments,
+// definitions after `let`/`const`/`fn`, namespaces (`nn::`) and
+// properties. A grammar of its own rather than JavaScript's: Rhai's
+// keywords differ, and a full JavaScript parser is most of the editor's
+// bundle.
+const RHAI_KEYWORDS = new Set(("let const fn if else switch do while until loop for in break continue " +
+  "return throw try catch import export as private global this is").split(" "));
+const RHAI_ATOMS = new Set(["true", "false"]);
+const rhai = StreamLanguage.define({
+  name: "rhai",
+  token(stream, state) {
+    if (state.inComment) {
+      if (stream.skipTo("*/")) { stream.next(); stream.next(); state.inComment = false; } else stream.skipToEnd();
+      return "comment";
+    }
+    if (state.inTemplate) {
+      if (stream.match("${")) { state.inTemplate = false; state.templateDepth = 1; return "meta"; }
+      while (!stream.eol()) {
+        if (stream.peek() === "`") { stream.next(); state.inTemplate = false; return "string"; }
+        if (stream.match("${", false)) return "string";
+        if (stream.next() === "\\") stream.next();
+      }
+      return "string";
+    }
+    if (stream.eatSpace()) return null;
+    if (state.templateDepth > 0) {
+      if (stream.peek() === "{") state.templateDepth += 1;
+      if (stream.peek() === "}") {
+        state.templateDepth -= 1;
+        if (state.templateDepth === 0) { stream.next(); state.inTemplate = true; return "meta"; }
+      }
+    }
+    if (stream.match("//")) { stream.skipToEnd(); return "comment"; }
+    if (stream.match("/*")) { state.inComment = true; return "comment"; }
+    if (stream.match(/^(?:0x[0-9a-fA-F_]+|0b[01_]+|0o[0-7_]+|\d[\d_]*(?:\.\d[\d_]*)?(?:e[+-]?\d+)?)/)) return "number";
+    const quote = stream.peek();
+    if (quote === '"' || quote === "'") {
+      stream.next();
+      for (let c; (c = stream.next()) !== undefined;) {
+        if (c === "\\") stream.next();
+        else if (c === quote) break;
+      }
+      return "string";
+    }
+    if (quote === "`") { stream.next(); state.inTemplate = true; return "string"; }
+    const word = stream.match(/^[A-Za-z_]\w*/);
+    if (word) {
+      const name = word[0];
+      const defining = state.defining;
+      state.defining = name === "let" || name === "const" || name === "fn";
+      if (RHAI_KEYWORDS.has(name)) return "keyword";
+      if (RHAI_ATOMS.has(name)) return "bool";
+      if (stream.match("::", false)) return "namespace";
+      if (defining) return "variableName.definition";
+      return state.afterDot ? (state.afterDot = false, "propertyName") : "variableName";
+    }
+    const c = stream.next();
+    state.afterDot = c === ".";
+    if ("{[(".includes(c)) state.indent += 1;
+    if ("}])".includes(c)) state.indent = Math.max(0, state.indent - 1);
+    return /[{}\[\]()]/.test(c) ? "bracket" : "operator";
+  },
+  startState: () => ({ inComment: false, inTemplate: false, templateDepth: 0, defining: false, afterDot: false, indent: 0 }),
+  indent: (state, textAfter, context) => Math.max(0, state.indent - (/^[}\])]/.test(textAfter) ? 1 : 0)) * context.unit,
+  languageData: { commentTokens: { line: "//", block: { open: "/*", close: "*/" } }, indentOnInput: /^\s*[}\])]$/ },
+});
+
 // A CodeMirror editor in `parent` holding `doc`. `onChange(text)` follows
 // typing; `onRun()` is Ctrl+Enter (Cmd+Enter).
 export function createEditor(parent, doc, onChange, onRun) {
@@ -106,8 +175,7 @@ export function createEditor(parent, doc, onChange, onRun) {
         drawSelection(),
         indentOnInput(),
         bracketMatching(),
-        // Rhai reads like JavaScript closely enough for highlighting.
-        javascript(),
+        rhai,
         // Token classes (`tok-keyword`, …) rather than a fixed palette:
         // style.css colours them for the light and the dark scheme.
         syntaxHighlighting(classHighlighter),

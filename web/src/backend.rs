@@ -91,6 +91,11 @@ pub struct BackendStatus {
     pub adapter: Option<AdapterInfo>,
     /// Why WebGPU is not offered, when it is not.
     pub unavailable: Option<String>,
+    /// Whether the worker is still opening WebGPU, running scripts on the
+    /// CPU meanwhile (after Stop, while the GPU finishes the stopped
+    /// run's work, which no browser can cancel).
+    #[serde(default)]
+    pub reopening: bool,
 }
 
 impl BackendStatus {
@@ -101,6 +106,7 @@ impl BackendStatus {
                 Some(adapter) => format!("WebGPU ({})", adapter.summary()),
                 None => "WebGPU".to_string(),
             },
+            Some(BackendChoice::Cpu) if self.reopening => "CPU (WebGPU reopening)".to_string(),
             Some(BackendChoice::Cpu) if self.unavailable.is_some() => "CPU (no WebGPU)".to_string(),
             Some(BackendChoice::Cpu) => "CPU".to_string(),
             None => self.active.clone(),
@@ -175,6 +181,7 @@ mod tests {
                 ..AdapterInfo::default()
             }),
             unavailable: None,
+            reopening: false,
         };
         assert_eq!(
             status.label(),
@@ -190,8 +197,21 @@ mod tests {
             choices: vec![BackendChoice::Cpu],
             adapter: None,
             unavailable: Some("navigator.gpu is missing".to_string()),
+            reopening: false,
         };
         assert_eq!(status.label(), "CPU (no WebGPU)");
+    }
+
+    #[test]
+    fn the_cpu_says_while_webgpu_reopens() {
+        let status = BackendStatus {
+            active: "cpu".to_string(),
+            choices: vec![BackendChoice::Cpu],
+            adapter: None,
+            unavailable: Some("the GPU is finishing the stopped run's work".to_string()),
+            reopening: true,
+        };
+        assert_eq!(status.label(), "CPU (WebGPU reopening)");
     }
 
     #[test]

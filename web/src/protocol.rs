@@ -38,6 +38,9 @@ pub enum Request {
         /// The backend asked for.
         backend: BackendChoice,
     },
+    /// Open WebGPU now: the GPU has finished a stopped run's work (answered
+    /// by a new `Ready` once it is open, or says why not).
+    OpenWebgpu,
 }
 
 /// From the worker to the page.
@@ -97,13 +100,15 @@ mod tests {
                 choices: vec![BackendChoice::Cpu],
                 adapter: None,
                 unavailable: Some("no adapter".to_string()),
+                reopening: false,
             },
         })
         .unwrap();
         assert_eq!(
             ready,
             serde_json::json!({"kind": "ready", "backend": {
-                "active": "cpu", "choices": ["cpu"], "adapter": null, "unavailable": "no adapter"
+                "active": "cpu", "choices": ["cpu"], "adapter": null, "unavailable": "no adapter",
+                "reopening": false
             }})
         );
         let switch = Request::SetBackend {

@@ -6,8 +6,9 @@
 //! [`kiln::Report`] of every entry); the views render it and derive no
 //! compiler facts of their own.
 
-use kiln::{CacheInfo, KernelList, MissReason, PlanMemory};
+use kiln::{CacheInfo, KernelList, MissReason, PlanMemory, Report};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// The result of one run of a script.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -32,13 +33,46 @@ pub struct RunReport {
     pub clock: CallClock,
     /// Why the run stopped early, if it did.
     pub error: Option<ScriptError>,
+    /// Whether the run was stopped at its time limit while the GPU still
+    /// worked: the page then replaces the worker, which drops the device
+    /// and the work it still holds.
+    #[serde(default)]
+    pub gpu_work_abandoned: bool,
 }
 
 impl RunReport {
+    /// The report of `script`'s run stopped at its limit of `limit_ms`
+    /// while it waited for the GPU: the script itself finished, its GPU
+    /// work did not.
+    pub fn past_gpu_limit(script: &str, limit_ms: f64) -> RunReport {
+        RunReport {
+            script: script.to_string(),
+            outputs: Vec::new(),
+            log: Vec::new(),
+            functions: Vec::new(),
+            backend: kiln::default_device().name().to_string(),
+            total_ms: limit_ms,
+            clock: CallClock::default(),
+            error: Some(ScriptError {
+                message: format!(
+                    "the run took longer than its {} s limit, its GPU work included, and was \
+                     stopped",
+                    limit_ms / 1e3
+                ),
+                line: None,
+                column: None,
+            }),
+            gpu_work_abandoned: true,
+        }
+    }
+
     /// Gives each call the device time of the device calls it made
-    /// (summed), and each listed entry its per-step times at its latest
-    /// measured call (`times` in call order, as the backend read them).
+    /// (summed) and takes the runs repeated to time them out of its wall
+    /// time and the run's; gives each listed entry its per-step times, the
+    /// mean over every measured run of it (`times` in call order, as the
+    /// backend read them).
     pub fn attach_device_times(&mut self, times: &[DeviceTime]) {
+        self.total_ms -= times.iter().map(|t| t.repeat_ms).sum::<f64>();
         for function in &mut self.functions {
             for call in &mut function.calls {
                 if let Some((first, end)) = call.device_calls {
@@ -48,16 +82,36 @@ impl RunReport {
                         .collect();
                     if !made.is_empty() {
                         call.device_ms = Some(made.iter().map(|t| t.total_ms).sum());
+                        call.ms -= made.iter().map(|t| t.repeat_ms).sum::<f64>();
                     }
                 }
             }
             for kernels in &mut function.kernels {
                 let Some(list) = &kernels.list else { continue };
-                if let Some(latest) = times.iter().rev().find(|t| {
-                    t.executable == list.executable && t.steps_ms.len() == list.steps.len()
-                }) {
-                    kernels.steps_ms = latest.steps_ms.clone();
+                let measured: Vec<&DeviceTime> = times
+                    .iter()
+                    .filter(|t| {
+                        t.executable == list.executable && t.steps_ms.len() == list.steps.len()
+                    })
+                    .collect();
+                let runs: u32 = measured.iter().map(|t| t.runs).sum();
+                if runs == 0 {
+                    continue;
                 }
+                kernels.steps_ms = (0..list.steps.len())
+                    .map(|step| {
+                        let mut sum = None;
+                        for t in &measured {
+                            if let Some(ms) = t.steps_ms[step] {
+                                *sum.get_or_insert(0.0) += ms * f64::from(t.runs);
+                            }
+                        }
+                        sum.map(|sum: f64| sum / f64::from(runs))
+                    })
+                    .collect();
+                kernels.timed_runs = runs;
+                let tick = measured.iter().map(|t| t.tick_ms).fold(0.0, f64::max);
+                kernels.resolution_ms = tick / f64::from(runs);
             }
         }
     }
@@ -102,6 +156,30 @@ pub struct FunctionReport {
     /// for the diff view.
     #[serde(default)]
     pub key_diffs: Vec<KeyDiff>,
+    /// The same function as the run before this one left it, for the
+    /// diff view's "previous run"; `None` in a first run.
+    #[serde(default)]
+    pub previous: Option<PreviousRun>,
+}
+
+/// A compiled function as the previous run left it: the entry it showed
+/// (its latest), to diff against this run's entries. "The same function"
+/// is the one of equal source text and options, else the one compiled in
+/// the same order (the function whose text the edit changed).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PreviousRun {
+    /// The script line of its `compile(...)` call in that run.
+    pub line: usize,
+    /// Whether its source text, options or captured values differ from
+    /// this run's function's.
+    pub source_changed: bool,
+    /// The report of its latest entry in that run.
+    pub report: Arc<Report>,
+    /// What differs from that entry's cache key to each of this
+    /// function's latest [`KEY_DIFF_ENTRIES`] entries' keys
+    /// ([`kiln::CacheKey::differences`]; `before` is the previous run's
+    /// entry).
+    pub key_diffs: Vec<KeyDiff>,
 }
 
 /// Entries of a function whose keys the report compares pairwise (the
@@ -130,11 +208,21 @@ pub struct EntryKernels {
     pub list: Option<KernelList>,
     /// Why it did not.
     pub error: Option<String>,
-    /// Milliseconds per step at the run's latest measured call of the
-    /// entry (GPU timestamps), beside [`KernelList::steps`]; empty when
-    /// none was measured.
+    /// Milliseconds per step, beside [`KernelList::steps`]: the mean over
+    /// the run's [`EntryKernels::timed_runs`] measured runs of the entry;
+    /// empty when none was measured.
     #[serde(default)]
     pub steps_ms: Vec<Option<f64>>,
+    /// How many runs of the entry the step times average (calls, and on
+    /// the CPU the runs repeated to time steps shorter than the clock's
+    /// tick).
+    #[serde(default)]
+    pub timed_runs: u32,
+    /// The smallest step time the figures resolve: the clock's tick over
+    /// [`EntryKernels::timed_runs`]. A step under it reads `< that`, never
+    /// a measured 0. Zero for GPU timestamps (nanosecond ticks).
+    #[serde(default)]
+    pub resolution_ms: f64,
 }
 
 impl EntryKernels {
@@ -146,12 +234,16 @@ impl EntryKernels {
                 list: Some(list),
                 error: None,
                 steps_ms: Vec::new(),
+                timed_runs: 0,
+                resolution_ms: 0.0,
             },
             Err(e) => EntryKernels {
                 entry,
                 list: None,
                 error: Some(e.to_string()),
                 steps_ms: Vec::new(),
+                timed_runs: 0,
+                resolution_ms: 0.0,
             },
         }
     }
@@ -190,17 +282,29 @@ pub enum CallClock {
     SubmitOnly,
 }
 
-/// One device call's measured time, from the backend's timestamps.
+/// One device call's measured time: from the backend's timestamps, or
+/// on the CPU from the page's clock, averaged over repeated runs when the
+/// call is shorter than the clock's tick.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceTime {
     /// The call's number on the backend's counter of timed calls.
     pub call: u64,
     /// The executable called ([`kiln::KernelList::executable`]).
     pub executable: u64,
-    /// Milliseconds per step of its kernel list; `None` where unmeasured.
+    /// Milliseconds per step of its kernel list, the mean over `runs`;
+    /// `None` where unmeasured.
     pub steps_ms: Vec<Option<f64>>,
-    /// Milliseconds from its first kernel's start to its last one's end.
+    /// Milliseconds from its first kernel's start to its last one's end,
+    /// the mean over `runs`.
     pub total_ms: f64,
+    /// How many runs the figures average: 1, or more where the CPU
+    /// executor repeated a short call to time it.
+    pub runs: u32,
+    /// The tick of the clock that timed it (0 for GPU timestamps).
+    pub tick_ms: f64,
+    /// Wall milliseconds spent repeating the call to time it: not the
+    /// call's own time.
+    pub repeat_ms: f64,
 }
 
 /// An error that stopped a run, with where in the script it happened.

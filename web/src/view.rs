@@ -2,7 +2,7 @@
 //! only rearrange Kiln's data (rows, bars, layers); every fact — decisions,
 //! reasons, lifetimes, byte counts — is Kiln's own.
 
-use crate::report::{CallClock, CallTiming};
+use crate::report::{CallClock, CallTiming, PreviousRun};
 use kiln::report::{BodyReport, LoopReport, PlanReport, ReportNode};
 use kiln::{CacheInfo, KernelList, Refusal, Report, ReportDiff};
 use serde::{Deserialize, Serialize};
@@ -309,6 +309,23 @@ pub fn duration(ms: f64) -> String {
     }
 }
 
+/// A step's mean time as the kernels view prints it: `< 5 µs` where it is
+/// under `resolution_ms` (the clock's tick over the runs timed), where a
+/// figure would only be the clock's rounding.
+///
+/// ```
+/// use kiln_web::view::step_time;
+/// assert_eq!(step_time(0.0, 0.005), "< 5 µs");
+/// assert_eq!(step_time(0.012, 0.005), "12 µs");
+/// ```
+pub fn step_time(ms: f64, resolution_ms: f64) -> String {
+    if ms < resolution_ms {
+        format!("< {}", duration(resolution_ms))
+    } else {
+        duration(ms)
+    }
+}
+
 /// Milliseconds to two decimals, as the page prints times.
 pub fn round_ms(ms: f64) -> f64 {
     (ms * 100.0).round() / 100.0
@@ -479,6 +496,30 @@ pub fn diff_lines(before: &Report, after: &Report, diff: &ReportDiff) -> DiffLin
             human_bytes(change.unsigned_abs() as usize)
         ),
     }
+}
+
+/// The cache-key lines of the diff of entry `shown` against `previous`,
+/// the same function as the previous run left it: a changed function text
+/// first, then what differs between the two keys.
+pub fn previous_key_lines(previous: &PreviousRun, shown: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    if previous.source_changed {
+        lines.push(format!(
+            "the function's text or options changed since the previous run (compile at line {})",
+            previous.line
+        ));
+    }
+    if let Some(key) = previous.key_diffs.iter().find(|k| k.after == shown) {
+        lines.extend(key.reasons.iter().map(ToString::to_string));
+    }
+    if lines.is_empty() {
+        lines.push(if previous.report.entry == shown {
+            "the same entry as the previous run: nothing changed".to_string()
+        } else {
+            "the same key (another trace of it)".to_string()
+        });
+    }
+    lines
 }
 
 /// Which compiled function's which cache entry a view shows: a selection
@@ -868,17 +909,55 @@ mod tests {
         function.calls[1].device_calls = Some((1, 3));
         let list = function.kernels[0].list.clone().unwrap();
         let steps = list.steps.len();
-        let time = |call, total_ms| DeviceTime {
+        let time = |call, total_ms, runs| DeviceTime {
             call,
             executable: list.executable,
             steps_ms: vec![Some(total_ms); steps],
             total_ms,
+            runs,
+            tick_ms: 0.1,
+            repeat_ms: 0.0,
         };
-        report.attach_device_times(&[time(0, 1.0), time(1, 2.0), time(2, 0.5)]);
+        report.attach_device_times(&[time(0, 1.0, 1), time(1, 2.0, 2), time(2, 0.5, 1)]);
         let function = &report.functions[0];
         assert_eq!(function.calls[0].device_ms, Some(1.0));
         assert_eq!(function.calls[1].device_ms, Some(2.5));
-        assert_eq!(function.kernels[0].steps_ms, vec![Some(0.5); steps]);
+        // Each step's mean over the four runs, whose tick it resolves to a
+        // quarter.
+        let kernels = &function.kernels[0];
+        assert_eq!(
+            kernels.steps_ms,
+            vec![Some((1.0 + 2.0 * 2.0 + 0.5) / 4.0); steps]
+        );
+        assert_eq!(kernels.timed_runs, 4);
+        assert_eq!(kernels.resolution_ms, 0.1 / 4.0);
+    }
+
+    #[test]
+    fn the_previous_run_diff_names_a_changed_function_first() {
+        let mut s = Session::new();
+        s.run("let f = compile(|x| x.exp()); f.run(ones([2]))");
+        let edited = s.run("let f = compile(|x| x.sin()); f.run(ones([3]))");
+        let function = &edited.functions[0];
+        let previous = function.previous.as_ref().expect("the run before");
+        assert_eq!(
+            previous_key_lines(previous, 0),
+            vec![
+                "the function's text or options changed since the previous run (compile at \
+                 line 1)"
+                    .to_string(),
+                "aval differs at leaf args[0]: f32[2] → f32[3]".to_string()
+            ]
+        );
+        let again = s.run("let f = compile(|x| x.sin()); f.run(ones([3]))");
+        let previous = again.functions[0]
+            .previous
+            .as_ref()
+            .expect("the run before");
+        assert_eq!(
+            previous_key_lines(previous, 0),
+            vec!["the same entry as the previous run: nothing changed".to_string()]
+        );
     }
 
     #[test]

@@ -27,7 +27,7 @@ commands:
                     installed, else Debian's rustc-web with build-std; --debian forces it)
   web [--e2e [--repeat N]]
                     build the playground into target/web/ (a static site): kiln-web for
-                    wasm32, wasm-bindgen, wasm-opt; installs what it needs on first use;
+                    wasm32, wasm-bindgen, esbuild; installs what it needs on first use;
                     --e2e then runs the browser tests in headless Chromium (screenshots
                     in target/web-e2e/); --repeat N runs them N times and counts passes
   serve [--port N]  build the playground and serve it on http://127.0.0.1:N/ (8000)

@@ -1,8 +1,8 @@
 //! Build steps that skip themselves when their inputs did not change: each
 //! step's output sits beside a stamp holding a fingerprint of everything
 //! it read (the input files' bytes, the tool's arguments and version), so a
-//! second `cargo xtask serve` on an unchanged tree does not spend a minute
-//! in `wasm-opt` again.
+//! second `cargo xtask serve` on an unchanged tree runs neither
+//! wasm-bindgen nor esbuild again.
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -2,11 +2,15 @@
 //! site); `cargo xtask serve [--port N]` builds it and serves it on
 //! 127.0.0.1. Everything they need is installed on first use: the wasm32
 //! target (see [`wasm`]), the `wasm-bindgen` CLI at the crate's pinned
-//! version, and npm's `binaryen` (for `wasm-opt`) and `esbuild` (which
-//! bundles the page's script with CodeMirror and dagre) from `web/tools`'
-//! lockfile. Each step after cargo's (wasm-bindgen, wasm-opt, esbuild)
-//! runs only when its inputs changed (see [`stamp`]): on an unchanged tree
-//! the site is ready in seconds.
+//! version, and npm's `esbuild` (which bundles the page's script with
+//! CodeMirror and dagre) from `web/tools`' lockfile. Each step after
+//! cargo's (wasm-bindgen, esbuild) runs only when its inputs changed (see
+//! [`stamp`]): on an unchanged tree the site is ready in seconds.
+//!
+//! The module is not passed through binaryen's `wasm-opt`: rustc's output
+//! (LTO, one codegen unit) is already optimized, and every `wasm-opt`
+//! level measured made the gzipped module larger (by 96–106 KB of 1.76 MB
+//! with `-Oz` and `-O2`), while taking minutes.
 
 use crate::apt;
 use crate::cross::{self as wasm, Route};
@@ -24,7 +28,7 @@ const WASM_BINDGEN_VERSION: &str = "0.2.130";
 /// The cargo profile of the playground build (see the workspace manifest).
 const PROFILE: &str = "playground";
 /// The page's own files, copied next to the generated module.
-const STATIC_FILES: &[&str] = &["index.html", "worker.js", "style.css"];
+const STATIC_FILES: &[&str] = &["index.html", "worker.js", "gpu-probe.js", "style.css"];
 const DEFAULT_PORT: u16 = 8000;
 
 /// `cargo xtask web [--e2e [--repeat N]]`.
@@ -218,8 +222,8 @@ const BINDGEN_ARGS: &[&str] = &[
 
 /// Builds the site into `target/web/` and returns that directory. The
 /// steps' outputs are kept in `target/web-stage/`, each with a stamp of its
-/// inputs (module → wasm-bindgen → wasm-opt; the page's scripts →
-/// esbuild), and a step whose inputs did not change is skipped.
+/// inputs (module → wasm-bindgen; the page's scripts → esbuild), and a
+/// step whose inputs did not change is skipped.
 pub fn build() -> Result<PathBuf, String> {
     let root = wasm::cargo_build(Route::Auto, &["-p", "kiln-web", "--profile", PROFILE])?;
     let module = wasm::artifacts(&root, PROFILE).join("kiln_web.wasm");
@@ -258,20 +262,7 @@ pub fn build() -> Result<PathBuf, String> {
             )
         },
     )?;
-    let shrunk = stage.join("kiln_web_bg.wasm");
     let tools = ensure_npm_tools()?;
-    let inputs = Fingerprint::of("wasm-opt")
-        .with_text(&WASM_OPT_ARGS.join(" "))
-        .with_text(&WASM_FEATURES.join(" "))
-        .with_file(&tools.join(INSTALLED_LOCK))?
-        .with_file(&bound)?;
-    stamp::unless_fresh(
-        "wasm-opt",
-        &stage.join("wasm-opt.stamp"),
-        &inputs,
-        std::slice::from_ref(&shrunk),
-        || shrink(&tools, &bound, &shrunk),
-    )?;
     let bundles = bundle_views(&tools, &stage)?;
     // The site itself is assembled afresh from the staged outputs: copies
     // of a few megabytes, so a file removed from the page never lingers.
@@ -281,7 +272,7 @@ pub fn build() -> Result<PathBuf, String> {
     }
     fs::create_dir_all(&site).map_err(|e| format!("cannot create {}: {e}", site.display()))?;
     let sources = workspace_root().join("web").join("static");
-    let copies = [shrunk, glue]
+    let copies = [bound, glue]
         .into_iter()
         .chain(bundles)
         .chain(STATIC_FILES.iter().map(|name| sources.join(name)));
@@ -385,7 +376,8 @@ fn cargo_home() -> PathBuf {
 /// `target/web-tools/` holds.
 const INSTALLED_LOCK: &str = "installed-lock.json";
 
-/// Installs `web/tools`' npm packages (binaryen, playwright-core) into
+/// Installs `web/tools`' npm packages (esbuild, CodeMirror, dagre,
+/// playwright-core) into
 /// `target/web-tools/` from the committed lockfile, unless that lockfile
 /// is already installed there; returns the install directory.
 fn ensure_npm_tools() -> Result<PathBuf, String> {
@@ -409,39 +401,6 @@ fn ensure_npm_tools() -> Result<PathBuf, String> {
     )?;
     fs::write(&stamp, lock).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
     Ok(tools)
-}
-
-/// The wasm features rustc's wasm32 target emits. Named one by one:
-/// `--all-features` lets wasm-opt write proposals Chromium rejects
-/// (compact imports).
-const WASM_FEATURES: &[&str] = &[
-    "--enable-bulk-memory",
-    "--enable-mutable-globals",
-    "--enable-nontrapping-float-to-int",
-    "--enable-sign-ext",
-    "--enable-reference-types",
-    "--enable-multivalue",
-    // The `simd128` loops of the CPU executor (see wasm.rs).
-    "--enable-simd",
-];
-
-/// wasm-opt's optimization arguments.
-const WASM_OPT_ARGS: &[&str] = &["-O2", "--strip-debug", "--strip-producers"];
-
-/// Shrinks `module` into `output` with binaryen's `wasm-opt` from `tools`
-/// (npm's: Debian's version 108 produces modules that break the page).
-/// `-O2` takes about a minute on 2 cores and saves about 8% of the raw
-/// bytes; `-Oz` takes several times longer.
-fn shrink(tools: &Path, module: &Path, output: &Path) -> Result<(), String> {
-    let wasm_opt = tools.join("node_modules").join(".bin").join("wasm-opt");
-    process::run(
-        Command::new(wasm_opt)
-            .arg(module)
-            .args(WASM_OPT_ARGS)
-            .args(WASM_FEATURES)
-            .arg("-o")
-            .arg(output),
-    )
 }
 
 fn gzip_size(path: &Path) -> Option<u64> {

@@ -3,7 +3,7 @@
 
 use super::key::{hash_key, CacheKey, KeyView};
 use super::report::{
-    arg_path, build_report, differences, explain_miss, CacheInfo, CacheMiss, MissReason, Report,
+    arg_path, build_report, explain_miss, CacheInfo, CacheMiss, MissReason, Report,
 };
 use crate::error::{Error, Result};
 use crate::exec::device::read_back;
@@ -269,7 +269,24 @@ where
             })
         };
         let (a, b) = (entry(before)?, entry(after)?);
-        Ok(differences(&a.key, &b.key, &std::cell::OnceCell::new()))
+        Ok(a.key.differences(&b.key))
+    }
+
+    /// The key entry `entry` is stored under (the index
+    /// [`crate::Report::entry`] gives); an `Err` for an entry the cache
+    /// does not hold. Keys of two compiled functions compare with
+    /// [`CacheKey::differences`]: how the playground explains an entry
+    /// against the previous run's, whose function text may have changed.
+    pub fn entry_key(&self, entry: usize) -> Result<CacheKey> {
+        let state = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        state
+            .entries
+            .get(entry)
+            .map(|e| e.key.clone())
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "entry_key".into(),
+                detail: format!("the cache holds no entry {entry}"),
+            })
     }
 
     /// What the backend runs for cache entry `entry` (the index

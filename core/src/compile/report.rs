@@ -445,6 +445,26 @@ pub(crate) fn explain_miss<'a>(
     }
 }
 
+impl CacheKey {
+    /// What differs from this key to `later`, as a miss explains it: the
+    /// backend, the argument tree (structure, statics, aux data) and each
+    /// leaf's signature. The functions are not compared: keys of two
+    /// compiled functions compare too.
+    ///
+    /// ```
+    /// use kiln::{compile, Array, DType};
+    /// let f = compile(|x: Array| x.exp());
+    /// f.call(&Array::ones(&[4], DType::F32))?;
+    /// f.call(&Array::ones(&[8], DType::F32))?;
+    /// let reasons = f.entry_key(0)?.differences(&f.entry_key(1)?);
+    /// assert_eq!(reasons[0].to_string(), "aval differs at leaf args: f32[4] → f32[8]");
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn differences(&self, later: &CacheKey) -> Vec<MissReason> {
+        differences(self, later, &OnceCell::new())
+    }
+}
+
 /// Every difference between a stored key and a new one; `now_paths` caches
 /// the new key's leaf paths.
 pub(crate) fn differences(

@@ -7,7 +7,9 @@
 
 use super::views::{create_code_view, CodeView};
 use crate::report::{CallClock, EntryKernels};
-use crate::view::{duration, kernel_rows, kernels_summary, node_ids, EntryScope, Selection};
+use crate::view::{
+    duration, kernel_rows, kernels_summary, node_ids, step_time, EntryScope, Selection,
+};
 use kiln::{KernelList, Report};
 use leptos::prelude::*;
 use std::sync::Arc;
@@ -21,12 +23,14 @@ pub fn kernels_view(
     kernels: Option<EntryKernels>,
     clock: CallClock,
 ) -> impl IntoView {
-    let (list, steps_ms) = match kernels {
+    let (list, steps_ms, runs, resolution_ms) = match kernels {
         Some(EntryKernels {
             list: Some(list),
             steps_ms,
+            timed_runs,
+            resolution_ms,
             ..
-        }) => (Arc::new(list), steps_ms),
+        }) => (Arc::new(list), steps_ms, timed_runs, resolution_ms),
         Some(EntryKernels {
             error: Some(error), ..
         }) => {
@@ -61,7 +65,9 @@ pub fn kernels_view(
         CallClock::GpuTimestamps if !steps_ms.is_empty() => {
             let total: f64 = steps_ms.iter().flatten().sum();
             format!(
-                "GPU time per kernel at the latest call, from timestamp queries: {} in all",
+                "GPU time per kernel, the mean of {runs} timed call{}, from timestamp queries: {} \
+                 in all",
+                if runs == 1 { "" } else { "s" },
                 duration(total)
             )
         }
@@ -74,7 +80,12 @@ pub fn kernels_view(
         CallClock::Wall if !steps_ms.is_empty() => {
             let total: f64 = steps_ms.iter().flatten().sum();
             format!(
-                "CPU executor time per step at the latest call: {} in all",
+                "CPU executor time per step, the mean of {runs} run{} (the clock ticks every {}, \
+                 so a step under {} reads \u{201c}{}\u{201d}): {} in all",
+                if runs == 1 { "" } else { "s" },
+                duration(resolution_ms * f64::from(runs)),
+                duration(resolution_ms),
+                step_time(0.0, resolution_ms),
                 duration(total)
             )
         }
@@ -95,7 +106,13 @@ pub fn kernels_view(
                 .and_then(|s| s.source)
                 .and_then(|i| list.sources.get(i))
                 .map_or("", String::as_str);
+            // A CodeMirror view is made only for a step with source (none on
+            // the CPU): the first render does not wait for an empty one.
             if code.with_value(Option::is_none) {
+                if text.is_empty() {
+                    let _ = host.set_attribute("data-kernel", &k.to_string());
+                    return;
+                }
                 code.set_value(Some(create_code_view(&host)));
             }
             code.with_value(|c| {
@@ -128,7 +145,12 @@ pub fn kernels_view(
                         .map(|row| {
                             let k = row.index;
                             let (nodes, label) = (row.nodes.clone(), row.nodes);
-                            let time = steps_ms.get(k).copied().flatten().map(duration).unwrap_or_default();
+                            let mean = steps_ms.get(k).copied().flatten();
+                            let time = mean.map(|ms| step_time(ms, resolution_ms)).unwrap_or_default();
+                            let below = mean.is_some_and(|ms| ms < resolution_ms);
+                            let note = below.then(|| format!(
+                                "below the clock's resolution: its tick over the {runs} runs timed"
+                            ));
                             view! {
                                 <li class="kernel" data-kernel=k data-nodes=nodes
                                     class:selected=move || marked.with(|m| m.contains(&k))
@@ -138,7 +160,7 @@ pub fn kernels_view(
                                     <span class="kernel-op">{row.op}</span>
                                     <span class="kernel-nodes">{label}</span>
                                     <span class="kernel-extent">{row.extent}</span>
-                                    <span class="kernel-time">{time}</span>
+                                    <span class="kernel-time" class:below-resolution=below title=note>{time}</span>
                                 </li>
                             }
                         })

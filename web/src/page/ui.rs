@@ -6,13 +6,14 @@ use super::diff::{diff_view, DiffMarks};
 use super::editor::{editor_view, EditorHandle};
 use super::graph::graph_view;
 use super::kernels::kernels_view;
+use super::worker::CPU_FIRST_WORKER;
 use crate::backend::{BackendChoice, BackendStatus};
 use crate::examples::{Example, EXAMPLES};
 use crate::help::{code_spans, filter_help, help_sections, HelpSection, SCRIPT_API, SHORTCUTS};
 use crate::protocol::{Request, Response};
 use crate::report::{
-    CallClock, Comparison, EntryKernels, FunctionReport, KeyDiff, RunReport, ScriptError,
-    Verification,
+    CallClock, Comparison, EntryKernels, FunctionReport, KeyDiff, PreviousRun, RunReport,
+    ScriptError, Verification,
 };
 use crate::share::{encode_fragment, export_report, import_report, program_in_link};
 use crate::view::{
@@ -76,6 +77,11 @@ struct Page {
     /// all of that entry's views.
     selected: RwSignal<Option<(EntryScope, Selection)>>,
     worker: StoredValue<Option<Worker>, LocalStorage>,
+    /// The worker watching for the GPU to be free after Stop (see
+    /// [`Page::await_free_gpu`]).
+    probe: StoredValue<Option<Worker>, LocalStorage>,
+    /// Whether the worker should open WebGPU once it is ready.
+    reopen: RwSignal<bool>,
     /// Whether the worker has said Ready (its handler is installed).
     ready: RwSignal<bool>,
     /// Whether a run waits for the worker to be ready.
@@ -99,15 +105,37 @@ struct Page {
 }
 
 impl Page {
-    fn spawn_worker(self) {
-        let options = WorkerOptions::new();
-        options.set_type(WorkerType::Module);
-        let worker = match Worker::new_with_options("./worker.js", &options) {
-            Ok(worker) => worker,
-            Err(e) => {
-                self.status
-                    .set(Status::Failed(format!("cannot start the worker: {e:?}")));
-                return;
+    /// Starts the worker that runs scripts (the one `index.html` started,
+    /// the first time); `cpu_first` for one that must not touch WebGPU
+    /// until the GPU is free (see [`CPU_FIRST_WORKER`]).
+    fn spawn_worker(self, cpu_first: bool) {
+        let (worker, early) = match adopt_boot_worker() {
+            Some(adopted) => adopted,
+            None => {
+                let options = WorkerOptions::new();
+                options.set_type(WorkerType::Module);
+                if cpu_first {
+                    options.set_name(CPU_FIRST_WORKER);
+                }
+                match Worker::new_with_options("./worker.js", &options) {
+                    // The worker instantiates the page's own compiled
+                    // module rather than fetching and compiling it again
+                    // (`worker.js` waits for it).
+                    Ok(worker) => match worker.post_message(&wasm_bindgen::module()) {
+                        Ok(()) => (worker, Early::default()),
+                        Err(e) => {
+                            self.status.set(Status::Failed(format!(
+                                "cannot hand the module to the worker: {e:?}"
+                            )));
+                            return;
+                        }
+                    },
+                    Err(e) => {
+                        self.status
+                            .set(Status::Failed(format!("cannot start the worker: {e:?}")));
+                        return;
+                    }
+                }
             }
         };
         let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
@@ -120,11 +148,20 @@ impl Page {
                         .filter(|c| Some(*c) != active && backend.choices.contains(c));
                     self.backend.set(Some(backend));
                     self.ready.set(true);
-                    // A restarted worker opens the default backend: switch
-                    // back to the one picked.
+                    if self.reopen.get_untracked() {
+                        self.reopen.set(false);
+                        self.post(&Request::OpenWebgpu);
+                    }
+                    // A restarted worker opens the default backend, and
+                    // one started after Stop may offer WebGPU only later:
+                    // switch back to the one picked. A run waiting for the
+                    // worker goes after the switch; none is started.
                     if let Some(choice) = wanted {
-                        self.pending.set(true);
-                        self.send(|_| Request::SetBackend { backend: choice });
+                        self.post(&Request::SetBackend { backend: choice });
+                        if self.status.get_untracked() == Status::Loading {
+                            self.status.set(Status::Ready);
+                            self.pending.set(true);
+                        }
                         return;
                     }
                     if self.status.get_untracked() == Status::Loading {
@@ -138,6 +175,11 @@ impl Page {
                     }
                 }
                 Ok(Response::Report { id, report }) if id == self.latest.get_untracked() => {
+                    // The run hit its limit while the GPU still worked: a
+                    // fresh worker drops the device and that work.
+                    if report.gpu_work_abandoned {
+                        self.replace_worker();
+                    }
                     self.status.set(Status::Ready);
                     if id == self.auto_request.get_untracked() && report.error.is_some() {
                         self.held.set(report.error);
@@ -184,11 +226,29 @@ impl Page {
             )));
         });
         worker.set_onerror(Some(on_error.as_ref().unchecked_ref()));
+        self.worker.set_value(Some(worker));
+        self.ready.set(false);
+        // What the worker said before it was adopted, in order, then the
+        // first error it had (which replaces it).
+        let handle: &js_sys::Function = on_message.as_ref().unchecked_ref();
+        for event in early.messages {
+            if let Err(e) = handle.call1(&JsValue::NULL, &event) {
+                self.status.set(Status::Failed(format!(
+                    "cannot read the worker's message: {e:?}"
+                )));
+            }
+        }
+        if let Some(error) = early.errors.into_iter().next() {
+            let handle: &js_sys::Function = on_error.as_ref().unchecked_ref();
+            if let Err(e) = handle.call1(&JsValue::NULL, &error) {
+                self.status.set(Status::Failed(format!(
+                    "cannot read the worker's error: {e:?}"
+                )));
+            }
+        }
         // The handlers live as long as the worker does.
         on_message.forget();
         on_error.forget();
-        self.worker.set_value(Some(worker));
-        self.ready.set(false);
     }
 
     /// Runs the editor's script now (Run, Ctrl+Enter, an example): a run
@@ -235,7 +295,7 @@ impl Page {
     /// error, if any, is held back).
     fn run_script(self, auto: bool) {
         if self.worker.with_value(Option::is_none) {
-            self.spawn_worker();
+            self.spawn_worker(false);
         }
         // A message posted before the worker's handler is installed is
         // lost: wait for its Ready.
@@ -292,22 +352,32 @@ impl Page {
     fn send(self, make: impl FnOnce(u64) -> Request) {
         let id = self.latest.get_untracked() + 1;
         self.latest.set(id);
-        let request = make(id);
+        if self.post(&make(id)) {
+            self.status.set(Status::Running);
+        }
+    }
+
+    /// Posts `request` to the worker; whether it went. Unlike
+    /// [`Page::send`] it starts nothing the page waits for: a run under
+    /// way stays the latest.
+    fn post(self, request: &Request) -> bool {
         let message = match request.serialize(&serde_wasm_bindgen::Serializer::json_compatible()) {
             Ok(message) => message,
             Err(e) => {
                 self.status.set(Status::Failed(e.to_string()));
-                return;
+                return false;
             }
         };
-        self.worker.with_value(|worker| {
-            if let Some(worker) = worker {
-                match worker.post_message(&message) {
-                    Ok(()) => self.status.set(Status::Running),
-                    Err(e) => self.status.set(Status::Failed(format!("{e:?}"))),
+        self.worker.with_value(|worker| match worker {
+            Some(worker) => match worker.post_message(&message) {
+                Ok(()) => true,
+                Err(e) => {
+                    self.status.set(Status::Failed(format!("{e:?}")));
+                    false
                 }
-            }
-        });
+            },
+            None => false,
+        })
     }
 
     /// Ends a run at once: the worker is terminated (a script cannot be
@@ -321,8 +391,16 @@ impl Page {
     }
 
     /// Terminates the worker and starts a fresh one; requests still
-    /// unanswered are dropped.
+    /// unanswered are dropped. Where the worker ran on WebGPU, GPU work it
+    /// submitted may still run (no browser cancels it, and none opens a
+    /// device meanwhile): the fresh worker starts on the CPU, and
+    /// `gpu-probe.js` says when it may open WebGPU.
     fn replace_worker(self) {
+        let on_gpu = self.backend.with_untracked(|b| {
+            b.as_ref()
+                .and_then(|b| BackendChoice::of_backend(&b.active))
+                == Some(BackendChoice::Webgpu)
+        });
         self.worker.with_value(|worker| {
             if let Some(worker) = worker {
                 worker.terminate();
@@ -332,8 +410,51 @@ impl Page {
         self.latest.update(|id| *id += 1);
         self.held.set(None);
         self.backend.set(None);
-        self.spawn_worker();
+        self.spawn_worker(on_gpu);
+        if on_gpu {
+            // Back to WebGPU once it reopens, unless the user picks.
+            if self.chosen.get_untracked().is_none() {
+                self.chosen.set(Some(BackendChoice::Webgpu));
+            }
+            self.await_free_gpu();
+        }
         self.status.set(Status::Stopped);
+    }
+
+    /// Starts `gpu-probe.js`, which answers once the browser's GPU has
+    /// finished the work of a stopped run; then asks the worker to open
+    /// WebGPU (at once, or at its Ready).
+    fn await_free_gpu(self) {
+        self.probe.with_value(|probe| {
+            if let Some(probe) = probe {
+                probe.terminate();
+            }
+        });
+        let probe = match Worker::new("./gpu-probe.js") {
+            Ok(probe) => probe,
+            Err(e) => {
+                self.notice
+                    .set(Some(format!("cannot watch for the GPU to be free: {e:?}")));
+                return;
+            }
+        };
+        let on_free = Closure::<dyn Fn(MessageEvent)>::new(move |_: MessageEvent| {
+            self.probe.with_value(|probe| {
+                if let Some(probe) = probe {
+                    probe.terminate();
+                }
+            });
+            self.probe.set_value(None);
+            if self.ready.get_untracked() {
+                self.post(&Request::OpenWebgpu);
+            } else {
+                self.reopen.set(true);
+            }
+        });
+        probe.set_onmessage(Some(on_free.as_ref().unchecked_ref()));
+        // Lives as long as the probe; a probe answers once.
+        on_free.forget();
+        self.probe.set_value(Some(probe));
     }
 
     /// Saves the shown report as `kiln-report.json`.
@@ -397,6 +518,43 @@ impl Page {
     }
 }
 
+/// What a worker sent before the page listened: its messages, in order,
+/// and its errors.
+#[derive(Default)]
+struct Early {
+    messages: Vec<JsValue>,
+    errors: Vec<JsValue>,
+}
+
+/// The worker `index.html` started beside the page (see there), with what
+/// it sent before this page could listen, once: later workers (after Stop
+/// or a crash) are the page's own.
+fn adopt_boot_worker() -> Option<(Worker, Early)> {
+    let global = js_sys::global();
+    let key = JsValue::from_str("kilnBootWorker");
+    let boot = js_sys::Reflect::get(&global, &key).ok()?;
+    if boot.is_undefined() || boot.is_null() {
+        return None;
+    }
+    js_sys::Reflect::delete_property(&global, &key).ok()?;
+    let worker: Worker = js_sys::Reflect::get(&boot, &"worker".into())
+        .ok()?
+        .dyn_into()
+        .ok()?;
+    let list = |name: &str| {
+        js_sys::Reflect::get(&boot, &name.into())
+            .ok()
+            .and_then(|list| list.dyn_into::<js_sys::Array>().ok())
+            .map(|list| list.iter().collect())
+            .unwrap_or_default()
+    };
+    let early = Early {
+        messages: list("early"),
+        errors: list("errors"),
+    };
+    Some((worker, early))
+}
+
 #[component]
 fn App() -> impl IntoView {
     let first = &EXAMPLES[0];
@@ -429,6 +587,8 @@ fn App() -> impl IntoView {
         latest: RwSignal::new(0),
         selected: RwSignal::new(None),
         worker: StoredValue::new_local(None),
+        probe: StoredValue::new_local(None),
+        reopen: RwSignal::new(false),
         ready: RwSignal::new(false),
         pending: RwSignal::new(false),
         notice: RwSignal::new(notice),
@@ -439,7 +599,7 @@ fn App() -> impl IntoView {
         help: RwSignal::new(false),
         editor: EditorHandle::new(),
     };
-    page.spawn_worker();
+    page.spawn_worker(false);
     let status_text = move || match page.status.get() {
         Status::Loading => "loading".to_string(),
         Status::Ready => "ready".to_string(),
@@ -736,6 +896,7 @@ fn function_view(page: Page, function: FunctionReport, clock: CallClock) -> impl
     let reports = function.cache.reports.clone();
     let kernels = function.kernels.clone();
     let key_diffs = function.key_diffs.clone();
+    let previous = function.previous.clone();
     let shown = RwSignal::new(reports.len().checked_sub(1));
     let line = function.line;
     view! {
@@ -764,7 +925,11 @@ fn function_view(page: Page, function: FunctionReport, clock: CallClock) -> impl
                     let report = (**reports.get(shown.get()?)?).clone();
                     let scope = EntryScope { line, entry: report.entry };
                     let listed = kernels.iter().find(|k| k.entry == report.entry).cloned();
-                    let family = Family { entries: reports.clone(), key_diffs: key_diffs.clone() };
+                    let family = Family {
+                        entries: reports.clone(),
+                        key_diffs: key_diffs.clone(),
+                        previous: previous.clone(),
+                    };
                     Some(entry_views(page, scope, report, listed, family, clock))
                 }}
             </div>
@@ -804,10 +969,12 @@ fn cache_view(function: &FunctionReport, shown: RwSignal<Option<usize>>) -> impl
     }
 }
 
-/// The other entries of a function, for the diff view.
+/// The other entries of a function and its previous run, for the diff
+/// view.
 struct Family {
     entries: Vec<Arc<Report>>,
     key_diffs: Vec<KeyDiff>,
+    previous: Option<PreviousRun>,
 }
 
 fn entry_views(
@@ -830,7 +997,7 @@ fn entry_views(
         {vmap_view(&report)}
         {loops_view(&report)}
         {graph_view(page.selected, scope, report.clone(), list.clone(), marks, move |line| page.editor.reveal_line(line))}
-        {diff_view(report.clone(), family.entries, family.key_diffs, marks)}
+        {diff_view(report.clone(), family.entries, family.key_diffs, family.previous, marks)}
         {kernels_view(page.selected, scope, report.clone(), kernels, clock)}
         {reinplace_view(page, scope, &report, marked)}
         {memory_view(page, scope, &report, marked)}

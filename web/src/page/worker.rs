@@ -10,7 +10,7 @@
 use crate::backend::{AdapterInfo, BackendChoice, BackendStatus};
 use crate::protocol::{Request, Response};
 use crate::report::{CallClock, DeviceTime, RunReport};
-use crate::script::{DeviceCallCounter, Session};
+use crate::script::{DeviceCallCounter, ScriptLimits, Session};
 use crate::timed_cpu::TimedCpu;
 use js_sys::{Function, Promise, Reflect};
 use kiln::Device;
@@ -18,11 +18,22 @@ use kiln_wgpu::WgpuBackend;
 use serde::Serialize;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::pin::pin;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::Poll;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent};
+
+/// The name the page gives a worker it starts after Stop (or a crash)
+/// while WebGPU ran: a stopped run's GPU work cannot be cancelled, and
+/// until the GPU has finished it the browser blocks any thread that
+/// touches WebGPU. Such a worker runs scripts on the CPU at once and opens
+/// WebGPU only when the page says the GPU is free
+/// ([`Request::OpenWebgpu`]; `gpu-probe.js` finds out).
+pub(super) const CPU_FIRST_WORKER: &str = "kiln-cpu-first";
 
 /// Everything the worker keeps.
 struct Worker {
@@ -37,13 +48,19 @@ struct Worker {
     cpu: TimedCpu,
     adapter: RefCell<Option<AdapterInfo>>,
     unavailable: RefCell<Option<String>>,
+    /// Whether the worker has said Ready (it answers requests since).
+    answering: Cell<bool>,
+    /// Whether it runs on the CPU while WebGPU still opens.
+    reopening: Cell<bool>,
 }
 
 /// Starts answering the page's messages; called by `worker.js` once the
-/// module is loaded. Requests that come while WebGPU is being opened wait.
+/// module is loaded. Requests that come while WebGPU is being opened wait
+/// (a worker named [`CPU_FIRST_WORKER`] answers on the CPU at once).
 #[wasm_bindgen]
 pub fn start_worker() -> Result<(), JsValue> {
     let scope: DedicatedWorkerGlobalScope = js_sys::global().dyn_into()?;
+    let cpu_first = scope.name() == CPU_FIRST_WORKER;
     let worker = Rc::new(Worker {
         scope: scope.clone(),
         session: RefCell::new(Some(Session::new())),
@@ -53,11 +70,16 @@ pub fn start_worker() -> Result<(), JsValue> {
         cpu: TimedCpu::default(),
         adapter: RefCell::new(None),
         unavailable: RefCell::new(None),
+        answering: Cell::new(false),
+        reopening: Cell::new(cpu_first),
     });
     let on_message = {
         let worker = worker.clone();
         Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
             match serde_wasm_bindgen::from_value::<Request>(event.data()) {
+                // Opening WebGPU waits for the GPU: it never holds up the
+                // runs queued on the CPU meanwhile.
+                Ok(Request::OpenWebgpu) => spawn_local(open_and_offer_webgpu(worker.clone())),
                 Ok(request) => {
                     worker.queue.borrow_mut().push_back(request);
                     if !worker.busy.get() {
@@ -71,27 +93,67 @@ pub fn start_worker() -> Result<(), JsValue> {
     scope.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
     // The handler lives as long as the worker.
     on_message.forget();
-    spawn_local(async move {
-        match open_webgpu().await {
-            Ok((gpu, adapter)) => {
-                // Calls are timed on the GPU where the adapter writes
-                // timestamps.
-                gpu.set_gpu_timing(true);
-                *worker.gpu.borrow_mut() = Some(gpu);
-                *worker.adapter.borrow_mut() = Some(adapter);
-            }
-            Err(reason) => *worker.unavailable.borrow_mut() = Some(reason),
+    if cpu_first {
+        spawn_local(start_answering(worker, BackendChoice::Cpu));
+    } else {
+        spawn_local(open_and_offer_webgpu(worker));
+    }
+    Ok(())
+}
+
+/// Opens WebGPU and keeps it (see [`webgpu_opened`]), unless it is open.
+async fn open_and_offer_webgpu(worker: Rc<Worker>) {
+    if worker.gpu.borrow().is_some() {
+        return;
+    }
+    let opened = open_webgpu().await;
+    webgpu_opened(worker, opened).await;
+}
+
+/// Keeps what opening WebGPU gave; starts answering on it, or, where the
+/// worker already answers on the CPU, offers it (the page switches back
+/// to the backend it picked).
+async fn webgpu_opened(worker: Rc<Worker>, opened: Result<(WgpuBackend, AdapterInfo), String>) {
+    match opened {
+        Ok((gpu, adapter)) => {
+            // Calls are timed on the GPU where the adapter writes
+            // timestamps.
+            gpu.set_gpu_timing(true);
+            *worker.gpu.borrow_mut() = Some(gpu);
+            *worker.adapter.borrow_mut() = Some(adapter);
+            *worker.unavailable.borrow_mut() = None;
         }
-        let counter = worker.use_backend(BackendChoice::Webgpu);
-        if let Some(session) = worker.session.borrow_mut().as_mut() {
-            session.count_device_calls(Some(counter));
-        }
+        Err(reason) => *worker.unavailable.borrow_mut() = Some(reason),
+    }
+    worker.reopening.set(false);
+    if worker.answering.get() {
         worker.post(&Response::Ready {
             backend: worker.status(),
         });
-        answer_queued(worker).await;
+    } else {
+        start_answering(worker, BackendChoice::Webgpu).await;
+    }
+}
+
+/// Says Ready on `choice` (the CPU where WebGPU is missing) and answers the
+/// requests that waited.
+async fn start_answering(worker: Rc<Worker>, choice: BackendChoice) {
+    worker.answering.set(true);
+    if worker.reopening.get() {
+        *worker.unavailable.borrow_mut() = Some(
+            "the GPU is finishing the stopped run's work (a browser cannot cancel submitted GPU \
+             work): scripts run on the CPU until WebGPU reopens"
+                .to_string(),
+        );
+    }
+    let counter = worker.use_backend(choice);
+    if let Some(session) = worker.session.borrow_mut().as_mut() {
+        session.count_device_calls(Some(counter));
+    }
+    worker.post(&Response::Ready {
+        backend: worker.status(),
     });
-    Ok(())
+    answer_queued(worker).await;
 }
 
 /// Answers queued requests until none is left.
@@ -103,6 +165,39 @@ async fn answer_queued(worker: Rc<Worker>) {
         worker.answer(request).await;
     }
     worker.busy.set(false);
+}
+
+/// Resolves once `ms` milliseconds have passed (the worker's
+/// `setTimeout`); at once where there is none.
+async fn sleep_ms(ms: f64) {
+    let promise = Promise::new(&mut |resolve, _| {
+        let global = js_sys::global();
+        let set_timeout = Reflect::get(&global, &"setTimeout".into())
+            .ok()
+            .and_then(|f| f.dyn_into::<Function>().ok());
+        let scheduled = set_timeout.and_then(|f| f.call2(&global, &resolve, &ms.into()).ok());
+        if scheduled.is_none() {
+            let _ = resolve.call0(&JsValue::NULL);
+        }
+    });
+    let _ = JsFuture::from(promise).await;
+}
+
+/// `work`'s output, unless `ms` milliseconds pass first (then `work` is
+/// dropped where it waits).
+async fn within<T>(ms: f64, work: impl Future<Output = T>) -> Option<T> {
+    let mut work = pin!(work);
+    let mut timer = pin!(sleep_ms(ms));
+    poll_fn(|cx| {
+        if let Poll::Ready(output) = work.as_mut().poll(cx) {
+            return Poll::Ready(Some(output));
+        }
+        if timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 impl Worker {
@@ -117,6 +212,7 @@ impl Worker {
             choices,
             adapter: self.adapter.borrow().clone(),
             unavailable: self.unavailable.borrow().clone(),
+            reopening: self.reopening.get(),
         }
     }
 
@@ -125,10 +221,20 @@ impl Worker {
             console_error("kiln worker: the session is in use");
             return;
         };
+        // The run limit covers the GPU's work too: a script submits its
+        // GPU work at once, and waiting for it (the readback of the shown
+        // values, the timestamps) ends at the limit.
+        let limit_ms = ScriptLimits::PLAYGROUND.time_limit.as_secs_f64() * 1e3;
         let response = match request {
             Request::Run { id, script } => {
-                let mut report = session.run_async(&script).await;
-                self.measure(&mut report).await;
+                let run = async {
+                    let mut report = session.run_async(&script).await;
+                    self.measure(&mut report).await;
+                    report
+                };
+                let report = within(limit_ms, run)
+                    .await
+                    .unwrap_or_else(|| RunReport::past_gpu_limit(&script, limit_ms));
                 Some(Response::Report { id, report })
             }
             Request::Compare { id, script } => Some(Response::Comparison {
@@ -136,13 +242,22 @@ impl Worker {
                 rows: session.compare(&script),
             }),
             Request::Verify { id, script } => {
-                let (mut report, verification) = session.verify(&script).await;
-                self.measure(&mut report).await;
-                Some(Response::Verified {
-                    id,
-                    report,
-                    verification,
-                })
+                let verify = async {
+                    let (mut report, verification) = session.verify(&script).await;
+                    self.measure(&mut report).await;
+                    (report, verification)
+                };
+                match within(limit_ms, verify).await {
+                    Some((report, verification)) => Some(Response::Verified {
+                        id,
+                        report,
+                        verification,
+                    }),
+                    None => Some(Response::Report {
+                        id,
+                        report: RunReport::past_gpu_limit(&script, limit_ms),
+                    }),
+                }
             }
             Request::SetBackend { backend } => {
                 session.count_device_calls(Some(self.use_backend(backend)));
@@ -150,6 +265,8 @@ impl Worker {
                     backend: self.status(),
                 })
             }
+            // Answered as it comes (see `start_worker`), never queued.
+            Request::OpenWebgpu => None,
         };
         *self.session.borrow_mut() = Some(session);
         if let Some(response) = response {
@@ -200,6 +317,9 @@ impl Worker {
                         executable: t.executable,
                         steps_ms: t.steps_ns.iter().map(|ns| ns.map(|ns| ns * 1e-6)).collect(),
                         total_ms: t.total_ns * 1e-6,
+                        runs: 1,
+                        tick_ms: 0.0,
+                        repeat_ms: 0.0,
                     })
                     .collect();
                 report.attach_device_times(&times);

@@ -3,8 +3,10 @@
 
 use super::values::{from_value, into_value, runtime_error, to_value, ScriptResult};
 use super::{script_message, Shared};
-use crate::report::{CallTiming, EntryKernels, FunctionReport, KeyDiff, KEY_DIFF_ENTRIES};
-use kiln::{AnyBackend, Array, Compiled, DType, Function, Value, ValueParts};
+use crate::report::{
+    CallTiming, EntryKernels, FunctionReport, KeyDiff, PreviousRun, KEY_DIFF_ENTRIES,
+};
+use kiln::{AnyBackend, Array, CacheKey, Compiled, DType, Function, Report, Value, ValueParts};
 use rhai::{Dynamic, EvalAltResult, FnPtr};
 use std::cell::{Cell, RefCell};
 use std::collections::hash_map::DefaultHasher;
@@ -12,6 +14,7 @@ use std::fmt::Write;
 use std::hash::{Hash, Hasher};
 use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use web_time::Instant;
 
 /// What `compile(f)` returns to a script: the function and its options.
@@ -380,6 +383,46 @@ impl ScriptFunction {
         }
     }
 
+    /// The function as this run leaves it (stored under `identity`), for
+    /// the next run's diff; `None` while its cache is empty.
+    pub(super) fn as_left(&self, identity: &str) -> Option<RunFunction> {
+        let report = self.compiled.cache().reports.last()?.clone();
+        let key = self.compiled.entry_key(report.entry).ok()?;
+        Some(RunFunction {
+            identity: identity.to_string(),
+            source: self.source.clone(),
+            options: self.options.clone(),
+            line: self.line.get(),
+            key,
+            report,
+        })
+    }
+
+    /// How this function differs from `previous`'s latest entry, per
+    /// latest entry of its own: the [`PreviousRun`] its report carries.
+    pub(super) fn against(&self, previous: &RunFunction) -> PreviousRun {
+        let latest = self.compiled.cache().reports;
+        let key_diffs = latest
+            .iter()
+            .rev()
+            .take(KEY_DIFF_ENTRIES)
+            .filter_map(|r| {
+                let key = self.compiled.entry_key(r.entry).ok()?;
+                Some(KeyDiff {
+                    before: previous.report.entry,
+                    after: r.entry,
+                    reasons: previous.key.differences(&key),
+                })
+            })
+            .collect();
+        PreviousRun {
+            line: previous.line,
+            source_changed: *previous.source != *self.source || previous.options != self.options,
+            report: previous.report.clone(),
+            key_diffs,
+        }
+    }
+
     pub(super) fn report(&self) -> FunctionReport {
         let cache = self.compiled.cache();
         let kernels = cache
@@ -417,8 +460,24 @@ impl ScriptFunction {
             calls: self.calls.borrow().clone(),
             kernels,
             key_diffs,
+            previous: None,
         }
     }
+}
+
+/// A compiled function as a run left it: what the next run's diff view
+/// compares against.
+pub(super) struct RunFunction {
+    /// The session's key of the function (device, source text, options,
+    /// captured values).
+    pub(super) identity: String,
+    source: Rc<str>,
+    options: Options,
+    /// The script line of its `compile(...)` call in that run.
+    line: usize,
+    /// Its latest entry's cache key and report.
+    key: CacheKey,
+    report: Arc<Report>,
 }
 
 /// `call` (the script closure) under `transform`, on traced arguments.

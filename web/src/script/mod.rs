@@ -30,7 +30,7 @@ use crate::format::numpy_repr;
 use crate::report::{
     CallClock, Comparison, Output, RunReport, ScriptError, VariantFigures, Verification,
 };
-use function::ScriptFunction;
+use function::{RunFunction, ScriptFunction};
 use rhai::{Dynamic, Engine, EvalAltResult, ParseError, Position, Scope, AST};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -106,6 +106,10 @@ pub struct Session {
     engine: Rc<Engine>,
     shared: Rc<Shared>,
     limits: ScriptLimits,
+    /// The compiled functions as the last run (not a what-if or a
+    /// verification's CPU run) left them, in order of first call: what
+    /// each function of the next run is diffed against.
+    previous: Vec<RunFunction>,
 }
 
 /// Compiled functions are dropped after this many runs without a call.
@@ -323,6 +327,7 @@ impl Session {
             engine,
             shared,
             limits,
+            previous: Vec::new(),
         }
     }
 
@@ -339,7 +344,9 @@ impl Session {
     /// values are read back blocking: in a browser, on WebGPU, use
     /// [`Session::run_async`].
     pub fn run(&mut self, script: &str) -> RunReport {
-        self.run_with(script, WhatIf::default())
+        let report = self.run_with(script, WhatIf::default());
+        self.remember_run();
+        report
     }
 
     /// Runs `script` like [`Session::run`], reading the shown values back
@@ -356,7 +363,9 @@ impl Session {
                 break;
             }
         }
-        self.finish(executed, read_error)
+        let report = self.finish(executed, read_error);
+        self.remember_run();
+        report
     }
 
     /// Runs `script` on the default device, then again on the CPU
@@ -367,7 +376,7 @@ impl Session {
         let report = self.run_async(script).await;
         let on_device = self.shown_arrays();
         let on_cpu = kiln::with_default_device(Arc::new(kiln::CpuBackend), || {
-            let cpu = self.run(script);
+            let cpu = self.run_with(script, WhatIf::default());
             cpu.error
                 .map_or_else(|| Ok(self.shown_arrays()), |e| Err(e.to_string()))
         });
@@ -520,11 +529,18 @@ impl Session {
         }
         let functions = {
             let all = shared.functions.borrow();
-            shared
-                .called
-                .borrow()
+            let called = shared.called.borrow();
+            called
                 .iter()
-                .filter_map(|key| all.get(key).map(|f| f.report()))
+                .enumerate()
+                .filter_map(|(order, key)| {
+                    let function = all.get(key)?;
+                    let mut report = function.report();
+                    report.previous = self
+                        .previous_of(key, order, &called)
+                        .map(|previous| function.against(previous));
+                    Some(report)
+                })
                 .collect()
         };
         let run = shared.run.get();
@@ -541,6 +557,39 @@ impl Session {
             total_ms: executed.start.elapsed().as_secs_f64() * 1e3,
             clock: CallClock::default(),
             error,
+            gpu_work_abandoned: false,
+        }
+    }
+
+    /// The function the previous run had in place of this run's function
+    /// `key`, compiled `order`th: the same function, else the previous
+    /// run's `order`th unless this run calls that one too (then the edit
+    /// moved it, and it has its own match).
+    fn previous_of(&self, key: &str, order: usize, called: &[String]) -> Option<&RunFunction> {
+        self.previous
+            .iter()
+            .find(|p| p.identity == key)
+            .or_else(|| {
+                self.previous
+                    .get(order)
+                    .filter(|p| !called.contains(&p.identity))
+            })
+    }
+
+    /// Keeps the functions as this run left them, for the next run's diff;
+    /// a run that compiled nothing (one that failed to parse) keeps the
+    /// run before it.
+    fn remember_run(&mut self) {
+        let all = self.shared.functions.borrow();
+        let left: Vec<RunFunction> = self
+            .shared
+            .called
+            .borrow()
+            .iter()
+            .filter_map(|key| all.get(key)?.as_left(key))
+            .collect();
+        if !left.is_empty() {
+            self.previous = left;
         }
     }
 

@@ -683,3 +683,51 @@ fn an_error_inside_a_loop_body_points_at_the_bodys_line() {
     assert!(e.message.contains("nope"), "{e:?}");
     assert_eq!(e.line, Some(1), "{e:?}");
 }
+
+#[test]
+fn an_edited_function_is_diffed_against_the_previous_run() {
+    let mut s = Session::new();
+    let first = run_ok(
+        &mut s,
+        "let f = compile(|x| x.exp().sum()); f.run(ones([4]))",
+    );
+    assert!(
+        first.functions[0].previous.is_none(),
+        "a first run has none"
+    );
+    let edited = run_ok(
+        &mut s,
+        "let f = compile(|x| (x * 2.0).exp().sum()); f.run(ones([8]))",
+    );
+    let function = &edited.functions[0];
+    let previous = function.previous.as_ref().expect("the run before the edit");
+    assert!(previous.source_changed);
+    let shown = function.cache.reports.last().expect("an entry");
+    let key = previous
+        .key_diffs
+        .iter()
+        .find(|k| k.after == shown.entry)
+        .expect("the shown entry's key difference");
+    let reasons: Vec<String> = key.reasons.iter().map(ToString::to_string).collect();
+    assert_eq!(reasons, ["aval differs at leaf args[0]: f32[4] → f32[8]"]);
+    let diff = previous.report.diff(shown);
+    assert!(
+        !diff.added.is_empty() || !diff.changed.is_empty(),
+        "the multiply shows: {diff:?}"
+    );
+}
+
+#[test]
+fn an_unchanged_function_is_its_own_previous_run() {
+    let mut s = Session::new();
+    let script = "let f = compile(|x| x.exp()); f.run(ones([4]))";
+    run_ok(&mut s, script);
+    let again = run_ok(&mut s, script);
+    let previous = again.functions[0]
+        .previous
+        .as_ref()
+        .expect("the run before");
+    assert!(!previous.source_changed);
+    assert_eq!(previous.report.entry, 0);
+    assert!(previous.key_diffs.iter().all(|k| k.reasons.is_empty()));
+}
