@@ -68,7 +68,7 @@ pub(crate) fn for_each_task(count: usize, task: impl Fn(usize) + Sync) {
 
 #[cfg(not(target_arch = "wasm32"))]
 mod pool {
-    use super::cpu_threads;
+    use crate::threads::cpu_threads;
     use std::any::Any;
     use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
     use std::sync::atomic::{AtomicUsize, Ordering};

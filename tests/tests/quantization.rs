@@ -527,10 +527,10 @@ fn wgpu_runs_shapeless_quantized_products_with_one_trace() {
 
 /// A gather index past the last weight matrix is an `Err` naming the
 /// indices on every backend, never a read out of bounds.
-fn check_out_of_range_index<B: Backend>(backend: B) -> Result<String, String> {
+fn check_out_of_range_index<B: Backend>(backend: B, rows: usize) -> Result<String, String> {
     let format = QuantFormat::Nf4;
     let w = values(DType::F32, &[2, 4, 64], 40);
-    let mut args = vec![values(DType::F32, &[1, 2, 64], 41)];
+    let mut args = vec![values(DType::F32, &[1, rows, 64], 41)];
     args.extend(parts(&w, format));
     args.push(Array::from_vec(vec![0u32, 0], &[2]).expect("2"));
     args.push(Array::from_vec(vec![1u32, 2], &[2]).expect("2"));
@@ -546,17 +546,20 @@ fn check_out_of_range_index<B: Backend>(backend: B) -> Result<String, String> {
 
 #[test]
 fn out_of_range_gather_indices_are_errors() {
-    let err = check_out_of_range_index(CpuBackend).unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        err.contains("rhs_indices holds 2, out of range for 2 matrices"),
-        "{err}"
-    );
-    if let Some(gpu) = kiln_tests::gpu::backend() {
-        let err = check_out_of_range_index(gpu).unwrap_or_else(|e| panic!("{e}"));
+    // 2 rows of x stream the codes on wgpu; 9 run on the tiled kernel.
+    for rows in [2, 9] {
+        let err = check_out_of_range_index(CpuBackend, rows).unwrap_or_else(|e| panic!("{e}"));
         assert!(
-            err.contains("lhs_indices or rhs_indices") && err.contains("position 1"),
+            err.contains("rhs_indices holds 2, out of range for 2 matrices"),
             "{err}"
         );
+        if let Some(gpu) = kiln_tests::gpu::backend() {
+            let err = check_out_of_range_index(gpu, rows).unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                err.contains("lhs_indices or rhs_indices") && err.contains("position 1"),
+                "rows {rows}: {err}"
+            );
+        }
     }
 }
 
