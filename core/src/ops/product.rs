@@ -75,6 +75,10 @@ const PARALLEL_MIN_WORK: usize = 1 << 21;
 /// microkernels' register tile width).
 const COLUMN_ALIGN: usize = 16;
 
+/// The fewest output columns of a one-row product's band: 4 KiB of each
+/// row of b.
+const GEMV_MIN_BAND: usize = 1024;
+
 /// Tasks a split product makes per thread (see [`run`]).
 const TASKS_PER_THREAD: usize = 4;
 
@@ -116,7 +120,14 @@ pub(crate) fn run(jobs: &[Product<'_>], out: &mut [f32]) {
     // call never waits for a whole fixed share of a delayed thread. The
     // bands depend only on the shapes and the thread count.
     let bands = (threads * TASKS_PER_THREAD).div_ceil(jobs.len());
-    let band = n.div_ceil(bands).next_multiple_of(COLUMN_ALIGN).min(n);
+    // A one-row product streams b's rows: a band narrower than a page of
+    // each row makes the prefetchers restart at every row.
+    let least = if m == 1 { GEMV_MIN_BAND } else { COLUMN_ALIGN };
+    let band = n
+        .div_ceil(bands)
+        .next_multiple_of(COLUMN_ALIGN)
+        .max(least)
+        .min(n);
     let per_matrix = n.div_ceil(band);
     let out = &out;
     for_each_task(jobs.len() * per_matrix, |t| {
