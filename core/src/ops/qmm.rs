@@ -77,11 +77,22 @@ pub(super) fn product(
     let bands: Vec<Range<usize>> = (0..n).step_by(band).map(|c| c..(c + band).min(n)).collect();
     for (c, &(i, j)) in out.chunks_exact_mut(m * n).zip(pairs) {
         let a = &x[i * m * k..(i + 1) * m * k];
+        // x permuted into the codes' lane order once per product, not once
+        // per band.
+        let fused = transpose && m < PANEL_MIN_ROWS && w.dtype == DType::F32;
+        let permuted = if fused {
+            a.chunks_exact(k)
+                .map(|row| permute(row, w.format))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let matrix = Matrix {
             w,
             first_row: j * w.rows_per_matrix,
             m,
             k,
+            permuted,
         };
         let results: Vec<OnceLock<Vec<f32>>> = bands.iter().map(|_| OnceLock::new()).collect();
         for_each_task(bands.len(), |b| {
@@ -104,6 +115,9 @@ struct Matrix<'w, 'a> {
     first_row: usize,
     m: usize,
     k: usize,
+    /// The rows of x permuted into the codes' lane order ([`permute`])
+    /// where the product takes the fused path, else empty.
+    permuted: Vec<Vec<f32>>,
 }
 
 impl Matrix<'_, '_> {
@@ -112,16 +126,11 @@ impl Matrix<'_, '_> {
         let (m, k) = (self.m, self.k);
         let width = cols.len();
         let mut out = vec![0.0f32; m * width];
-        let fused = transpose && m < PANEL_MIN_ROWS && self.w.dtype == DType::F32;
         let isa = Isa::detect();
-        if fused {
-            let permuted: Vec<Vec<f32>> = a
-                .chunks_exact(k)
-                .map(|row| permute(row, self.w.format))
-                .collect();
+        if !self.permuted.is_empty() {
             for (t, r) in cols.clone().enumerate() {
                 let row = self.first_row + r;
-                for (i, xp) in permuted.iter().enumerate() {
+                for (i, xp) in self.permuted.iter().enumerate() {
                     out[i * width + t] = fused_dot(isa, self.w, row, xp);
                 }
             }
