@@ -699,6 +699,12 @@ impl Backend for MetalBackend {
         &self.shared.name
     }
 
+    /// The lowering's matmul kernels read a transposed operand in place
+    /// (`kiln_kernels::family::matmul`).
+    fn reads_transposed_operands(&self) -> bool {
+        true
+    }
+
     fn upload(&self, data: &Arc<HostData>) -> Result<MetalBuffer> {
         let held = self
             .shared

@@ -645,6 +645,12 @@ impl Backend for WgpuBackend {
         &self.shared.name
     }
 
+    /// The lowering's matmul kernels read a transposed operand in place
+    /// (`kiln_kernels::family::matmul`).
+    fn reads_transposed_operands(&self) -> bool {
+        true
+    }
+
     fn upload(&self, data: &Arc<HostData>) -> Result<WgpuBuffer> {
         let s = &self.shared;
         s.check_alive()?;

@@ -84,16 +84,18 @@ fn vec4_buffer(dtype: DType, target: Target) -> Option<&'static str> {
     }
 }
 
-/// `{name}(i, valid) -> vec4<T>`: elements `i..i+4` of operand `k`, of
-/// which the first `valid` exist and the rest read as zero. Through a
-/// `vec4_buffer` binding (`vector`, where `i` is a multiple of four and
-/// all four exist) it is one load; otherwise `valid` scalar loads by
-/// `scalar`.
-fn load_four(name: &str, scalar: &str, k: usize, dtype: DType, vector: bool) -> String {
+/// `{name}(base, r, c, valid) -> vec4<T>`: elements `(r, c..c+4)` of the
+/// matrix of operand `k` starting at element `base`, of which the first
+/// `valid` exist and the rest read as zero. Through a `vec4_buffer`
+/// binding (`vector`: the four are contiguous, `base + at(r, c)` is a
+/// multiple of four and all four exist) it is one load; otherwise `valid`
+/// scalar loads by `scalar`, each element placed by `at` (`a_at`, `b_at`).
+fn load_four(name: &str, scalar: &str, at: &str, k: usize, dtype: DType, vector: bool) -> String {
     if !vector {
         return format!(
-            "fn {name}(i: u32, valid: u32) -> vec4<T> {{\n    var v = vec4<T>(zero());\n    \
-             for (var j = 0u; j < valid; j++) {{\n        v[j] = {scalar}(i + j);\n    }}\n    \
+            "fn {name}(base: u32, r: u32, c: u32, valid: u32) -> vec4<T> {{\n    \
+             var v = vec4<T>(zero());\n    \
+             for (var j = 0u; j < valid; j++) {{\n        v[j] = {scalar}(base + {at}(r, c + j));\n    }}\n    \
              return v;\n}}\n"
         );
     }
@@ -104,8 +106,8 @@ fn load_four(name: &str, scalar: &str, k: usize, dtype: DType, vector: bool) -> 
         _ => "w",
     };
     format!(
-        "fn {name}(i: u32, valid: u32) -> vec4<T> {{\n    let w = in_{k}[i >> 2u];\n    \
-         return {value};\n}}\n"
+        "fn {name}(base: u32, r: u32, c: u32, valid: u32) -> vec4<T> {{\n    \
+         let w = in_{k}[(base + {at}(r, c)) >> 2u];\n    return {value};\n}}\n"
     )
 }
 
@@ -253,13 +255,17 @@ impl MatmulVariant {
 }
 
 /// A batched product `[..., m, k] @ [..., k, n]` of contiguous operands
-/// with broadcast batch dims, into contiguous `out_shape`.
+/// with broadcast batch dims, into contiguous `out_shape`. An operand
+/// marked in `transposed` is stored with its last two axes swapped
+/// (`[..., k, m]` for a, `[..., n, k]` for b) and read in place through
+/// its strides, so `g·wᵀ` and `xᵀ·g` need no transposed copy.
 pub fn matmul(
     variant: MatmulVariant,
     dtype: DType,
     a_shape: &[usize],
     b_shape: &[usize],
     out_shape: &[usize],
+    transposed: [bool; 2],
     target: Target,
 ) -> Result<KernelSpec, KernelError> {
     let bad = || KernelError::Unsupported {
@@ -270,7 +276,15 @@ pub fn matmul(
         return Err(bad());
     }
     let (ra, rb, ro) = (a_shape.len(), b_shape.len(), out_shape.len());
-    let (m, k, n) = (a_shape[ra - 2], a_shape[ra - 1], b_shape[rb - 1]);
+    // The logical `[m, k]` and `[k, n]` of the stored matrices.
+    let (m, k) = match transposed[0] {
+        false => (a_shape[ra - 2], a_shape[ra - 1]),
+        true => (a_shape[ra - 1], a_shape[ra - 2]),
+    };
+    let n = match transposed[1] {
+        false => b_shape[rb - 1],
+        true => b_shape[rb - 2],
+    };
     let batch_shape = &out_shape[..ro - 2];
     let batches: usize = batch_shape.iter().product();
     let a_batch = View::broadcast(dtype, &a_shape[..ra - 2], batch_shape);
@@ -291,14 +305,19 @@ pub fn matmul(
         }
     }
     // The tiled kernel reads a row four elements at a time: one vec4 load
-    // where rows (and so batch matrices) start at multiples of four. An
+    // where rows (and so batch matrices) start at multiples of four and
+    // the four are contiguous (not along a transposed operand's k). An
     // empty operand keeps its word binding (a vec4 binding needs 16 bytes).
-    let vector = |shape: &[usize], width: usize| {
+    let vector = |shape: &[usize], width: usize, transposed: bool| {
         let tiled = variant == MatmulVariant::Tiled;
         let nonempty = shape.iter().all(|&d| d > 0);
-        vec4_buffer(dtype, target).filter(|_| tiled && nonempty && width.is_multiple_of(4))
+        vec4_buffer(dtype, target)
+            .filter(|_| tiled && nonempty && !transposed && width.is_multiple_of(4))
     };
-    let (a_vec, b_vec) = (vector(a_shape, k), vector(b_shape, n));
+    let (a_vec, b_vec) = (
+        vector(a_shape, k, transposed[0]),
+        vector(b_shape, n, transposed[1]),
+    );
     let scalar = buffer_type(dtype, target);
     let mut source = header_bound(
         &[(0, a_vec.unwrap_or(scalar)), (1, b_vec.unwrap_or(scalar))],
@@ -312,6 +331,25 @@ pub fn matmul(
     };
     let _ = writeln!(source, "fn zero() -> T {{\n    return {zero};\n}}");
     source.push_str(store_accumulator(dtype));
+    // Element (r, c) of a's `[m, k]` matrix and of b's `[k, n]` matrix,
+    // counted from the matrix's first element (params: m, n, k).
+    let (a_at, b_at) = (
+        if transposed[0] {
+            "c * params[0] + r"
+        } else {
+            "r * params[2] + c"
+        },
+        if transposed[1] {
+            "c * params[2] + r"
+        } else {
+            "r * params[1] + c"
+        },
+    );
+    let _ = writeln!(
+        source,
+        "fn a_at(r: u32, c: u32) -> u32 {{\n    return {a_at};\n}}\n\
+         fn b_at(r: u32, c: u32) -> u32 {{\n    return {b_at};\n}}"
+    );
     source.push_str(MATMUL_COMMON);
     let outputs = batches * m * n;
     let workgroups = match variant {
@@ -322,7 +360,8 @@ pub fn matmul(
                 }
                 let four = format!("load_{name}4");
                 let scalar = format!("load_{name}");
-                source.push_str(&load_four(&four, &scalar, k, dtype, vector.is_some()));
+                let at = format!("{name}_at");
+                source.push_str(&load_four(&four, &scalar, &at, k, dtype, vector.is_some()));
             }
             source.push_str(MATMUL_TILED);
             batches * m.div_ceil(64) * n.div_ceil(32)

@@ -19,7 +19,8 @@ const QMM_TILED: &str = include_str!("wgsl/qmm_tiled.wgsl");
 const QMM_TILE_CODES: &str = include_str!("wgsl/qmm_tile_codes.wgsl");
 const QMM_TILE_WORDS: &str = include_str!("wgsl/qmm_tile_words.wgsl");
 
-/// Rows of x from which `x @ wᵀ` runs on the tiled kernel (`qmm_tiled.wgsl`):
+/// Rows of x from which a product (`x @ wᵀ` or `x @ w`, quantized_matmul or
+/// gather_qmm) runs on the tiled kernel (`qmm_tiled.wgsl`):
 /// it decodes each code once per workgroup for 64 rows, so it pays once
 /// several rows share a tile; below, a matrix times a few vectors streams
 /// the codes through `qmm.wgsl`.
@@ -323,7 +324,7 @@ pub fn quantized_matmul(
     source.push_str(CODE_AT);
     source.push_str(&scale_loads(2, biases, dtype, target));
     source.push_str(&load_fn("load_x", "in_0", dtype, target, 1));
-    let tiled = transpose && !gather && m >= QMM_TILED_MIN_ROWS;
+    let tiled = m >= QMM_TILED_MIN_ROWS;
     let (block_rows, block_part) = block(m);
     if !tiled {
         source.push_str(block_part);
@@ -412,16 +413,34 @@ pub fn quantized_matmul(
     param(op, batches * m * n)?;
     if tiled {
         source.push_str(QMM_TILED);
-        // Whole words per row and per group: decode a word at a time.
+        // Whole words per row of w along k and per group: decode a word
+        // at a time.
         let bits = format.bits() as usize;
-        let words = 32usize.is_multiple_of(bits)
+        let words = transpose
+            && 32usize.is_multiple_of(bits)
             && (k * bits).is_multiple_of(32)
             && (group * bits).is_multiple_of(32);
-        source.push_str(if words {
-            QMM_TILE_WORDS
+        if words {
+            source.push_str(QMM_TILE_WORDS);
         } else {
-            QMM_TILE_CODES
-        });
+            // Element (kk, col) of the logical [k, n] weight: stored [n, k]
+            // (`x @ wᵀ`) or [k, n] (`x @ w`), quantized along its rows.
+            let (row, at) = if transpose {
+                ("w_mat * n + col", "kk")
+            } else {
+                ("w_mat * k + kk", "col")
+            };
+            let _ = write!(
+                source,
+                "fn weight(w_mat: u32, col: u32, kk: u32) -> f32 {{\n    \
+                 let n = params[2];\n    let k = params[3];\n    \
+                 if (col >= n || kk >= k) {{\n        return 0.0;\n    }}\n    \
+                 let w_row = {row};\n    let g = w_row * params[5] + {at} / params[4];\n    \
+                 let width = params[4] * params[5];\n    \
+                 return decode(code_at((w_row * width + {at}) * BITS), load_scale(g), load_bias(g));\n}}\n"
+            );
+            source.push_str(QMM_TILE_CODES);
+        }
         params[0] = param(op, batches)?;
         return checked(
             op,
@@ -430,7 +449,7 @@ pub fn quantized_matmul(
                 params,
                 workgroups: workgroups(op, batches * m.div_ceil(64) * n.div_ceil(32), 1)?,
                 bound: bound.iter().map(|&(k, _)| k).collect(),
-                status: false,
+                status: gather,
                 launch: None,
             },
         );
@@ -517,8 +536,14 @@ mod tests {
                         quantize(format, part, dtype, 256, 128, target).unwrap();
                     }
                     dequantize(format, dtype, 256, 128, target).unwrap();
-                    for (m, transpose) in [(1, false), (5, false), (1, true), (5, true), (70, true)]
-                    {
+                    for (m, transpose) in [
+                        (1, false),
+                        (5, false),
+                        (70, false),
+                        (1, true),
+                        (5, true),
+                        (70, true),
+                    ] {
                         let batch = QmmBatch::Broadcast {
                             batch: vec![2],
                             x_batch: vec![1],

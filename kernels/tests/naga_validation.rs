@@ -217,11 +217,21 @@ fn reductions_argmax_and_matmuls_validate_for_every_dtype_they_support() {
                     MatmulVariant::Skinny,
                     MatmulVariant::Naive,
                 ] {
-                    // n = 5 reads b by elements, n = 8 (and k = 4) a vec4 at a time.
+                    // n = 5 reads b by elements, n = 8 (and k = 4) a vec4 at a
+                    // time; a transposed operand by elements, in place.
                     for n in [5, 8] {
-                        let spec = matmul(variant, dtype, &[2, 3, 4], &[4, n], &[2, 3, n], target)
-                            .unwrap();
-                        assert_valid("matmul", &spec);
+                        let shapes = |t: [bool; 2]| {
+                            let a = if t[0] { vec![2, 4, 3] } else { vec![2, 3, 4] };
+                            let b = if t[1] { vec![n, 4] } else { vec![4, n] };
+                            (a, b)
+                        };
+                        for transposed in [[false, false], [true, false], [false, true]] {
+                            let (a, b) = shapes(transposed);
+                            let spec =
+                                matmul(variant, dtype, &a, &b, &[2, 3, n], transposed, target)
+                                    .unwrap();
+                            assert_valid("matmul", &spec);
+                        }
                     }
                 }
             }

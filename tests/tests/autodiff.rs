@@ -462,6 +462,38 @@ fn the_mlp_grad_step_reads_every_transpose_in_place() {
     }
 }
 
+#[test]
+fn the_mlp_grad_step_on_wgpu_reads_every_transpose_in_place_and_matches_the_cpu() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let args = mlp4_arguments(8, 16);
+    let step = compile(value_and_grad(mlp4_loss).wrt(["args[0]"])).with_backend(gpu);
+    let exe = step.executable(&args).unwrap();
+    let mut transposed = 0;
+    for node in &exe.graph().nodes {
+        match &node.kind {
+            ValueKind::Op(Op::Permute(perm)) => panic!("a permute {perm:?} is materialized"),
+            ValueKind::Op(Op::TransposedMatmul { .. }) => transposed += 1,
+            _ => {}
+        }
+    }
+    assert_eq!(transposed, 7);
+    let (loss, (grads, _, _)) = step.call(&args).unwrap();
+    let (cpu_loss, (cpu_grads, _, _)) = compile(value_and_grad(mlp4_loss).wrt(["args[0]"]))
+        .call(&args)
+        .unwrap();
+    // The GPU sums each product in k order, the CPU in its blocked order:
+    // the last bits may differ.
+    let close =
+        |a: &Array, b: &Array| compare_within(&a.data().unwrap(), &b.data().unwrap(), 1e-5, 1e-4);
+    close(&loss, &cpu_loss).unwrap();
+    for ((w, b), (cpu_w, cpu_b)) in grads.iter().zip(&cpu_grads) {
+        close(w, cpu_w).unwrap();
+        close(b, cpu_b).unwrap();
+    }
+}
+
 /// `got` against `a @ b` computed in f64 (a `[batch, m, k]`, b `[batch, k,
 /// n]`, row-major), output by output within [`error_bound`].
 fn check_product_against_f64(

@@ -191,6 +191,15 @@ fn cases() -> Vec<Case> {
             false,
             2,
         ));
+        // Not transposed on the tiled kernel: 70 rows of x, k = 37.
+        cases.push(qmm_case(
+            format,
+            DType::F32,
+            &[70, 37],
+            &[37, cols],
+            false,
+            13,
+        ));
     }
     for dtype in [DType::F16, DType::BF16] {
         for format in [
@@ -268,16 +277,18 @@ fn cases() -> Vec<Case> {
         });
     }
     // gather_qmm: sorted indices (as MoE routing gives them), and indices
-    // broadcast against each other.
-    for (format, transpose) in [
-        (QuantFormat::affine(4, 32), true),
-        (QuantFormat::Int8, false),
-        (QuantFormat::affine(6, 32), true),
+    // broadcast against each other; with 9 rows of x on the tiled kernel.
+    for (format, transpose, m) in [
+        (QuantFormat::affine(4, 32), true, 1),
+        (QuantFormat::Int8, false, 1),
+        (QuantFormat::affine(6, 32), true, 1),
+        (QuantFormat::affine(4, 32), true, 9),
+        (QuantFormat::Int8, false, 9),
     ] {
         let (n, k) = (12, 64);
         let w_shape = if transpose { [4, n, k] } else { [4, k, n] };
         let w = values(DType::F32, &w_shape, 10);
-        let mut inputs = vec![values(DType::F32, &[6, 1, k], 11)];
+        let mut inputs = vec![values(DType::F32, &[6, m, k], 11)];
         inputs.extend(parts(&w, format));
         inputs.push(Array::from_vec(vec![0u32, 1, 2, 3, 4, 5], &[6]).expect("6"));
         inputs.push(Array::from_vec(vec![0u32, 0, 1, 1, 3, 3], &[6]).expect("6"));
@@ -292,7 +303,7 @@ fn cases() -> Vec<Case> {
         };
         cases.push(Case {
             name: format!(
-                "gather_qmm {format} transpose={transpose}, sorted and broadcast indices"
+                "gather_qmm {format} transpose={transpose} m={m}, sorted and broadcast indices"
             ),
             quantized: Arc::new(move |xs| {
                 let q = weight(xs, 1, format);
@@ -311,7 +322,7 @@ fn cases() -> Vec<Case> {
                 let lhs = xs[at + 2].broadcast_to([2, 3]);
                 let rhs = xs[at + 3].broadcast_to([2, 3]);
                 let (x, wg) = gathered(xs, &w, &lhs, &rhs);
-                let broadcast = x.matmul(&wg).reshape(&[2, 3, 1, -1]);
+                let broadcast = x.matmul(&wg).reshape(&[2, 3, m as i64, -1]);
                 vec![sorted, broadcast]
             }),
             inputs,
@@ -516,10 +527,10 @@ fn wgpu_runs_shapeless_quantized_products_with_one_trace() {
 
 /// A gather index past the last weight matrix is an `Err` naming the
 /// indices on every backend, never a read out of bounds.
-fn check_out_of_range_index<B: Backend>(backend: B) -> Result<String, String> {
+fn check_out_of_range_index<B: Backend>(backend: B, rows: usize) -> Result<String, String> {
     let format = QuantFormat::Nf4;
     let w = values(DType::F32, &[2, 4, 64], 40);
-    let mut args = vec![values(DType::F32, &[1, 2, 64], 41)];
+    let mut args = vec![values(DType::F32, &[1, rows, 64], 41)];
     args.extend(parts(&w, format));
     args.push(Array::from_vec(vec![0u32, 0], &[2]).expect("2"));
     args.push(Array::from_vec(vec![1u32, 2], &[2]).expect("2"));
@@ -535,17 +546,20 @@ fn check_out_of_range_index<B: Backend>(backend: B) -> Result<String, String> {
 
 #[test]
 fn out_of_range_gather_indices_are_errors() {
-    let err = check_out_of_range_index(CpuBackend).unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        err.contains("rhs_indices holds 2, out of range for 2 matrices"),
-        "{err}"
-    );
-    if let Some(gpu) = kiln_tests::gpu::backend() {
-        let err = check_out_of_range_index(gpu).unwrap_or_else(|e| panic!("{e}"));
+    // 2 rows of x stream the codes on wgpu; 9 run on the tiled kernel.
+    for rows in [2, 9] {
+        let err = check_out_of_range_index(CpuBackend, rows).unwrap_or_else(|e| panic!("{e}"));
         assert!(
-            err.contains("lhs_indices or rhs_indices") && err.contains("position 1"),
+            err.contains("rhs_indices holds 2, out of range for 2 matrices"),
             "{err}"
         );
+        if let Some(gpu) = kiln_tests::gpu::backend() {
+            let err = check_out_of_range_index(gpu, rows).unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                err.contains("lhs_indices or rhs_indices") && err.contains("position 1"),
+                "rows {rows}: {err}"
+            );
+        }
     }
 }
 

@@ -487,3 +487,51 @@ fn empty_arrays_with_dims_beyond_32_bits_need_no_kernel() {
     assert_eq!(joined.to_vec::<f32>().unwrap(), Vec::<f32>::new());
     assert_eq!(sums.dims(), Some(vec![2, 0]));
 }
+
+/// `[rows, cols]` of small integers as f32, so every product and sum of a
+/// short matmul is exact and any order of the sums gives the same bits.
+fn small_ints(rows: usize, cols: usize, seed: usize) -> Array {
+    let values = (0..rows * cols).map(|i| ((i * 7 + seed * 13) % 11) as f32 - 5.0);
+    Array::from_vec(values.collect(), &[rows, cols]).expect("sized")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases(12)))]
+
+    #[test]
+    fn products_of_transposed_operands_read_in_place_on_wgpu_equal_the_cpu(
+        m in 1usize..70,
+        k in 1usize..40,
+        n in 1usize..70,
+        transposed in any::<[bool; 2]>(),
+        variant in prop::sample::select(vec![
+            kiln_wgpu::MatmulVariant::Tiled,
+            kiln_wgpu::MatmulVariant::Skinny,
+            kiln_wgpu::MatmulVariant::Naive,
+        ]),
+    ) {
+        let Some(gpu) = kiln_tests::gpu::backend() else {
+            return Ok(());
+        };
+        // Stored transposed where marked, multiplied as `[m, k] @ [k, n]`.
+        let a = if transposed[0] { small_ints(k, m, 1) } else { small_ints(m, k, 1) };
+        let b = if transposed[1] { small_ints(n, k, 2) } else { small_ints(k, n, 2) };
+        let product = move |(a, b): (Array, Array)| {
+            let a = if transposed[0] { a.transpose() } else { a };
+            let b = if transposed[1] { b.transpose() } else { b };
+            a.matmul(&b)
+        };
+        let on_gpu = compile(product).with_backend(gpu.with_matmul_variant(variant));
+        let exe = on_gpu.executable(&(a.clone(), b.clone())).expect("compiles");
+        let permutes = exe
+            .graph()
+            .nodes
+            .iter()
+            .filter(|node| matches!(node.kind, kiln::ValueKind::Op(kiln::Op::Permute(_))))
+            .count();
+        prop_assert_eq!(permutes, 0);
+        let got = on_gpu.call(&(a.clone(), b.clone())).expect("wgpu call");
+        let want = compile(product).call(&(a, b)).expect("cpu call");
+        prop_assert_eq!(got.to_vec::<f32>().expect("f32"), want.to_vec::<f32>().expect("f32"));
+    }
+}

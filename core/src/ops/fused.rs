@@ -22,9 +22,11 @@ use crate::data::HostData;
 use crate::error::{Error, Result};
 use crate::shape::Aval;
 #[cfg(not(target_arch = "wasm32"))]
-use crate::threads::cpu_threads;
+use crate::threads::{cpu_threads, for_each_task};
 use smallvec::SmallVec;
 use std::cell::RefCell;
+#[cfg(not(target_arch = "wasm32"))]
+use std::sync::Mutex;
 
 /// Elements per tile: small enough that a few tile registers stay in L1.
 const TILE: usize = 1024;
@@ -641,17 +643,18 @@ fn run_split(kernel: &FusedKernel, sources: &[Source<'_>], out: &mut [f32]) {
     #[cfg(not(target_arch = "wasm32"))]
     {
         /// Element-ops (elements × steps) below which splitting the output
-        /// across threads costs more in spawning than it saves.
+        /// across threads costs more in handing out than it saves.
         const PARALLEL_MIN_WORK: usize = 1 << 20;
         let cores = cpu_threads();
         let n = out.len();
         if cores > 1 && n >= 2 * TILE && n.saturating_mul(kernel.steps.len()) >= PARALLEL_MIN_WORK {
-            let per_thread = n.div_ceil(cores).div_ceil(TILE) * TILE;
-            let tiles = &tiles;
-            std::thread::scope(|scope| {
-                for (k, chunk) in out.chunks_mut(per_thread).enumerate() {
-                    scope.spawn(move || run_tiles(tiles, chunk, k * per_thread));
-                }
+            // Several chunks per thread, claimed one at a time (see
+            // `for_each_task`).
+            let per_task = n.div_ceil(cores * 4).div_ceil(TILE) * TILE;
+            let chunks: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per_task).map(Mutex::new).collect();
+            for_each_task(chunks.len(), |k| {
+                let mut chunk = chunks[k].lock().unwrap_or_else(|p| p.into_inner());
+                run_tiles(&tiles, &mut chunk, k * per_task);
             });
             return;
         }

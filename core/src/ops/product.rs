@@ -8,6 +8,16 @@
 //! it may differ from the i-k-j loop in the last bits; the error is within
 //! the classical bound `|c − ĉ| ≤ γ_k · Σ_p |a_ip|·|b_pj|`,
 //! `γ_k = k·u / (1 − k·u)`, `u = 2⁻²⁴` ([`super::matmul::error_bound`]).
+//!
+//! A single row of output (GEMV, `m = 1`) skips the packing: the packed
+//! path costs microseconds per call that a `[1, 256]·[256, 256]` step of a
+//! recurrent network cannot afford. With `b`'s rows contiguous each output
+//! sums its products in `k` order with no FMA, the bits of the plain
+//! i-k-j loop on every instruction set; with `b` transposed (its columns
+//! contiguous) in sixteen interleaved partial sums.
+
+use super::math::simd_dispatch;
+use crate::threads::for_each_task;
 
 /// A read-only matrix view: element `(i, j)` is `data[i·row_stride +
 /// j·col_stride]`.
@@ -65,6 +75,13 @@ const PARALLEL_MIN_WORK: usize = 1 << 21;
 /// microkernels' register tile width).
 const COLUMN_ALIGN: usize = 16;
 
+/// The fewest output columns of a one-row product's band: 4 KiB of each
+/// row of b.
+const GEMV_MIN_BAND: usize = 1024;
+
+/// Tasks a split product makes per thread (see [`run`]).
+const TASKS_PER_THREAD: usize = 4;
+
 /// Runs each product of `jobs`, writing job `i`'s result to
 /// `out[i·m·n .. (i+1)·m·n]` (all jobs share `m` and `n`). The jobs, or
 /// the columns of each, are split across the CPU executor's threads.
@@ -98,20 +115,26 @@ pub(crate) fn run(jobs: &[Product<'_>], out: &mut [f32]) {
         }
         return;
     }
-    // Whole matrices per thread when there are enough, else column bands.
-    let bands = threads.div_ceil(jobs.len());
-    let band = n.div_ceil(bands).next_multiple_of(COLUMN_ALIGN).min(n);
-    let tasks: Vec<(usize, std::ops::Range<usize>)> = (0..jobs.len())
-        .flat_map(|i| (0..n).step_by(band).map(move |c| (i, c..(c + band).min(n))))
-        .collect();
-    let per_thread = tasks.len().div_ceil(threads);
+    // Column bands of every matrix, several per thread, claimed one at a
+    // time: a thread that starts late (its core busy) takes fewer, so the
+    // call never waits for a whole fixed share of a delayed thread. The
+    // bands depend only on the shapes and the thread count.
+    let bands = (threads * TASKS_PER_THREAD).div_ceil(jobs.len());
+    // A one-row product streams b's rows: a band narrower than a page of
+    // each row makes the prefetchers restart at every row.
+    let least = if m == 1 { GEMV_MIN_BAND } else { COLUMN_ALIGN };
+    let band = n
+        .div_ceil(bands)
+        .next_multiple_of(COLUMN_ALIGN)
+        .max(least)
+        .min(n);
+    let per_matrix = n.div_ceil(band);
     let out = &out;
-    spawn_scoped(tasks.chunks(per_thread), |chunk| {
-        for (i, cols) in chunk {
-            // SAFETY: as above; the tasks write disjoint column bands of
-            // disjoint matrices, so no two threads write one element.
-            unsafe { gemm_into(&jobs[*i], out.at(i * size), n, cols.clone()) };
-        }
+    for_each_task(jobs.len() * per_matrix, |t| {
+        let (i, start) = (t / per_matrix, (t % per_matrix) * band);
+        // SAFETY: as above; the tasks write disjoint column bands of
+        // disjoint matrices, so no two threads write one element.
+        unsafe { gemm_into(&jobs[i], out.at(i * size), n, start..(start + band).min(n)) };
     });
 }
 
@@ -145,27 +168,6 @@ fn thread_count(work: usize) -> usize {
     } else {
         crate::exec::cpu_threads()
     }
-}
-
-/// Runs `f` on each item, one scoped thread each (the last on this one);
-/// wasm32 runs them all in turn on this thread.
-pub(crate) fn spawn_scoped<I: Send>(items: impl Iterator<Item = I>, f: impl Fn(I) + Sync) {
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        let f = &f;
-        std::thread::scope(|scope| {
-            let mut items = items.peekable();
-            while let Some(item) = items.next() {
-                if items.peek().is_none() {
-                    f(item);
-                } else {
-                    scope.spawn(move || f(item));
-                }
-            }
-        });
-    }
-    #[cfg(target_arch = "wasm32")]
-    items.for_each(f);
 }
 
 /// The output buffer shared by the threads of one [`run`]; each writes
@@ -212,6 +214,14 @@ unsafe fn gemm_into(job: &Product<'_>, c: *mut f32, ldc: usize, cols: std::ops::
         }
         return;
     }
+    if m == 1 {
+        // SAFETY: row 0, columns `cols` of `c` are in bounds and this
+        // thread's alone (contract).
+        let out = unsafe { std::slice::from_raw_parts_mut(c.add(cols.start), width) };
+        if gemv(job, cols.start, out) {
+            return;
+        }
+    }
     let stride = |s: usize| s as isize;
     // SAFETY: `gemm` reads `a` over m×k and `b` over k×width through the
     // given strides, which the views cover (checked in `run`), and writes
@@ -238,5 +248,197 @@ unsafe fn gemm_into(job: &Product<'_>, c: *mut f32, ldc: usize, cols: std::ops::
             false,
             gemm::Parallelism::None,
         );
+    }
+}
+
+/// Columns `first..first + out.len()` of the one-row product `job` into
+/// `out` when `b` has contiguous rows or contiguous columns (`a` any
+/// strides); false, leaving `out` untouched, for other layouts.
+fn gemv(job: &Product<'_>, first: usize, out: &mut [f32]) -> bool {
+    let (a, b, k) = (job.a, job.b, job.k);
+    if !job.accumulate {
+        out.fill(0.0);
+    }
+    if b.col_stride == 1 {
+        let rows = &b.data[first..];
+        gemv_rows(a.data, a.col_stride, rows, b.row_stride, k, out);
+        true
+    } else if b.row_stride == 1 && a.col_stride == 1 {
+        let a = &a.data[..k];
+        for (t, o) in out.iter_mut().enumerate() {
+            let start = (first + t) * b.col_stride;
+            *o += dot(a, &b.data[start..start + k]);
+        }
+        true
+    } else {
+        false
+    }
+}
+
+/// Rows of `b` a [`gemv_rows`] step adds at once: fewer passes over the
+/// output, the same additions in the same order.
+const GEMV_ROWS: usize = 4;
+
+simd_dispatch! {
+    /// `out[j] += Σ_p a[p·a_stride]·b[p·row_stride + j]` for `p` in `0..k`,
+    /// in `k` order, streaming each row of `b` once.
+    fn gemv_rows(a: &[f32], a_stride: usize, b: &[f32], row_stride: usize, k: usize, out: &mut [f32]) {
+        gemv_rows_portable(a, a_stride, b, row_stride, k, out)
+    }
+}
+
+#[inline(always)]
+fn gemv_rows_portable(
+    a: &[f32],
+    a_stride: usize,
+    b: &[f32],
+    row_stride: usize,
+    k: usize,
+    out: &mut [f32],
+) {
+    let width = out.len();
+    let row = |p: usize| &b[p * row_stride..p * row_stride + width];
+    let whole = k - k % GEMV_ROWS;
+    for p in (0..whole).step_by(GEMV_ROWS) {
+        let s = [0, 1, 2, 3].map(|r| a[(p + r) * a_stride]);
+        let (b0, b1, b2, b3) = (row(p), row(p + 1), row(p + 2), row(p + 3));
+        let rows = b0.iter().zip(b1).zip(b2).zip(b3);
+        for (o, (((v0, v1), v2), v3)) in out.iter_mut().zip(rows) {
+            // Left to right: the additions of four single-row steps.
+            *o = *o + s[0] * v0 + s[1] * v1 + s[2] * v2 + s[3] * v3;
+        }
+    }
+    for p in whole..k {
+        let s = a[p * a_stride];
+        for (o, v) in out.iter_mut().zip(row(p)) {
+            *o += s * v;
+        }
+    }
+}
+
+/// Partial sums of [`dot`].
+const DOT_LANES: usize = 16;
+
+simd_dispatch! {
+    /// `Σ a[p]·b[p]` in [`DOT_LANES`] interleaved partial sums, added in a
+    /// fixed order.
+    fn dot_sum(a: &[f32], b: &[f32], sum: &mut f32) {
+        *sum = dot_portable(a, b)
+    }
+}
+
+/// `Σ a[p]·b[p]` (see [`dot_sum`]).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut sum = 0.0;
+    dot_sum(a, b, &mut sum);
+    sum
+}
+
+#[inline(always)]
+fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; DOT_LANES];
+    let (whole_a, whole_b) = (a.chunks_exact(DOT_LANES), b.chunks_exact(DOT_LANES));
+    let tail: f32 = whole_a
+        .remainder()
+        .iter()
+        .zip(whole_b.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in whole_a.zip(whole_b) {
+        for l in 0..DOT_LANES {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::strided::proptest_config;
+    use proptest::prelude::*;
+
+    /// Values in [-1, 1) from `seed`, with many bits set.
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        (0..len as u64)
+            .map(|i| {
+                let x = (i ^ seed)
+                    .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                    .rotate_left(29);
+                (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(proptest_config())]
+        #[test]
+        fn one_row_products_with_contiguous_b_rows_have_the_bits_of_the_ikj_loop(
+            k in 0usize..70,
+            n in 1usize..70,
+            a_stride in 1usize..4,
+            accumulate in any::<bool>(),
+            seed in any::<u64>(),
+        ) {
+            let a = values(k * a_stride, seed);
+            let b = values(k * n, seed ^ 0x5555);
+            let start = values(n, seed ^ 0xaaaa);
+            let mut want = if accumulate { start.clone() } else { vec![0.0; n] };
+            for p in 0..k {
+                for (j, w) in want.iter_mut().enumerate() {
+                    *w += a[p * a_stride] * b[p * n + j];
+                }
+            }
+            let job = Product {
+                m: 1,
+                k,
+                n,
+                a: View { data: &a, row_stride: k * a_stride, col_stride: a_stride },
+                b: View::row_major(&b, n),
+                accumulate,
+            };
+            let mut got = start;
+            run_on_this_thread(&job, &mut got);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&got), bits(&want));
+        }
+    }
+
+    #[test]
+    fn one_row_products_split_across_threads_equal_the_unsplit_product() {
+        // Large enough to split; b both row-major and transposed.
+        let (k, n) = (1024, 2048 + 5);
+        let a = values(k, 1);
+        let b = values(k * n, 2);
+        let b_t: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+        for b_view in [
+            View::row_major(&b, n),
+            View::row_major(&b_t, k).transposed(),
+        ] {
+            let job = Product {
+                m: 1,
+                k,
+                n,
+                a: View::row_major(&a, k),
+                b: b_view,
+                accumulate: false,
+            };
+            let mut split = vec![0.0; n];
+            run(&[job], &mut split);
+            let mut whole = vec![0.0; n];
+            run_on_this_thread(&job, &mut whole);
+            assert_eq!(split, whole);
+            for (j, got) in whole.iter().enumerate() {
+                let exact: f64 = (0..k)
+                    .map(|p| f64::from(a[p]) * f64::from(b[p * n + j]))
+                    .sum();
+                let abs: f64 = (0..k).map(|p| f64::from(a[p] * b[p * n + j]).abs()).sum();
+                let bound = super::super::matmul::error_bound(k, abs);
+                assert!(
+                    (f64::from(*got) - exact).abs() <= bound,
+                    "column {j}: {got} vs {exact}"
+                );
+            }
+        }
     }
 }

@@ -23,8 +23,10 @@
 
 use super::product::{self, Product, View};
 use super::quant::{QuantFormat, Weight, NF4_LEVELS};
+use crate::threads::for_each_task;
 use crate::DType;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 /// Rows of `x` from which the product goes through decoded panels and
 /// the GEMM microkernels.
@@ -38,6 +40,9 @@ const LANES: usize = 16;
 
 /// Multiply-adds under which a product runs on one thread.
 const PARALLEL_MIN_WORK: usize = 1 << 20;
+
+/// Column bands a split product makes per thread.
+const TASKS_PER_THREAD: usize = 8;
 
 /// The products `x[i] @ w[j](ᵀ)` for each `(i, j)` of `pairs`, one output
 /// matrix after another; `x` holds row-major `[m, k]` matrices.
@@ -53,32 +58,49 @@ pub(super) fn product(
     if m * n == 0 || k == 0 {
         return out;
     }
-    // Column bands of whole groups, so a band decodes only its own groups.
-    let align = if transpose {
+    let threads = crate::exec::cpu_threads();
+    let tasks = if threads == 1 || m * n * k * pairs.len() < PARALLEL_MIN_WORK {
         1
     } else {
-        w.format.group_size().unwrap_or(4)
+        // Several bands per thread, claimed one at a time (see
+        // `for_each_task`).
+        threads * TASKS_PER_THREAD
     };
-    let threads = if m * n * k * pairs.len() < PARALLEL_MIN_WORK {
-        1
-    } else {
-        crate::exec::cpu_threads()
+    // Bands of whole groups for `x @ w`, so a band decodes only its own
+    // groups; of whole panels where the panels serve several rows.
+    let align = match (transpose, m >= PANEL_MIN_ROWS) {
+        (false, _) => w.format.group_size().unwrap_or(4),
+        (true, true) => PANEL_ROWS,
+        (true, false) => 1,
     };
-    let band = n.div_ceil(threads).next_multiple_of(align).min(n);
+    let band = n.div_ceil(tasks).next_multiple_of(align).min(n);
     let bands: Vec<Range<usize>> = (0..n).step_by(band).map(|c| c..(c + band).min(n)).collect();
     for (c, &(i, j)) in out.chunks_exact_mut(m * n).zip(pairs) {
         let a = &x[i * m * k..(i + 1) * m * k];
+        // x permuted into the codes' lane order once per product, not once
+        // per band.
+        let fused = transpose && m < PANEL_MIN_ROWS && w.dtype == DType::F32;
+        let permuted = if fused {
+            a.chunks_exact(k)
+                .map(|row| permute(row, w.format))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let matrix = Matrix {
             w,
             first_row: j * w.rows_per_matrix,
             m,
             k,
+            permuted,
         };
-        let mut results: Vec<Vec<f32>> = vec![Vec::new(); bands.len()];
-        product::spawn_scoped(bands.iter().zip(results.iter_mut()), |(cols, result)| {
-            *result = matrix.band(a, transpose, cols.clone());
+        let results: Vec<OnceLock<Vec<f32>>> = bands.iter().map(|_| OnceLock::new()).collect();
+        for_each_task(bands.len(), |b| {
+            results[b].get_or_init(|| matrix.band(a, transpose, bands[b].clone()));
         });
         for (cols, result) in bands.iter().zip(&results) {
+            // Every task has run when `for_each_task` returns.
+            let result = result.get().map_or(&[][..], Vec::as_slice);
             for (row, band_row) in c.chunks_exact_mut(n).zip(result.chunks_exact(cols.len())) {
                 row[cols.clone()].copy_from_slice(band_row);
             }
@@ -93,6 +115,9 @@ struct Matrix<'w, 'a> {
     first_row: usize,
     m: usize,
     k: usize,
+    /// The rows of x permuted into the codes' lane order ([`permute`])
+    /// where the product takes the fused path, else empty.
+    permuted: Vec<Vec<f32>>,
 }
 
 impl Matrix<'_, '_> {
@@ -101,16 +126,11 @@ impl Matrix<'_, '_> {
         let (m, k) = (self.m, self.k);
         let width = cols.len();
         let mut out = vec![0.0f32; m * width];
-        let fused = transpose && m < PANEL_MIN_ROWS && self.w.dtype == DType::F32;
         let isa = Isa::detect();
-        if fused {
-            let permuted: Vec<Vec<f32>> = a
-                .chunks_exact(k)
-                .map(|row| permute(row, self.w.format))
-                .collect();
+        if !self.permuted.is_empty() {
             for (t, r) in cols.clone().enumerate() {
                 let row = self.first_row + r;
-                for (i, xp) in permuted.iter().enumerate() {
+                for (i, xp) in self.permuted.iter().enumerate() {
                     out[i * width + t] = fused_dot(isa, self.w, row, xp);
                 }
             }

@@ -14,7 +14,13 @@ fn packs_after(op: Option<&Op>, dtype: DType) -> bool {
     crate::family::stores_f32(dtype)
         && matches!(
             op,
-            Some(Op::Reduce { .. } | Op::Matmul | Op::Quant(_) | Op::ScatterAdd { .. })
+            Some(
+                Op::Reduce { .. }
+                    | Op::Matmul
+                    | Op::TransposedMatmul { .. }
+                    | Op::Quant(_)
+                    | Op::ScatterAdd { .. }
+            )
         )
 }
 

@@ -128,14 +128,21 @@ impl Lowering<'_> {
                 kiln::ops::reduce::check_argmax_nonempty(*axis, in_shape(0))?;
                 crate::family::argmax(in_dtype(0), in_shape(0), *axis, target)
             }
-            Op::Matmul => {
+            Op::Matmul | Op::TransposedMatmul { .. } => {
+                let transposed = match op {
+                    Op::TransposedMatmul { transposed } => *transposed,
+                    _ => [false, false],
+                };
                 let a = in_shape(0);
-                let k = a.get(a.len().wrapping_sub(1)).copied().unwrap_or(0);
+                // k is a's last axis, or its second to last when transposed.
+                let k_axis = a.len().wrapping_sub(if transposed[0] { 2 } else { 1 });
+                let k = a.get(k_axis).copied().unwrap_or(0);
                 let variant = self
                     .caps
                     .forced_matmul
                     .unwrap_or_else(|| MatmulVariant::choose(out_shape.iter().product(), k));
-                crate::family::matmul(variant, dtype, a, in_shape(1), out_shape, target)
+                let b = in_shape(1);
+                crate::family::matmul(variant, dtype, a, b, out_shape, transposed, target)
             }
             Op::Kernel(call) => {
                 let shapes: Vec<&[usize]> = (0..node.inputs.len()).map(in_shape).collect();

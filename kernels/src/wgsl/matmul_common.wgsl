@@ -2,8 +2,10 @@
 //
 // params: [m, n, k, batches, batch rank, batch shape, a batch strides,
 //          b batch strides] (strides in elements; 0 on broadcast dims).
-// The generated part above defines `T`, `zero()`, `load_a(i)`, `load_b(i)`
-// and `store_value(v)`.
+// The generated part above defines `T`, `zero()`, `load_a(i)`, `load_b(i)`,
+// `store_value(v)`, and `a_at(r, c)`, `b_at(r, c)`: where element (r, c) of
+// a's [m, k] and b's [k, n] matrix lies, from the matrix's first element
+// (either operand may be stored transposed).
 
 // Element offsets of batch `b`'s matrices in a and b.
 fn batch_offsets(b: u32) -> vec2<u32> {

@@ -21,7 +21,7 @@ fn main(
     let offsets = batch_offsets(batch);
     var acc = zero();
     for (var kk = 0u; kk < k; kk++) {
-        acc += load_a(offsets.x + row * k + kk) * load_b(offsets.y + kk * n + col);
+        acc += load_a(offsets.x + a_at(row, kk)) * load_b(offsets.y + b_at(kk, col));
     }
     out[o] = store_value(acc);
 }

@@ -24,7 +24,7 @@ fn main(
     if (live) {
         let offsets = batch_offsets(batch);
         for (var kk = lid; kk < k; kk += WG) {
-            acc += load_a(offsets.x + row * k + kk) * load_b(offsets.y + kk * n + col);
+            acc += load_a(offsets.x + a_at(row, kk)) * load_b(offsets.y + b_at(kk, col));
         }
     }
     partial[lid] = acc;

@@ -8,9 +8,10 @@
 // at 1024³, 8×4 blocks ran 1.3–2× faster than 4×4, and BK = 16 or 64
 // slower than 32). Workgroups are numbered flat over (batch, block row,
 // block column). Each output sums its products in k order, as the naive
-// kernel does. The generated part above defines `load_a4(i, valid)` and
-// `load_b4(i, valid)`: elements i..i+4 of a or b of which the first
-// `valid` exist (one vec4 word read where the rows allow it).
+// kernel does. The generated part above defines `load_a4(base, r, c,
+// valid)` and `load_b4(...)`: elements (r, c..c+4) of the a or b matrix at
+// element `base`, of which the first `valid` exist (one vec4 word read
+// where the layout allows it; a transposed operand is read in place).
 
 const TILE_M: u32 = 64u;
 const TILE_N: u32 = 32u;
@@ -56,7 +57,7 @@ fn main(
             let kk = k0 + (e % A_ROW) * 4u;
             var va = vec4<T>(zero());
             if (live && row < m && kk < k) {
-                va = load_a4(offsets.x + row * k + kk, min(4u, k - kk));
+                va = load_a4(offsets.x, row, kk, min(4u, k - kk));
             }
             tile_a[e] = va;
         }
@@ -65,7 +66,7 @@ fn main(
             let col = col0 + (e % B_ROW) * 4u;
             var vb = vec4<T>(zero());
             if (live && kk < k && col < n) {
-                vb = load_b4(offsets.y + kk * n + col, min(4u, n - col));
+                vb = load_b4(offsets.y, kk, col, min(4u, n - col));
             }
             tile_b[e] = vb;
         }

@@ -1,8 +1,9 @@
-// Quantized matmul `x @ wᵀ` for x of several rows, tiled as matmul_tiled.wgsl
-// is: a workgroup of 8×8 invocations computes a 64×32 block of one output
-// matrix, each invocation an 8×4 sub-block in eight vec4 registers. Per step
-// of BK along k it stages a 64×BK slice of x and decodes a BK×32 slice of wᵀ
-// (32 rows of w, BK codes each) into workgroup memory, so each packed code
+// Quantized matmul (`x @ wᵀ` or `x @ w`, quantized_matmul or gather_qmm)
+// for x of several rows, tiled as matmul_tiled.wgsl is: a workgroup of 8×8
+// invocations computes a 64×32 block of one output matrix, each invocation
+// an 8×4 sub-block in eight vec4 registers. Per step of BK along k it
+// stages a 64×BK slice of x and decodes a BK×32 slice of the logical [k, n]
+// weight into workgroup memory, so each packed code
 // and its scale is read and decoded once per workgroup and then reused by
 // its 64 rows of x; the one-block-per-invocation kernel (qmm.wgsl) decoded
 // every code once per four rows. Each output sums its products in k order,

@@ -11,7 +11,8 @@ use kiln_tests::bench::{median_cpu_micros, median_micros, selected, BenchReport}
 pub(crate) const GROUP: &str = "matmul";
 
 /// The figures taken at one thread.
-pub(crate) const ONE_THREAD: [&str; 7] = [
+pub(crate) const ONE_THREAD: [&str; 8] = [
+    "cpu_gemv_f32_256_us",
     "cpu_matmul_f32_256_gflops",
     "cpu_matmul_f32_1024_gflops",
     "cpu_matmul_f32_64x4096x4096_ms",
@@ -78,6 +79,12 @@ fn read_bandwidth_gbs() -> f64 {
 
 /// The one-thread figures (the child with `KILN_THREADS=1`).
 pub(crate) fn one_thread(names: &[String], report: &mut BenchReport) {
+    if wanted("cpu_gemv_f32_256_us", names) {
+        // One step of a recurrent network's `[1, 256]·[256, 256]`, the
+        // compiled call's overhead included.
+        let us = product_ms(1, 256, 256, DType::F32, 20_000) * 1e3;
+        report.record("cpu_gemv_f32_256_us", us, "us");
+    }
     if wanted("cpu_matmul_f32_256_gflops", names) {
         report.record(
             "cpu_matmul_f32_256_gflops",
