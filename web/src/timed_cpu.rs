@@ -217,15 +217,21 @@ mod tests {
     use crate::script::Session;
     use std::rc::Rc;
 
-    #[test]
-    fn a_cpu_run_gives_every_kernel_step_a_time() {
-        let cpu = TimedCpu::default();
-        let mut report = kiln::with_default_device(Arc::new(cpu.clone()), || {
+    /// Two calls of one compiled function, run on `cpu` with its calls
+    /// counted.
+    fn two_calls_on(cpu: &TimedCpu) -> crate::report::RunReport {
+        kiln::with_default_device(Arc::new(cpu.clone()), || {
             let mut session = Session::new();
             let counter = cpu.clone();
             session.count_device_calls(Some(Rc::new(move || counter.runs())));
             session.run("let f = compile(|x| x.exp().sum()); f.run(ones([4])); f.run(ones([4]))")
-        });
+        })
+    }
+
+    #[test]
+    fn a_cpu_run_gives_every_kernel_step_a_time() {
+        let cpu = TimedCpu::default();
+        let mut report = two_calls_on(&cpu);
         assert_eq!(report.error, None);
         report.attach_device_times(&cpu.take_times());
         let function = &report.functions[0];
@@ -248,12 +254,7 @@ mod tests {
         // TIMING_TICKS ticks (or the most runs).
         let tick_ms = 0.05;
         let cpu = TimedCpu::with_tick(tick_ms);
-        let mut report = kiln::with_default_device(Arc::new(cpu.clone()), || {
-            let mut session = Session::new();
-            let counter = cpu.clone();
-            session.count_device_calls(Some(Rc::new(move || counter.runs())));
-            session.run("let f = compile(|x| x.exp().sum()); f.run(ones([4])); f.run(ones([4]))")
-        });
+        let mut report = two_calls_on(&cpu);
         assert_eq!(report.error, None);
         let times = cpu.take_times();
         let [first, second] = times.as_slice() else {
