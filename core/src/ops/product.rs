@@ -336,8 +336,16 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 #[inline(always)]
 fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; DOT_LANES];
-    let (whole_a, whole_b) = (a.chunks_exact(DOT_LANES), b.chunks_exact(DOT_LANES));
+    lane_dot::<DOT_LANES>(a, b)
+}
+
+/// `Σ a[p]·b[p]` in `LANES` interleaved partial sums, added in order, then
+/// the tail's products: the same bits for the same `LANES` on every
+/// instruction set.
+#[inline(always)]
+pub(super) fn lane_dot<const LANES: usize>(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let (whole_a, whole_b) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
     let tail: f32 = whole_a
         .remainder()
         .iter()
@@ -345,7 +353,7 @@ fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| x * y)
         .sum();
     for (x, y) in whole_a.zip(whole_b) {
-        for l in 0..DOT_LANES {
+        for l in 0..LANES {
             lanes[l] += x[l] * y[l];
         }
     }

@@ -220,20 +220,7 @@ impl Matrix<'_, '_> {
 
 /// `Σ a_i·b_i` in eight independent partial sums.
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(p, q)| p * q)
-        .sum();
-    for (p, q) in ac.zip(bc) {
-        for l in 0..8 {
-            acc[l] += p[l] * q[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
+    product::lane_dot::<8>(a, b)
 }
 
 /// `out += s·v`.
