@@ -447,13 +447,19 @@ fn rnn_loss(unrolled: bool) -> impl Fn((Array, Array, Array)) -> Array {
     }
 }
 
-#[test]
-fn the_gradient_of_a_scan_equals_the_unrolled_loops() {
-    let args = (
+/// Arguments of [`rnn_loss`]: a `[1, 4]` state, a `[4, 4]` weight and
+/// `steps` inputs.
+fn rnn_args(steps: usize) -> (Array, Array, Array) {
+    (
         normal(1, &[1, 4]),
         &normal(2, &[4, 4]) * 0.5,
-        normal(3, &[5, 1, 4]),
-    );
+        normal(3, &[steps, 1, 4]),
+    )
+}
+
+#[test]
+fn the_gradient_of_a_scan_equals_the_unrolled_loops() {
+    let args = rnn_args(5);
     let want = kiln::grad(rnn_loss(true)).call(&args).unwrap();
     let g = compile(kiln::grad(rnn_loss(false)));
     let got = g.call(&args).unwrap();
@@ -523,11 +529,7 @@ fn invariant_body_nodes(exe: &Executable) -> Vec<String> {
 
 #[test]
 fn a_gradient_scan_computes_what_depends_only_on_its_consts_once_outside_the_loop() {
-    let args = (
-        normal(1, &[1, 4]),
-        &normal(2, &[4, 4]) * 0.5,
-        normal(3, &[5, 1, 4]),
-    );
+    let args = rnn_args(5);
     let g = compile(kiln::grad(rnn_loss(false)));
     let exe = g.executable(&args).unwrap();
     assert_eq!(invariant_body_nodes(&exe), Vec::<String>::new());
@@ -544,11 +546,7 @@ fn a_gradient_scan_computes_what_depends_only_on_its_consts_once_outside_the_loo
 
 #[test]
 fn forward_mode_through_scan_and_while_equals_the_unrolled_tangents() {
-    let args = (
-        normal(1, &[1, 4]),
-        &normal(2, &[4, 4]) * 0.5,
-        normal(3, &[4, 1, 4]),
-    );
+    let args = rnn_args(4);
     let tangents = (
         normal(4, &[1, 4]),
         normal(5, &[4, 4]),
