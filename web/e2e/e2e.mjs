@@ -1142,16 +1142,24 @@ await check("a-2000-node-graph-is-laid-out-and-searchable", async () => {
   await page.fill("#graph-search", "");
 });
 
+// Runs `script`, clicks Stop once it has been running `runningMs`, and
+// waits (at most 2 s) for the page to say it stopped; returns the time of
+// the click.
+async function runThenStop(script, runningMs) {
+  await runScript(script);
+  await page.locator("#status", { hasText: "running" }).waitFor({ timeout: 60000 });
+  await page.waitForTimeout(runningMs);
+  await page.click("#stop");
+  const stopped = Date.now();
+  await page.locator("#status", { hasText: "stopped" }).waitFor({ timeout: 2000 });
+  return stopped;
+}
+
 await check("an-endless-loop-is-stopped-and-the-page-responds", async () => {
   // Real work in every iteration: an empty `loop { }` reaches the script
   // engine's operation limit within a tenth of a second, before a check
   // could see it running.
-  await runScript("loop { let a = ones([128, 128]); a.matmul(a).sum(); }");
-  await page.locator("#status", { hasText: "running" }).waitFor({ timeout: 60000 });
-  await page.waitForTimeout(500);
-  await page.click("#stop");
-  const stopped = Date.now();
-  await page.locator("#status", { hasText: "stopped" }).waitFor({ timeout: 2000 });
+  const stopped = await runThenStop("loop { let a = ones([128, 128]); a.matmul(a).sum(); }", 500);
   await runScript('show("after stop", ones([1]))');
   await page.locator(newOutput(), { hasText: "after stop" }).waitFor({ timeout: 2000 });
   console.log(`     the next script ran ${Date.now() - stopped} ms after Stop`);
@@ -1165,12 +1173,7 @@ if (mode === "webgpu") {
     // once, which no browser can cancel; Stop must still give a page that
     // runs the next script within 2 s (on the CPU while the GPU finishes),
     // and WebGPU comes back once the GPU is free.
-    await runScript(`let a = ones([${GPU_STOP_N}, ${GPU_STOP_N}]) * 0.001;\nlet b = a;\nfor i in 0..${GPU_STOP_PRODUCTS} { b = a @ b; }\nshow("products", b.sum())`);
-    await page.locator("#status", { hasText: "running" }).waitFor({ timeout: 60000 });
-    await page.waitForTimeout(1000);
-    await page.click("#stop");
-    const stopped = Date.now();
-    await page.locator("#status", { hasText: "stopped" }).waitFor({ timeout: 2000 });
+    const stopped = await runThenStop(`let a = ones([${GPU_STOP_N}, ${GPU_STOP_N}]) * 0.001;\nlet b = a;\nfor i in 0..${GPU_STOP_PRODUCTS} { b = a @ b; }\nshow("products", b.sum())`, 1000);
     await runScript('show("after gpu stop", ones([2]) + 1.0)');
     await page.locator(newOutput(), { hasText: "after gpu stop" }).waitFor({ timeout: Math.max(1, 2000 - (Date.now() - stopped)) });
     const recovered = Date.now() - stopped;

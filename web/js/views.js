@@ -88,6 +88,22 @@ class Editor {
 
 // ----- Rhai -------------------------------------------------------------
 
+// C-style comments, which both grammars share. `continueComment` goes on
+// with a block comment begun on an earlier line (`state.inComment`);
+// `startComment` reads a line comment or the start of a block comment.
+// Each returns "comment" where it read one, else null.
+function continueComment(stream, state) {
+  if (!state.inComment) return null;
+  if (stream.skipTo("*/")) { stream.next(); stream.next(); state.inComment = false; } else stream.skipToEnd();
+  return "comment";
+}
+
+function startComment(stream, state) {
+  if (stream.match("//")) { stream.skipToEnd(); return "comment"; }
+  if (stream.match("/*")) { state.inComment = true; return "comment"; }
+  return null;
+}
+
 // Rhai for highlighting and indentation, token by token: keywords,
 // literals, strings (with `${}` inside backtick strings), comments,
 // definitions after `let`/`const`/`fn`, namespaces (`nn::`) and
@@ -100,10 +116,7 @@ const RHAI_ATOMS = new Set(["true", "false"]);
 const rhai = StreamLanguage.define({
   name: "rhai",
   token(stream, state) {
-    if (state.inComment) {
-      if (stream.skipTo("*/")) { stream.next(); stream.next(); state.inComment = false; } else stream.skipToEnd();
-      return "comment";
-    }
+    if (continueComment(stream, state)) return "comment";
     if (state.inTemplate) {
       if (stream.match("${")) { state.inTemplate = false; state.templateDepth = 1; return "meta"; }
       while (!stream.eol()) {
@@ -121,8 +134,7 @@ const rhai = StreamLanguage.define({
         if (state.templateDepth === 0) { stream.next(); state.inTemplate = true; return "meta"; }
       }
     }
-    if (stream.match("//")) { stream.skipToEnd(); return "comment"; }
-    if (stream.match("/*")) { state.inComment = true; return "comment"; }
+    if (startComment(stream, state)) return "comment";
     if (stream.match(/^(?:0x[0-9a-fA-F_]+|0b[01_]+|0o[0-7_]+|\d[\d_]*(?:\.\d[\d_]*)?(?:e[+-]?\d+)?)/)) return "number";
     const quote = stream.peek();
     if (quote === '"' || quote === "'") {
@@ -209,13 +221,9 @@ const WGSL_TYPES = /^(?:array|atomic|bool|f16|f32|i32|u32|mat[234]x[234][fh]?|pt
 const wgsl = StreamLanguage.define({
   name: "wgsl",
   token(stream, state) {
-    if (state.comment) {
-      if (stream.skipTo("*/")) { stream.next(); stream.next(); state.comment = false; } else stream.skipToEnd();
-      return "comment";
-    }
+    if (continueComment(stream, state)) return "comment";
     if (stream.eatSpace()) return null;
-    if (stream.match("//")) { stream.skipToEnd(); return "comment"; }
-    if (stream.match("/*")) { state.comment = true; return "comment"; }
+    if (startComment(stream, state)) return "comment";
     if (stream.match(/^@\w+/)) return "meta";
     if (stream.match(/^(?:0x[0-9a-fA-F]+|\d+\.?\d*(?:e[+-]?\d+)?|\.\d+)[iufh]?/)) return "number";
     const word = stream.match(/^[A-Za-z_]\w*/);
@@ -227,7 +235,7 @@ const wgsl = StreamLanguage.define({
     stream.next();
     return "operator";
   },
-  startState: () => ({ comment: false }),
+  startState: () => ({ inComment: false }),
 });
 
 // A read-only CodeMirror view of a kernel's WGSL in `parent`.
