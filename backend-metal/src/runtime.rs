@@ -527,7 +527,7 @@ impl MetalBackend {
         let mut c = 0;
         while let Some(step) = steps.get(c) {
             let pipeline = &prepared.pipelines[c];
-            c += 1;
+            let mut next = c + 1;
             match (step, pipeline) {
                 (Step::Dispatch(d), Some(pipeline)) => {
                     let compute = encoder.compute(command_buffer)?;
@@ -622,11 +622,12 @@ impl MetalBackend {
                         .commandBuffer()
                         .ok_or_else(|| backend_err("the queue gave no command buffer"))?;
                     if word == 0 {
-                        c = *exit;
+                        next = *exit;
                     }
                 }
-                (Step::Jump { to }, _) => c = *to,
+                (Step::Jump { to }, _) => next = *to,
             }
+            c = next;
         }
         Ok(())
     }

@@ -404,7 +404,7 @@ impl WgpuBackend {
         };
         let mut c = 0;
         while let Some(step) = program.steps.get(c) {
-            c += 1;
+            let mut next = c + 1;
             match step {
                 Step::Dispatch(dispatch) => {
                     // A timed dispatch runs in a pass of its own, between
@@ -429,11 +429,8 @@ impl WgpuBackend {
                             })
                             .forget_lifetime()
                     });
-                    let group = prepared.fixed_groups[c - 1]
-                        .as_ref()
-                        .or(per_call[c - 1].as_ref());
-                    let (Some((pipeline, _)), Some(group)) = (&prepared.pipelines[c - 1], group)
-                    else {
+                    let group = prepared.fixed_groups[c].as_ref().or(per_call[c].as_ref());
+                    let (Some((pipeline, _)), Some(group)) = (&prepared.pipelines[c], group) else {
                         return Err(backend_err("a dispatch has no pipeline or bind group"));
                     };
                     open.set_pipeline(pipeline);
@@ -474,11 +471,12 @@ impl WgpuBackend {
                     drop(pass.take());
                     let finished = std::mem::replace(&mut encoder, new_encoder());
                     if self.read_predicate(finished, &prepared.arena, predicate)? == 0 {
-                        c = *exit;
+                        next = *exit;
                     }
                 }
-                Step::Jump { to } => c = *to,
+                Step::Jump { to } => next = *to,
             }
+            c = next;
         }
         drop(pass);
         let status = (!prepared.checks.is_empty()).then(|| {

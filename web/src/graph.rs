@@ -420,12 +420,20 @@ pub fn open_loops(mut model: GraphModel, report: &Report) -> GraphModel {
     model
 }
 
-/// `scan %5 · body · 1000 iterations · carry[0] in place`.
-fn body_label(lp: &LoopReport, body: &BodyReport) -> String {
-    let mut label = format!("{} %{} · {}", op_name(&lp.op), lp.node, body.name);
+/// `scan %5 · body · 1000 iterations`: the loop, the body's name and the
+/// trip count where it is known.
+pub fn loop_body_title(lp: &LoopReport, body: &BodyReport) -> String {
+    let mut title = format!("{} %{} · {}", op_name(&lp.op), lp.node, body.name);
     if let Some(trips) = &lp.trip_count {
-        let _ = write!(label, " · {trips} iterations");
+        let _ = write!(title, " · {trips} iterations");
     }
+    title
+}
+
+/// The title with how each carry moves: `scan %5 · body · 1000 iterations
+/// · carry[0] in place`.
+fn body_label(lp: &LoopReport, body: &BodyReport) -> String {
+    let mut label = loop_body_title(lp, body);
     for carried in &body.carried {
         let how = if carried.in_place {
             "in place"

@@ -127,14 +127,9 @@ pub struct BodyTimeline {
 pub fn body_timelines(report: &Report) -> Vec<BodyTimeline> {
     fn walk(loops: &[LoopReport], top_level: bool, out: &mut Vec<BodyTimeline>) {
         for lp in loops {
-            let op = lp.op.split('(').next().unwrap_or_default();
             for body in &lp.bodies {
-                let trips = lp
-                    .trip_count
-                    .as_ref()
-                    .map_or_else(String::new, |t| format!(" · {t} iterations"));
                 out.push(BodyTimeline {
-                    title: format!("{op} %{} · {}{trips}", lp.node, body.name),
+                    title: crate::graph::loop_body_title(lp, body),
                     loop_node: lp.node,
                     top_level,
                     timeline: plan_timeline(&body.plan, &body.nodes),
