@@ -60,6 +60,19 @@ async function check(name, body) {
   }
 }
 
+/// `docs-NAME.png`, the picture `docs/screenshots/NAME.png` is copied from
+/// (WebGPU mode): the window 1440 wide and tall enough for every view. A
+/// full-page shot would draw the sticky editor column where the page was
+/// scrolled, not at its top.
+async function docsShot(name) {
+  if (mode !== "webgpu") return;
+  const size = page.viewportSize();
+  const height = await page.evaluate(() => document.documentElement.scrollHeight);
+  await page.setViewportSize({ width: 1440, height: Math.min(height, 2400) });
+  await page.screenshot({ path: join(shots, `docs-${name}.png`) });
+  await page.setViewportSize(size);
+}
+
 async function finish() {
   await context.close();
   for (const p of problems) console.log(`note: ${p}`);
@@ -186,6 +199,12 @@ show("sin", array([1e10, -1e10, 3e7, 1e30]).sin());`;
 /// SwiftShader's time in all (it finishes them after Stop).
 const GPU_STOP_N = 512;
 const GPU_STOP_PRODUCTS = 60;
+/// Work past the 20 s run limit, waited for after the script itself ended:
+/// 300 products took 33 s of SwiftShader's time here, so 450 take about
+/// 50 s: a machine twice as fast still passes the limit.
+const GPU_LIMIT_PRODUCTS = 450;
+/// The playground's run limit (`ScriptLimits::PLAYGROUND.time_limit`).
+const RUN_LIMIT_MS = 20000;
 
 /// A call time with its figures blanked and what it measures dropped:
 /// `4.5 ms (traced)` on the CPU, `4.5 ms submit time (traced)` or `4.5 ms
@@ -225,6 +244,7 @@ await check("custom-node", async () => {
   await page.locator(".shown-entry", { hasText: "entry 0" }).waitFor({ timeout: 60000 });
   await page.locator('.graph svg[data-drawn="optimized"]').waitFor({ timeout: 60000 });
   await eventually(() => page.locator(".cache li.entry.selected").getAttribute("data-entry"), "0", "picked entry");
+  await docsShot("custom-node");
 });
 
 await check("diff-of-two-entries-names-the-key-nodes-and-peaks", async () => {
@@ -344,6 +364,7 @@ await check("read-later", async () => {
     `%${reader} add`, "the reader is the second add");
   await readers.click();
   await eventually(() => page.locator(`.graph g.box.selected[data-node="${reader}"]`).count(), 1, "reader highlighted");
+  await docsShot("read-later");
 });
 
 await check("mlp", async () => {
@@ -385,6 +406,7 @@ await check("mlp", async () => {
   await page.locator(`.memory rect.bar[data-value="${held[1]}"]`).click();
   await eventually(() => page.locator(".memory rect.bar.selected").count(), 1, "one value marked");
   await eventually(() => page.locator(`.memory .slot-label.selected`).getAttribute("data-slot"), shared, "its slot marked");
+  await docsShot("mlp");
 });
 
 await check("donation", async () => {
@@ -1167,6 +1189,25 @@ await check("an-endless-loop-is-stopped-and-the-page-responds", async () => {
 });
 
 if (mode === "webgpu") {
+  await check("a-run-past-its-limit-waiting-for-the-gpu-is-stopped-and-the-page-recovers", async () => {
+    // The script ends at once; the readback of its shown value waits for
+    // GPU work longer than the run limit. The limit covers that wait: the
+    // run is stopped, the page drops the worker holding the device, and
+    // the next script runs within 2 s.
+    const started = Date.now();
+    await runScript(`let a = ones([${GPU_STOP_N}, ${GPU_STOP_N}]) * 0.001;\nlet b = a;\nfor i in 0..${GPU_LIMIT_PRODUCTS} { b = a @ b; }\nshow("products", b.sum())`);
+    await page.locator("#error", { hasText: "longer than its 20 s limit, its GPU work included" }).waitFor({ timeout: RUN_LIMIT_MS + 10000 });
+    const limited = Date.now();
+    if (limited - started < RUN_LIMIT_MS) throw new Error(`stopped after ${limited - started} ms, before the limit`);
+    console.log(`     stopped ${limited - started} ms after the run began`);
+    await runScript('show("after the limit", ones([2]) + 2.0)');
+    await page.locator(newOutput(), { hasText: "after the limit" }).waitFor({ timeout: 2000 });
+    await eventually(() => text("#outputs .output pre"), "array([3., 3.], dtype=float32)", "the next script's value", 2000);
+    console.log(`     the next script ran ${Date.now() - limited} ms after the limit (${await text("#outputs > .meta")})`);
+    await page.locator("#backend", { hasText: "backend: WebGPU" }).waitFor({ timeout: 120000 });
+    console.log(`     WebGPU back ${Date.now() - limited} ms after the limit`);
+  });
+
   // Last: the stopped GPU work keeps SwiftShader busy until it is done.
   await check("stop-during-long-gpu-work-recovers-within-2-s", async () => {
     // A loop of large products: the script submits seconds of GPU work at
