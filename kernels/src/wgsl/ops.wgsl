@@ -135,25 +135,60 @@ fn df_mul_f32(a: Df32, b: vf32) -> Df32 {
 // zero q is the exact quotient (whose zero keeps its sign: −0 + 0 is +0).
 // The residual is exact only while two_prod's split halves and partial
 // products stay above the subnormal range (|q|, |b| ≥ 2^-102 and
-// |q·b| ≥ 2^-78); outside it, where a GPU may flush anyway, the plain
-// quotient stands.
-fn div_rounded(a: vf32, b: vf32) -> vf32 {
-    let q = a / b;
+// |q·b| ≥ 2^-78); outside it the plain quotient stands. A divisor above
+// 2^126 has a subnormal reciprocal, which a GPU computing a·(1/b) flushes
+// (inf / 3e38 became NaN on NVIDIA), so both operands are scaled by 2^-4
+// first: exact, except for a dividend so small that the quotient
+// underflows anyway.
+fn div_corrected(a: vf32, b: vf32) -> vf32 {
+    let scale = select(vf32(1.0), vf32(0.0625), abs(b) > vf32(8.507059e37));
+    let q = (a * scale) / (b * scale);
     let p = two_prod(q, b);
     let residual = (a - p.hi) - p.lo;
-    let corrected = q + residual / b;
+    let corrected = q + (residual * scale) / (b * scale);
     let exact_residual = (abs(p.hi) >= vf32(3.3087225e-24))
         & (min(abs(q), abs(b)) >= vf32(1.9721523e-31));
     let keep = is_nan_f32(corrected) | (residual == vf32(0.0)) | !exact_residual;
     return select(corrected, q, keep);
 }
 
+// div_corrected of the operands' significands (both brought into [1, 2)
+// by their exponents, where the residual is always exact), scaled back by
+// the exponents' difference: exact while the quotient is normal, however
+// small or large the operands (div_corrected alone leaves a quotient near
+// 2^-100, or one by a divisor near 2^-126, uncorrected, and NVIDIA's plain
+// quotient there was 1 ulp off). Zeros, infinities, NaN, subnormal
+// operands and subnormal quotients take div_corrected (scaling back would
+// round a subnormal quotient twice). ldexp goes in two halves: WGSL leaves
+// an exponent above 128 undefined.
+fn div_rounded(a: vf32, b: vf32) -> vf32 {
+    let plain = div_corrected(a, b);
+    let a_bits = bitcast<vu32>(a);
+    let b_bits = bitcast<vu32>(b);
+    let a_exponent = (a_bits >> vu32(23u)) & vu32(0xffu);
+    let b_exponent = (b_bits >> vu32(23u)) & vu32(0xffu);
+    let normal_operands = (a_exponent >= vu32(1u)) & (a_exponent <= vu32(254u))
+        & (b_exponent >= vu32(1u)) & (b_exponent <= vu32(254u));
+    let a_significand = bitcast<vf32>((a_bits & vu32(0x807fffffu)) | vu32(0x3f800000u));
+    let b_significand = bitcast<vf32>((b_bits & vu32(0x807fffffu)) | vu32(0x3f800000u));
+    let shift = bitcast<vi32>(a_exponent) - bitcast<vi32>(b_exponent);
+    let half = shift / vi32(2);
+    let scaled = ldexp(ldexp(div_corrected(a_significand, b_significand), half), shift - half);
+    let normal = abs(scaled) >= vf32(1.1754944e-38);
+    return select(plain, scaled, normal_operands & normal);
+}
+
 // ---- unary ----
 
 fn neg_f32(x: vf32) -> vf32 { return -x; }
 fn abs_f32(x: vf32) -> vf32 { return abs(x); }
-// `<=` so that relu(-0) is +0, as maximum(x, +0).
-fn relu_f32(x: vf32) -> vf32 { return select(x, vf32(0.0), x <= vf32(0.0)); }
+// +0 for every negative number and −0, as maximum(x, +0); NaN stays NaN.
+// A bit test on the sign: a compiler that assumes NaN never occurs turns
+// `select(x, 0, x <= 0)` into max(x, 0), which drops NaN (NVIDIA does).
+fn relu_f32(x: vf32) -> vf32 {
+    let negative = (bitcast<vu32>(x) >> vu32(31u)) == vu32(1u);
+    return select(x, vf32(0.0), negative & !is_nan_f32(x));
+}
 
 // x − a·b exactly (for a·b near x), whose sign tells whether a·b
 // exceeds x.
@@ -166,10 +201,12 @@ fn residual_f32(x: vf32, a: vf32, b: vf32) -> vf32 {
 // builtin may be off by a few ulp, so it is corrected by Newton's step
 // on the exact residual x − s², then rounded by Tuckerman's test (s is
 // the nearest f32 to √x iff s·s⁻ < x <= s·s⁺ for its neighbours s⁻, s⁺).
-// x is scaled by 2^±48 first where s² would leave the normal range.
+// x is scaled by 2^±48 first where s² would leave the normal range, or
+// the residual's low partial products (about x·2^-46) would fall below
+// 2^-126, where a GPU that flushes subnormals drops them.
 // sqrt(±0) = ±0, sqrt(inf) = inf, NaN below 0.
 fn sqrt_f32(x: vf32) -> vf32 {
-    let tiny = x < vf32(7.888609e-31); // 2^-100
+    let tiny = x < vf32(1.3234889800848443e-23); // 2^-76
     let huge = x > vf32(1.2676506e30); // 2^100
     let scaled = x * select(select(vf32(1.0), vf32(3.5527137e-15), huge), vf32(281474976710656.0), tiny);
     let s0 = sqrt(scaled);
@@ -179,7 +216,10 @@ fn sqrt_f32(x: vf32) -> vf32 {
     let down = select(s, below, residual_f32(scaled, s, below) <= vf32(0.0));
     let rounded = select(down, above, residual_f32(scaled, s, above) > vf32(0.0));
     let root = rounded * select(select(vf32(1.0), vf32(16777216.0), huge), vf32(5.9604645e-8), tiny);
-    let special = select(root, x, (x == vf32(0.0)) | (x == vf32(pos_inf())));
+    // ±0 from the sign bit alone: where a GPU flushes a subnormal x, `x ==
+    // 0` holds but x itself is no zero, and sqrt(flushed −x) is −0.
+    let zero = bitcast<vf32>(bitcast<vu32>(x) & vu32(0x80000000u));
+    let special = select(select(root, x, x == vf32(pos_inf())), zero, x == vf32(0.0));
     return select(special, nan_f32(), (x < vf32(0.0)) | is_nan_f32(x));
 }
 

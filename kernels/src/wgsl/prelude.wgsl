@@ -32,14 +32,38 @@ fn round_bf16(x: f32) -> f32 {
     return bf16_to_f32(bf16_bits(x));
 }
 
-// x rounded to f16. pack2x16float leaves a value beyond the f16 range
-// undefined, so such values are rounded here as IEEE 754 does: to the
-// largest f16, 65504, below the midpoint 65520, to infinity from it on.
+// x rounded to f16 (to nearest, ties to even), as an f32. Integer
+// arithmetic on the bits: a compiler may fold unpack2x16float of
+// pack2x16float back into x (NVIDIA's does), and pack2x16float leaves
+// values beyond the f16 range undefined. From 65520, the midpoint above
+// the largest f16, the result is infinity; below 2^-14 the f16 quantum is
+// 2^-24; NaN stays NaN, with the payload an f16 keeps.
 fn round_f16(x: f32) -> f32 {
-    let beyond = abs(x) > 65504.0;
-    let in_range = select(x, sign(x) * 65504.0, beyond);
-    let rounded = unpack2x16float(pack2x16float(vec2<f32>(in_range, 0.0))).x;
-    return select(rounded, sign(x) * pos_inf(), abs(x) >= 65520.0);
+    let u = bitcast<u32>(x);
+    let magnitude = u & 0x7fffffffu;
+    let sign = u & 0x80000000u;
+    if (magnitude > 0x7f800000u) {
+        return bitcast<f32>((u & 0xffffe000u) | 0x00400000u);
+    }
+    if (magnitude >= 0x477ff000u) {
+        return bitcast<f32>(sign | 0x7f800000u);
+    }
+    let exponent = i32(magnitude >> 23u) - 127;
+    if (exponent < -25) {
+        return bitcast<f32>(sign);
+    }
+    // Bits of the 24-bit significand below the f16 quantum: 13 for a
+    // normal f16, up to 24 where only the rounding decides.
+    let dropped = u32(13 + clamp(-14 - exponent, 0, 11));
+    let significand = (magnitude & 0x007fffffu) | 0x00800000u;
+    let half = 1u << (dropped - 1u);
+    let rest = significand & ((half << 1u) - 1u);
+    var kept = significand >> dropped;
+    if (rest > half || (rest == half && (kept & 1u) == 1u)) {
+        kept += 1u;
+    }
+    let rounded = ldexp(f32(kept), exponent - 23 + i32(dropped));
+    return bitcast<f32>(bitcast<u32>(rounded) | sign);
 }
 
 // Element `i` of a word array holding two 16-bit values per word.
