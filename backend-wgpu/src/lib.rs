@@ -95,33 +95,37 @@ impl WgpuBackend {
     /// The same device with every matmul computed by `variant`, and with
     /// caches, buffer pool and counters of its own.
     pub fn with_matmul_variant(&self, variant: MatmulVariant) -> WgpuBackend {
-        self.derived(
-            format!("+matmul={variant:?}"),
-            self.shared.caps.native_f16,
-            Some(variant),
-        )
+        self.derived(format!("+matmul={variant:?}"), |caps| {
+            caps.forced_matmul = Some(variant)
+        })
     }
 
     /// The same device reading and writing f16 as packed words (the path
     /// of adapters without SHADER_F16), with caches, buffer pool and
     /// counters of its own.
     pub fn with_packed_f16(&self) -> WgpuBackend {
-        self.derived(
-            "+packed-f16".to_string(),
-            false,
-            self.shared.caps.forced_matmul,
-        )
+        self.derived("+packed-f16".to_string(), |caps| caps.native_f16 = false)
     }
 
-    fn derived(
-        &self,
-        suffix: String,
-        native_f16: bool,
-        forced_matmul: Option<MatmulVariant>,
-    ) -> WgpuBackend {
+    /// The same device with every kernel binding at most `limit` storage
+    /// buffers (and at least WebGPU's guaranteed 8): programs lowered as on
+    /// a device with that limit, such as a browser's default of 8, where
+    /// this one allows more (NVIDIA's allow millions). Caches, buffer pool
+    /// and counters are its own.
+    pub fn with_storage_buffer_limit(&self, limit: u32) -> WgpuBackend {
+        self.derived(format!("+storage-buffers={limit}"), |caps| {
+            caps.max_storage_buffers_per_stage =
+                caps.max_storage_buffers_per_stage.min(limit.max(8))
+        })
+    }
+
+    /// A backend on the same device whose caps are this one's changed by
+    /// `adjust`, named with `suffix` added.
+    fn derived(&self, suffix: String, adjust: impl FnOnce(&mut Caps)) -> WgpuBackend {
         let s = &self.shared;
         let name = format!("{}{suffix}", s.name);
-        let caps = caps(&s.gpu, native_f16, forced_matmul);
+        let mut caps = s.caps.clone();
+        adjust(&mut caps);
         WgpuBackend {
             shared: Arc::new(Shared::new(name, s.gpu.clone(), caps)),
             programs: Arc::default(),
@@ -200,6 +204,12 @@ impl WgpuBackend {
     pub fn adapter(&self) -> String {
         let info = &self.shared.gpu.info;
         format!("{} / {:?}", info.name, info.backend)
+    }
+
+    /// True when the adapter runs on the CPU (lavapipe, llvmpipe,
+    /// SwiftShader): work sized for a GPU would take minutes there.
+    pub fn is_software(&self) -> bool {
+        self.shared.gpu.info.device_type == wgpu::DeviceType::Cpu
     }
 
     /// The device limits in force (the adapter's own).

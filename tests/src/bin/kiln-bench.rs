@@ -485,7 +485,7 @@ fn main() {
 /// The wgpu figures, on the default adapter; omitted (with a note on
 /// stderr) where there is none.
 fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
-    const NAMES: [&str; 14] = [
+    const NAMES: [&str; 17] = [
         "wgpu_block_device_bytes",
         "wgpu_mlp4_device_bytes",
         "wgpu_grad_mlp4_device_bytes",
@@ -495,6 +495,9 @@ fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
         "wgpu_matmul_1024",
         "wgpu_matmul_1024_naive",
         "wgpu_matmul_f16_1024",
+        "wgpu_matmul_4096",
+        "wgpu_matmul_4096_naive",
+        "wgpu_matmul_f16_4096",
         "wgpu_qmm_4bit_1024x1024_m1",
         "wgpu_qmm_4bit_1024x1024_m64",
         "wgpu_scatter_add_8192x64_2048",
@@ -531,32 +534,40 @@ fn wgpu_benchmarks(names: &[String], report: &mut BenchReport) {
         let ms = device_ms(&gpu, &f, ramp(&four_m), 20);
         report.record("wgpu_elementwise_1op_4m", ms, "ms");
     }
-    for (name, variant) in [
-        ("wgpu_matmul_1024", MatmulVariant::Tiled),
-        ("wgpu_matmul_1024_naive", MatmulVariant::Naive),
-    ] {
-        if selected(name, names) {
-            let gpu = gpu.with_matmul_variant(variant);
-            let f = compile(|(a, b): (Array, Array)| a.matmul(&b)).with_backend(gpu.clone());
-            let ms = device_ms(&gpu, &f, (ramp(&[1024, 1024]), ramp(&[1024, 1024])), 3);
-            report.record(name, 2.0 * 1024f64.powi(3) / (ms * 1e-3) / 1e9, "gflops");
+    // 1024³ for a software adapter; a real GPU finishes that in about the
+    // time a call takes to submit and wait, so it is timed at 4096³ too.
+    let sides: &[usize] = if gpu.is_software() {
+        &[1024]
+    } else {
+        &[1024, 4096]
+    };
+    for &n in sides {
+        let gflops = |ms: f64| 2.0 * (n as f64).powi(3) / (ms * 1e-3) / 1e9;
+        let iterations = if n > 1024 { 10 } else { 3 };
+        for (name, variant) in [
+            (format!("wgpu_matmul_{n}"), MatmulVariant::Tiled),
+            (format!("wgpu_matmul_{n}_naive"), MatmulVariant::Naive),
+        ] {
+            if selected(&name, names) {
+                let gpu = gpu.with_matmul_variant(variant);
+                let f = compile(|(a, b): (Array, Array)| a.matmul(&b)).with_backend(gpu.clone());
+                let ms = device_ms(&gpu, &f, (ramp(&[n, n]), ramp(&[n, n])), iterations);
+                report.record(name, gflops(ms), "gflops");
+            }
         }
-    }
-    if selected("wgpu_matmul_f16_1024", names) {
-        // f16 storage (native where the adapter has SHADER_F16), f32 sums.
-        let half = |a: Array| {
-            let h = a.cast(DType::F16);
-            h.eval().expect("casts");
-            h
-        };
-        let f = compile(|(a, b): (Array, Array)| a.matmul(&b)).with_backend(gpu.clone());
-        let args = (half(ramp(&[1024, 1024])), half(ramp(&[1024, 1024])));
-        let ms = device_ms(&gpu, &f, args, 3);
-        report.record(
-            "wgpu_matmul_f16_1024",
-            2.0 * 1024f64.powi(3) / (ms * 1e-3) / 1e9,
-            "gflops",
-        );
+        let name = format!("wgpu_matmul_f16_{n}");
+        if selected(&name, names) {
+            // f16 storage (native where the adapter has SHADER_F16), f32 sums.
+            let half = |a: Array| {
+                let h = a.cast(DType::F16);
+                h.eval().expect("casts");
+                h
+            };
+            let f = compile(|(a, b): (Array, Array)| a.matmul(&b)).with_backend(gpu.clone());
+            let args = (half(ramp(&[n, n])), half(ramp(&[n, n])));
+            let ms = device_ms(&gpu, &f, args, iterations);
+            report.record(name, gflops(ms), "gflops");
+        }
     }
     quant::wgpu_products(&gpu, names, report);
     if selected("wgpu_scatter_add_8192x64_2048", names) {
