@@ -459,6 +459,56 @@ fn every_unary_op_on_every_f16_and_bf16_value_is_within_one_of_their_ulps() {
     }
 }
 
+#[test]
+fn f32_values_rounded_to_f16_and_bf16_inside_a_fused_kernel_are_the_cpus_bits() {
+    // Fused, the narrow value never reaches memory: the kernel rounds it
+    // in registers (round_f16, round_bf16), which must match the CPU's
+    // conversion bit for bit over the whole f32 range: ties, the f16
+    // subnormal quantum, overflow from 65520, NaN.
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let mut xs = bit_pattern_sweep(sweep_stride());
+    xs.extend([
+        65504.0,
+        65519.99,
+        65520.0,
+        -65520.0,
+        2.980_232_2e-8,
+        2.980_233e-8,
+        5.960_464_5e-8,
+    ]);
+    xs.extend(SPECIAL);
+    let inputs = [Array::from_vec(xs.clone(), &[xs.len()]).expect("rank 1")];
+    for dtype in [DType::F16, DType::BF16] {
+        let program: Program = match dtype {
+            DType::F16 => |a| vec![a[0].cast(DType::F16).cast(DType::F32) * 1.0],
+            _ => |a| vec![a[0].cast(DType::BF16).cast(DType::F32) * 1.0],
+        };
+        let values = |outputs: kiln::Result<Vec<Arc<HostData>>>| {
+            outputs.unwrap_or_else(|e| panic!("{e}"))[0].to_f64_vec()
+        };
+        let want = values(run_on(CpuBackend, program, &inputs, true));
+        let got = values(run_on(gpu.clone(), program, &inputs, true));
+        let flushed: Vec<f32> = xs
+            .iter()
+            .map(|&x| if x.is_subnormal() { 0.0 } else { x })
+            .collect();
+        let flushed_inputs = [Array::from_vec(flushed, &[xs.len()]).expect("rank 1")];
+        let want_flushed = values(run_on(CpuBackend, program, &flushed_inputs, true));
+        for i in 0..xs.len() {
+            let same = |w: f64| w.to_bits() == got[i].to_bits() || (w.is_nan() && got[i].is_nan());
+            assert!(
+                same(want[i]) || same(want_flushed[i]) || may_flush(dtype, got[i], want[i]),
+                "{dtype}({:e}): wgpu {:e}, cpu {:e}",
+                xs[i],
+                got[i],
+                want[i]
+            );
+        }
+    }
+}
+
 /// Transcendental ops of constants, so compiling folds them on the CPU;
 /// with `flushed`, the subnormal constant is the zero a GPU that flushes
 /// subnormals reads instead.
