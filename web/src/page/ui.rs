@@ -401,11 +401,7 @@ impl Page {
                 .and_then(|b| BackendChoice::of_backend(&b.active))
                 == Some(BackendChoice::Webgpu)
         });
-        self.worker.with_value(|worker| {
-            if let Some(worker) = worker {
-                worker.terminate();
-            }
-        });
+        terminate_held(self.worker);
         // Answers of the old worker, were any still in flight, are stale.
         self.latest.update(|id| *id += 1);
         self.held.set(None);
@@ -425,11 +421,7 @@ impl Page {
     /// finished the work of a stopped run; then asks the worker to open
     /// WebGPU (at once, or at its Ready).
     fn await_free_gpu(self) {
-        self.probe.with_value(|probe| {
-            if let Some(probe) = probe {
-                probe.terminate();
-            }
-        });
+        terminate_held(self.probe);
         let probe = match Worker::new("./gpu-probe.js") {
             Ok(probe) => probe,
             Err(e) => {
@@ -439,11 +431,7 @@ impl Page {
             }
         };
         let on_free = Closure::<dyn Fn(MessageEvent)>::new(move |_: MessageEvent| {
-            self.probe.with_value(|probe| {
-                if let Some(probe) = probe {
-                    probe.terminate();
-                }
-            });
+            terminate_held(self.probe);
             self.probe.set_value(None);
             if self.ready.get_untracked() {
                 self.post(&Request::OpenWebgpu);
@@ -516,6 +504,15 @@ impl Page {
         self.editor.set_text(example.script);
         self.run();
     }
+}
+
+/// Terminates the worker `held` holds, if any (it stays held).
+fn terminate_held(held: StoredValue<Option<Worker>, LocalStorage>) {
+    held.with_value(|worker| {
+        if let Some(worker) = worker {
+            worker.terminate();
+        }
+    });
 }
 
 /// What a worker sent before the page listened: its messages, in order,
