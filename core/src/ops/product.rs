@@ -1,6 +1,8 @@
-//! f32 matrix products on packed, register-blocked microkernels (the
-//! [`gemm`] crate: AVX2/AVX-512/NEON/simd128, picked at run time), split
-//! across [`crate::exec::cpu_threads`] threads by output columns.
+//! f32 matrix products on packed, register-blocked microkernels, split
+//! across [`crate::exec::cpu_threads`] threads by output columns: natively
+//! the `gemm` crate's (AVX2/AVX-512/NEON, picked at run time), on wasm32
+//! Kiln's own simd128 kernel ([`packed`]), a quarter faster in a browser
+//! than the crate's.
 //!
 //! Every operand is a strided view, so a transposed operand is read in
 //! place. Numerics: each output is a sum of `k` products accumulated in f32
@@ -18,6 +20,9 @@
 
 use super::math::simd_dispatch;
 use crate::threads::for_each_task;
+
+#[cfg(any(target_arch = "wasm32", test))]
+mod packed;
 
 /// A read-only matrix view: element `(i, j)` is `data[i·row_stride +
 /// j·col_stride]`.
@@ -222,11 +227,29 @@ unsafe fn gemm_into(job: &Product<'_>, c: *mut f32, ldc: usize, cols: std::ops::
             return;
         }
     }
-    let stride = |s: usize| s as isize;
+    #[cfg(target_arch = "wasm32")]
+    // SAFETY: the views cover the job's matrices (checked in `run`), so
+    // `b` from column `cols.start` covers k×width; the m×width block of `c`
+    // at column `cols.start` is in bounds and this thread's (contract).
+    unsafe {
+        let a = packed::Strided {
+            ptr: job.a.data.as_ptr(),
+            row_stride: job.a.row_stride,
+            col_stride: job.a.col_stride,
+        };
+        let b = packed::Strided {
+            ptr: job.b.data.as_ptr().add(cols.start * job.b.col_stride),
+            row_stride: job.b.row_stride,
+            col_stride: job.b.col_stride,
+        };
+        packed::gemm((m, k, width), a, b, c.add(cols.start), ldc, job.accumulate);
+    }
+    #[cfg(not(target_arch = "wasm32"))]
     // SAFETY: `gemm` reads `a` over m×k and `b` over k×width through the
     // given strides, which the views cover (checked in `run`), and writes
     // the m×width block of `c` at column `cols.start` (contract).
     unsafe {
+        let stride = |s: usize| s as isize;
         gemm::gemm(
             m,
             width,
@@ -367,7 +390,7 @@ mod tests {
     use proptest::prelude::*;
 
     /// Values in [-1, 1) from `seed`, with many bits set.
-    fn values(len: usize, seed: u64) -> Vec<f32> {
+    pub(super) fn values(len: usize, seed: u64) -> Vec<f32> {
         (0..len as u64)
             .map(|i| {
                 let x = (i ^ seed)
