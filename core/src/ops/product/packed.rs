@@ -128,12 +128,18 @@ unsafe fn pack_a(
         .chunks_exact_mut(ROWS * depth)
         .zip((0..height).step_by(ROWS))
     {
-        for r in 0..ROWS.min(height - r0) {
-            // SAFETY: row `i0 + r0 + r` is inside the block (contract).
-            let row = unsafe { a.ptr.add((i0 + r0 + r) * a.row_stride + p0 * a.col_stride) };
-            for (p, value) in panel.iter_mut().skip(r).step_by(ROWS).enumerate() {
+        let rows = ROWS.min(height - r0);
+        // SAFETY: rows `i0 + r0 + r`, `r < rows`, from column `p0` are
+        // inside the block (contract); past `rows`, the last row repeats.
+        let starts: [*const f32; ROWS] = std::array::from_fn(|r| unsafe {
+            let row = i0 + r0 + r.min(rows - 1);
+            a.ptr.add(row * a.row_stride + p0 * a.col_stride)
+        });
+        // A group of rows at a time: the panel is written in order.
+        for (p, group) in panel.chunks_exact_mut(ROWS).enumerate() {
+            for (value, start) in group[..rows].iter_mut().zip(starts) {
                 // SAFETY: column `p0 + p` < `p0 + depth` (contract).
-                *value = unsafe { *row.add(p * a.col_stride) };
+                *value = unsafe { *start.add(p * a.col_stride) };
             }
         }
     }
