@@ -3,9 +3,9 @@
 //!
 //! The `gemm` crate's simd128 kernels hold a 12×4 tile of accumulators;
 //! with the operands and a product in flight that is more than the 15
-//! vector registers a browser's compiler allocates on x86-64, and the
-//! spills cost a quarter of the throughput (in V8 on an Intel Xeon, an
-//! L1-resident kernel: 12×4 reaches 39 GFLOP/s, 4×8 and 2×16 tiles 47).
+//! vector registers V8 allocates on x86-64, and the spills cost a fifth of
+//! the throughput (in V8 on an Intel Xeon, an L1-resident kernel: 12×4
+//! reaches 39 GFLOP/s, 4×8 and 2×16 tiles 47).
 //! This one keeps a [`ROWS`]×[`COLS`] tile (eight accumulators) and blocks
 //! the operands the usual way: a [`DEPTH`]-deep panel of `b`'s columns
 //! stays in L1 while the packed rows of `a` stream from L2.
