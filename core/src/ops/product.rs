@@ -1,7 +1,7 @@
 //! f32 matrix products on packed, register-blocked microkernels, split
 //! across [`crate::exec::cpu_threads`] threads by output columns: natively
 //! the `gemm` crate's (AVX2/AVX-512/NEON, picked at run time), on wasm32
-//! Kiln's own simd128 kernel ([`packed`]), a quarter faster in a browser
+//! Kiln's own simd128 kernel (`product/packed.rs`), a quarter faster in a browser
 //! than the crate's.
 //!
 //! Every operand is a strided view, so a transposed operand is read in
