@@ -41,11 +41,15 @@ const BLOCK_ROWS: usize = 64;
 /// Columns of `b` packed at once (`DEPTH`×`BLOCK_COLS`, 512 KiB: L2 or L3).
 const BLOCK_COLS: usize = 512;
 
-/// A strided read-only matrix: element `(i, j)` at `ptr + i·rows + j·cols`.
+/// A strided read-only matrix: element `(i, j)` at `ptr + i·row_stride +
+/// j·col_stride`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Strided {
+    /// Element `(0, 0)`.
     pub ptr: *const f32,
+    /// Elements from one row to the next.
     pub row_stride: usize,
+    /// Elements from one column to the next.
     pub col_stride: usize,
 }
 
