@@ -13,6 +13,14 @@
 //! assert_eq!(op(&x).shape(), x.shape());
 //! assert_eq!(anchor_chain(x.clone(), 8).shape(), x.shape());
 //! ```
+//!
+//! ```
+//! use kiln_cpu_bench::{product_is_within_bound, square};
+//! let (a, b) = (square(70, 1), square(70, 2));
+//! let c = a.matmul(&b);
+//! assert!(product_is_within_bound(70, &a, &b, &c));
+//! assert!(!product_is_within_bound(70, &a, &b, &(c * 1.0001)));
+//! ```
 
 use kiln::{Array, DType};
 
@@ -59,6 +67,28 @@ pub fn square(n: usize, seed: u64) -> Array {
         .expect("a square f32 operand is within every limit");
     x.eval().expect("the operand evaluates");
     x
+}
+
+/// True when the product `product = a·b` of two `n`×`n` f32
+/// operands is within the f32 error bound of the exact sums
+/// ([`kiln::ops::matmul::error_bound`]) on every 61st row and the last, all
+/// columns: the browser's timed product is checked before it is timed.
+pub fn product_is_within_bound(n: usize, a: &Array, b: &Array, product: &Array) -> bool {
+    let (Ok(a), Ok(b), Ok(c)) = (
+        a.to_vec::<f32>(),
+        b.to_vec::<f32>(),
+        product.to_vec::<f32>(),
+    ) else {
+        return false;
+    };
+    let rows = (0..n).filter(|&i| i % 61 == 0 || i + 1 == n);
+    rows.flat_map(|i| (0..n).map(move |j| (i, j)))
+        .all(|(i, j)| {
+            let products = (0..n).map(|p| f64::from(a[i * n + p]) * f64::from(b[p * n + j]));
+            let exact: f64 = products.clone().sum();
+            let bound = kiln::ops::matmul::error_bound(n, products.map(f64::abs).sum());
+            (f64::from(c[i * n + j]) - exact).abs() <= bound
+        })
 }
 
 /// The 256×256 f32 input with values uniform in (−1, 1), evaluated.
@@ -113,7 +143,9 @@ mod wasm {
     //! one program at a time (its first call compiles it) and times
     //! batches of cached calls.
 
-    use super::{anchor_chain, input, scalar_chain, square, unary_input, UNARY};
+    use super::{
+        anchor_chain, input, product_is_within_bound, scalar_chain, square, unary_input, UNARY,
+    };
     use kiln::{compile, Array};
     use std::cell::RefCell;
     use std::sync::OnceLock;
@@ -143,8 +175,9 @@ mod wasm {
 
     /// Prepares a program: `0..UNARY.len()` a unary op, `100` the anchors'
     /// chain of `length` ops, `101` the cheap chain of `length` ops, `102`
-    /// the f32 product of two `length`×`length` operands. Makes its first
-    /// call; returns 1 when that succeeded, 0 otherwise.
+    /// the f32 product of two `length`×`length` operands (its result
+    /// checked by [`product_is_within_bound`]). Makes its first call;
+    /// returns 1 when that succeeded, 0 otherwise.
     #[no_mangle]
     pub extern "C" fn kiln_bench_prepare(program: u32, length: u32) -> u32 {
         let x = input();
@@ -161,6 +194,12 @@ mod wasm {
             102 => {
                 let operands = (square(n, 1), square(n, 2));
                 let f = compile(|(a, b): (Array, Array)| a.matmul(&b));
+                let checked = f
+                    .call(&operands)
+                    .is_ok_and(|c| product_is_within_bound(n, &operands.0, &operands.1, &c));
+                if !checked {
+                    return 0;
+                }
                 Box::new(move || f.call(&operands).is_ok())
             }
             k => match UNARY.get(k as usize) {
