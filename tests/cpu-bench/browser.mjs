@@ -59,6 +59,11 @@ const figures = await page.evaluate(async () => {
   out.cpu_wasm_scalar_chain_100 = perCall(101, 100);
   // Square f32 products, one thread (the browser module has one).
   for (const n of [256, 1024]) out[`cpu_wasm_matmul_f32_${n}_gflops`] = (2 * n ** 3) / (perCall(102, n) * 1e6);
+  // x @ wᵀ of a 4096×4096 weight, 4-bit and dense f32, in µs.
+  for (const m of [1, 64]) {
+    out[`cpu_wasm_qmm_4bit_4096x4096_m${m}_us`] = perCall(103, m) * 1e3;
+    out[`cpu_wasm_dense_matmul_4096x4096_m${m}_us`] = perCall(104, m) * 1e3;
+  }
   return out;
 });
 await context.close();

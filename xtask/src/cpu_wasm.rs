@@ -53,6 +53,8 @@ pub fn bench_figures(selection: &[String]) -> Result<Vec<(String, f64, &'static 
                 "ns"
             } else if name.ends_with("_gflops") {
                 "gflops"
+            } else if name.ends_with("_us") {
+                "us"
             } else {
                 "ms"
             };

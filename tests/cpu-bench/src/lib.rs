@@ -22,7 +22,7 @@
 //! assert!(!product_is_within_bound(70, &a, &b, &(c * 1.0001)));
 //! ```
 
-use kiln::{Array, DType};
+use kiln::{quantize, quantized_matmul, Array, DType, QuantFormat, Quantized};
 
 /// Rows and columns of every benchmark input.
 pub const SIDE: usize = 256;
@@ -91,6 +91,64 @@ pub fn product_is_within_bound(n: usize, a: &Array, b: &Array, product: &Array) 
         })
 }
 
+/// Side of the weight of the browser's quantized and dense products
+/// (`cpu_wasm_{qmm_4bit,dense_matmul}_4096x4096_m<m>_us`, beside the native
+/// `{qmm_4bit,dense_matmul}_4096x4096_m<m>_cpu`).
+pub const WEIGHT_SIDE: usize = 4096;
+
+/// The quantized products' format, as the native figures': 4-bit affine,
+/// groups of 64.
+pub const QMM_FORMAT: QuantFormat = QuantFormat::Affine {
+    bits: 4,
+    group_size: 64,
+};
+
+/// `[x, packed, scales, biases, dense]`, evaluated: an `m`×[`WEIGHT_SIDE`]
+/// `x` with values in (−1, 1), a square weight `w` quantized in
+/// [`QMM_FORMAT`], and `wᵀ` dequantized to dense f32, the fastest dense
+/// path's operand.
+pub fn weight_operands(m: usize) -> Vec<Array> {
+    let w = square(WEIGHT_SIDE, 3);
+    let x = Array::random_uniform(
+        kiln::random::Key::new(4),
+        &[m, WEIGHT_SIDE],
+        -1.0,
+        1.0,
+        DType::F32,
+    )
+    .expect("the input is within every limit");
+    let q = quantize(&w, QMM_FORMAT);
+    let biases = q.biases.expect("the affine format has biases");
+    let dense = quantized_weight(&[q.packed.clone(), q.scales.clone(), biases.clone()])
+        .dequantize()
+        .transpose();
+    let operands = vec![x, q.packed, q.scales, biases, dense];
+    for operand in &operands {
+        operand.eval().expect("the operands evaluate");
+    }
+    operands
+}
+
+/// The weight of `[packed, scales, biases]` in [`QMM_FORMAT`].
+fn quantized_weight(parts: &[Array]) -> Quantized {
+    Quantized {
+        packed: parts[0].clone(),
+        scales: parts[1].clone(),
+        biases: Some(parts[2].clone()),
+        format: QMM_FORMAT,
+    }
+}
+
+/// `x @ wᵀ` read from the packed codes of [`weight_operands`].
+pub fn quantized_product(operands: &[Array]) -> Array {
+    quantized_matmul(&operands[0], &quantized_weight(&operands[1..4]), true)
+}
+
+/// `x @ wᵀ` through the dense weight of [`weight_operands`].
+pub fn dense_product(operands: &[Array]) -> Array {
+    operands[0].matmul(&operands[4])
+}
+
 /// The 256×256 f32 input with values uniform in (−1, 1), evaluated.
 pub fn input() -> Array {
     let x = Array::random_uniform(
@@ -144,7 +202,8 @@ mod wasm {
     //! batches of cached calls.
 
     use super::{
-        anchor_chain, input, product_is_within_bound, scalar_chain, square, unary_input, UNARY,
+        anchor_chain, dense_product, input, product_is_within_bound, quantized_product,
+        scalar_chain, square, unary_input, weight_operands, UNARY,
     };
     use kiln::{compile, Array};
     use std::cell::RefCell;
@@ -176,8 +235,10 @@ mod wasm {
     /// Prepares a program: `0..UNARY.len()` a unary op, `100` the anchors'
     /// chain of `length` ops, `101` the cheap chain of `length` ops, `102`
     /// the f32 product of two `length`×`length` operands (its result
-    /// checked by [`product_is_within_bound`]). Makes its first call;
-    /// returns 1 when that succeeded, 0 otherwise.
+    /// checked by [`product_is_within_bound`]), `103` the 4-bit product and
+    /// `104` the dense one of a `length`-row `x` and the 4096×4096 weight
+    /// ([`weight_operands`]). Makes its first call; returns 1 when that
+    /// succeeded, 0 otherwise.
     #[no_mangle]
     pub extern "C" fn kiln_bench_prepare(program: u32, length: u32) -> u32 {
         let x = input();
@@ -201,6 +262,16 @@ mod wasm {
                     return 0;
                 }
                 Box::new(move || f.call(&operands).is_ok())
+            }
+            103 | 104 => {
+                let operands = weight_operands(n);
+                let program = if program == 103 {
+                    quantized_product
+                } else {
+                    dense_product
+                };
+                let f = compile(move |operands: Vec<Array>| program(&operands));
+                Box::new(move || f.call(&operands).is_ok_and(|out| out.eval().is_ok()))
             }
             k => match UNARY.get(k as usize) {
                 Some(&(name, op)) => {

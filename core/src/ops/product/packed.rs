@@ -53,6 +53,17 @@ pub(crate) struct Strided {
     pub col_stride: usize,
 }
 
+impl Strided {
+    /// The transpose, read in place.
+    fn transposed(self) -> Strided {
+        Strided {
+            row_stride: self.col_stride,
+            col_stride: self.row_stride,
+            ..self
+        }
+    }
+}
+
 thread_local! {
     /// The packed blocks of `a` and `b`, kept between calls.
     static PACKED: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
@@ -89,12 +100,12 @@ pub(crate) unsafe fn gemm(
             for p0 in (0..k).step_by(DEPTH) {
                 let depth = DEPTH.min(k - p0);
                 // SAFETY: the block is inside `b` (contract).
-                unsafe { pack_b(b, p0, depth, j0, width, packed_b) };
+                unsafe { pack::<COLS>(b.transposed(), (j0, width), (p0, depth), packed_b) };
                 let add = accumulate || p0 > 0;
                 for i0 in (0..m).step_by(BLOCK_ROWS) {
                     let height = BLOCK_ROWS.min(m - i0);
                     // SAFETY: the block is inside `a` (contract).
-                    unsafe { pack_a(a, i0, height, p0, depth, packed_a) };
+                    unsafe { pack::<ROWS>(a, (i0, height), (p0, depth), packed_a) };
                     let block = Block {
                         a: packed_a,
                         b: packed_b,
@@ -111,69 +122,52 @@ pub(crate) unsafe fn gemm(
     });
 }
 
-/// Packs rows `i0..i0 + height`, columns `p0..p0 + depth` of `a` into
-/// panels of [`ROWS`] rows, each `depth` groups of one value per row (rows
-/// past the matrix are zeros).
+/// Packs rows `first..first + count`, columns `p0..p0 + depth` of `m` into
+/// panels of `WIDTH` rows, each `depth` groups of one value per row (rows
+/// past `count` are zeros): `a`'s panels with [`ROWS`], and `b`'s, from its
+/// transpose, with [`COLS`].
 ///
 /// # Safety
 ///
-/// The block is inside `a`.
-unsafe fn pack_a(
-    a: Strided,
-    i0: usize,
-    height: usize,
-    p0: usize,
-    depth: usize,
+/// The block is inside `m`.
+unsafe fn pack<const WIDTH: usize>(
+    m: Strided,
+    (first, count): (usize, usize),
+    (p0, depth): (usize, usize),
     out: &mut Vec<f32>,
 ) {
     out.clear();
-    out.resize(height.next_multiple_of(ROWS) * depth, 0.0);
+    out.resize(count.next_multiple_of(WIDTH) * depth, 0.0);
     for (panel, r0) in out
-        .chunks_exact_mut(ROWS * depth)
-        .zip((0..height).step_by(ROWS))
+        .chunks_exact_mut(WIDTH * depth)
+        .zip((0..count).step_by(WIDTH))
     {
-        let rows = ROWS.min(height - r0);
-        // SAFETY: rows `i0 + r0 + r`, `r < rows`, from column `p0` are
+        let rows = WIDTH.min(count - r0);
+        if m.row_stride == 1 && rows == WIDTH {
+            // A column's rows are adjacent (`b` row-major): a whole group
+            // in one read (a copy of unknown length would call memcpy).
+            for (p, group) in panel.chunks_exact_mut(WIDTH).enumerate() {
+                // SAFETY: rows `first + r0..first + r0 + WIDTH` of column
+                // `p0 + p` are inside the block (contract).
+                let column: [f32; WIDTH] = unsafe {
+                    let start = m.ptr.add(first + r0 + (p0 + p) * m.col_stride);
+                    start.cast::<[f32; WIDTH]>().read_unaligned()
+                };
+                group.copy_from_slice(&column);
+            }
+            continue;
+        }
+        // SAFETY: rows `first + r0 + r`, `r < rows`, from column `p0` are
         // inside the block (contract); past `rows`, the last row repeats.
-        let starts: [*const f32; ROWS] = std::array::from_fn(|r| unsafe {
-            let row = i0 + r0 + r.min(rows - 1);
-            a.ptr.add(row * a.row_stride + p0 * a.col_stride)
+        let starts: [*const f32; WIDTH] = std::array::from_fn(|r| unsafe {
+            let row = first + r0 + r.min(rows - 1);
+            m.ptr.add(row * m.row_stride + p0 * m.col_stride)
         });
         // A group of rows at a time: the panel is written in order.
-        for (p, group) in panel.chunks_exact_mut(ROWS).enumerate() {
+        for (p, group) in panel.chunks_exact_mut(WIDTH).enumerate() {
             for (value, start) in group[..rows].iter_mut().zip(starts) {
                 // SAFETY: column `p0 + p` < `p0 + depth` (contract).
-                *value = unsafe { *start.add(p * a.col_stride) };
-            }
-        }
-    }
-}
-
-/// Packs rows `p0..p0 + depth`, columns `j0..j0 + width` of `b` into panels
-/// of [`COLS`] columns, each `depth` rows of them (columns past the matrix
-/// are zeros).
-///
-/// # Safety
-///
-/// The block is inside `b`.
-unsafe fn pack_b(b: Strided, p0: usize, depth: usize, j0: usize, width: usize, out: &mut Vec<f32>) {
-    out.clear();
-    out.resize(width.next_multiple_of(COLS) * depth, 0.0);
-    for (panel, c0) in out
-        .chunks_exact_mut(COLS * depth)
-        .zip((0..width).step_by(COLS))
-    {
-        let cols = COLS.min(width - c0);
-        for (p, values) in panel.chunks_exact_mut(COLS).enumerate() {
-            // SAFETY: row `p0 + p`, columns from `j0 + c0` are inside the
-            // block (contract).
-            let row = unsafe {
-                b.ptr
-                    .add((p0 + p) * b.row_stride + (j0 + c0) * b.col_stride)
-            };
-            for (j, value) in values[..cols].iter_mut().enumerate() {
-                // SAFETY: column `j0 + c0 + j` < `j0 + width` (contract).
-                *value = unsafe { *row.add(j * b.col_stride) };
+                *value = unsafe { *start.add(p * m.col_stride) };
             }
         }
     }
