@@ -63,8 +63,14 @@ pub const SCALAR_CHAIN: usize = 100;
 /// square products the browser times (`cpu_wasm_matmul_f32_<n>_gflops`,
 /// beside the native `cpu_matmul_f32_<n>_gflops`).
 pub fn square(n: usize, seed: u64) -> Array {
-    let x = Array::random_uniform(kiln::random::Key::new(seed), &[n, n], -1.0, 1.0, DType::F32)
-        .expect("a square f32 operand is within every limit");
+    uniform(&[n, n], seed)
+}
+
+/// An f32 array of `shape` with values uniform in (−1, 1) drawn from
+/// `seed`, evaluated.
+fn uniform(shape: &[usize], seed: u64) -> Array {
+    let x = Array::random_uniform(kiln::random::Key::new(seed), shape, -1.0, 1.0, DType::F32)
+        .expect("a benchmark operand is within every limit");
     x.eval().expect("the operand evaluates");
     x
 }
@@ -109,14 +115,7 @@ pub const QMM_FORMAT: QuantFormat = QuantFormat::Affine {
 /// path's operand.
 pub fn weight_operands(m: usize) -> Vec<Array> {
     let w = square(WEIGHT_SIDE, 3);
-    let x = Array::random_uniform(
-        kiln::random::Key::new(4),
-        &[m, WEIGHT_SIDE],
-        -1.0,
-        1.0,
-        DType::F32,
-    )
-    .expect("the input is within every limit");
+    let x = uniform(&[m, WEIGHT_SIDE], 4);
     let q = quantize(&w, QMM_FORMAT);
     let biases = q.biases.expect("the affine format has biases");
     let dense = quantized_weight(&[q.packed.clone(), q.scales.clone(), biases.clone()])
@@ -151,16 +150,7 @@ pub fn dense_product(operands: &[Array]) -> Array {
 
 /// The 256×256 f32 input with values uniform in (−1, 1), evaluated.
 pub fn input() -> Array {
-    let x = Array::random_uniform(
-        kiln::random::Key::new(7),
-        &[SIDE, SIDE],
-        -1.0,
-        1.0,
-        DType::F32,
-    )
-    .expect("a 256×256 f32 array is within every limit");
-    x.eval().expect("the input evaluates");
-    x
+    uniform(&[SIDE, SIDE], 7)
 }
 
 /// The input the unary program `name` reads: |x| + 0.5 for the ops that
