@@ -75,7 +75,7 @@ fn header_bound(bound: &[(usize, &str)], dtype: DType, target: Target) -> String
 
 /// The buffer element type through which operands of `dtype` are read
 /// four elements at a time, where that is one aligned load: one-word
-/// dtypes as vec4 words, f16 on a native-f16 target as vec4<f16>.
+/// dtypes as vec4 words, f16 on a native-f16 target as `vec4<f16>`.
 fn vec4_buffer(dtype: DType, target: Target) -> Option<&'static str> {
     match dtype {
         DType::F32 | DType::I32 | DType::U32 | DType::U8 => Some("vec4<u32>"),

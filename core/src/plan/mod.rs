@@ -1,7 +1,7 @@
 //! Reinplacing and buffer-slot planning.
 //!
 //! [`SlotPlan::build`] decides, per elementwise node (and kernel with an
-//! in-place input), whether its output takes an operand's buffer ([`reinplace`]), then gives every computed value a
+//! in-place input), whether its output takes an operand's buffer ([`reinplace()`]), then gives every computed value a
 //! slot and a lifetime (`plan::slots`). Backends run through the plan; the
 //! independent [`verify_plan`] checks every plan in debug builds and tests.
 

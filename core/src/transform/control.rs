@@ -1,5 +1,5 @@
 //! Reverse and forward mode through control flow. A control node has
-//! several results ([`Op::Get`] values), so the walks hand it all of its
+//! several results ([`Op::Get`](crate::ops::Op::Get) values), so the walks hand it all of its
 //! results' cotangents (or all of its operands' tangents) at once and
 //! these rules build new control nodes: the transformed bodies are traced
 //! by replaying the original body graph and differentiating the replay.
