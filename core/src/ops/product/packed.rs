@@ -15,12 +15,22 @@
 //! blocks added to `c` in order: the same bits on every run, and within
 //! the classical bound of [`super::super::matmul::error_bound`].
 //!
+//! Where the host loaded the relaxed-SIMD kernel module
+//! (`kiln-relaxed-kernel`) and handed its block product to
+//! [`use_relaxed_block_product`], the operands are packed for its
+//! [`RELAXED_ROWS`]×[`RELAXED_COLS`] tiles instead and each packed block
+//! goes to it: the same blocking and order, each step one fused
+//! multiply-add where the processor has FMA (in Chromium on an Intel Xeon,
+//! 54–56 GFLOP/s against this module's 42–45).
+//!
 //! The lane type is `v128` on wasm32; elsewhere a plain array with the same
 //! operations, so the native tests check the packing and blocking that the
 //! browser runs.
 
 use lanes::F32x4;
 use std::cell::RefCell;
+#[cfg(target_arch = "wasm32")]
+use std::sync::OnceLock;
 
 /// Rows of `c` in a register tile (each of `a`'s values is splatted).
 const ROWS: usize = 4;
@@ -35,11 +45,74 @@ const LANES: usize = 4;
 /// `DEPTH`×[`COLS`] (8 KiB), one of `a` `DEPTH`×[`ROWS`] (4 KiB).
 const DEPTH: usize = 256;
 
-/// Rows of `a` packed at once (`BLOCK_ROWS`×[`DEPTH`], 64 KiB: L2).
-const BLOCK_ROWS: usize = 64;
+/// Panels of `a` packed at once: 64 rows×[`DEPTH`] for this module's
+/// tiles, 48 rows for the relaxed kernel's (64 or 48 KiB: L2).
+const BLOCK_PANELS_A: usize = 16;
 
-/// Columns of `b` packed at once (`DEPTH`×`BLOCK_COLS`, 512 KiB: L2 or L3).
-const BLOCK_COLS: usize = 512;
+/// Panels of `b` packed at once: [`DEPTH`]×512 columns for this module's
+/// tiles, ×768 for the relaxed kernel's (512 or 768 KiB: L2 or L3).
+const BLOCK_PANELS_B: usize = 64;
+
+/// Rows of the relaxed kernel's tiles (`kiln_relaxed_kernel::ROWS`).
+pub(crate) const RELAXED_ROWS: usize = 3;
+
+/// Columns of the relaxed kernel's tiles (`kiln_relaxed_kernel::COLS`).
+pub(crate) const RELAXED_COLS: usize = 12;
+
+/// A block product with the contract of `kiln_relaxed_kernel::block_product`:
+/// `(a, b, depth, height, width, c, ldc, add, scratch)` writes (or, when
+/// `add` is non-zero, adds) the product of a packed block of `a`
+/// ([`RELAXED_ROWS`]-row panels, `depth` deep) and one of `b`
+/// ([`RELAXED_COLS`]-column panels) to the `height`×`width` block of `c`
+/// at row stride `ldc`, using `scratch` (`RELAXED_ROWS·RELAXED_COLS`
+/// values) for partial tiles. Pointers and sizes are the host's (32-bit on
+/// wasm32).
+pub type BlockProduct = unsafe extern "C" fn(
+    *const f32,
+    *const f32,
+    usize,
+    usize,
+    usize,
+    *mut f32,
+    usize,
+    u32,
+    *mut f32,
+);
+
+/// The relaxed kernel's block product, once the host handed it over.
+#[cfg(target_arch = "wasm32")]
+static RELAXED: OnceLock<BlockProduct> = OnceLock::new();
+
+/// Makes every later f32 product on this target run its packed blocks on
+/// `product`, the relaxed-SIMD kernel module's `block_product` (the
+/// playground hands it over where the browser validates relaxed SIMD).
+/// The first product handed over stays; returns whether it was this one.
+///
+/// # Safety
+///
+/// `product` keeps the contract of [`BlockProduct`] for as long as the
+/// process runs: it reads only the packed blocks, writes only the block
+/// of `c` and the scratch, and computes the product.
+#[cfg(target_arch = "wasm32")]
+pub unsafe fn use_relaxed_block_product(product: BlockProduct) -> bool {
+    RELAXED.set(product).is_ok()
+}
+
+/// Whether f32 products run on the relaxed kernel's block product
+/// ([`use_relaxed_block_product`]).
+#[cfg(target_arch = "wasm32")]
+pub fn relaxed_block_product_in_use() -> bool {
+    RELAXED.get().is_some()
+}
+
+/// What computes the product of a packed block.
+#[derive(Clone, Copy)]
+pub(crate) enum Product {
+    /// [`ROWS`]×[`COLS`] tiles in this module, a multiply, then an add.
+    Plain,
+    /// The relaxed kernel's block product.
+    Relaxed(BlockProduct),
+}
 
 /// A strided read-only matrix: element `(i, j)` at `ptr + i·row_stride +
 /// j·col_stride`.
@@ -65,25 +138,99 @@ impl Strided {
 }
 
 thread_local! {
-    /// The packed blocks of `a` and `b`, kept between calls.
-    static PACKED: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// The packed blocks of `a` and `b`, and the relaxed kernel's scratch,
+    /// kept between calls.
+    static PACKED: RefCell<(Vec<f32>, Vec<f32>, [f32; RELAXED_ROWS * RELAXED_COLS])> =
+        const { RefCell::new((Vec::new(), Vec::new(), [0.0; RELAXED_ROWS * RELAXED_COLS])) };
 }
 
 /// `c = a·b`, or `c += a·b` when `accumulate`, for the `m`×`k` matrix `a`,
 /// the `k`×`n` matrix `b` and the row-major `m`×`n` matrix `c` with row
-/// stride `ldc`.
+/// stride `ldc`, on the relaxed kernel where the host handed it over.
 ///
 /// # Safety
 ///
 /// `a` covers `m`×`k`, `b` covers `k`×`n`, `c` points to `m` rows of `ldc ≥
 /// n` writable elements that nothing else touches during the call.
+#[cfg(target_arch = "wasm32")]
 pub(crate) unsafe fn gemm(
+    shape: (usize, usize, usize),
+    a: Strided,
+    b: Strided,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    let product = RELAXED
+        .get()
+        .map_or(Product::Plain, |&p| Product::Relaxed(p));
+    // SAFETY: the same contract.
+    unsafe { gemm_on(product, shape, a, b, c, ldc, accumulate) }
+}
+
+/// [`gemm`] on `product`.
+///
+/// # Safety
+///
+/// As for [`gemm`]; a [`Product::Relaxed`] keeps its contract.
+pub(crate) unsafe fn gemm_on(
+    product: Product,
+    shape: (usize, usize, usize),
+    a: Strided,
+    b: Strided,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    match product {
+        // SAFETY (both): the same contract.
+        Product::Plain => unsafe {
+            blocked::<ROWS, COLS>(shape, a, b, c, ldc, accumulate, |block, c, ldc, add, _| {
+                block.multiply(c, ldc, add)
+            })
+        },
+        Product::Relaxed(product) => unsafe {
+            blocked::<RELAXED_ROWS, RELAXED_COLS>(
+                shape,
+                a,
+                b,
+                c,
+                ldc,
+                accumulate,
+                |block, c, ldc, add, scratch| {
+                    product(
+                        block.a.as_ptr(),
+                        block.b.as_ptr(),
+                        block.depth,
+                        block.height,
+                        block.width,
+                        c,
+                        ldc,
+                        u32::from(add),
+                        scratch,
+                    )
+                },
+            )
+        },
+    }
+}
+
+/// [`gemm`] with `a` packed in panels of `PANEL_ROWS` rows and `b` in
+/// panels of `PANEL_COLS` columns, each packed block's product (with its
+/// part of `c`, `ldc`, whether to add, and the scratch) by `product`.
+///
+/// # Safety
+///
+/// As for [`gemm`]; `product` writes only the block of `c` it is given
+/// (and the scratch), and is called with nothing else.
+unsafe fn blocked<const PANEL_ROWS: usize, const PANEL_COLS: usize>(
     (m, k, n): (usize, usize, usize),
     a: Strided,
     b: Strided,
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    product: impl Fn(&Block, *mut f32, usize, bool, *mut f32),
 ) {
     if k == 0 {
         if !accumulate {
@@ -94,18 +241,19 @@ pub(crate) unsafe fn gemm(
         }
         return;
     }
-    PACKED.with_borrow_mut(|(packed_a, packed_b)| {
-        for j0 in (0..n).step_by(BLOCK_COLS) {
-            let width = BLOCK_COLS.min(n - j0);
+    let (block_rows, block_cols) = (BLOCK_PANELS_A * PANEL_ROWS, BLOCK_PANELS_B * PANEL_COLS);
+    PACKED.with_borrow_mut(|(packed_a, packed_b, scratch)| {
+        for j0 in (0..n).step_by(block_cols) {
+            let width = block_cols.min(n - j0);
             for p0 in (0..k).step_by(DEPTH) {
                 let depth = DEPTH.min(k - p0);
                 // SAFETY: the block is inside `b` (contract).
-                unsafe { pack::<COLS>(b.transposed(), (j0, width), (p0, depth), packed_b) };
+                unsafe { pack::<PANEL_COLS>(b.transposed(), (j0, width), (p0, depth), packed_b) };
                 let add = accumulate || p0 > 0;
-                for i0 in (0..m).step_by(BLOCK_ROWS) {
-                    let height = BLOCK_ROWS.min(m - i0);
+                for i0 in (0..m).step_by(block_rows) {
+                    let height = block_rows.min(m - i0);
                     // SAFETY: the block is inside `a` (contract).
-                    unsafe { pack::<ROWS>(a, (i0, height), (p0, depth), packed_a) };
+                    unsafe { pack::<PANEL_ROWS>(a, (i0, height), (p0, depth), packed_a) };
                     let block = Block {
                         a: packed_a,
                         b: packed_b,
@@ -115,7 +263,13 @@ pub(crate) unsafe fn gemm(
                     };
                     // SAFETY: rows `i0..i0 + height`, columns `j0..j0 +
                     // width` of `c` are in bounds (contract).
-                    unsafe { block.multiply(c.add(i0 * ldc + j0), ldc, add) };
+                    product(
+                        &block,
+                        unsafe { c.add(i0 * ldc + j0) },
+                        ldc,
+                        add,
+                        scratch.as_mut_ptr(),
+                    );
                 }
             }
         }
@@ -124,8 +278,7 @@ pub(crate) unsafe fn gemm(
 
 /// Packs rows `first..first + count`, columns `p0..p0 + depth` of `m` into
 /// panels of `WIDTH` rows, each `depth` groups of one value per row (rows
-/// past `count` are zeros): `a`'s panels with [`ROWS`], and `b`'s, from its
-/// transpose, with [`COLS`].
+/// past `count` are zeros): `a`'s panels, and `b`'s from its transpose.
 ///
 /// # Safety
 ///
@@ -442,17 +595,49 @@ mod tests {
         }
     }
 
-    /// The kernel's arithmetic, one output at a time: each [`DEPTH`] block's
-    /// products summed in `k` order from zero (multiply, then add), the
-    /// block sums added to `c` in order; the first block's sum replaces `c`
-    /// unless `accumulate` (with no blocks, zero does).
+    /// Both block products: this module's, and the relaxed kernel's
+    /// (natively its lanes are arrays with `f32::mul_add`), with whether
+    /// their steps fuse and their blocks' sizes.
+    fn products() -> [(&'static str, Product, bool, usize, usize); 2] {
+        [
+            (
+                "plain",
+                Product::Plain,
+                false,
+                BLOCK_PANELS_A * ROWS,
+                BLOCK_PANELS_B * COLS,
+            ),
+            (
+                "relaxed",
+                Product::Relaxed(kiln_relaxed_kernel::block_product),
+                true,
+                BLOCK_PANELS_A * RELAXED_ROWS,
+                BLOCK_PANELS_B * RELAXED_COLS,
+            ),
+        ]
+    }
+
+    #[test]
+    fn the_relaxed_kernel_packs_as_this_module_does() {
+        assert_eq!(
+            (kiln_relaxed_kernel::ROWS, kiln_relaxed_kernel::COLS),
+            (RELAXED_ROWS, RELAXED_COLS)
+        );
+        assert_eq!(kiln_relaxed_kernel::SCRATCH, RELAXED_ROWS * RELAXED_COLS);
+    }
+
+    /// The kernels' arithmetic, one output at a time: each [`DEPTH`]
+    /// block's products summed in `k` order from zero (fused multiply-adds
+    /// when `fused`, else a multiply, then an add), the block sums added to
+    /// `c` in order; the first block's sum replaces `c` unless `accumulate`
+    /// (with no blocks, zero does).
     fn blocked_sums(
-        a: &Stored,
-        b: &Stored,
+        (a, b): (&Stored, &Stored),
         (m, k, n): (usize, usize, usize),
         c: &mut [f32],
         ldc: usize,
         accumulate: bool,
+        fused: bool,
     ) {
         for i in 0..m {
             for j in 0..n {
@@ -463,7 +648,11 @@ mod tests {
                 for p0 in (0..k).step_by(DEPTH) {
                     let mut sum = 0.0f32;
                     for p in p0..(p0 + DEPTH).min(k) {
-                        sum += a.at(i, p) * b.at(p, j);
+                        sum = if fused {
+                            a.at(i, p).mul_add(b.at(p, j), sum)
+                        } else {
+                            sum + a.at(i, p) * b.at(p, j)
+                        };
                     }
                     *out = if p0 == 0 && !accumulate {
                         sum
@@ -475,39 +664,44 @@ mod tests {
         }
     }
 
-    /// Runs [`gemm`] on `c` (row stride `ldc`) and checks it against
-    /// [`blocked_sums`], bit for bit, leaving the columns past `n` alone.
+    /// Runs each block product on `c` (row stride `ldc`) and checks it
+    /// against [`blocked_sums`], bit for bit, leaving the columns past `n`
+    /// alone; returns the products.
     fn check(
-        a: &Stored,
-        b: &Stored,
+        operands: (&Stored, &Stored),
         shape: (usize, usize, usize),
         ldc: usize,
         accumulate: bool,
         seed: u64,
-    ) -> Vec<f32> {
-        let m = shape.0;
-        let start = super::super::tests::values(m * ldc, seed);
-        let mut want = start.clone();
-        blocked_sums(a, b, shape, &mut want, ldc, accumulate);
-        let mut got = start;
-        // SAFETY: `a` and `b` cover their matrices; `c` is m rows of `ldc ≥ n`.
-        unsafe {
-            gemm(
-                shape,
-                a.strided(),
-                b.strided(),
-                got.as_mut_ptr(),
-                ldc,
-                accumulate,
-            )
-        };
+    ) -> Vec<Vec<f32>> {
+        let start = super::super::tests::values(shape.0 * ldc, seed);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(
-            bits(&got),
-            bits(&want),
-            "{shape:?}, ldc {ldc}, accumulate {accumulate}"
-        );
-        got
+        let mut results = Vec::new();
+        for (name, product, fused, ..) in products() {
+            let mut want = start.clone();
+            blocked_sums(operands, shape, &mut want, ldc, accumulate, fused);
+            let mut got = start.clone();
+            // SAFETY: `a` and `b` cover their matrices; `c` is m rows of
+            // `ldc ≥ n`; the relaxed product keeps its contract.
+            unsafe {
+                gemm_on(
+                    product,
+                    shape,
+                    operands.0.strided(),
+                    operands.1.strided(),
+                    got.as_mut_ptr(),
+                    ldc,
+                    accumulate,
+                )
+            };
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{name}: {shape:?}, ldc {ldc}, accumulate {accumulate}"
+            );
+            results.push(got);
+        }
+        results
     }
 
     proptest! {
@@ -516,7 +710,7 @@ mod tests {
         fn products_of_any_layout_have_the_bits_of_the_blocked_sums(
             m in 1usize..13,
             k in prop_oneof![0usize..20, (DEPTH - 2)..(DEPTH + 20)],
-            n in 1usize..21,
+            n in 1usize..27,
             a_transposed in any::<bool>(),
             b_transposed in any::<bool>(),
             pads in (0usize..3, 0usize..3, 0usize..3),
@@ -525,24 +719,27 @@ mod tests {
         ) {
             let a = Stored::new(m, k, a_transposed, pads.0, seed);
             let b = Stored::new(k, n, b_transposed, pads.1, seed ^ 0x5555);
-            check(&a, &b, (m, k, n), n + pads.2, accumulate, seed ^ 0xaaaa);
+            check((&a, &b), (m, k, n), n + pads.2, accumulate, seed ^ 0xaaaa);
         }
     }
 
     #[test]
     fn products_crossing_every_block_edge_are_within_the_error_bound() {
-        // Every loop runs more than once and ends on a partial tile.
-        let shape @ (m, k, n) = (BLOCK_ROWS + 5, DEPTH + 3, BLOCK_COLS + 9);
+        // Every loop of both products runs more than once and ends on a
+        // partial tile.
+        let [(_, _, _, rows_a, cols_a), (_, _, _, rows_b, cols_b)] = products();
+        let shape @ (m, k, n) = (rows_a.max(rows_b) + 5, DEPTH + 3, cols_a.max(cols_b) + 9);
         let a = Stored::new(m, k, false, 0, 1);
         let b = Stored::new(k, n, true, 1, 2);
-        let got = check(&a, &b, shape, n, false, 3);
-        for i in 0..m {
-            for j in 0..n {
-                let products = (0..k).map(|p| f64::from(a.at(i, p)) * f64::from(b.at(p, j)));
-                let exact: f64 = products.clone().sum();
-                let bound = error_bound(k, products.map(f64::abs).sum());
-                let error = (f64::from(got[i * n + j]) - exact).abs();
-                assert!(error <= bound, "({i}, {j}): error {error} > bound {bound}");
+        for got in check((&a, &b), shape, n, false, 3) {
+            for i in 0..m {
+                for j in 0..n {
+                    let products = (0..k).map(|p| f64::from(a.at(i, p)) * f64::from(b.at(p, j)));
+                    let exact: f64 = products.clone().sum();
+                    let bound = error_bound(k, products.map(f64::abs).sum());
+                    let error = (f64::from(got[i * n + j]) - exact).abs();
+                    assert!(error <= bound, "({i}, {j}): error {error} > bound {bound}");
+                }
             }
         }
     }
@@ -552,11 +749,14 @@ mod tests {
         let a = Stored::new(3, 0, false, 0, 1);
         let b = Stored::new(0, 5, false, 0, 2);
         let start = super::super::tests::values(3 * 6, 3);
-        for accumulate in [false, true] {
+        for ((name, product, ..), accumulate) in
+            products().into_iter().flat_map(|p| [(p, false), (p, true)])
+        {
             let mut c = start.clone();
             // SAFETY: `c` is 3 rows of 6 ≥ 5 elements; no element of a or b is read.
             unsafe {
-                gemm(
+                gemm_on(
+                    product,
                     (3, 0, 5),
                     a.strided(),
                     b.strided(),
@@ -567,7 +767,7 @@ mod tests {
             };
             for (i, (got, was)) in c.iter().zip(&start).enumerate() {
                 let want = if accumulate || i % 6 == 5 { *was } else { 0.0 };
-                assert_eq!(got.to_bits(), want.to_bits(), "element {i}");
+                assert_eq!(got.to_bits(), want.to_bits(), "{name}: element {i}");
             }
         }
     }
