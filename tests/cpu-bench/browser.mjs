@@ -1,7 +1,10 @@
 // The CPU throughput programs in the browser, for `cargo xtask bench`:
 // loads kiln_cpu_bench.wasm (the wasm32 build of tests/cpu-bench, with
-// simd128) in headless Chromium and times cached calls of each program.
-// Usage: node browser.mjs URL; prints one JSON object of figures.
+// simd128) in headless Chromium and times cached calls of each program,
+// then the f32 products again on the relaxed-SIMD kernel module
+// (kiln_relaxed_kernel.wasm, as the playground loads it where the browser
+// runs relaxed SIMD) as `cpu_wasm_relaxed_*`. Usage: node browser.mjs URL;
+// prints one JSON object of figures.
 import { chromium } from "playwright-core";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -21,9 +24,23 @@ const context = await chromium.launchPersistentContext(
 );
 const page = context.pages()[0] ?? (await context.newPage());
 await page.goto(url);
-const figures = await page.evaluate(async () => {
-  const { instance } = await WebAssembly.instantiateStreaming(fetch("kiln_cpu_bench.wasm"), {});
+const measure = async (relaxed) => {
+  // The module imports the relaxed kernel's block product; the kernel
+  // module is instantiated on the module's memory once that exists.
+  let blockProduct = () => {
+    throw new Error("the relaxed kernel was called before it was loaded");
+  };
+  const { instance } = await WebAssembly.instantiateStreaming(fetch("kiln_cpu_bench.wasm"), {
+    kiln: { relaxed_block_product: (...args) => blockProduct(...args) },
+  });
   const e = instance.exports;
+  if (relaxed) {
+    const kernel = await WebAssembly.instantiateStreaming(fetch("kiln_relaxed_kernel.wasm"), {
+      env: { memory: e.memory },
+    });
+    blockProduct = kernel.instance.exports.block_product;
+    if (!e.kiln_bench_use_relaxed_kernel()) throw new Error("the relaxed kernel was not taken");
+  }
   // Calls first: building the names may grow (and so detach) the memory.
   const [at, len] = [e.kiln_bench_names(), e.kiln_bench_names_len()];
   const names = new TextDecoder().decode(new Uint8Array(e.memory.buffer, at, len)).split(",");
@@ -52,19 +69,28 @@ const figures = await page.evaluate(async () => {
     return fastest;
   };
   const out = {};
-  names.forEach((name, k) => {
-    out[`cpu_wasm_unary_${name}_ns`] = (perCall(k, 0) * 1e6) / elements;
-  });
-  for (const n of [10, 100, 1000]) out[`cpu_wasm_chain_${n}`] = perCall(100, n);
-  out.cpu_wasm_scalar_chain_100 = perCall(101, 100);
+  // On the relaxed kernel only what it runs: the f32 products.
+  const prefix = relaxed ? "cpu_wasm_relaxed_" : "cpu_wasm_";
+  if (!relaxed) {
+    names.forEach((name, k) => {
+      out[`cpu_wasm_unary_${name}_ns`] = (perCall(k, 0) * 1e6) / elements;
+    });
+    for (const n of [10, 100, 1000]) out[`cpu_wasm_chain_${n}`] = perCall(100, n);
+    out.cpu_wasm_scalar_chain_100 = perCall(101, 100);
+  }
   // Square f32 products, one thread (the browser module has one).
-  for (const n of [256, 1024]) out[`cpu_wasm_matmul_f32_${n}_gflops`] = (2 * n ** 3) / (perCall(102, n) * 1e6);
-  // x @ wᵀ of a 4096×4096 weight, 4-bit and dense f32, in µs.
+  for (const n of [256, 1024]) out[`${prefix}matmul_f32_${n}_gflops`] = (2 * n ** 3) / (perCall(102, n) * 1e6);
+  // x @ wᵀ of a 4096×4096 weight, 4-bit and dense f32, in µs (m = 1 and
+  // the 4-bit products take no packed path).
   for (const m of [1, 64]) {
-    out[`cpu_wasm_qmm_4bit_4096x4096_m${m}_us`] = perCall(103, m) * 1e3;
-    out[`cpu_wasm_dense_matmul_4096x4096_m${m}_us`] = perCall(104, m) * 1e3;
+    if (!relaxed) out[`cpu_wasm_qmm_4bit_4096x4096_m${m}_us`] = perCall(103, m) * 1e3;
+    if (!relaxed || m > 1) out[`${prefix}dense_matmul_4096x4096_m${m}_us`] = perCall(104, m) * 1e3;
   }
   return out;
-});
+};
+const figures = {
+  ...(await page.evaluate(measure, false)),
+  ...(await page.evaluate(measure, true)),
+};
 await context.close();
 console.log(JSON.stringify(figures));

@@ -1,10 +1,12 @@
 //! The CPU executor's throughput in the browser: `tests/cpu-bench` built
 //! for wasm32 (with `simd128`, as the playground is) and timed in Debian's
 //! Chromium by `tests/cpu-bench/browser.mjs`. Figures `cpu_wasm_*`, beside
-//! the native `cpu_*` ones of the benchmark program.
+//! the native `cpu_*` ones of the benchmark program, and the f32 products
+//! on the relaxed-SIMD kernel module as `cpu_wasm_relaxed_*`.
 
 use crate::cross::{self as wasm, Route};
 use crate::process::{self, target_dir};
+use crate::relaxed_kernel;
 use crate::web;
 use std::fs;
 use std::process::Command;
@@ -26,6 +28,9 @@ pub fn bench_figures(selection: &[String]) -> Result<Vec<(String, f64, &'static 
     fs::create_dir_all(&site).map_err(|e| format!("cannot create {}: {e}", site.display()))?;
     fs::copy(&module, site.join("kiln_cpu_bench.wasm"))
         .map_err(|e| format!("cannot copy {}: {e}", module.display()))?;
+    let kernel = relaxed_kernel::build("release")?;
+    fs::copy(&kernel, site.join(relaxed_kernel::SERVED))
+        .map_err(|e| format!("cannot copy {}: {e}", kernel.display()))?;
     fs::write(
         site.join("index.html"),
         "<!doctype html><title>Kiln CPU benchmark</title>\n",

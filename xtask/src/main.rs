@@ -6,6 +6,7 @@ mod ci;
 mod cpu_wasm;
 mod cross;
 mod process;
+mod relaxed_kernel;
 mod stamp;
 mod web;
 

@@ -5,7 +5,9 @@
 //! version, and npm's `esbuild` (which bundles the page's script with
 //! CodeMirror and dagre) from `web/tools`' lockfile. Each step after
 //! cargo's (wasm-bindgen, esbuild) runs only when its inputs changed (see
-//! [`stamp`]): on an unchanged tree the site is ready in seconds.
+//! [`stamp`]): on an unchanged tree the site is ready in seconds. Beside
+//! the module the site serves the relaxed-SIMD kernel module, built and
+//! checked by [`relaxed_kernel`].
 //!
 //! The module is not passed through binaryen's `wasm-opt`: rustc's output
 //! (LTO, one codegen unit) is already optimized, and every `wasm-opt`
@@ -15,6 +17,7 @@
 use crate::apt;
 use crate::cross::{self as wasm, Route};
 use crate::process::{self, target_dir, workspace_root};
+use crate::relaxed_kernel;
 use crate::stamp::{self, Fingerprint};
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -84,11 +87,14 @@ pub fn e2e() -> Result<(), String> {
 /// Both modes of the browser tests against the site served on `port`.
 fn e2e_modes(tools: &Path, script: &Path, port: u16) -> Result<(), String> {
     let shots = target_dir().join("web-e2e");
-    for mode in ["webgpu", "cpu"] {
+    // Chromium validates relaxed SIMD, so the page loads the relaxed-SIMD
+    // kernel unless asked not to: WebGPU mode (which verifies every example
+    // against the CPU) runs the products on it, CPU mode on simd128.
+    for (mode, query) in [("webgpu", ""), ("cpu", "?simd=128")] {
         process::run(
             Command::new("node")
                 .arg(script)
-                .arg(format!("http://127.0.0.1:{port}/"))
+                .arg(format!("http://127.0.0.1:{port}/{query}"))
                 .arg(&shots)
                 .arg(mode)
                 .current_dir(tools),
@@ -262,6 +268,7 @@ pub fn build() -> Result<PathBuf, String> {
             )
         },
     )?;
+    let kernel = relaxed_kernel::build(PROFILE)?;
     let tools = ensure_npm_tools()?;
     let bundles = bundle_views(&tools, &stage)?;
     // The site itself is assembled afresh from the staged outputs: copies
@@ -281,6 +288,8 @@ pub fn build() -> Result<PathBuf, String> {
         fs::copy(&from, site.join(name))
             .map_err(|e| format!("cannot copy {}: {e}", from.display()))?;
     }
+    fs::copy(&kernel, site.join(relaxed_kernel::SERVED))
+        .map_err(|e| format!("cannot copy {}: {e}", kernel.display()))?;
     let wasm = site.join("kiln_web_bg.wasm");
     let raw = fs::metadata(&wasm).map(|m| m.len()).unwrap_or(0);
     eprintln!(

@@ -222,6 +222,33 @@ mod wasm {
         names().len()
     }
 
+    #[link(wasm_import_module = "kiln")]
+    extern "C" {
+        /// The relaxed-SIMD kernel module's `block_product`, instantiated
+        /// by the harness on this module's memory.
+        fn relaxed_block_product(
+            a: *const f32,
+            b: *const f32,
+            depth: usize,
+            height: usize,
+            width: usize,
+            c: *mut f32,
+            ldc: usize,
+            add: u32,
+            scratch: *mut f32,
+        );
+    }
+
+    /// Runs the f32 products on the relaxed-SIMD kernel module from now on
+    /// (`cpu_wasm_relaxed_*`); returns 1 when that took effect.
+    #[no_mangle]
+    pub extern "C" fn kiln_bench_use_relaxed_kernel() -> u32 {
+        // SAFETY: the harness provides the kernel module's block product,
+        // instantiated on this module's memory, which keeps the contract
+        // (`kiln-relaxed-kernel`).
+        u32::from(unsafe { kiln::ops::matmul::use_relaxed_block_product(relaxed_block_product) })
+    }
+
     /// Prepares a program: `0..UNARY.len()` a unary op, `100` the anchors'
     /// chain of `length` ops, `101` the cheap chain of `length` ops, `102`
     /// the f32 product of two `length`×`length` operands (its result
