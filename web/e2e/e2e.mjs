@@ -3,7 +3,9 @@
 // site. Usage: node e2e.mjs URL SCREENSHOT_DIR [webgpu|cpu]. With
 // `webgpu` (the default) Chromium offers WebGPU (SwiftShader) and every
 // example is verified against the CPU; with `cpu` WebGPU is switched off
-// and the page must fall back to the CPU executor. Screenshots of a mode
+// and the page must fall back to the CPU executor (`cargo xtask web --e2e`
+// runs that mode with URL?simd=128: products on simd128, not on the
+// relaxed-SIMD kernel). Screenshots of a mode
 // go to SCREENSHOT_DIR/MODE. Exits non-zero on the first failed check,
 // naming it.
 import { chromium } from "playwright-core";
@@ -225,6 +227,12 @@ await check("loads-and-runs-the-first-example", async () => {
     await eventually(() => text("#backend"), "backend: CPU (no WebGPU)", "backend");
     await eventually(() => page.locator("#backend-choice option").count(), 1, "only the CPU offered");
   }
+  // The CPU's products: on the relaxed-SIMD kernel module where Chromium
+  // validates relaxed SIMD (always), on simd128 with `?simd=128`.
+  const products = new URL(url).searchParams.get("simd") === "128"
+    ? "CPU products: simd128 kernel (a multiply, then an add)"
+    : "CPU products: relaxed-SIMD kernel module (fused multiply-adds)";
+  await eventually(async () => (await page.locator("#backend").getAttribute("title")).split("\n").pop(), products, "the tooltip's products");
 });
 
 await check("custom-node", async () => {
@@ -470,7 +478,7 @@ if (mode === "webgpu") {
     ["custom-node", "tanh (a miss: act differs)"], ["shapeless", "n = 9"], ["read-later", "out"],
     ["mlp", "row sums"], ["donation", "params"], ["gradient", "loss after 40 steps"],
     ["custom-op", "kernel, 70 x 3"], ["quantized", "squared norm of W1, materialized"],
-    ["per-example", "H by hessian(f)"],
+    ["per-example", "H by hessian(f)"], ["products", "(column sums of a) @ b"],
   ]) {
     await check(`verify-${id}`, async () => {
       await runExample(id, label);

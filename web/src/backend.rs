@@ -96,9 +96,22 @@ pub struct BackendStatus {
     /// run's work, which no browser can cancel).
     #[serde(default)]
     pub reopening: bool,
+    /// Whether the CPU executor's f32 products run on the relaxed-SIMD
+    /// kernel module (loaded where the browser validates relaxed SIMD).
+    #[serde(default)]
+    pub relaxed_products: bool,
 }
 
 impl BackendStatus {
+    /// The header's words (its tooltip) for the CPU executor's products.
+    pub fn cpu_products(&self) -> &'static str {
+        if self.relaxed_products {
+            "CPU products: relaxed-SIMD kernel module (fused multiply-adds)"
+        } else {
+            "CPU products: simd128 kernel (a multiply, then an add)"
+        }
+    }
+
     /// The header's words for the active backend.
     pub fn label(&self) -> String {
         match BackendChoice::of_backend(&self.active) {
@@ -182,6 +195,7 @@ mod tests {
             }),
             unavailable: None,
             reopening: false,
+            relaxed_products: false,
         };
         assert_eq!(
             status.label(),
@@ -198,6 +212,7 @@ mod tests {
             adapter: None,
             unavailable: Some("navigator.gpu is missing".to_string()),
             reopening: false,
+            relaxed_products: false,
         };
         assert_eq!(status.label(), "CPU (no WebGPU)");
     }
@@ -210,8 +225,30 @@ mod tests {
             adapter: None,
             unavailable: Some("the GPU is finishing the stopped run's work".to_string()),
             reopening: true,
+            relaxed_products: false,
         };
         assert_eq!(status.label(), "CPU (WebGPU reopening)");
+    }
+
+    #[test]
+    fn the_tooltip_says_which_kernel_runs_the_cpu_products() {
+        let mut status = BackendStatus {
+            active: "cpu".to_string(),
+            choices: vec![BackendChoice::Cpu],
+            adapter: None,
+            unavailable: None,
+            reopening: false,
+            relaxed_products: false,
+        };
+        assert_eq!(
+            status.cpu_products(),
+            "CPU products: simd128 kernel (a multiply, then an add)"
+        );
+        status.relaxed_products = true;
+        assert_eq!(
+            status.cpu_products(),
+            "CPU products: relaxed-SIMD kernel module (fused multiply-adds)"
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ pub struct Example {
 }
 
 /// Every example, in gallery order.
-pub const EXAMPLES: [Example; 10] = [
+pub const EXAMPLES: [Example; 11] = [
     CUSTOM_NODE,
     SHAPELESS,
     READ_LATER,
@@ -26,7 +26,33 @@ pub const EXAMPLES: [Example; 10] = [
     KV_DECODE,
     CUSTOM_OP,
     QUANTIZED,
+    PRODUCTS,
 ];
+
+/// A product larger than the CPU kernel's packed blocks, checked two
+/// ways.
+pub const PRODUCTS: Example = Example {
+    id: "products",
+    title: "Matrix products on the CPU's kernels",
+    explanation: "`a @ b` is 100×300 by 300×800: several packed blocks of the CPU executor's \
+                  kernel, two 256-deep passes, and partial tiles at every edge. In a browser \
+                  that runs relaxed SIMD the products go to a small kernel module of their own \
+                  (fused multiply-adds; the rest of Kiln never uses relaxed SIMD, whose \
+                  minimum and maximum vary by processor); elsewhere, and with `?simd=128` in \
+                  the address, to the simd128 kernel (a multiply, then an add). The header's \
+                  tooltip names the one in use. The column sums of `a @ b` equal \
+                  `(column sums of a) @ b` up to rounding; Verify compares both with WebGPU.",
+    script: r#"// 100×300 by 300×800: more than one packed block of the CPU kernel.
+// Operands in [0, 1): sums without cancellation, so rounding stays
+// relative to each value.
+let product = compile(|a, b| a @ b);
+let a = random_uniform(1, [100, 300], 0.0, 1.0);
+let b = random_uniform(2, [300, 800], 0.0, 1.0);
+let c = product.run(a, b);
+show("column sums of a @ b", c.sum([0]));
+show("(column sums of a) @ b", a.sum([0]) @ b);
+"#,
+};
 
 /// The example named `id`.
 pub fn example(id: &str) -> Option<&'static Example> {
@@ -534,6 +560,18 @@ mod tests {
             numbers(output(&report, "H by hessian(f)")),
             vec![6.0, 0.0, 0.0, 0.0, 12.0, 0.0, 0.0, 0.0, 18.0]
         );
+    }
+
+    #[test]
+    fn a_products_column_sums_equal_the_column_sums_times_b() {
+        let report = run(&PRODUCTS);
+        let sums = numbers(output(&report, "column sums of a @ b"));
+        let reassociated = numbers(output(&report, "(column sums of a) @ b"));
+        assert_eq!((sums.len(), reassociated.len()), (800, 800));
+        for (j, (x, y)) in sums.iter().zip(&reassociated).enumerate() {
+            // Two summation orders of 30,000 positive products.
+            assert!((x - y).abs() <= 1e-5 * y, "column {j}: {x} vs {y}");
+        }
     }
 
     #[test]

@@ -101,6 +101,7 @@ mod tests {
                 adapter: None,
                 unavailable: Some("no adapter".to_string()),
                 reopening: false,
+                relaxed_products: false,
             },
         })
         .unwrap();
@@ -108,7 +109,7 @@ mod tests {
             ready,
             serde_json::json!({"kind": "ready", "backend": {
                 "active": "cpu", "choices": ["cpu"], "adapter": null, "unavailable": "no adapter",
-                "reopening": false
+                "reopening": false, "relaxed_products": false
             }})
         );
         let switch = Request::SetBackend {

@@ -104,6 +104,22 @@ struct Page {
     editor: EditorHandle,
 }
 
+/// The first message to a worker (`worker.js`): this module, and the
+/// relaxed-SIMD kernel module `index.html` compiled (null where it did
+/// not).
+fn worker_start_message() -> JsValue {
+    let message = js_sys::Object::new();
+    let kernel = js_sys::Reflect::get(&js_sys::global(), &"kilnRelaxedKernel".into())
+        .ok()
+        .filter(|kernel| !kernel.is_undefined())
+        .unwrap_or(JsValue::NULL);
+    for (key, value) in [("module", wasm_bindgen::module()), ("kernel", kernel)] {
+        // Setting a property of a fresh plain object cannot fail.
+        let _ = js_sys::Reflect::set(&message, &key.into(), &value);
+    }
+    message.into()
+}
+
 impl Page {
     /// Starts the worker that runs scripts (the one `index.html` started,
     /// the first time); `cpu_first` for one that must not touch WebGPU
@@ -120,8 +136,9 @@ impl Page {
                 match Worker::new_with_options("./worker.js", &options) {
                     // The worker instantiates the page's own compiled
                     // module rather than fetching and compiling it again
-                    // (`worker.js` waits for it).
-                    Ok(worker) => match worker.post_message(&wasm_bindgen::module()) {
+                    // (`worker.js` waits for it), and the relaxed-SIMD
+                    // kernel where `index.html` loaded it.
+                    Ok(worker) => match worker.post_message(&worker_start_message()) {
                         Ok(()) => (worker, Early::default()),
                         Err(e) => {
                             self.status.set(Status::Failed(format!(
@@ -804,7 +821,10 @@ fn backend_controls(page: Page) -> impl IntoView {
         return view! { <span id="backend">"backend: …"</span> }.into_any();
     };
     let active = BackendChoice::of_backend(&status.active);
-    let note = status.unavailable.clone().unwrap_or_default();
+    let note = match &status.unavailable {
+        Some(why) => format!("{why}\n{}", status.cpu_products()),
+        None => status.cpu_products().to_string(),
+    };
     let choices = status.choices.clone();
     view! {
         <span id="backend" title=note>"backend: " {status.label()}</span>

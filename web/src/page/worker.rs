@@ -54,6 +54,65 @@ struct Worker {
     reopening: Cell<bool>,
 }
 
+#[wasm_bindgen]
+extern "C" {
+    /// The relaxed-SIMD kernel module's `block_product`, which `worker.js`
+    /// puts on the worker's global scope (instantiated on this module's
+    /// memory) before it calls [`use_relaxed_kernel`].
+    #[wasm_bindgen(js_namespace = globalThis, js_name = kilnRelaxedBlockProduct)]
+    #[allow(clippy::too_many_arguments)]
+    fn relaxed_block_product_js(
+        a: usize,
+        b: usize,
+        depth: usize,
+        height: usize,
+        width: usize,
+        c: usize,
+        ldc: usize,
+        add: u32,
+        scratch: usize,
+    );
+}
+
+/// [`kiln::ops::matmul::BlockProduct`] by the kernel module: this module's
+/// memory is the one the kernel module imported, so the pointers are its
+/// addresses.
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn relaxed_block_product(
+    a: *const f32,
+    b: *const f32,
+    depth: usize,
+    height: usize,
+    width: usize,
+    c: *mut f32,
+    ldc: usize,
+    add: u32,
+    scratch: *mut f32,
+) {
+    relaxed_block_product_js(
+        a as usize,
+        b as usize,
+        depth,
+        height,
+        width,
+        c as usize,
+        ldc,
+        add,
+        scratch as usize,
+    );
+}
+
+/// Runs the CPU executor's f32 products on the relaxed-SIMD kernel module
+/// from now on; called by `worker.js` (before [`start_worker`]) where the
+/// page loaded that module. Returns whether it took effect.
+#[wasm_bindgen]
+pub fn use_relaxed_kernel() -> bool {
+    // SAFETY: the global is the kernel module's `block_product`,
+    // instantiated on this module's memory (`worker.js`), which keeps the
+    // contract (`kiln-relaxed-kernel`).
+    unsafe { kiln::ops::matmul::use_relaxed_block_product(relaxed_block_product) }
+}
+
 /// Starts answering the page's messages; called by `worker.js` once the
 /// module is loaded. Requests that come while WebGPU is being opened wait
 /// (a worker named [`CPU_FIRST_WORKER`] answers on the CPU at once).
@@ -213,6 +272,7 @@ impl Worker {
             adapter: self.adapter.borrow().clone(),
             unavailable: self.unavailable.borrow().clone(),
             reopening: self.reopening.get(),
+            relaxed_products: kiln::ops::matmul::relaxed_block_product_in_use(),
         }
     }
 
