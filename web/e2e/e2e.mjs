@@ -478,7 +478,7 @@ if (mode === "webgpu") {
     ["custom-node", "tanh (a miss: act differs)"], ["shapeless", "n = 9"], ["read-later", "out"],
     ["mlp", "row sums"], ["donation", "params"], ["gradient", "loss after 40 steps"],
     ["custom-op", "kernel, 70 x 3"], ["quantized", "squared norm of W1, materialized"],
-    ["per-example", "H by hessian(f)"], ["products", "(column sums of a) @ b"],
+    ["per-example", "H by hessian(f)"], ["products", "largest difference to v @ (decoded weight)"],
   ]) {
     await check(`verify-${id}`, async () => {
       await runExample(id, label);

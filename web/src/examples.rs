@@ -35,13 +35,15 @@ pub const PRODUCTS: Example = Example {
     id: "products",
     title: "Matrix products on the CPU's kernels",
     explanation: "`a @ b` is 100×300 by 300×800: several packed blocks of the CPU executor's \
-                  kernel, two 256-deep passes, and partial tiles at every edge. In a browser \
-                  that runs relaxed SIMD the products go to a small kernel module of their own \
-                  (fused multiply-adds; the rest of Kiln never uses relaxed SIMD, whose \
-                  minimum and maximum vary by processor); elsewhere, and with `?simd=128` in \
-                  the address, to the simd128 kernel (a multiply, then an add). The header's \
-                  tooltip names the one in use. The column sums of `a @ b` equal \
-                  `(column sums of a) @ b` up to rounding; Verify compares both with WebGPU.",
+                  kernel, two 256-deep passes, and partial tiles at every edge. `v @ q` is one \
+                  row times a 4-bit weight: each output decodes one row of packed codes in \
+                  registers. In a browser that runs relaxed SIMD both go to a small kernel \
+                  module of their own (fused multiply-adds; the rest of Kiln never uses \
+                  relaxed SIMD, whose minimum and maximum vary by processor); elsewhere, and \
+                  with `?simd=128` in the address, to the simd128 kernels (a multiply, then an \
+                  add). The header's tooltip names the one in use. The column sums of `a @ b` \
+                  equal `(column sums of a) @ b`, and `v @ q` the product with the decoded \
+                  weight, up to rounding; Verify compares everything with WebGPU.",
     script: r#"// 100×300 by 300×800: more than one packed block of the CPU kernel.
 // Operands in [0, 1): sums without cancellation, so rounding stays
 // relative to each value.
@@ -51,6 +53,18 @@ let b = random_uniform(2, [300, 800], 0.0, 1.0);
 let c = product.run(a, b);
 show("column sums of a @ b", c.sum([0]));
 show("(column sums of a) @ b", a.sum([0]) @ b);
+
+// One row times a 4-bit weight (groups of 64): a matrix-vector product
+// straight from the packed codes.
+let w = random_uniform(3, [512, 256], 0.0, 1.0);
+let q = quantize_affine(w, 4, 64);
+let v = random_uniform(4, [1, 512], 0.0, 1.0);
+let y = compile(|v, q| v @ q).run(v, q);
+show("v @ q, 4-bit", y);
+// The decoded f32 weight: no handler adds to a quantized weight, so it is
+// materialized.
+let decoded = compile(|q| implicit(q) + 0.0).run(q);
+show("largest difference to v @ (decoded weight)", (v @ decoded - y).abs().max());
 "#,
 };
 
@@ -563,7 +577,7 @@ mod tests {
     }
 
     #[test]
-    fn a_products_column_sums_equal_the_column_sums_times_b() {
+    fn products_agree_with_their_reassociation_and_the_decoded_weight() {
         let report = run(&PRODUCTS);
         let sums = numbers(output(&report, "column sums of a @ b"));
         let reassociated = numbers(output(&report, "(column sums of a) @ b"));
@@ -572,6 +586,25 @@ mod tests {
             // Two summation orders of 30,000 positive products.
             assert!((x - y).abs() <= 1e-5 * y, "column {j}: {x} vs {y}");
         }
+        let y = numbers(output(&report, "v @ q, 4-bit"));
+        assert_eq!(y.len(), 256);
+        let largest = y.iter().copied().fold(0.0f64, f64::max);
+        // Sums of 512 products in [0, 1), each side within the classical
+        // bound (one more rounding for the decoded weights); nothing lost
+        // to quantization, which both products share.
+        let difference = numbers(output(
+            &report,
+            "largest difference to v @ (decoded weight)",
+        ));
+        let bound = 2.0 * kiln::ops::matmul::error_bound(513, largest);
+        assert!(
+            difference.len() == 1 && difference[0] <= bound,
+            "{difference:?} vs {bound}"
+        );
+        assert!(
+            difference[0] < 1e-3 && largest > 64.0,
+            "{difference:?}, {largest}"
+        );
     }
 
     #[test]

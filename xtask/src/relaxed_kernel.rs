@@ -10,6 +10,9 @@ use wasmparser::{Operator, Parser, Payload, TypeRef};
 /// The name the site serves it under (`web/static/index.html` fetches it).
 pub const SERVED: &str = "kiln_relaxed_kernel.wasm";
 
+/// The functions the module exports (Kiln's `RelaxedKernels`).
+const EXPORTS: [&str; 2] = ["block_product", "affine_dot"];
+
 /// Builds the module with the cargo `profile` and checks it
 /// ([`check_shares_memory_safely`]); returns its path.
 pub fn build(profile: &str) -> Result<PathBuf, String> {
@@ -27,10 +30,10 @@ pub fn build(profile: &str) -> Result<PathBuf, String> {
 /// called with its addresses: it imports its one memory (`env.memory`)
 /// and defines none, has no data segment (instantiation would write it
 /// into that memory), reads or writes no global (the shadow-stack pointer,
-/// whose stack would lie in that memory too) and exports `block_product`.
+/// whose stack would lie in that memory too) and exports [`EXPORTS`].
 pub fn check_shares_memory_safely(bytes: &[u8]) -> Result<(), String> {
     let mut imports_memory = false;
-    let mut exports_product = false;
+    let mut exported = [false; EXPORTS.len()];
     for payload in Parser::new(0).parse_all(bytes) {
         match payload.map_err(|e| format!("unreadable module: {e}"))? {
             Payload::ImportSection(imports) => {
@@ -59,7 +62,9 @@ pub fn check_shares_memory_safely(bytes: &[u8]) -> Result<(), String> {
             Payload::ExportSection(exports) => {
                 for export in exports {
                     let export = export.map_err(|e| format!("unreadable export: {e}"))?;
-                    exports_product |= export.name == "block_product";
+                    for (found, name) in exported.iter_mut().zip(EXPORTS) {
+                        *found |= export.name == name;
+                    }
                 }
             }
             Payload::CodeSectionEntry(body) => {
@@ -84,10 +89,12 @@ pub fn check_shares_memory_safely(bytes: &[u8]) -> Result<(), String> {
             _ => {}
         }
     }
-    match (imports_memory, exports_product) {
-        (false, _) => Err("it does not import env.memory".to_string()),
-        (_, false) => Err("it does not export block_product".to_string()),
-        _ => Ok(()),
+    if !imports_memory {
+        return Err("it does not import env.memory".to_string());
+    }
+    match EXPORTS.iter().zip(exported).find(|&(_, found)| !found) {
+        Some((name, _)) => Err(format!("it does not export {name}")),
+        None => Ok(()),
     }
 }
 
@@ -100,12 +107,14 @@ mod tests {
         MemoryType, Module, TypeSection, ValType,
     };
 
-    /// What a test module holds besides one `block_product` function.
+    /// What a test module holds besides one function, exported under
+    /// every name of [`EXPORTS`] but those `missing`.
     #[derive(Default)]
     struct Parts {
         own_memory: bool,
         data: bool,
         global_get: bool,
+        missing: &'static [&'static str],
     }
 
     fn module(parts: Parts) -> Vec<u8> {
@@ -142,7 +151,9 @@ mod tests {
         globals.global(global, &ConstExpr::i32_const(1 << 20));
         module.section(&globals);
         let mut exports = ExportSection::new();
-        exports.export("block_product", ExportKind::Func, 0);
+        for name in EXPORTS.iter().filter(|name| !parts.missing.contains(name)) {
+            exports.export(name, ExportKind::Func, 0);
+        }
         module.section(&exports);
         let mut code = CodeSection::new();
         let mut body = Function::new([]);
@@ -170,7 +181,7 @@ mod tests {
     }
 
     #[test]
-    fn data_a_shadow_stack_or_a_memory_of_its_own_is_refused() {
+    fn data_a_shadow_stack_a_memory_of_its_own_or_a_missing_export_is_refused() {
         let refusal = |parts| check_shares_memory_safely(&module(parts)).unwrap_err();
         assert!(refusal(Parts {
             data: true,
@@ -187,5 +198,12 @@ mod tests {
             ..Parts::default()
         })
         .contains("memory of its own"));
+        assert_eq!(
+            refusal(Parts {
+                missing: &["affine_dot"],
+                ..Parts::default()
+            }),
+            "it does not export affine_dot"
+        );
     }
 }

@@ -1,6 +1,8 @@
-//! Kiln's f32 block product with relaxed-SIMD fused multiply-adds, built
-//! for wasm32 as a module of its own (a few kilobytes) that imports the
-//! playground's memory and is called once per packed block.
+//! Kiln's f32 block product and affine quantized row dot with relaxed-SIMD
+//! fused multiply-adds, built for wasm32 as a module of its own (a few
+//! kilobytes) that imports the playground's memory: the block product is
+//! called once per packed block, the row dot once per row of a quantized
+//! weight in a matrix-vector product.
 //!
 //! Why a module of its own: wasm32's LLVM backend applies a function's
 //! target features to the whole module, so enabling `relaxed-simd` in the
@@ -18,8 +20,11 @@
 //! Numerics: each output of the block is `depth` steps of
 //! `f32x4.relaxed_madd` in `k` order from zero (fused where the processor
 //! has FMA: every x86-64 with AVX2 and every arm64; else a multiply, then
-//! an add), then written to `c` or added to it. Natively the lanes are
-//! arrays with `f32::mul_add`, so `kiln`'s tests check this code's bits.
+//! an add), then written to `c` or added to it. The row dot decodes each
+//! code as one `relaxed_madd` of the group's scale and bias, as Kiln's
+//! native kernels do with FMA, and sums the products in [`ACCUMULATORS`]
+//! partial sums. Natively the lanes are arrays with `f32::mul_add`, so
+//! `kiln`'s tests check this code.
 #![cfg_attr(target_arch = "wasm32", no_std)]
 #![warn(missing_docs)]
 
@@ -114,6 +119,119 @@ pub unsafe extern "C" fn block_product(
     }
 }
 
+/// Partial sums of [`affine_dot`], each of four lanes: enough that the
+/// fused multiply-adds into them do not wait on one another.
+pub const ACCUMULATORS: usize = 4;
+
+/// `x · w` for one row `w` of an affine quantized weight with `bits`-bit
+/// codes (2, 4 or 8), in `groups` groups of `group_words` words (a
+/// multiple of four), each code decoded as `scale·code + bias` with its
+/// group's `scales[g]` and `biases[g]`. Codes lie in each word from the
+/// low bits up; `x` is in the order the dot reads it: group by group, for
+/// each code position `j` of a word, the `x` value of code `j` of every
+/// word of the group, word by word.
+///
+/// Code `j` of every word goes to partial sum `j mod` [`ACCUMULATORS`],
+/// four words (one vector) at a time in word order; at the end the sums
+/// are added pairwise, then their lanes.
+///
+/// # Safety
+///
+/// `bits` is 2, 4 or 8, `group_words` a multiple of four, and `words`
+/// (`groups·group_words`), `x` (`groups·group_words·32/bits`), `scales`
+/// and `biases` (`groups` each) are readable.
+#[cfg_attr(target_arch = "wasm32", no_mangle)]
+#[cfg_attr(
+    target_arch = "wasm32",
+    target_feature(enable = "simd128,relaxed-simd")
+)]
+pub unsafe extern "C" fn affine_dot(
+    bits: u32,
+    words: *const u32,
+    x: *const f32,
+    scales: *const f32,
+    biases: *const f32,
+    groups: usize,
+    group_words: usize,
+) -> f32 {
+    let row = Row {
+        words,
+        x,
+        scales,
+        biases,
+        groups,
+        group_words,
+    };
+    // SAFETY (all three): the contract.
+    match bits {
+        2 => unsafe { row.dot::<2>() },
+        4 => unsafe { row.dot::<4>() },
+        8 => unsafe { row.dot::<8>() },
+        _ => refuse(),
+    }
+}
+
+/// The operands of [`affine_dot`].
+struct Row {
+    words: *const u32,
+    x: *const f32,
+    scales: *const f32,
+    biases: *const f32,
+    groups: usize,
+    group_words: usize,
+}
+
+impl Row {
+    /// [`affine_dot`] for `BITS`-bit codes.
+    ///
+    /// # Safety
+    ///
+    /// As for [`affine_dot`].
+    #[inline(always)]
+    unsafe fn dot<const BITS: u32>(&self) -> f32 {
+        let codes = (32 / BITS) as usize;
+        let mask = U32x4::splat((1 << BITS) - 1);
+        let mut acc = [F32x4::ZERO; ACCUMULATORS];
+        for g in 0..self.groups {
+            // SAFETY (this loop): group `g` of every operand (contract).
+            unsafe {
+                let scale = F32x4::splat(*self.scales.add(g));
+                let bias = F32x4::splat(*self.biases.add(g));
+                let words = self.words.add(g * self.group_words);
+                let x = self.x.add(g * self.group_words * codes);
+                for v in (0..self.group_words).step_by(LANES) {
+                    let packed = U32x4::read(words.add(v));
+                    // Indexed by a constant once unrolled, the partial sums
+                    // stay in locals (a variable index would put them on
+                    // the shadow stack, in the shared memory).
+                    for first in (0..codes).step_by(ACCUMULATORS) {
+                        for (a, sum) in acc.iter_mut().enumerate() {
+                            let j = first + a;
+                            let code = packed.shr(j as u32 * BITS).and(mask).to_f32();
+                            let weight = bias.mul_add(scale, code);
+                            let xs = F32x4::read(x.add(j * self.group_words + v));
+                            *sum = sum.mul_add(weight, xs);
+                        }
+                    }
+                }
+            }
+        }
+        acc[0].add(acc[1]).add(acc[2].add(acc[3])).sum()
+    }
+}
+
+/// The end of a call that broke its contract.
+#[cfg(target_arch = "wasm32")]
+fn refuse() -> ! {
+    core::arch::wasm32::unreachable()
+}
+
+/// The end of a call that broke its contract.
+#[cfg(not(target_arch = "wasm32"))]
+fn refuse() -> ! {
+    unreachable!("affine_dot takes codes of 2, 4 or 8 bits")
+}
+
 /// The [`ROWS`]×[`COLS`] product of a packed panel of `a` and one of `b`,
 /// each `depth` deep.
 ///
@@ -143,7 +261,8 @@ unsafe fn tile(a: *const f32, b: *const f32, depth: usize) -> [[F32x4; VECTORS];
 mod lanes {
     //! The four-lane vector as wasm's `v128`.
     use core::arch::wasm32::{
-        f32x4_add, f32x4_relaxed_madd, f32x4_splat, v128, v128_load, v128_store,
+        f32x4_add, f32x4_convert_i32x4, f32x4_extract_lane, f32x4_relaxed_madd, f32x4_splat,
+        u32x4_shr, u32x4_splat, v128, v128_and, v128_load, v128_store,
     };
 
     /// Four f32 values.
@@ -185,6 +304,50 @@ mod lanes {
         #[inline(always)]
         pub fn mul_add(self, x: F32x4, y: F32x4) -> F32x4 {
             F32x4(f32x4_relaxed_madd(x.0, y.0, self.0))
+        }
+
+        /// `(l0 + l1) + (l2 + l3)`.
+        #[inline(always)]
+        pub fn sum(self) -> f32 {
+            (f32x4_extract_lane::<0>(self.0) + f32x4_extract_lane::<1>(self.0))
+                + (f32x4_extract_lane::<2>(self.0) + f32x4_extract_lane::<3>(self.0))
+        }
+    }
+
+    /// Four u32 values.
+    #[derive(Clone, Copy)]
+    pub(super) struct U32x4(v128);
+
+    impl U32x4 {
+        /// # Safety
+        ///
+        /// Four values are readable at `ptr`.
+        #[inline(always)]
+        pub unsafe fn read(ptr: *const u32) -> U32x4 {
+            // SAFETY: contract.
+            U32x4(unsafe { v128_load(ptr.cast()) })
+        }
+
+        #[inline(always)]
+        pub fn splat(x: u32) -> U32x4 {
+            U32x4(u32x4_splat(x))
+        }
+
+        #[inline(always)]
+        pub fn shr(self, bits: u32) -> U32x4 {
+            U32x4(u32x4_shr(self.0, bits))
+        }
+
+        #[inline(always)]
+        pub fn and(self, rhs: U32x4) -> U32x4 {
+            U32x4(v128_and(self.0, rhs.0))
+        }
+
+        /// Each lane as f32; lanes below 2³¹, so a signed conversion (one
+        /// instruction) is exact.
+        #[inline(always)]
+        pub fn to_f32(self) -> F32x4 {
+            F32x4(f32x4_convert_i32x4(self.0))
         }
     }
 }
@@ -228,10 +391,45 @@ mod lanes {
         pub fn mul_add(self, x: F32x4, y: F32x4) -> F32x4 {
             F32x4(core::array::from_fn(|l| x.0[l].mul_add(y.0[l], self.0[l])))
         }
+
+        /// `(l0 + l1) + (l2 + l3)`.
+        pub fn sum(self) -> f32 {
+            (self.0[0] + self.0[1]) + (self.0[2] + self.0[3])
+        }
+    }
+
+    /// Four u32 values.
+    #[derive(Clone, Copy)]
+    pub(super) struct U32x4([u32; 4]);
+
+    impl U32x4 {
+        /// # Safety
+        ///
+        /// Four values are readable at `ptr`.
+        pub unsafe fn read(ptr: *const u32) -> U32x4 {
+            // SAFETY: contract.
+            U32x4(unsafe { ptr.cast::<[u32; 4]>().read_unaligned() })
+        }
+
+        pub fn splat(x: u32) -> U32x4 {
+            U32x4([x; 4])
+        }
+
+        pub fn shr(self, bits: u32) -> U32x4 {
+            U32x4(self.0.map(|v| v >> bits))
+        }
+
+        pub fn and(self, rhs: U32x4) -> U32x4 {
+            U32x4(core::array::from_fn(|l| self.0[l] & rhs.0[l]))
+        }
+
+        pub fn to_f32(self) -> F32x4 {
+            F32x4(self.0.map(|v| v as f32))
+        }
     }
 }
 
-use lanes::F32x4;
+use lanes::{F32x4, U32x4};
 
 #[cfg(target_arch = "wasm32")]
 #[panic_handler]

@@ -9,9 +9,6 @@
 //! [`error_bound`] of the exact product. Integer products wrap and are
 //! exact.
 
-#[cfg(target_arch = "wasm32")]
-pub use super::product::{relaxed_block_product_in_use, use_relaxed_block_product, BlockProduct};
-
 use super::batching::Batched;
 use super::product::{self, Product, View};
 use super::strided::{

@@ -27,7 +27,8 @@ mod product;
 mod qmm;
 pub mod quant;
 pub mod reduce;
-
+#[cfg(any(target_arch = "wasm32", test))]
+pub mod relaxed;
 pub mod scatter;
 pub mod select;
 mod strided;

@@ -1,10 +1,10 @@
 //! f32 matrix products on packed, register-blocked microkernels, split
 //! across [`crate::exec::cpu_threads`] threads by output columns: natively
 //! the `gemm` crate's (AVX2/AVX-512/NEON, picked at run time), on wasm32
-//! Kiln's own simd128 kernel (`product/packed.rs`), a quarter faster in a browser
-//! than the crate's, or, where the host handed it over
-//! (`ops::matmul::use_relaxed_block_product`), the relaxed-SIMD kernel module's block
-//! product (fused multiply-adds) on the same packing.
+//! Kiln's own simd128 kernel (`product/packed.rs`), a quarter faster in a
+//! browser than the crate's, or, where the host handed it over
+//! (`ops::relaxed::use_relaxed_kernels`), the relaxed-SIMD kernel module's
+//! block product (fused multiply-adds) on the same packing.
 //!
 //! Every operand is a strided view, so a transposed operand is read in
 //! place. Numerics: each output is a sum of `k` products accumulated in f32
@@ -25,8 +25,6 @@ use crate::threads::for_each_task;
 
 #[cfg(any(target_arch = "wasm32", test))]
 mod packed;
-#[cfg(target_arch = "wasm32")]
-pub use packed::{relaxed_block_product_in_use, use_relaxed_block_product, BlockProduct};
 
 /// A read-only matrix view: element `(i, j)` is `data[i·row_stride +
 /// j·col_stride]`.

@@ -245,7 +245,7 @@ const fn unit(bits: u32) -> (usize, usize) {
 /// the group, word by word (`[group][j][word]`; int8's group is the row). Otherwise, for each run of [`LANES`] units, code `j` of
 /// every lane's unit, lane by lane; the tail after the last full run stays
 /// in order.
-fn permute(x: &[f32], format: QuantFormat) -> Vec<f32> {
+pub(super) fn permute(x: &[f32], format: QuantFormat) -> Vec<f32> {
     let (words_per_unit, codes) = unit(format.bits());
     if words_per_unit == 1 {
         let group = format.group_size().unwrap_or(x.len()).max(1);
@@ -329,8 +329,15 @@ pub(super) const ISAS: &[Isa] = &[
 ];
 
 /// `x · w[row]` for `x` [`permute`]d, decoding the codes in registers with
-/// the kernels of `isa`.
+/// the kernels of `isa`, or on wasm32 with the relaxed kernel module's row
+/// dot where the host handed it over and it takes the format.
 fn fused_dot(isa: Isa, w: &Weight, row: usize, xp: &[f32]) -> f32 {
+    #[cfg(target_arch = "wasm32")]
+    if let Some(dot) = crate::ops::relaxed::kernels()
+        .and_then(|kernels| relaxed_affine_dot(kernels.affine_dot, w, row, xp))
+    {
+        return dot;
+    }
     match w.format {
         QuantFormat::Affine { bits: 2, .. } => dispatch::<2, 0>(isa, w, row, xp),
         QuantFormat::Affine { bits: 3, .. } => dispatch::<3, 0>(isa, w, row, xp),
@@ -341,6 +348,50 @@ fn fused_dot(isa: Isa, w: &Weight, row: usize, xp: &[f32]) -> f32 {
         QuantFormat::Nf4 => dispatch::<4, 1>(isa, w, row, xp),
         QuantFormat::Int8 => dispatch::<8, 2>(isa, w, row, xp),
     }
+}
+
+/// `x · w[row]` for `x` [`permute`]d on `dot`, the relaxed kernel
+/// module's row dot, for the affine formats it takes (2, 4 or 8 bits in
+/// groups of a multiple of four words); `None` for any other.
+#[cfg(any(target_arch = "wasm32", test))]
+pub(super) fn relaxed_affine_dot(
+    dot: crate::ops::relaxed::AffineDot,
+    w: &Weight,
+    row: usize,
+    xp: &[f32],
+) -> Option<f32> {
+    let QuantFormat::Affine {
+        bits: bits @ (2 | 4 | 8),
+        group_size,
+    } = w.format
+    else {
+        return None;
+    };
+    let per_word = (32 / bits) as usize;
+    let group_words = group_size / per_word;
+    if !group_words.is_multiple_of(4) || w.dtype != DType::F32 || xp.len() != w.cols {
+        return None;
+    }
+    let row_words = w.cols / per_word;
+    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let (scales, biases) = row_scales(w, row);
+    let biases = biases?;
+    // SAFETY: `dot` keeps the contract of `AffineDot` (the host's promise
+    // to `use_relaxed_kernels`, or the kernel crate's own function in
+    // tests); it reads `groups_per_row` groups of `group_words` words, of
+    // `group_size` values of `xp` and one scale and bias each: the row's
+    // slices, whole.
+    Some(unsafe {
+        dot(
+            bits,
+            words.as_ptr(),
+            xp.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            w.groups_per_row,
+            group_words,
+        )
+    })
 }
 
 /// [`row_kernel`] compiled for `isa`, or for 4-bit codes (affine and NF4)

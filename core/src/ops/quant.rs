@@ -1631,23 +1631,8 @@ mod tests {
             .chain([QuantFormat::Nf4])
         {
             let q = quantize(&matrix(wavy(rows * cols, 7, 1.5), &[rows, cols]), format);
-            let parts = [&q.packed, &q.scales]
-                .into_iter()
-                .chain(q.biases.as_ref())
-                .map(|a| a.data().expect("evaluates"))
-                .collect::<Vec<_>>();
-            let shapes = [&q.packed, &q.scales]
-                .into_iter()
-                .chain(q.biases.as_ref())
-                .map(|a| a.shape().as_known().expect("known"))
-                .collect::<Vec<_>>();
-            let w = Weight::new(
-                "test",
-                format,
-                &parts.iter().map(|p| &**p).collect::<Vec<_>>(),
-                &shapes.iter().map(Vec::as_slice).collect::<Vec<_>>(),
-            )
-            .expect("one weight");
+            let (parts, shapes) = weight_parts(&q);
+            let w = weight(format, &parts, &shapes);
             for row in 0..rows {
                 let mut reference = vec![0.0f32; cols];
                 w.decode_cols(row, 0, &mut reference);
@@ -1665,6 +1650,76 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_relaxed_row_dot_is_within_the_bound_for_every_format_it_takes() {
+        // The relaxed kernel module's `affine_dot` (natively on array lanes
+        // with fused multiply-adds, as the browser's `relaxed_madd` on a
+        // processor with FMA) on Kiln's permuted x and weight rows. k = 768
+        // holds whole groups of every size.
+        let (k, n) = (768, 24);
+        let x = wavy(k, 6, 1.0);
+        let formats = AFFINE_BITS
+            .iter()
+            .flat_map(|&bits| AFFINE_GROUP_SIZES.map(|group| QuantFormat::affine(bits, group)))
+            .chain([QuantFormat::Nf4, QuantFormat::Int8]);
+        let mut taken = Vec::new();
+        for format in formats {
+            let q = quantize(&matrix(wavy(n * k, 5, 1.0), &[n, k]), format);
+            let (parts, shapes) = weight_parts(&q);
+            let w = weight(format, &parts, &shapes);
+            let xp = qmm::permute(&x, format);
+            let got = (0..n)
+                .map(|row| qmm::relaxed_affine_dot(kiln_relaxed_kernel::affine_dot, &w, row, &xp))
+                .collect::<Option<Vec<f32>>>();
+            let Some(got) = got else {
+                continue;
+            };
+            taken.push(format.to_string());
+            let deq = f32s(&q.dequantize().swap_axes(-1, -2));
+            let checked = within_bound(&x, &deq, &got, (1, 1, k));
+            assert!(checked.is_ok(), "{format}: {checked:?}");
+        }
+        // Groups of a multiple of four words: all but 2-bit groups of 32.
+        let expected = [
+            (2, 64),
+            (2, 128),
+            (4, 32),
+            (4, 64),
+            (4, 128),
+            (8, 32),
+            (8, 64),
+            (8, 128),
+        ]
+        .map(|(bits, group)| QuantFormat::affine(bits, group).to_string());
+        assert_eq!(taken, expected);
+    }
+
+    /// The parts of `q` as host data, and their shapes.
+    fn weight_parts(q: &Quantized) -> (Vec<std::sync::Arc<HostData>>, Vec<Vec<usize>>) {
+        let arrays = [&q.packed, &q.scales].into_iter().chain(q.biases.as_ref());
+        arrays
+            .map(|a| {
+                let data = a.data().expect("evaluates");
+                (data, a.shape().as_known().expect("known"))
+            })
+            .unzip()
+    }
+
+    /// The weight of [`weight_parts`].
+    fn weight<'a>(
+        format: QuantFormat,
+        parts: &'a [std::sync::Arc<HostData>],
+        shapes: &[Vec<usize>],
+    ) -> Weight<'a> {
+        Weight::new(
+            "test",
+            format,
+            &parts.iter().map(|p| &**p).collect::<Vec<_>>(),
+            &shapes.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        )
+        .expect("one weight")
     }
 
     /// Runs `f` with the kernels no wider than `isa`, one test at a time

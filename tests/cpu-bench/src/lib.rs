@@ -80,6 +80,40 @@ fn uniform(shape: &[usize], seed: u64) -> Array {
 /// ([`kiln::ops::matmul::error_bound`]) on every 61st row and the last, all
 /// columns: the browser's timed product is checked before it is timed.
 pub fn product_is_within_bound(n: usize, a: &Array, b: &Array, product: &Array) -> bool {
+    rows_within_bound((n, n, n), 0, a, b, product)
+}
+
+/// True when `product`, [`quantized_product`] (when `quantized`) or
+/// [`dense_product`] of `operands` ([`weight_operands`]), is within the f32
+/// error bound of the exact sums of `x` and the dequantized weight on
+/// every 61st row of `x` and the last, all columns; for the quantized
+/// product widened by one rounding of each decoded weight (kernels may
+/// decode with a fused multiply-add).
+pub fn weight_product_is_within_bound(
+    operands: &[Array],
+    product: &Array,
+    quantized: bool,
+) -> bool {
+    let m = operands[0].shape().as_known().map_or(0, |s| s[0]);
+    rows_within_bound(
+        (m, WEIGHT_SIDE, WEIGHT_SIDE),
+        usize::from(quantized),
+        &operands[0],
+        &operands[4],
+        product,
+    )
+}
+
+/// True when `product = a·b` (`m`×`k` by `k`×`n`) is within
+/// [`kiln::ops::matmul::error_bound`] of `k + roundings` terms of the
+/// exact sums on every 61st row and the last, all columns.
+fn rows_within_bound(
+    (m, k, n): (usize, usize, usize),
+    roundings: usize,
+    a: &Array,
+    b: &Array,
+    product: &Array,
+) -> bool {
     let (Ok(a), Ok(b), Ok(c)) = (
         a.to_vec::<f32>(),
         b.to_vec::<f32>(),
@@ -87,12 +121,15 @@ pub fn product_is_within_bound(n: usize, a: &Array, b: &Array, product: &Array) 
     ) else {
         return false;
     };
-    let rows = (0..n).filter(|&i| i % 61 == 0 || i + 1 == n);
+    if m == 0 || a.len() != m * k || b.len() != k * n || c.len() != m * n {
+        return false;
+    }
+    let rows = (0..m).filter(|&i| i % 61 == 0 || i + 1 == m);
     rows.flat_map(|i| (0..n).map(move |j| (i, j)))
         .all(|(i, j)| {
-            let products = (0..n).map(|p| f64::from(a[i * n + p]) * f64::from(b[p * n + j]));
+            let products = (0..k).map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]));
             let exact: f64 = products.clone().sum();
-            let bound = kiln::ops::matmul::error_bound(n, products.map(f64::abs).sum());
+            let bound = kiln::ops::matmul::error_bound(k + roundings, products.map(f64::abs).sum());
             (f64::from(c[i * n + j]) - exact).abs() <= bound
         })
 }
@@ -193,7 +230,7 @@ mod wasm {
 
     use super::{
         anchor_chain, dense_product, input, product_is_within_bound, quantized_product,
-        scalar_chain, square, unary_input, weight_operands, UNARY,
+        scalar_chain, square, unary_input, weight_operands, weight_product_is_within_bound, UNARY,
     };
     use kiln::{compile, Array};
     use std::cell::RefCell;
@@ -237,16 +274,33 @@ mod wasm {
             add: u32,
             scratch: *mut f32,
         );
+
+        /// The relaxed-SIMD kernel module's `affine_dot`, instantiated by
+        /// the harness on this module's memory.
+        fn relaxed_affine_dot(
+            bits: u32,
+            words: *const u32,
+            x: *const f32,
+            scales: *const f32,
+            biases: *const f32,
+            groups: usize,
+            group_words: usize,
+        ) -> f32;
     }
 
-    /// Runs the f32 products on the relaxed-SIMD kernel module from now on
+    /// Runs the f32 products and the affine quantized matrix-vector
+    /// products on the relaxed-SIMD kernel module from now on
     /// (`cpu_wasm_relaxed_*`); returns 1 when that took effect.
     #[no_mangle]
     pub extern "C" fn kiln_bench_use_relaxed_kernel() -> u32 {
-        // SAFETY: the harness provides the kernel module's block product,
-        // instantiated on this module's memory, which keeps the contract
+        let kernels = kiln::ops::relaxed::RelaxedKernels {
+            block_product: relaxed_block_product,
+            affine_dot: relaxed_affine_dot,
+        };
+        // SAFETY: the harness provides the kernel module's functions,
+        // instantiated on this module's memory, which keep their contracts
         // (`kiln-relaxed-kernel`).
-        u32::from(unsafe { kiln::ops::matmul::use_relaxed_block_product(relaxed_block_product) })
+        u32::from(unsafe { kiln::ops::relaxed::use_relaxed_kernels(kernels) })
     }
 
     /// Prepares a program: `0..UNARY.len()` a unary op, `100` the anchors'
@@ -254,7 +308,7 @@ mod wasm {
     /// the f32 product of two `length`×`length` operands (its result
     /// checked by [`product_is_within_bound`]), `103` the 4-bit product and
     /// `104` the dense one of a `length`-row `x` and the 4096×4096 weight
-    /// ([`weight_operands`]). Makes its first call; returns 1 when that
+    /// ([`weight_operands`], checked by [`weight_product_is_within_bound`]). Makes its first call; returns 1 when that
     /// succeeded, 0 otherwise.
     #[no_mangle]
     pub extern "C" fn kiln_bench_prepare(program: u32, length: u32) -> u32 {
@@ -282,12 +336,19 @@ mod wasm {
             }
             103 | 104 => {
                 let operands = weight_operands(n);
-                let program = if program == 103 {
+                let quantized = program == 103;
+                let program = if quantized {
                     quantized_product
                 } else {
                     dense_product
                 };
                 let f = compile(move |operands: Vec<Array>| program(&operands));
+                let checked = f
+                    .call(&operands)
+                    .is_ok_and(|out| weight_product_is_within_bound(&operands, &out, quantized));
+                if !checked {
+                    return 0;
+                }
                 Box::new(move || f.call(&operands).is_ok_and(|out| out.eval().is_ok()))
             }
             k => match UNARY.get(k as usize) {

@@ -72,11 +72,24 @@ extern "C" {
         add: u32,
         scratch: usize,
     );
+
+    /// The relaxed-SIMD kernel module's `affine_dot`, put beside
+    /// [`relaxed_block_product_js`] by `worker.js`.
+    #[wasm_bindgen(js_namespace = globalThis, js_name = kilnRelaxedAffineDot)]
+    fn relaxed_affine_dot_js(
+        bits: u32,
+        words: usize,
+        x: usize,
+        scales: usize,
+        biases: usize,
+        groups: usize,
+        group_words: usize,
+    ) -> f32;
 }
 
-/// [`kiln::ops::matmul::BlockProduct`] by the kernel module: this module's
-/// memory is the one the kernel module imported, so the pointers are its
-/// addresses.
+/// [`kiln::ops::relaxed::BlockProduct`] by the kernel module: this
+/// module's memory is the one the kernel module imported, so the pointers
+/// are its addresses.
 #[allow(clippy::too_many_arguments)]
 unsafe extern "C" fn relaxed_block_product(
     a: *const f32,
@@ -102,15 +115,42 @@ unsafe extern "C" fn relaxed_block_product(
     );
 }
 
-/// Runs the CPU executor's f32 products on the relaxed-SIMD kernel module
-/// from now on; called by `worker.js` (before [`start_worker`]) where the
-/// page loaded that module. Returns whether it took effect.
+/// [`kiln::ops::relaxed::AffineDot`] by the kernel module, on this
+/// module's addresses as [`relaxed_block_product`].
+unsafe extern "C" fn relaxed_affine_dot(
+    bits: u32,
+    words: *const u32,
+    x: *const f32,
+    scales: *const f32,
+    biases: *const f32,
+    groups: usize,
+    group_words: usize,
+) -> f32 {
+    relaxed_affine_dot_js(
+        bits,
+        words as usize,
+        x as usize,
+        scales as usize,
+        biases as usize,
+        groups,
+        group_words,
+    )
+}
+
+/// Runs the CPU executor's f32 products and affine quantized
+/// matrix-vector products on the relaxed-SIMD kernel module from now on;
+/// called by `worker.js` (before [`start_worker`]) where the page loaded
+/// that module. Returns whether it took effect.
 #[wasm_bindgen]
 pub fn use_relaxed_kernel() -> bool {
-    // SAFETY: the global is the kernel module's `block_product`,
-    // instantiated on this module's memory (`worker.js`), which keeps the
-    // contract (`kiln-relaxed-kernel`).
-    unsafe { kiln::ops::matmul::use_relaxed_block_product(relaxed_block_product) }
+    let kernels = kiln::ops::relaxed::RelaxedKernels {
+        block_product: relaxed_block_product,
+        affine_dot: relaxed_affine_dot,
+    };
+    // SAFETY: the globals are the kernel module's functions, instantiated
+    // on this module's memory (`worker.js`), which keep their contracts
+    // (`kiln-relaxed-kernel`).
+    unsafe { kiln::ops::relaxed::use_relaxed_kernels(kernels) }
 }
 
 /// Starts answering the page's messages; called by `worker.js` once the
@@ -272,7 +312,7 @@ impl Worker {
             adapter: self.adapter.borrow().clone(),
             unavailable: self.unavailable.borrow().clone(),
             reopening: self.reopening.get(),
-            relaxed_products: kiln::ops::matmul::relaxed_block_product_in_use(),
+            relaxed_products: kiln::ops::relaxed::relaxed_kernels_in_use(),
         }
     }
 

@@ -16,8 +16,8 @@
 //! the classical bound of [`super::super::matmul::error_bound`].
 //!
 //! Where the host loaded the relaxed-SIMD kernel module
-//! (`kiln-relaxed-kernel`) and handed its block product to
-//! [`use_relaxed_block_product`], the operands are packed for its
+//! (`kiln-relaxed-kernel`) and handed its kernels to
+//! `ops::relaxed::use_relaxed_kernels`, the operands are packed for its
 //! [`RELAXED_ROWS`]×[`RELAXED_COLS`] tiles instead and each packed block
 //! goes to it: the same blocking and order, each step one fused
 //! multiply-add where the processor has FMA (in Chromium on an Intel Xeon,
@@ -27,10 +27,9 @@
 //! operations, so the native tests check the packing and blocking that the
 //! browser runs.
 
+use crate::ops::relaxed::BlockProduct;
 use lanes::F32x4;
 use std::cell::RefCell;
-#[cfg(target_arch = "wasm32")]
-use std::sync::OnceLock;
 
 /// Rows of `c` in a register tile (each of `a`'s values is splatted).
 const ROWS: usize = 4;
@@ -58,52 +57,6 @@ pub(crate) const RELAXED_ROWS: usize = 3;
 
 /// Columns of the relaxed kernel's tiles (`kiln_relaxed_kernel::COLS`).
 pub(crate) const RELAXED_COLS: usize = 12;
-
-/// A block product with the contract of `kiln_relaxed_kernel::block_product`:
-/// `(a, b, depth, height, width, c, ldc, add, scratch)` writes (or, when
-/// `add` is non-zero, adds) the product of a packed block of `a`
-/// ([`RELAXED_ROWS`]-row panels, `depth` deep) and one of `b`
-/// ([`RELAXED_COLS`]-column panels) to the `height`×`width` block of `c`
-/// at row stride `ldc`, using `scratch` (`RELAXED_ROWS·RELAXED_COLS`
-/// values) for partial tiles. Pointers and sizes are the host's (32-bit on
-/// wasm32).
-pub type BlockProduct = unsafe extern "C" fn(
-    *const f32,
-    *const f32,
-    usize,
-    usize,
-    usize,
-    *mut f32,
-    usize,
-    u32,
-    *mut f32,
-);
-
-/// The relaxed kernel's block product, once the host handed it over.
-#[cfg(target_arch = "wasm32")]
-static RELAXED: OnceLock<BlockProduct> = OnceLock::new();
-
-/// Makes every later f32 product on this target run its packed blocks on
-/// `product`, the relaxed-SIMD kernel module's `block_product` (the
-/// playground hands it over where the browser validates relaxed SIMD).
-/// The first product handed over stays; returns whether it was this one.
-///
-/// # Safety
-///
-/// `product` keeps the contract of [`BlockProduct`] for as long as the
-/// process runs: it reads only the packed blocks, writes only the block
-/// of `c` and the scratch, and computes the product.
-#[cfg(target_arch = "wasm32")]
-pub unsafe fn use_relaxed_block_product(product: BlockProduct) -> bool {
-    RELAXED.set(product).is_ok()
-}
-
-/// Whether f32 products run on the relaxed kernel's block product
-/// ([`use_relaxed_block_product`]).
-#[cfg(target_arch = "wasm32")]
-pub fn relaxed_block_product_in_use() -> bool {
-    RELAXED.get().is_some()
-}
 
 /// What computes the product of a packed block.
 #[derive(Clone, Copy)]
@@ -161,9 +114,9 @@ pub(crate) unsafe fn gemm(
     ldc: usize,
     accumulate: bool,
 ) {
-    let product = RELAXED
-        .get()
-        .map_or(Product::Plain, |&p| Product::Relaxed(p));
+    let product = crate::ops::relaxed::kernels().map_or(Product::Plain, |kernels| {
+        Product::Relaxed(kernels.block_product)
+    });
     // SAFETY: the same contract.
     unsafe { gemm_on(product, shape, a, b, c, ldc, accumulate) }
 }
