@@ -1,7 +1,7 @@
 // The CPU throughput programs in the browser, for `cargo xtask bench`:
 // loads kiln_cpu_bench.wasm (the wasm32 build of tests/cpu-bench, with
 // simd128) in headless Chromium and times cached calls of each program,
-// then the f32 products again on the relaxed-SIMD kernel module
+// then the f32 and 4-bit products again on the relaxed-SIMD kernel module
 // (kiln_relaxed_kernel.wasm, as the playground loads it where the browser
 // runs relaxed SIMD) as `cpu_wasm_relaxed_*`. Usage: node browser.mjs URL;
 // prints one JSON object of figures.

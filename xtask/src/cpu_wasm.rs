@@ -1,8 +1,8 @@
 //! The CPU executor's throughput in the browser: `tests/cpu-bench` built
 //! for wasm32 (with `simd128`, as the playground is) and timed in Debian's
 //! Chromium by `tests/cpu-bench/browser.mjs`. Figures `cpu_wasm_*`, beside
-//! the native `cpu_*` ones of the benchmark program, and the f32 products
-//! on the relaxed-SIMD kernel module as `cpu_wasm_relaxed_*`.
+//! the native `cpu_*` ones of the benchmark program, and the f32 and 4-bit
+//! products on the relaxed-SIMD kernel module as `cpu_wasm_relaxed_*`.
 
 use crate::cross::{self as wasm, Route};
 use crate::process::{self, target_dir};

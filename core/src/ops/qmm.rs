@@ -437,9 +437,9 @@ fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, x
     }
 }
 
-/// [`row_kernel`] without FMA, a function of its own: inlined into
-/// [`fused_dot`] beside every other format's kernels, its loops ran 1.5×
-/// slower in V8 (wasm32 has no other kernels).
+/// [`row_kernel`] without FMA (the kernels wasm32 runs), a function of its
+/// own: inlined into [`fused_dot`] beside every other format's, its loops
+/// ran 1.5× slower in V8.
 #[inline(never)]
 fn portable<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
     row_kernel::<BITS, KIND, false>(w, row, xp)
