@@ -94,9 +94,11 @@ pub fn weight_product_is_within_bound(
     product: &Array,
     quantized: bool,
 ) -> bool {
-    let m = operands[0].shape().as_known().map_or(0, |s| s[0]);
+    let Some(&[m, k]) = operands[0].shape().as_known().as_deref() else {
+        return false;
+    };
     rows_within_bound(
-        (m, WEIGHT_SIDE, WEIGHT_SIDE),
+        (m, k, k),
         usize::from(quantized),
         &operands[0],
         &operands[4],
@@ -151,8 +153,13 @@ pub const QMM_FORMAT: QuantFormat = QuantFormat::Affine {
 /// [`QMM_FORMAT`], and `wᵀ` dequantized to dense f32, the fastest dense
 /// path's operand.
 pub fn weight_operands(m: usize) -> Vec<Array> {
-    let w = square(WEIGHT_SIDE, 3);
-    let x = uniform(&[m, WEIGHT_SIDE], 4);
+    weight_operands_of(WEIGHT_SIDE, m)
+}
+
+/// [`weight_operands`] with a `side`×`side` weight.
+fn weight_operands_of(side: usize, m: usize) -> Vec<Array> {
+    let w = square(side, 3);
+    let x = uniform(&[m, side], 4);
     let q = quantize(&w, QMM_FORMAT);
     let biases = q.biases.expect("the affine format has biases");
     let dense = quantized_weight(&[q.packed.clone(), q.scales.clone(), biases.clone()])
@@ -373,5 +380,29 @@ mod wasm {
             Some(call) => u32::from((0..calls).all(|_| call())),
             None => 0,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weight_products_are_within_the_bound_and_a_perturbed_one_is_not() {
+        for m in [1, 5] {
+            let operands = weight_operands_of(128, m);
+            let quantized = quantized_product(&operands);
+            let dense = dense_product(&operands);
+            assert!(weight_product_is_within_bound(&operands, &quantized, true));
+            assert!(weight_product_is_within_bound(&operands, &dense, false));
+            assert!(!weight_product_is_within_bound(
+                &operands,
+                &(quantized * 1.001),
+                true
+            ));
+            // An error of 1e-3, above the bound (about 3e-4 here).
+            let nudged = dense + 1e-3;
+            assert!(!weight_product_is_within_bound(&operands, &nudged, true));
+        }
     }
 }
