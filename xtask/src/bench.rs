@@ -1,11 +1,17 @@
 //! `cargo xtask bench [NAME...]`: the benchmark program's JSON, to stdout and a file.
 
-use crate::process::{self, cargo, workspace_root};
+use crate::process::{self, cargo, target_dir, workspace_root};
 use crate::{cpu_wasm, web};
+use serde_json::{Map, Value};
 use std::fs;
 use std::process::Stdio;
 
 const BENCH_BIN: &str = "kiln-bench";
+
+/// Names with this prefix ask for the benchmark program built without
+/// `kiln`'s `avx512` feature (what an AVX2-only CPU runs); their figures
+/// come back under the same prefix.
+const AVX2_PREFIX: &str = "avx2_";
 
 pub fn run(names: &[String]) -> Result<(), String> {
     let root = workspace_root();
@@ -20,18 +26,87 @@ pub fn run(names: &[String]) -> Result<(), String> {
         ));
     }
 
+    let (native, avx2) = split_avx2(names);
+    let avx2_figures = match avx2.is_empty() {
+        true => None,
+        false => Some(program(&avx2, Build::Avx2)?),
+    };
+    let mut document = match &avx2_figures {
+        // The AVX2 names alone run no figure of the default build (with no
+        // names the program would run them all): its machine, no results.
+        Some(figures) if native.is_empty() => {
+            let mut shell = figures.clone();
+            shell["results"] = Value::Object(Map::new());
+            shell
+        }
+        _ => program(&native, Build::Default)?,
+    };
+    if let Some(figures) = avx2_figures {
+        let results = results_of(&mut document)?;
+        let avx2_results = figures.get("results").and_then(Value::as_object);
+        for (name, figure) in avx2_results.into_iter().flatten() {
+            results.insert(format!("{AVX2_PREFIX}{name}"), figure.clone());
+        }
+    }
+    // The playground's figures and the CPU executor's wasm32 ones come from
+    // wasm builds and a browser, not from the benchmark program.
+    let mut figures = web::bench_figures(names)?;
+    figures.extend(cpu_wasm::bench_figures(names)?);
+    let results = results_of(&mut document)?;
+    for (name, value, unit) in figures {
+        // Byte counts print as integers, like the program's own.
+        let value = if value.fract() == 0.0 && value.abs() < 2f64.powi(53) {
+            serde_json::json!(value as i64)
+        } else {
+            serde_json::json!(value)
+        };
+        results.insert(name, serde_json::json!({ "value": value, "unit": unit }));
+    }
+    let json = format!("{document}\n");
+
+    let report = root.join("target").join("kiln-bench.json");
+    fs::create_dir_all(root.join("target"))
+        .and_then(|()| fs::write(&report, &json))
+        .map_err(|err| format!("could not write {}: {err}", report.display()))?;
+    print!("{json}");
+    eprintln!("  wrote {}", report.display());
+    Ok(())
+}
+
+/// The names for the default build, and those for the AVX2 build with
+/// [`AVX2_PREFIX`] taken off.
+fn split_avx2(names: &[String]) -> (Vec<String>, Vec<String>) {
+    let (avx2, native): (Vec<&String>, Vec<&String>) =
+        names.iter().partition(|name| name.starts_with(AVX2_PREFIX));
+    (
+        native.into_iter().cloned().collect(),
+        avx2.into_iter()
+            .map(|name| name[AVX2_PREFIX.len()..].to_string())
+            .collect(),
+    )
+}
+
+/// How the benchmark program is built.
+#[derive(Clone, Copy, PartialEq)]
+enum Build {
+    /// With `kiln`'s default features.
+    Default,
+    /// Without `kiln`'s `avx512` feature, in a target folder of its own
+    /// (`target/avx2`) so that the two builds do not replace each other.
+    Avx2,
+}
+
+/// The benchmark program's JSON document for `names`, built as `build`
+/// says.
+fn program(names: &[String], build: Build) -> Result<Value, String> {
     let mut command = cargo();
-    command
-        .args([
-            "run",
-            "--release",
-            "-p",
-            "kiln-tests",
-            "--bin",
-            BENCH_BIN,
-            "--",
-        ])
-        .args(names);
+    command.args(["run", "--release", "-p", "kiln-tests", "--bin", BENCH_BIN]);
+    if build == Build::Avx2 {
+        command
+            .arg("--no-default-features")
+            .env("CARGO_TARGET_DIR", target_dir().join("avx2"));
+    }
+    command.arg("--").args(names);
     let line = process::display(&command);
     eprintln!("  $ {line}");
     // stderr stays on the terminal (build progress, the program's notes); stdout is the
@@ -46,44 +121,52 @@ pub fn run(names: &[String]) -> Result<(), String> {
     }
     let json = String::from_utf8(output.stdout)
         .map_err(|_| format!("`{line}` printed output that is not UTF-8"))?;
-    let mut document = serde_json::from_str::<serde_json::Value>(&json)
+    serde_json::from_str::<Value>(&json)
         .ok()
-        .filter(serde_json::Value::is_object)
+        .filter(Value::is_object)
         .ok_or_else(|| {
             format!("`{line}` did not print one JSON object on stdout; it printed:\n{json}")
-        })?;
-    // The playground's figures and the CPU executor's wasm32 ones come from
-    // wasm builds and a browser, not from the benchmark program.
-    let mut figures = web::bench_figures(names)?;
-    figures.extend(cpu_wasm::bench_figures(names)?);
-    let json = if figures.is_empty() {
-        json
-    } else {
-        let results = document
-            .as_object_mut()
-            .map(|doc| {
-                doc.entry("results")
-                    .or_insert_with(|| serde_json::json!({}))
-            })
-            .and_then(serde_json::Value::as_object_mut)
-            .ok_or_else(|| format!("`{line}` printed `results` that is not an object"))?;
-        for (name, value, unit) in figures {
-            // Byte counts print as integers, like the program's own.
-            let value = if value.fract() == 0.0 && value.abs() < 2f64.powi(53) {
-                serde_json::json!(value as i64)
-            } else {
-                serde_json::json!(value)
-            };
-            results.insert(name, serde_json::json!({ "value": value, "unit": unit }));
-        }
-        format!("{document}\n")
-    };
+        })
+}
 
-    let report = root.join("target").join("kiln-bench.json");
-    fs::create_dir_all(root.join("target"))
-        .and_then(|()| fs::write(&report, &json))
-        .map_err(|err| format!("could not write {}: {err}", report.display()))?;
-    print!("{json}");
-    eprintln!("  wrote {}", report.display());
-    Ok(())
+/// The `results` object of a benchmark document, made where missing.
+fn results_of(document: &mut Value) -> Result<&mut Map<String, Value>, String> {
+    document
+        .as_object_mut()
+        .map(|doc| {
+            doc.entry("results")
+                .or_insert_with(|| Value::Object(Map::new()))
+        })
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| "the benchmark program printed `results` that is not an object".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn avx2_names_go_to_their_own_build_without_the_prefix() {
+        let names = [
+            "cpu_matmul",
+            "avx2_cpu_matmul_f32_256",
+            "qmm",
+            "avx2_qmm_4bit",
+        ]
+        .map(String::from);
+        let (native, avx2) = split_avx2(&names);
+        assert_eq!(native, ["cpu_matmul", "qmm"]);
+        assert_eq!(avx2, ["cpu_matmul_f32_256", "qmm_4bit"]);
+    }
+
+    #[test]
+    fn results_are_made_where_missing_and_refused_when_not_an_object() {
+        let mut document = serde_json::json!({ "machine": "m" });
+        results_of(&mut document)
+            .expect("made")
+            .insert("x".to_string(), Value::from(1));
+        assert_eq!(document["results"]["x"], 1);
+        let mut broken = serde_json::json!({ "results": [] });
+        assert!(results_of(&mut broken).is_err());
+    }
 }

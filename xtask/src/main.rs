@@ -23,7 +23,8 @@ commands:
   bench [NAME...]   run the benchmarks in release mode, print their JSON and write it
                     to target/kiln-bench.json; NAMEs select benchmarks by name or prefix
                     (`cpu` the CPU executor's figures, native and, as cpu_wasm_*, wasm32
-                    in headless Chromium)
+                    in headless Chromium; `avx2_NAME` the figure NAME of a build without
+                    kiln's `avx512` feature, as an AVX2-only CPU runs it)
   wasm [--debian]   build `kiln` for wasm32-unknown-unknown (rustup target if it can be
                     installed, else Debian's rustc-web with build-std; --debian forces it)
   web [--e2e [--repeat N]]

@@ -33,8 +33,9 @@
 
 /// Defines `fn $name(args)` whose body, a loop over f32 elements built
 /// from `#[inline(always)]` functions, is compiled three times on x86_64:
-/// for AVX-512, for AVX2 and for the SSE2 baseline, the widest the CPU has
-/// running (checked per call; the check is a cached load). Elsewhere
+/// for AVX-512 (with the `avx512` feature), for AVX2 and for the SSE2
+/// baseline, the widest the CPU has running (checked per call; the check
+/// is a cached load). Elsewhere
 /// (wasm32 with `simd128`, aarch64 with NEON) the one baseline copy runs.
 /// None of the copies contracts into FMA, so all give the same bits.
 macro_rules! simd_dispatch {
@@ -47,7 +48,7 @@ macro_rules! simd_dispatch {
                 fn avx512($($arg: $ty),*) $body
                 #[target_feature(enable = "avx2")]
                 fn avx2($($arg: $ty),*) $body
-                if std::arch::is_x86_feature_detected!("avx512f") {
+                if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
                     // SAFETY: the CPU supports AVX-512F, checked just above.
                     return unsafe { avx512($($arg),*) };
                 }

@@ -286,7 +286,8 @@ pub(super) enum Isa {
 
 impl Isa {
     /// The widest unit this CPU has (the check is a cached load), no wider
-    /// than `WIDEST_ISA` in unit tests.
+    /// than AVX2 without the `avx512` feature, nor than `WIDEST_ISA` in
+    /// unit tests.
     fn detect() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
@@ -294,7 +295,8 @@ impl Isa {
             let cap = WIDEST_ISA.load(std::sync::atomic::Ordering::Relaxed);
             #[cfg(not(test))]
             let cap = Isa::Avx512 as u8;
-            if cap >= Isa::Avx512 as u8
+            if cfg!(feature = "avx512")
+                && cap >= Isa::Avx512 as u8
                 && std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw")
             {
