@@ -431,6 +431,7 @@ fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, x
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe {
             match lut4_words {
+                Some(g) if KIND == 0 && g.is_multiple_of(8) => affine4_avx2(w, row, xp),
                 Some(g) if g.is_multiple_of(8) => lut4_avx2::<KIND>(w, row, xp),
                 _ => avx2::<BITS, KIND>(w, row, xp),
             }
@@ -903,6 +904,59 @@ unsafe fn lut4_avx2<const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
                 let x = _mm256_loadu_ps(x.add(j * group_words + 8 * c));
                 let a = &mut acc[j % 4];
                 *a = _mm256_fmadd_ps(lut4_lookup_avx2(codes, sign, table), x, *a);
+            }
+        }
+    }
+    let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    _mm_cvtss_f32(_mm_add_ss(quad, _mm_movehdup_ps(quad)))
+}
+
+/// [`fused_dot`] of 4-bit affine codes with AVX2, in groups of a multiple
+/// of 8 words: eight words at a time, each step the next code of all of
+/// them shifted down and masked, converted and decoded with one FMA
+/// (`scale·code + bias`), then multiplied into one of four partial sums
+/// (code `j` into sum `j mod 4`). Lanes read `x` as in [`lut4_avx2`].
+/// Against that kernel's two 8-entry lookups and a blend, a conversion and
+/// an FMA run on ports every AVX2 core has two of (`vpermps` has one on
+/// Intel cores): 1.25 against 1.77 ms for a 4096×4096 weight at one
+/// thread on an Intel Xeon without the `avx512` feature. (Masking codes in
+/// place and scaling by 16^−j instead of shifting costs as many
+/// multiplies per group as it saves shifts.)
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn affine4_avx2(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let group = w.format.group_size().unwrap_or(w.cols);
+    let group_words = group / 8;
+    let row_words = w.cols / 8;
+    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let (scales, biases) = row_scales(w, row);
+    let biases = biases.expect("the affine format has biases");
+    assert!(
+        group_words > 0
+            && group_words.is_multiple_of(8)
+            && xp.len() >= w.cols
+            && words.len() * 8 == scales.len() * group
+    );
+    let mask = _mm256_set1_epi32(15);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (g, (&s, &b)) in scales.iter().zip(biases).enumerate() {
+        let (s, b) = (_mm256_set1_ps(s), _mm256_set1_ps(b));
+        let gwords = words.as_ptr().add(g * group_words);
+        let x = xp.as_ptr().add(g * group);
+        for c in 0..group_words / 8 {
+            let v = _mm256_loadu_si256(gwords.add(8 * c).cast());
+            for j in 0..8 {
+                let codes = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_set1_epi32(4 * j)), mask);
+                let weights = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(codes), b);
+                let x = _mm256_loadu_ps(x.add(j as usize * group_words + 8 * c));
+                let a = &mut acc[j as usize % 4];
+                *a = _mm256_fmadd_ps(weights, x, *a);
             }
         }
     }
