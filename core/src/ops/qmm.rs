@@ -921,9 +921,10 @@ unsafe fn lut4_avx2<const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
 /// Against that kernel's two 8-entry lookups and a blend, a conversion and
 /// an FMA run on ports every AVX2 core has two of (`vpermps` has one on
 /// Intel cores): 1.25 against 1.77 ms for a 4096×4096 weight at one
-/// thread on an Intel Xeon without the `avx512` feature. (Masking codes in
-/// place and scaling by 16^−j instead of shifting costs as many
-/// multiplies per group as it saves shifts.)
+/// thread on an Intel Xeon without the `avx512` feature. (Masking codes
+/// 0–6 in place, `c·16^j`, and decoding them with `s·16^−j` spread from
+/// one vector product by `vpermps` saves their shifts but measured slower:
+/// 1.54 ms.)
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
