@@ -70,9 +70,12 @@ impl RunReport {
     /// (summed) and takes the runs repeated to time them out of its wall
     /// time and the run's; gives each listed entry its per-step times, the
     /// mean over every measured run of it (`times` in call order, as the
-    /// backend read them).
+    /// backend read them). The wall times and the repeats are read from a
+    /// clock of coarse ticks at different moments, so the repeats can read
+    /// a tick longer than the call around them: what is left is then no
+    /// time at all, not a negative one.
     pub fn attach_device_times(&mut self, times: &[DeviceTime]) {
-        self.total_ms -= times.iter().map(|t| t.repeat_ms).sum::<f64>();
+        self.total_ms = (self.total_ms - times.iter().map(|t| t.repeat_ms).sum::<f64>()).max(0.0);
         for function in &mut self.functions {
             for call in &mut function.calls {
                 if let Some((first, end)) = call.device_calls {
@@ -82,7 +85,8 @@ impl RunReport {
                         .collect();
                     if !made.is_empty() {
                         call.device_ms = Some(made.iter().map(|t| t.total_ms).sum());
-                        call.ms -= made.iter().map(|t| t.repeat_ms).sum::<f64>();
+                        let repeats = made.iter().map(|t| t.repeat_ms).sum::<f64>();
+                        call.ms = (call.ms - repeats).max(0.0);
                     }
                 }
             }

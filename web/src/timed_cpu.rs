@@ -270,4 +270,20 @@ mod tests {
         assert_eq!(kernels.timed_runs, first.runs + 1);
         assert_eq!(kernels.resolution_ms, tick_ms / f64::from(first.runs + 1));
     }
+
+    #[test]
+    fn repeats_read_a_tick_longer_than_their_call_leave_no_time_not_a_negative_one() {
+        // On a coarse clock the call around the repeats can read one tick
+        // while the repeats read two.
+        let cpu = TimedCpu::with_tick(0.1);
+        let mut report = two_calls_on(&cpu);
+        let mut times = cpu.take_times();
+        for (time, call) in times.iter_mut().zip(&report.functions[0].calls) {
+            time.repeat_ms = call.ms + 0.1;
+        }
+        report.total_ms = 0.1;
+        report.attach_device_times(&times);
+        assert!(report.functions[0].calls.iter().all(|c| c.ms == 0.0));
+        assert_eq!(report.total_ms, 0.0);
+    }
 }
