@@ -244,7 +244,16 @@ unsafe fn gemm_into(job: &Product<'_>, c: *mut f32, ldc: usize, cols: std::ops::
             row_stride: job.b.row_stride,
             col_stride: job.b.col_stride,
         };
-        packed::gemm((m, k, width), a, b, c.add(cols.start), ldc, job.accumulate);
+        let product = packed::Product::current();
+        packed::gemm(
+            product,
+            (m, k, width),
+            a,
+            b,
+            c.add(cols.start),
+            ldc,
+            job.accumulate,
+        );
     }
     #[cfg(not(target_arch = "wasm32"))]
     // SAFETY: `gemm` reads `a` over m×k and `b` over k×width through the

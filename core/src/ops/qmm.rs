@@ -374,8 +374,7 @@ pub(super) fn relaxed_affine_dot(
     if !group_words.is_multiple_of(4) || w.dtype != DType::F32 || xp.len() != w.cols {
         return None;
     }
-    let row_words = w.cols / per_word;
-    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let words = row_words(w, row);
     let (scales, biases) = row_scales(w, row);
     let biases = biases?;
     // SAFETY: `dot` keeps the contract of `AffineDot` (the host's promise
@@ -513,8 +512,7 @@ fn aligned_row<const BITS: u32, const KIND: u8, const FMA: bool, const GROUP_WOR
 ) -> f32 {
     let per_word = (32 / BITS) as usize;
     let mask = ((1u64 << BITS) - 1) as u32;
-    let row_words = w.cols / per_word;
-    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let words = row_words(w, row);
     let group_words = if GROUP_WORDS > 0 {
         GROUP_WORDS
     } else {
@@ -546,6 +544,12 @@ fn aligned_row<const BITS: u32, const KIND: u8, const FMA: bool, const GROUP_WOR
         }
     }
     acc.iter().sum::<f32>() + tail
+}
+
+/// The packed words of weight row `row`.
+fn row_words<'w>(w: &'w Weight, row: usize) -> &'w [u32] {
+    let per_row = w.cols * w.format.bits() as usize / 32;
+    &w.words[row * per_row..(row + 1) * per_row]
 }
 
 /// The scales and biases of weight row `row`, one per group.
@@ -695,8 +699,7 @@ pub(super) fn decode_row(isa: Isa, w: &Weight, row: usize, out: &mut [f32]) {
 fn decode4_affine(w: &Weight, row: usize, out: &mut [f32]) {
     const MASKS: [u32; 4] = [0xF, 0xF0, 0xF00, 0xF000];
     const UNSHIFT: [f32; 4] = [1.0, 1.0 / 16.0, 1.0 / 256.0, 1.0 / 4096.0];
-    let row_words = w.cols / 8;
-    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let words = row_words(w, row);
     let (scales, biases) = row_scales(w, row);
     let group = w.format.group_size().unwrap_or(w.cols);
     let Some(biases) = biases.filter(|_| group.is_multiple_of(8)) else {
@@ -729,8 +732,7 @@ fn decode4_affine(w: &Weight, row: usize, out: &mut [f32]) {
 unsafe fn decode4_avx512<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]) {
     use std::arch::x86_64::*;
     let group = w.format.group_size().unwrap_or(w.cols);
-    let row_words = w.cols / 8;
-    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let words = row_words(w, row);
     let (scales, biases) = row_scales(w, row);
     assert!(
         out.len() == w.cols && group.is_multiple_of(16) && words.len() * 8 == scales.len() * group
@@ -764,8 +766,7 @@ unsafe fn decode4_avx512<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]
 unsafe fn decode4_avx2<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]) {
     use std::arch::x86_64::*;
     let group = w.format.group_size().unwrap_or(w.cols);
-    let row_words = w.cols / 8;
-    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let words = row_words(w, row);
     let (scales, biases) = row_scales(w, row);
     assert!(
         out.len() == w.cols && group.is_multiple_of(8) && words.len() * 8 == scales.len() * group
@@ -809,8 +810,7 @@ unsafe fn lut4_avx512<const KIND: u8, const GW: usize>(w: &Weight, row: usize, x
     use std::arch::x86_64::*;
     let group = w.format.group_size().unwrap_or(w.cols);
     let group_words = group / 8;
-    let row_words = w.cols / 8;
-    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let words = row_words(w, row);
     let (scales, biases) = row_scales(w, row);
     let layout = if GW < 16 {
         group_words == GW
@@ -881,8 +881,7 @@ unsafe fn lut4_avx2<const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
     use std::arch::x86_64::*;
     let group = w.format.group_size().unwrap_or(w.cols);
     let group_words = group / 8;
-    let row_words = w.cols / 8;
-    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let words = row_words(w, row);
     let (scales, biases) = row_scales(w, row);
     assert!(
         group_words > 0
@@ -934,8 +933,7 @@ unsafe fn affine4_avx2(w: &Weight, row: usize, xp: &[f32]) -> f32 {
     use std::arch::x86_64::*;
     let group = w.format.group_size().unwrap_or(w.cols);
     let group_words = group / 8;
-    let row_words = w.cols / 8;
-    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let words = row_words(w, row);
     let (scales, biases) = row_scales(w, row);
     let biases = biases.expect("the affine format has biases");
     assert!(
@@ -977,8 +975,7 @@ fn fused_row<const BITS: u32, const KIND: u8, const FMA: bool>(
 ) -> f32 {
     let (words_per_unit, codes) = unit(BITS);
     let mask = ((1u64 << BITS) - 1) as u32;
-    let row_words = w.cols * BITS as usize / 32;
-    let words = &w.words[row * row_words..(row + 1) * row_words];
+    let words = row_words(w, row);
     let group = w.format.group_size().unwrap_or(w.cols);
     let scales = &w.scales[row * w.groups_per_row..(row + 1) * w.groups_per_row];
     let biases = w

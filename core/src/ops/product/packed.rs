@@ -67,6 +67,17 @@ pub(crate) enum Product {
     Relaxed(BlockProduct),
 }
 
+impl Product {
+    /// The relaxed kernel's block product where the host handed it over,
+    /// else this module's tiles.
+    #[cfg(target_arch = "wasm32")]
+    pub(crate) fn current() -> Product {
+        crate::ops::relaxed::kernels().map_or(Product::Plain, |kernels| {
+            Product::Relaxed(kernels.block_product)
+        })
+    }
+}
+
 /// A strided read-only matrix: element `(i, j)` at `ptr + i·row_stride +
 /// j·col_stride`.
 #[derive(Clone, Copy, Debug)]
@@ -99,34 +110,14 @@ thread_local! {
 
 /// `c = a·b`, or `c += a·b` when `accumulate`, for the `m`×`k` matrix `a`,
 /// the `k`×`n` matrix `b` and the row-major `m`×`n` matrix `c` with row
-/// stride `ldc`, on the relaxed kernel where the host handed it over.
+/// stride `ldc`, its packed blocks computed by `product`.
 ///
 /// # Safety
 ///
 /// `a` covers `m`×`k`, `b` covers `k`×`n`, `c` points to `m` rows of `ldc ≥
-/// n` writable elements that nothing else touches during the call.
-#[cfg(target_arch = "wasm32")]
+/// n` writable elements that nothing else touches during the call; a
+/// [`Product::Relaxed`] keeps its contract.
 pub(crate) unsafe fn gemm(
-    shape: (usize, usize, usize),
-    a: Strided,
-    b: Strided,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-) {
-    let product = crate::ops::relaxed::kernels().map_or(Product::Plain, |kernels| {
-        Product::Relaxed(kernels.block_product)
-    });
-    // SAFETY: the same contract.
-    unsafe { gemm_on(product, shape, a, b, c, ldc, accumulate) }
-}
-
-/// [`gemm`] on `product`.
-///
-/// # Safety
-///
-/// As for [`gemm`]; a [`Product::Relaxed`] keeps its contract.
-pub(crate) unsafe fn gemm_on(
     product: Product,
     shape: (usize, usize, usize),
     a: Strided,
@@ -637,7 +628,7 @@ mod tests {
             // SAFETY: `a` and `b` cover their matrices; `c` is m rows of
             // `ldc ≥ n`; the relaxed product keeps its contract.
             unsafe {
-                gemm_on(
+                gemm(
                     product,
                     shape,
                     operands.0.strided(),
@@ -708,7 +699,7 @@ mod tests {
             let mut c = start.clone();
             // SAFETY: `c` is 3 rows of 6 ≥ 5 elements; no element of a or b is read.
             unsafe {
-                gemm_on(
+                gemm(
                     product,
                     (3, 0, 5),
                     a.strided(),
