@@ -1593,11 +1593,14 @@ mod tests {
     #[test]
     fn every_format_and_group_size_is_within_the_bound_on_every_vector_unit() {
         // Each group size gives the in-register kernels a different word
-        // layout: 4-bit groups of 32 and 64 share a vector register (the
-        // AVX2 lookup takes 64 and up), 128 fill one, 2-bit groups of 32
-        // take the scalar tail, and 3-, 5- and 6-bit codes run in units
-        // of `bits` words (k = 768: one full run of 16 units, then a tail).
-        let (k, n) = (768, 40);
+        // layout: groups of two or four words (2-bit groups of 32 and 64,
+        // 4-bit groups of 32) share a block of eight words, larger ones
+        // fill blocks (the AVX2 4-bit kernels take groups of 64 and up),
+        // and 3-, 5- and 6-bit codes run in units of `bits` words (k = 768:
+        // one full run of 16 units, then a tail). One group more leaves
+        // groups after the last full block (one code at a time) and a
+        // shorter tail.
+        let n = 40;
         let formats = AFFINE_BITS
             .iter()
             .flat_map(|&bits| AFFINE_GROUP_SIZES.map(|group| QuantFormat::affine(bits, group)))
@@ -1607,13 +1610,16 @@ mod tests {
         for &isa in qmm::ISAS {
             with_widest_isa(isa, || {
                 for format in formats.clone() {
-                    let q = quantize(&matrix(wavy(n * k, 5, 1.0), &[1, n, k]), format);
-                    let deq = q.dequantize().swap_axes(-1, -2);
-                    for m in [1, 3, 5] {
-                        let x = matrix(wavy(m * k, 6, 1.0), &[1, m, k]);
-                        let got = quantized_matmul(&x, &q, true);
-                        let checked = within_bound(&f32s(&x), &f32s(&deq), &f32s(&got), (1, m, k));
-                        assert!(checked.is_ok(), "{format} m={m} {isa:?}: {checked:?}");
+                    for k in [768, 768 + format.group_size().unwrap_or(64)] {
+                        let q = quantize(&matrix(wavy(n * k, 5, 1.0), &[1, n, k]), format);
+                        let deq = q.dequantize().swap_axes(-1, -2);
+                        for m in [1, 3, 5] {
+                            let x = matrix(wavy(m * k, 6, 1.0), &[1, m, k]);
+                            let got = quantized_matmul(&x, &q, true);
+                            let checked =
+                                within_bound(&f32s(&x), &f32s(&deq), &f32s(&got), (1, m, k));
+                            assert!(checked.is_ok(), "{format} k={k} m={m} {isa:?}: {checked:?}");
+                        }
                     }
                 }
             });

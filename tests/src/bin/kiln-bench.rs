@@ -731,6 +731,9 @@ fn cpu_benchmarks(names: &[String], report: &mut BenchReport) {
         || matmul::ONE_THREAD
             .iter()
             .any(|name| matmul::wanted(name, names))
+        || quant::OTHER_FORMATS
+            .iter()
+            .any(|(format, _)| matmul::wanted(&format!("qmm_{format}_4096x4096_m1_cpu"), names))
         || names.iter().any(|n| n == "quant")
         || control::wanted(names);
     if one_thread {

@@ -117,6 +117,7 @@ pub(crate) fn one_thread(names: &[String], report: &mut BenchReport) {
         report.record("cpu_read_bandwidth_gbs", read_bandwidth_gbs(), "GB/s");
     }
     quant::cpu_products(names, "", report);
+    quant::format_products(names, report);
 }
 
 /// The two-thread figures (the child with `KILN_THREADS=2`).

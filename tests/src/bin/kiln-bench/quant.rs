@@ -183,6 +183,87 @@ pub(crate) fn cpu_products(names: &[String], suffix: &str, report: &mut BenchRep
     }
 }
 
+/// The formats of `qmm_{name}_4096x4096_m1_cpu`: every format
+/// `quantized_matmul` takes besides the benchmark format, named as in the
+/// figures.
+pub(crate) const OTHER_FORMATS: [(&str, QuantFormat); 6] = [
+    (
+        "2bit",
+        QuantFormat::Affine {
+            bits: 2,
+            group_size: 64,
+        },
+    ),
+    (
+        "3bit",
+        QuantFormat::Affine {
+            bits: 3,
+            group_size: 64,
+        },
+    ),
+    (
+        "6bit",
+        QuantFormat::Affine {
+            bits: 6,
+            group_size: 64,
+        },
+    ),
+    (
+        "8bit",
+        QuantFormat::Affine {
+            bits: 8,
+            group_size: 64,
+        },
+    ),
+    ("nf4", QuantFormat::Nf4),
+    ("int8", QuantFormat::Int8),
+];
+
+/// `qmm_{name}_4096x4096_m1_cpu` for each of [`OTHER_FORMATS`]: one row
+/// times a 4096×4096 weight, in µs, and `..._gbs`, the weight's bytes
+/// (codes, scales and biases) over that time, to hold against
+/// `cpu_read_bandwidth_gbs` (the memory limit).
+pub(crate) fn format_products(names: &[String], report: &mut BenchReport) {
+    for (name, format) in OTHER_FORMATS {
+        let figure = format!("qmm_{name}_4096x4096_m1_cpu");
+        if !super::matmul::wanted(&figure, names) {
+            continue;
+        }
+        let n = 4096;
+        let ramp = |len: usize| (0..len).map(|i| ((i % 1000) as f32 - 500.0) * 1e-3);
+        let w = Array::from_vec(ramp(n * n).collect(), &[n, n]).expect("sized");
+        let q = quantize(&w, format);
+        let x = Array::from_vec(ramp(n).collect(), &[1, n]).expect("sized");
+        let mut args = vec![x, q.packed, q.scales];
+        args.extend(q.biases);
+        for a in &args {
+            a.eval().expect("quantizes");
+        }
+        let weight_bytes: usize = args[1..]
+            .iter()
+            .map(|a| a.data().expect("data").size_bytes())
+            .sum();
+        let product = compile(move |args: Vec<Array>| {
+            let w = Quantized {
+                packed: args[1].clone(),
+                scales: args[2].clone(),
+                biases: args.get(3).cloned(),
+                format,
+            };
+            quantized_matmul(&args[0], &w, true)
+        });
+        let us = median_micros(40, || {
+            std::hint::black_box(product.call(&args).expect("runs").data().expect("runs"));
+        });
+        report.record(figure.clone(), us, "us");
+        report.record(
+            format!("{figure}_gbs"),
+            weight_bytes as f64 / us / 1e3,
+            "GB/s",
+        );
+    }
+}
+
 /// Microseconds of the three products of one shape.
 struct Products {
     quantized: f64,
