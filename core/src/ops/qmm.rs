@@ -1076,6 +1076,21 @@ unsafe fn affine4_avx2(w: &Weight, row: usize, xp: &[f32]) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(quad, _mm_movehdup_ps(quad)))
 }
 
+/// `$body` once for each `$j` in `0..32`, a literal in each copy: a loop
+/// of 32 codes is too long for the compiler to unroll, and unrolled, each
+/// code's shifts and partial sum are constants.
+macro_rules! each_of_32 {
+    ($j:ident => $body:block) => {
+        each_of_32!(@ $j $body 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31)
+    };
+    (@ $j:ident $body:block $($n:literal)*) => {
+        $({
+            let $j: usize = $n;
+            $body
+        })*
+    };
+}
+
 /// The body of [`fused_dot`] for codes that straddle words: runs of [`LANES`] units, lane `l` unpacking
 /// unit `l` of the run with the same shifts as every other lane.
 #[inline(always)]
@@ -1095,7 +1110,7 @@ fn fused_row<const BITS: u32, const KIND: u8, const FMA: bool>(
         .map(|b| &b[row * w.groups_per_row..(row + 1) * w.groups_per_row]);
     let run_words = LANES * words_per_unit;
     let full_runs = words.len() / run_words;
-    let mut acc = [0.0f32; LANES];
+    let mut acc = [[0.0f32; LANES]; 4];
     for (r, (run, x)) in words
         .chunks_exact(run_words)
         .zip(xp.chunks_exact(LANES * codes))
@@ -1112,7 +1127,11 @@ fn fused_row<const BITS: u32, const KIND: u8, const FMA: bool>(
                 unit_words[o][l] = run[l * words_per_unit + o];
             }
         }
-        for j in 0..codes {
+        // Every code of a unit spelled out (32 of them, unit(BITS)), so that
+        // each takes constant shifts; code `j` goes into partial sum
+        // `j mod 4`.
+        debug_assert_eq!(codes, 32);
+        each_of_32!(j => {
             let bit = j * BITS as usize;
             let (o, shift) = (bit / 32, (bit % 32) as u32);
             // A code that straddles two words takes its high bits from the
@@ -1129,11 +1148,12 @@ fn fused_row<const BITS: u32, const KIND: u8, const FMA: bool>(
             let xs: &[f32; LANES] = x[j * LANES..(j + 1) * LANES]
                 .try_into()
                 .expect("a run holds LANES values per code");
+            let a = &mut acc[j % 4];
             for l in 0..LANES {
                 let v = decode::<BITS, KIND, FMA>(code[l], scale[l], bias[l]);
-                acc[l] = madd::<FMA>(v, xs[l], acc[l]);
+                a[l] = madd::<FMA>(v, xs[l], a[l]);
             }
-        }
+        });
     }
     // Units after the last full run, one code at a time, in order.
     let mut tail = 0.0f32;
@@ -1150,5 +1170,5 @@ fn fused_row<const BITS: u32, const KIND: u8, const FMA: bool>(
         );
         tail = madd::<FMA>(v, x, tail);
     }
-    acc.iter().sum::<f32>() + tail
+    acc.iter().flatten().sum::<f32>() + tail
 }
