@@ -591,10 +591,10 @@ fn aligned_row<const BITS: u32, const KIND: u8, const FMA: bool, const GROUP_WOR
 }
 
 /// One block of [`aligned_row`]: the codes of eight words, decoded with
-/// lane `l`'s scale `s[l]` and bias `b[l]` and multiplied by lane `l`
-/// of `x(j)` (code `j` of each word), code `j` into partial sum `j mod 4`. The four
-/// codes of a step are a loop of constant length, so that the sums stay
-/// in registers.
+/// lane `l`'s scale `s[l]` and bias `b[l]` and multiplied by lane `l` of
+/// `x(j)` (code `j` of each word), code `j` into partial sum `j mod 4`.
+/// The four codes of a step are a loop of constant length, so that the
+/// sums stay in registers.
 #[inline(always)]
 fn block_dot<const BITS: u32, const KIND: u8, const FMA: bool>(
     block: &[u32; BLOCK],
