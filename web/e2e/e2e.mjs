@@ -197,16 +197,31 @@ let exponent = concat([array([0.0, -1.0, 3.0, 0.5, 0.3333333, 1e30, -200.0, 1e30
 show("pow", base.pow(exponent));
 show("sin", array([1e10, -1e10, 3e7, 1e30]).sin());`;
 
-/// The stopped GPU work: products of GPU_STOP_N² matrices, seconds of
+/// The stopped GPU work: `count` products of 512² matrices, seconds of
 /// SwiftShader's time in all (it finishes them after Stop).
-const GPU_STOP_N = 512;
+const gpuProducts = (count) =>
+  `let a = ones([512, 512]) * 0.001;\nlet b = a;\nfor i in 0..${count} { b = a @ b; }\nshow("products", b.sum())`;
 const GPU_STOP_PRODUCTS = 60;
-/// Work past the 20 s run limit, waited for after the script itself ended:
-/// 300 products took 33 s of SwiftShader's time here, so 450 take about
-/// 50 s: a machine twice as fast still passes the limit.
-const GPU_LIMIT_PRODUCTS = 450;
 /// The playground's run limit (`ScriptLimits::PLAYGROUND.time_limit`).
 const RUN_LIMIT_MS = 20000;
+
+/// Milliseconds of SwiftShader's time one of `gpuProducts`' products takes
+/// now (a loaded machine's speed varies twofold): the difference of two
+/// runs' times, which leaves out the fixed costs of a run.
+async function msPerGpuProduct() {
+  const runMs = async (count) => {
+    await runScript(gpuProducts(count));
+    await page.locator(newOutput(), { hasText: "products" }).waitFor({ timeout: 120000 });
+    const meta = await text("#outputs > .meta");
+    const ms = Number(meta.match(/^([\d.]+) ms on WebGPU/)?.[1]);
+    if (!(ms > 0)) throw new Error(`no WebGPU run time in "${meta}"`);
+    return ms;
+  };
+  const fewer = await runMs(2);
+  const more = await runMs(22);
+  if (!(more > fewer)) throw new Error(`22 products took ${more} ms, 2 took ${fewer} ms`);
+  return (more - fewer) / 20;
+}
 
 /// A call time with its figures blanked and what it measures dropped:
 /// `4.5 ms (traced)` on the CPU, `4.5 ms submit time (traced)` or `4.5 ms
@@ -1202,10 +1217,17 @@ if (mode === "webgpu") {
     // GPU work longer than the run limit. The limit covers that wait: the
     // run is stopped, the page drops the worker holding the device, and
     // the next script runs within 2 s. It starts on WebGPU: after the
-    // previous check's Stop, the page reopens it once the GPU is free.
+    // previous check's Stop, a fresh worker opened it once the GPU was free.
     await page.locator("#backend", { hasText: "backend: WebGPU" }).waitFor({ timeout: 120000 });
+    // Work for 2.5 times the limit at the speed measured now: the limit
+    // is passed even where the machine becomes twice as fast meanwhile,
+    // and WebGPU is waited for as long as the rest takes, four times over.
+    const perProduct = await msPerGpuProduct();
+    const products = Math.ceil((2.5 * RUN_LIMIT_MS) / perProduct);
+    const reopenMs = 4 * (products * perProduct - RUN_LIMIT_MS) + 30000;
+    console.log(`     ${products} products of ${perProduct.toFixed(0)} ms each`);
     const started = Date.now();
-    await runScript(`let a = ones([${GPU_STOP_N}, ${GPU_STOP_N}]) * 0.001;\nlet b = a;\nfor i in 0..${GPU_LIMIT_PRODUCTS} { b = a @ b; }\nshow("products", b.sum())`);
+    await runScript(gpuProducts(products));
     await page.locator("#error", { hasText: "longer than its 20 s limit, its GPU work included" }).waitFor({ timeout: RUN_LIMIT_MS + 10000 });
     const limited = Date.now();
     if (limited - started < RUN_LIMIT_MS) throw new Error(`stopped after ${limited - started} ms, before the limit`);
@@ -1214,7 +1236,7 @@ if (mode === "webgpu") {
     await page.locator(newOutput(), { hasText: "after the limit" }).waitFor({ timeout: 2000 });
     await eventually(() => text("#outputs .output pre"), "array([3., 3.], dtype=float32)", "the next script's value", 2000);
     console.log(`     the next script ran ${Date.now() - limited} ms after the limit (${await text("#outputs > .meta")})`);
-    await page.locator("#backend", { hasText: "backend: WebGPU" }).waitFor({ timeout: 120000 });
+    await page.locator("#backend", { hasText: "backend: WebGPU" }).waitFor({ timeout: reopenMs });
     console.log(`     WebGPU back ${Date.now() - limited} ms after the limit`);
   });
 
@@ -1224,7 +1246,7 @@ if (mode === "webgpu") {
     // once, which no browser can cancel; Stop must still give a page that
     // runs the next script, and every one after it, within 2 s (on the CPU
     // while the GPU finishes), and WebGPU comes back once the GPU is free.
-    const stopped = await runThenStop(`let a = ones([${GPU_STOP_N}, ${GPU_STOP_N}]) * 0.001;\nlet b = a;\nfor i in 0..${GPU_STOP_PRODUCTS} { b = a @ b; }\nshow("products", b.sum())`, 1000);
+    const stopped = await runThenStop(gpuProducts(GPU_STOP_PRODUCTS), 1000);
     await runScript('show("after gpu stop", ones([2]) + 1.0)');
     await page.locator(newOutput(), { hasText: "after gpu stop" }).waitFor({ timeout: Math.max(1, 2000 - (Date.now() - stopped)) });
     const recovered = Date.now() - stopped;

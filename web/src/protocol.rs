@@ -38,9 +38,6 @@ pub enum Request {
         /// The backend asked for.
         backend: BackendChoice,
     },
-    /// Open WebGPU now: the GPU has finished a stopped run's work (answered
-    /// by a new `Ready` once it is open, or says why not).
-    OpenWebgpu,
 }
 
 /// From the worker to the page.

@@ -31,7 +31,7 @@ const WASM_BINDGEN_VERSION: &str = "0.2.130";
 /// The cargo profile of the playground build (see the workspace manifest).
 const PROFILE: &str = "playground";
 /// The page's own files, copied next to the generated module.
-const STATIC_FILES: &[&str] = &["index.html", "worker.js", "gpu-probe.js", "style.css"];
+const STATIC_FILES: &[&str] = &["index.html", "worker.js", "style.css"];
 const DEFAULT_PORT: u16 = 8000;
 
 /// `cargo xtask web [--e2e [--repeat N]]`.

@@ -77,11 +77,11 @@ struct Page {
     /// all of that entry's views.
     selected: RwSignal<Option<(EntryScope, Selection)>>,
     worker: StoredValue<Option<Worker>, LocalStorage>,
-    /// The worker watching for the GPU to be free after Stop (see
-    /// [`Page::await_free_gpu`]).
-    probe: StoredValue<Option<Worker>, LocalStorage>,
-    /// Whether the worker should open WebGPU once it is ready.
-    reopen: RwSignal<bool>,
+    /// The worker opening WebGPU after Stop on it, which takes over once
+    /// WebGPU is open (see [`Page::start_successor`]).
+    successor: StoredValue<Option<Worker>, LocalStorage>,
+    /// The successor's Ready, until it is adopted.
+    successor_ready: StoredValue<Option<JsValue>, LocalStorage>,
     /// Whether the worker has said Ready (its handler is installed).
     ready: RwSignal<bool>,
     /// Whether a run waits for the worker to be ready.
@@ -123,38 +123,24 @@ fn worker_start_message() -> JsValue {
 impl Page {
     /// Starts the worker that runs scripts (the one `index.html` started,
     /// the first time); `cpu_first` for one that must not touch WebGPU
-    /// until the GPU is free (see [`CPU_FIRST_WORKER`]).
+    /// (see [`CPU_FIRST_WORKER`]).
     fn spawn_worker(self, cpu_first: bool) {
         let (worker, early) = match adopt_boot_worker() {
             Some(adopted) => adopted,
-            None => {
-                let options = WorkerOptions::new();
-                options.set_type(WorkerType::Module);
-                if cpu_first {
-                    options.set_name(CPU_FIRST_WORKER);
+            None => match start_module_worker(cpu_first) {
+                Ok(worker) => (worker, Early::default()),
+                Err(e) => {
+                    self.status.set(Status::Failed(e));
+                    return;
                 }
-                match Worker::new_with_options("./worker.js", &options) {
-                    // The worker instantiates the page's own compiled
-                    // module rather than fetching and compiling it again
-                    // (`worker.js` waits for it), and the relaxed-SIMD
-                    // kernel where `index.html` loaded it.
-                    Ok(worker) => match worker.post_message(&worker_start_message()) {
-                        Ok(()) => (worker, Early::default()),
-                        Err(e) => {
-                            self.status.set(Status::Failed(format!(
-                                "cannot hand the module to the worker: {e:?}"
-                            )));
-                            return;
-                        }
-                    },
-                    Err(e) => {
-                        self.status
-                            .set(Status::Failed(format!("cannot start the worker: {e:?}")));
-                        return;
-                    }
-                }
-            }
+            },
         };
+        self.install_worker(worker, early);
+    }
+
+    /// Makes `worker` the one that runs scripts: what it said before
+    /// (`early`), then all it says, goes to the page's handler.
+    fn install_worker(self, worker: Worker, early: Early) {
         let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
             match serde_wasm_bindgen::from_value::<Response>(event.data()) {
                 Ok(Response::Ready { backend }) => {
@@ -165,10 +151,6 @@ impl Page {
                         .filter(|c| Some(*c) != active && backend.choices.contains(c));
                     self.backend.set(Some(backend));
                     self.ready.set(true);
-                    if self.reopen.get_untracked() {
-                        self.reopen.set(false);
-                        self.post(&Request::OpenWebgpu);
-                    }
                     // A restarted worker opens the default backend, and
                     // one started after Stop may offer WebGPU only later:
                     // switch back to the one picked. A run waiting for the
@@ -232,14 +214,11 @@ impl Page {
         // An uncaught error in the worker (a panic traps its module) leaves
         // it unable to answer: replace it.
         let on_error = Closure::<dyn Fn(web_sys::Event)>::new(move |event: web_sys::Event| {
-            let message = js_sys::Reflect::get(&event, &"message".into())
-                .ok()
-                .and_then(|m| m.as_string())
-                .unwrap_or_else(|| "no message".to_string());
             self.replace_worker();
             self.notice.set(Some(format!(
-                "the worker running scripts crashed ({message}); a fresh one was started: \
-                 run the script again"
+                "the worker running scripts crashed ({}); a fresh one was started: \
+                 run the script again",
+                error_message(&event)
             )));
         });
         worker.set_onerror(Some(on_error.as_ref().unchecked_ref()));
@@ -409,57 +388,99 @@ impl Page {
 
     /// Terminates the worker and starts a fresh one; requests still
     /// unanswered are dropped. Where the worker ran on WebGPU, GPU work it
-    /// submitted may still run (no browser cancels it, and none opens a
-    /// device meanwhile): the fresh worker starts on the CPU, and
-    /// `gpu-probe.js` says when it may open WebGPU.
+    /// submitted may still run (no browser cancels it), and until it is
+    /// done the first WebGPU call of any thread blocks that thread: the
+    /// fresh worker runs scripts on the CPU without touching WebGPU, while
+    /// a successor opens WebGPU and takes over once it is open.
     fn replace_worker(self) {
         let on_gpu = self.backend.with_untracked(|b| {
             b.as_ref()
                 .and_then(|b| BackendChoice::of_backend(&b.active))
                 == Some(BackendChoice::Webgpu)
         });
+        // A successor still opening WebGPU: the GPU may still be busy.
+        let gpu_busy = on_gpu || self.successor.with_value(Option::is_some);
         terminate_held(self.worker);
         // Answers of the old worker, were any still in flight, are stale.
         self.latest.update(|id| *id += 1);
         self.held.set(None);
         self.backend.set(None);
-        self.spawn_worker(on_gpu);
+        self.spawn_worker(gpu_busy);
         if on_gpu {
             // Back to WebGPU once it reopens, unless the user picks.
             if self.chosen.get_untracked().is_none() {
                 self.chosen.set(Some(BackendChoice::Webgpu));
             }
-            self.await_free_gpu();
+            self.start_successor();
         }
         self.status.set(Status::Stopped);
     }
 
-    /// Starts `gpu-probe.js`, which answers once the browser's GPU has
-    /// finished the work of a stopped run; then asks the worker to open
-    /// WebGPU (at once, or at its Ready).
-    fn await_free_gpu(self) {
-        terminate_held(self.probe);
-        let probe = match Worker::new("./gpu-probe.js") {
-            Ok(probe) => probe,
+    /// Starts the worker that takes over once WebGPU opens again: its
+    /// first WebGPU call blocks it until the GPU has finished a stopped
+    /// run's work, which never holds up the scripts the worker in place
+    /// runs on the CPU meanwhile. Its Ready waits in
+    /// [`Page::successor_ready`] until no request is in flight
+    /// ([`Page::adopt_successor`]).
+    fn start_successor(self) {
+        terminate_held(self.successor);
+        self.successor_ready.set_value(None);
+        let successor = match start_module_worker(false) {
+            Ok(successor) => successor,
             Err(e) => {
-                self.notice
-                    .set(Some(format!("cannot watch for the GPU to be free: {e:?}")));
+                self.successor.set_value(None);
+                self.notice.set(Some(format!("WebGPU cannot reopen: {e}")));
                 return;
             }
         };
-        let on_free = Closure::<dyn Fn(MessageEvent)>::new(move |_: MessageEvent| {
-            terminate_held(self.probe);
-            self.probe.set_value(None);
-            if self.ready.get_untracked() {
-                self.post(&Request::OpenWebgpu);
-            } else {
-                self.reopen.set(true);
-            }
+        // Until it is adopted the successor says one thing: Ready.
+        let on_ready = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
+            self.successor_ready.set_value(Some(event.into()));
+            self.adopt_successor();
         });
-        probe.set_onmessage(Some(on_free.as_ref().unchecked_ref()));
-        // Lives as long as the probe; a probe answers once.
-        on_free.forget();
-        self.probe.set_value(Some(probe));
+        let on_error = Closure::<dyn Fn(web_sys::Event)>::new(move |event: web_sys::Event| {
+            terminate_held(self.successor);
+            self.successor.set_value(None);
+            self.successor_ready.set_value(None);
+            self.notice.set(Some(format!(
+                "WebGPU cannot reopen: the worker opening it failed ({})",
+                error_message(&event)
+            )));
+        });
+        successor.set_onmessage(Some(on_ready.as_ref().unchecked_ref()));
+        successor.set_onerror(Some(on_error.as_ref().unchecked_ref()));
+        // The handlers live as long as the successor does.
+        on_ready.forget();
+        on_error.forget();
+        self.successor.set_value(Some(successor));
+    }
+
+    /// Puts the successor, once it said Ready, in the place of the worker
+    /// answering on the CPU, unless a request is in flight (then this is
+    /// called again when the page is idle).
+    fn adopt_successor(self) {
+        if self.status.get_untracked() == Status::Running
+            || self.successor_ready.with_value(Option::is_none)
+        {
+            return;
+        }
+        let (mut successor, mut ready) = (None, None);
+        self.successor.update_value(|held| successor = held.take());
+        self.successor_ready
+            .update_value(|held| ready = held.take());
+        let (Some(successor), Some(ready)) = (successor, ready) else {
+            return;
+        };
+        terminate_held(self.worker);
+        self.latest.update(|id| *id += 1);
+        self.backend.set(None);
+        self.install_worker(
+            successor,
+            Early {
+                messages: vec![ready],
+                errors: Vec::new(),
+            },
+        );
     }
 
     /// Saves the shown report as `kiln-report.json`.
@@ -532,6 +553,34 @@ fn terminate_held(held: StoredValue<Option<Worker>, LocalStorage>) {
     });
 }
 
+/// The message of a worker's error event.
+fn error_message(event: &web_sys::Event) -> String {
+    js_sys::Reflect::get(event, &"message".into())
+        .ok()
+        .and_then(|m| m.as_string())
+        .unwrap_or_else(|| "no message".to_string())
+}
+
+/// Starts `worker.js` on the page's module; named [`CPU_FIRST_WORKER`]
+/// where `cpu_first`.
+fn start_module_worker(cpu_first: bool) -> Result<Worker, String> {
+    let options = WorkerOptions::new();
+    options.set_type(WorkerType::Module);
+    if cpu_first {
+        options.set_name(CPU_FIRST_WORKER);
+    }
+    let worker = Worker::new_with_options("./worker.js", &options)
+        .map_err(|e| format!("cannot start the worker: {e:?}"))?;
+    // The worker instantiates the page's own compiled module rather than
+    // fetching and compiling it again (`worker.js` waits for it), and the
+    // relaxed-SIMD kernel where `index.html` loaded it.
+    if let Err(e) = worker.post_message(&worker_start_message()) {
+        worker.terminate();
+        return Err(format!("cannot hand the module to the worker: {e:?}"));
+    }
+    Ok(worker)
+}
+
 /// What a worker sent before the page listened: its messages, in order,
 /// and its errors.
 #[derive(Default)]
@@ -601,8 +650,8 @@ fn App() -> impl IntoView {
         latest: RwSignal::new(0),
         selected: RwSignal::new(None),
         worker: StoredValue::new_local(None),
-        probe: StoredValue::new_local(None),
-        reopen: RwSignal::new(false),
+        successor: StoredValue::new_local(None),
+        successor_ready: StoredValue::new_local(None),
         ready: RwSignal::new(false),
         pending: RwSignal::new(false),
         notice: RwSignal::new(notice),
@@ -614,6 +663,12 @@ fn App() -> impl IntoView {
         editor: EditorHandle::new(),
     };
     page.spawn_worker(false);
+    // A successor ready while a request was in flight takes over after it.
+    Effect::new(move |_| {
+        if page.status.get() != Status::Running {
+            page.adopt_successor();
+        }
+    });
     let status_text = move || match page.status.get() {
         Status::Loading => "loading".to_string(),
         Status::Ready => "ready".to_string(),

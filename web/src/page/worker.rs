@@ -30,9 +30,8 @@ use web_sys::{DedicatedWorkerGlobalScope, MessageEvent};
 /// The name the page gives a worker it starts after Stop (or a crash)
 /// while WebGPU ran: a stopped run's GPU work cannot be cancelled, and
 /// until the GPU has finished it the browser blocks any thread that
-/// touches WebGPU. Such a worker runs scripts on the CPU at once and opens
-/// WebGPU only when the page says the GPU is free
-/// ([`Request::OpenWebgpu`]; `gpu-probe.js` finds out).
+/// touches WebGPU. Such a worker runs scripts on the CPU and never touches
+/// WebGPU; the page replaces it by one that opened WebGPU meanwhile.
 pub(super) const CPU_FIRST_WORKER: &str = "kiln-cpu-first";
 
 /// Everything the worker keeps.
@@ -48,10 +47,9 @@ struct Worker {
     cpu: TimedCpu,
     adapter: RefCell<Option<AdapterInfo>>,
     unavailable: RefCell<Option<String>>,
-    /// Whether the worker has said Ready (it answers requests since).
-    answering: Cell<bool>,
-    /// Whether it runs on the CPU while WebGPU still opens.
-    reopening: Cell<bool>,
+    /// Whether it runs on the CPU while another worker opens WebGPU
+    /// (a [`CPU_FIRST_WORKER`]).
+    reopening: bool,
 }
 
 #[wasm_bindgen]
@@ -169,16 +167,12 @@ pub fn start_worker() -> Result<(), JsValue> {
         cpu: TimedCpu::default(),
         adapter: RefCell::new(None),
         unavailable: RefCell::new(None),
-        answering: Cell::new(false),
-        reopening: Cell::new(cpu_first),
+        reopening: cpu_first,
     });
     let on_message = {
         let worker = worker.clone();
         Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
             match serde_wasm_bindgen::from_value::<Request>(event.data()) {
-                // Opening WebGPU waits for the GPU: it never holds up the
-                // runs queued on the CPU meanwhile.
-                Ok(Request::OpenWebgpu) => spawn_local(open_and_offer_webgpu(worker.clone())),
                 Ok(request) => {
                     worker.queue.borrow_mut().push_back(request);
                     if !worker.busy.get() {
@@ -195,50 +189,31 @@ pub fn start_worker() -> Result<(), JsValue> {
     if cpu_first {
         spawn_local(start_answering(worker, BackendChoice::Cpu));
     } else {
-        spawn_local(open_and_offer_webgpu(worker));
+        spawn_local(open_webgpu_and_answer(worker));
     }
     Ok(())
 }
 
-/// Opens WebGPU and keeps it (see [`webgpu_opened`]), unless it is open.
-async fn open_and_offer_webgpu(worker: Rc<Worker>) {
-    if worker.gpu.borrow().is_some() {
-        return;
-    }
-    let opened = open_webgpu().await;
-    webgpu_opened(worker, opened).await;
-}
-
-/// Keeps what opening WebGPU gave; starts answering on it, or, where the
-/// worker already answers on the CPU, offers it (the page switches back
-/// to the backend it picked).
-async fn webgpu_opened(worker: Rc<Worker>, opened: Result<(WgpuBackend, AdapterInfo), String>) {
-    match opened {
+/// Opens WebGPU (its first call may block until the GPU is free), then
+/// answers on it, or on the CPU where it did not open.
+async fn open_webgpu_and_answer(worker: Rc<Worker>) {
+    match open_webgpu().await {
         Ok((gpu, adapter)) => {
             // Calls are timed on the GPU where the adapter writes
             // timestamps.
             gpu.set_gpu_timing(true);
             *worker.gpu.borrow_mut() = Some(gpu);
             *worker.adapter.borrow_mut() = Some(adapter);
-            *worker.unavailable.borrow_mut() = None;
         }
         Err(reason) => *worker.unavailable.borrow_mut() = Some(reason),
     }
-    worker.reopening.set(false);
-    if worker.answering.get() {
-        worker.post(&Response::Ready {
-            backend: worker.status(),
-        });
-    } else {
-        start_answering(worker, BackendChoice::Webgpu).await;
-    }
+    start_answering(worker, BackendChoice::Webgpu).await;
 }
 
 /// Says Ready on `choice` (the CPU where WebGPU is missing) and answers the
 /// requests that waited.
 async fn start_answering(worker: Rc<Worker>, choice: BackendChoice) {
-    worker.answering.set(true);
-    if worker.reopening.get() {
+    if worker.reopening {
         *worker.unavailable.borrow_mut() = Some(
             "the GPU is finishing the stopped run's work (a browser cannot cancel submitted GPU \
              work): scripts run on the CPU until WebGPU reopens"
@@ -311,7 +286,7 @@ impl Worker {
             choices,
             adapter: self.adapter.borrow().clone(),
             unavailable: self.unavailable.borrow().clone(),
-            reopening: self.reopening.get(),
+            reopening: self.reopening,
             relaxed_products: kiln::ops::relaxed::relaxed_kernels_in_use(),
         }
     }
@@ -335,12 +310,12 @@ impl Worker {
                 let report = within(limit_ms, run)
                     .await
                     .unwrap_or_else(|| RunReport::past_gpu_limit(&script, limit_ms));
-                Some(Response::Report { id, report })
+                Response::Report { id, report }
             }
-            Request::Compare { id, script } => Some(Response::Comparison {
+            Request::Compare { id, script } => Response::Comparison {
                 id,
                 rows: session.compare(&script),
-            }),
+            },
             Request::Verify { id, script } => {
                 let verify = async {
                     let (mut report, verification) = session.verify(&script).await;
@@ -348,30 +323,26 @@ impl Worker {
                     (report, verification)
                 };
                 match within(limit_ms, verify).await {
-                    Some((report, verification)) => Some(Response::Verified {
+                    Some((report, verification)) => Response::Verified {
                         id,
                         report,
                         verification,
-                    }),
-                    None => Some(Response::Report {
+                    },
+                    None => Response::Report {
                         id,
                         report: RunReport::past_gpu_limit(&script, limit_ms),
-                    }),
+                    },
                 }
             }
             Request::SetBackend { backend } => {
                 session.count_device_calls(Some(self.use_backend(backend)));
-                Some(Response::Ready {
+                Response::Ready {
                     backend: self.status(),
-                })
+                }
             }
-            // Answered as it comes (see `start_worker`), never queued.
-            Request::OpenWebgpu => None,
         };
         *self.session.borrow_mut() = Some(session);
-        if let Some(response) = response {
-            self.post(&response);
-        }
+        self.post(&response);
     }
 
     /// Runs later scripts on `choice` (the CPU where WebGPU is missing);
