@@ -399,9 +399,10 @@ pub(super) fn relaxed_affine_dot(
     })
 }
 
-/// [`row_kernel`] compiled for `isa`, or for 4-bit codes (affine and NF4)
-/// in groups of a word layout it has one for, its table-lookup kernel
-/// ([`lut4_avx512`], [`lut4_avx2`]). `KIND`: 0 affine, 1 NF4, 2 int8.
+/// [`row_kernel`] compiled for `isa`, or for 2-bit affine and 4-bit codes
+/// (affine and NF4) in groups of a word layout it has one for, its
+/// table-lookup kernel ([`lut_avx512`], [`lut4_avx2`], [`affine4_avx2`],
+/// [`affine2_avx2`]). `KIND`: 0 affine, 1 NF4, 2 int8.
 fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, xp: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
@@ -413,29 +414,31 @@ fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, x
     fn avx2<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
         row_kernel::<BITS, KIND, true>(w, row, xp)
     }
-    // Words per group of the 4-bit formats the lookup kernels take; none
-    // for the other formats.
+    // Words per group of the formats the lookup kernels take; none for
+    // the other formats.
     #[cfg(target_arch = "x86_64")]
-    let lut4_words = (BITS == 4 && KIND < 2)
-        .then(|| w.format.group_size().unwrap_or(w.cols) / 8)
+    let lut_words = ((BITS == 4 && KIND < 2) || (BITS == 2 && KIND == 0))
+        .then(|| w.format.group_size().unwrap_or(w.cols) / (32 / BITS) as usize)
         .filter(|&g| g > 0);
     // SAFETY (every call below): `Isa::detect` names a unit only where the
     // CPU has it (AVX-512F/BW implies AVX2 and FMA).
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
-            match lut4_words {
-                Some(4) => lut4_avx512::<KIND, 4>(w, row, xp),
-                Some(8) => lut4_avx512::<KIND, 8>(w, row, xp),
-                Some(g) if g.is_multiple_of(16) => lut4_avx512::<KIND, 16>(w, row, xp),
+            match lut_words {
+                Some(4) => lut_avx512::<BITS, KIND, 4>(w, row, xp),
+                Some(8) => lut_avx512::<BITS, KIND, 8>(w, row, xp),
+                Some(g) if g.is_multiple_of(16) => lut_avx512::<BITS, KIND, 16>(w, row, xp),
                 _ => avx512::<BITS, KIND>(w, row, xp),
             }
         },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe {
-            match lut4_words {
-                Some(g) if KIND == 0 && g.is_multiple_of(8) => affine4_avx2(w, row, xp),
-                Some(g) if g.is_multiple_of(8) => lut4_avx2::<KIND>(w, row, xp),
+            match (BITS, lut_words) {
+                (4, Some(g)) if KIND == 0 && g.is_multiple_of(8) => affine4_avx2(w, row, xp),
+                (4, Some(g)) if g.is_multiple_of(8) => lut4_avx2::<KIND>(w, row, xp),
+                (2, Some(4)) => affine2_avx2::<4>(w, row, xp),
+                (2, Some(g)) if g.is_multiple_of(8) => affine2_avx2::<8>(w, row, xp),
                 _ => avx2::<BITS, KIND>(w, row, xp),
             }
         },
@@ -661,16 +664,18 @@ unsafe fn lut4_table<const KIND: u8>(
     }
 }
 
-/// The 16 codes' levels: `0..16` (affine) or [`NF4_LEVELS`].
+/// The levels of a table of 16 entries indexed by a lane's low four bits:
+/// `0..16` for 4-bit affine codes, [`NF4_LEVELS`] for NF4, and for 2-bit
+/// codes `0..4` four times (entry `i` is level `i mod 4`), so that the
+/// next code's bits above a code pick the same entry and need no mask.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn lut4_levels<const KIND: u8>() -> std::arch::x86_64::__m512 {
+unsafe fn lut_levels<const BITS: u32, const KIND: u8>() -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
     if KIND == 0 {
-        _mm512_cvtepi32_ps(_mm512_setr_epi32(
-            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
-        ))
+        let levels: [f32; 16] = std::array::from_fn(|i| (i % (1 << BITS)) as f32);
+        _mm512_loadu_ps(levels.as_ptr())
     } else {
         _mm512_loadu_ps(NF4_LEVELS.as_ptr())
     }
@@ -820,7 +825,7 @@ unsafe fn decode4_avx512<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]
     assert!(
         out.len() == w.cols && group.is_multiple_of(16) && words.len() * 8 == scales.len() * group
     );
-    let levels = lut4_levels::<KIND>();
+    let levels = lut_levels::<4, KIND>();
     let pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     let shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
     for (g, &s) in scales.iter().enumerate() {
@@ -874,25 +879,30 @@ unsafe fn decode4_avx2<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]) 
     }
 }
 
-/// [`fused_dot`] of 4-bit affine (`KIND` 0) or NF4 (`KIND` 1) codes with
-/// AVX-512, in groups of `GW` words (4 or 8), or of a multiple of 16
-/// words (`GW` = 16): each group's 16 decoded values ([`lut4_table`]) form
-/// a table in one register, and a code, shifted into the low bits of its
-/// lane, indexes it (`vpermps` reads only the low 4 bits), so a vector of
-/// 16 products costs a shift, a permute and an FMA. Lane `l` of step `t`
-/// of a group reads flat position `16t + l` of the group's [`permute`]d
-/// `x`: word `(16t + l) % GW`, code `(16t + l) / GW`. The word layout is a
-/// type parameter so that the steps of a group unroll with their shifts
-/// and accumulators in registers.
+/// [`fused_dot`] of 2- or 4-bit affine (`KIND` 0) or NF4 (`KIND` 1)
+/// codes with AVX-512, in groups of `GW` words (4 or 8), or of a multiple
+/// of 16 words (`GW` = 16): each group's decoded values ([`lut4_table`] of
+/// [`lut_levels`]) form a table of 16 entries in one register, and a code,
+/// shifted into the low bits of its lane, indexes it (`vpermps` reads
+/// only the low 4 bits), so a vector of 16 products costs a shift, a
+/// permute and an FMA. Lane `l` of step `t` of a group reads flat position
+/// `16t + l` of the group's [`permute`]d `x`: word `(16t + l) % GW`, code
+/// `(16t + l) / GW`. The word layout is a type parameter so that the steps
+/// of a group unroll with their shifts and accumulators in registers.
 ///
 /// # Safety
 /// The CPU must have AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn lut4_avx512<const KIND: u8, const GW: usize>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+unsafe fn lut_avx512<const BITS: u32, const KIND: u8, const GW: usize>(
+    w: &Weight,
+    row: usize,
+    xp: &[f32],
+) -> f32 {
     use std::arch::x86_64::*;
+    let per_word = (32 / BITS) as usize;
     let group = w.format.group_size().unwrap_or(w.cols);
-    let group_words = group / 8;
+    let group_words = group / per_word;
     let words = row_words(w, row);
     let (scales, biases) = row_scales(w, row);
     let layout = if GW < 16 {
@@ -900,17 +910,17 @@ unsafe fn lut4_avx512<const KIND: u8, const GW: usize>(w: &Weight, row: usize, x
     } else {
         group_words.is_multiple_of(16)
     };
-    assert!(layout && xp.len() >= w.cols && words.len() * 8 == scales.len() * group);
-    let levels = lut4_levels::<KIND>();
+    assert!(layout && xp.len() >= w.cols && words.len() * per_word == scales.len() * group);
+    let levels = lut_levels::<BITS, KIND>();
     let mut acc = [_mm512_setzero_ps(); 4];
     if GW < 16 {
         // A group's words broadcast to every block of GW lanes: step 0
         // shifts lane `l` to code `l / GW` of its word, and each further
         // step moves every lane on by 16 / GW codes (a shift by a
         // constant, which compiles to one immediate shift).
-        let first: [i32; 16] = std::array::from_fn(|l| (4 * (l / GW)) as i32);
+        let first: [i32; 16] = std::array::from_fn(|l| (BITS as usize * (l / GW)) as i32);
         let first = _mm512_loadu_si512(first.as_ptr().cast());
-        let step = _mm512_set1_epi32((4 * 16 / GW) as i32);
+        let step = _mm512_set1_epi32((BITS as usize * 16 / GW) as i32);
         for (g, &s) in scales.iter().enumerate() {
             let table = lut4_table::<KIND>(_mm512_set1_ps(s), levels, biases.map(|b| b[g]));
             let gwords = words.as_ptr().add(g * GW);
@@ -920,11 +930,12 @@ unsafe fn lut4_avx512<const KIND: u8, const GW: usize>(w: &Weight, row: usize, x
                 _ => _mm512_broadcast_i64x4(_mm256_loadu_si256(gwords.cast())),
             };
             let mut codes = _mm512_srlv_epi32(broadcast, first);
-            for (t, a) in acc.iter_mut().enumerate().take(GW / 2) {
+            for t in 0..GW * per_word / 16 {
                 if t > 0 {
                     codes = _mm512_srlv_epi32(codes, step);
                 }
                 let decoded = _mm512_permutexvar_ps(codes, table);
+                let a = &mut acc[t % 4];
                 *a = _mm512_fmadd_ps(decoded, _mm512_loadu_ps(x.add(16 * t)), *a);
             }
         }
@@ -936,8 +947,8 @@ unsafe fn lut4_avx512<const KIND: u8, const GW: usize>(w: &Weight, row: usize, x
             let x = xp.as_ptr().add(g * group);
             for c in 0..group_words / 16 {
                 let v = _mm512_loadu_si512(gwords.add(16 * c).cast());
-                for j in 0..8 {
-                    let codes = _mm512_srlv_epi32(v, _mm512_set1_epi32(4 * j as i32));
+                for j in 0..per_word {
+                    let codes = _mm512_srlv_epi32(v, _mm512_set1_epi32((BITS as usize * j) as i32));
                     let x = _mm512_loadu_ps(x.add(j * group_words + 16 * c));
                     let a = &mut acc[j % 4];
                     *a = _mm512_fmadd_ps(_mm512_permutexvar_ps(codes, table), x, *a);
@@ -1067,6 +1078,74 @@ unsafe fn affine4_avx2(w: &Weight, row: usize, xp: &[f32]) -> f32 {
                 let x = _mm256_loadu_ps(x.add(j * group_words + 8 * c));
                 let a = &mut acc[j % 4];
                 *a = _mm256_fmadd_ps(weights, x, *a);
+            }
+        }
+    }
+    let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    _mm_cvtss_f32(_mm_add_ss(quad, _mm_movehdup_ps(quad)))
+}
+
+/// [`fused_dot`] of 2-bit affine codes with AVX2, in groups of 4 words
+/// (`GW` = 4) or of a multiple of 8 words (`GW` = 8): a group's four
+/// decoded values, twice over, form a table of 8 entries, and a code,
+/// shifted into the low bits of its lane, indexes it (`vpermps` reads
+/// three bits, and the next code's low bit above picks the same entry),
+/// so a vector of 8 products costs a shift, a permute and an FMA. In
+/// groups of 4 words the group's words are broadcast to both halves, and
+/// lane `l` of step `t` reads flat position `8t + l` of the group's
+/// [`permute`]d `x` (word `l mod 4`); in larger groups step `j` of the
+/// `c`-th eight words reads position `j·group_words + 8c + l`.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn affine2_avx2<const GW: usize>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let group = w.format.group_size().unwrap_or(w.cols);
+    let group_words = group / 16;
+    let words = row_words(w, row);
+    let (scales, biases) = row_scales(w, row);
+    let biases = biases.expect("the affine format has biases");
+    let layout = if GW == 4 {
+        group_words == 4
+    } else {
+        group_words > 0 && group_words.is_multiple_of(8)
+    };
+    assert!(layout && xp.len() >= w.cols && words.len() * 16 == scales.len() * group);
+    let levels = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (g, (&s, &b)) in scales.iter().zip(biases).enumerate() {
+        // `s·q + b` as a product and a sum, as `Weight::decode_cols`
+        // rounds it.
+        let table = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(s), levels), _mm256_set1_ps(b));
+        let gwords = words.as_ptr().add(g * group_words);
+        let x = xp.as_ptr().add(g * group);
+        if GW == 4 {
+            let mut codes = _mm256_srlv_epi32(
+                _mm256_broadcastsi128_si256(_mm_loadu_si128(gwords.cast())),
+                _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2),
+            );
+            for t in 0..8 {
+                if t > 0 {
+                    codes = _mm256_srli_epi32::<4>(codes);
+                }
+                let decoded = _mm256_permutevar8x32_ps(table, codes);
+                let a = &mut acc[t % 4];
+                *a = _mm256_fmadd_ps(decoded, _mm256_loadu_ps(x.add(8 * t)), *a);
+            }
+        } else {
+            for c in 0..group_words / 8 {
+                let v = _mm256_loadu_si256(gwords.add(8 * c).cast());
+                for j in 0..16 {
+                    let codes = _mm256_srlv_epi32(v, _mm256_set1_epi32(2 * j as i32));
+                    let decoded = _mm256_permutevar8x32_ps(table, codes);
+                    let x = _mm256_loadu_ps(x.add(j * group_words + 8 * c));
+                    let a = &mut acc[j % 4];
+                    *a = _mm256_fmadd_ps(decoded, x, *a);
+                }
             }
         }
     }
