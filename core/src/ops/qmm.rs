@@ -417,6 +417,9 @@ fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, x
     // Words per group of the formats the lookup kernels take; none for
     // the other formats.
     #[cfg(target_arch = "x86_64")]
+    let straddling =
+        32 % BITS != 0 && KIND == 0 && matches!(w.format.group_size(), Some(32 | 64 | 128));
+    #[cfg(target_arch = "x86_64")]
     let lut_words = ((BITS == 4 && KIND < 2) || (BITS == 2 && KIND == 0))
         .then(|| w.format.group_size().unwrap_or(w.cols) / (32 / BITS) as usize)
         .filter(|&g| g > 0);
@@ -429,6 +432,7 @@ fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, x
                 Some(4) => lut_avx512::<BITS, KIND, 4>(w, row, xp),
                 Some(8) => lut_avx512::<BITS, KIND, 8>(w, row, xp),
                 Some(g) if g.is_multiple_of(16) => lut_avx512::<BITS, KIND, 16>(w, row, xp),
+                None if straddling => straddling_avx512::<BITS>(w, row, xp),
                 _ => avx512::<BITS, KIND>(w, row, xp),
             }
         },
@@ -1170,6 +1174,97 @@ macro_rules! each_of_32 {
     };
 }
 
+/// [`fused_dot`] of 3-, 5- or 6-bit affine codes with AVX-512, in groups
+/// of one, two or four units (32, 64 or 128 codes): [`fused_row`]'s lanes
+/// and shifts, in registers. A run's words load as `BITS` vectors and are
+/// transposed by permutes (lane `l` of vector `o` then holds word `o` of
+/// unit `l`), and its scales and biases are spread over the lanes by one
+/// permute each, where the portable kernel fills each lane by a store and
+/// reads the lanes back as a vector (a store-forwarding stall).
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn straddling_avx512<const BITS: u32>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let words_per_unit = BITS as usize;
+    let group = w.format.group_size().unwrap_or(w.cols);
+    let units_per_group = group / 32;
+    let words = row_words(w, row);
+    let (scales, biases) = row_scales(w, row);
+    let biases = biases.expect("the affine format has biases");
+    assert!(
+        matches!(BITS, 3 | 5 | 6)
+            && matches!(group, 32 | 64 | 128)
+            && xp.len() >= w.cols
+            && words.len() * 32 == scales.len() * group * words_per_unit
+    );
+    // Vector `o` of a run's units takes lane `l` from word `l·BITS + o` of
+    // the run: from the pair of loaded vectors `p = (l·BITS + o) / 32`,
+    // at `(l·BITS + o) mod 32` of the pair.
+    let pairs = words_per_unit.div_ceil(2);
+    let mut index = [_mm512_setzero_si512(); 6];
+    let mut in_pair = [[0u16; 3]; 6];
+    for o in 0..words_per_unit {
+        let lanes: [i32; LANES] = std::array::from_fn(|l| ((l * words_per_unit + o) % 32) as i32);
+        index[o] = _mm512_loadu_si512(lanes.as_ptr().cast());
+        for l in 0..LANES {
+            in_pair[o][(l * words_per_unit + o) / 32] |= 1 << l;
+        }
+    }
+    // Lane `l` of a run is unit `l`, of the run's group `l / units_per_group`.
+    let group_of_lane: [i32; LANES] = std::array::from_fn(|l| (l / units_per_group) as i32);
+    let group_of_lane = _mm512_loadu_si512(group_of_lane.as_ptr().cast());
+    let run_groups = ((1u32 << (LANES / units_per_group)) - 1) as u16;
+    let mask = _mm512_set1_epi32((1 << BITS) - 1);
+    let runs = words.len() / (LANES * words_per_unit);
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for r in 0..runs {
+        let run = words.as_ptr().add(r * LANES * words_per_unit);
+        let mut loaded = [_mm512_setzero_si512(); 6];
+        for (k, v) in loaded.iter_mut().enumerate().take(words_per_unit) {
+            *v = _mm512_loadu_si512(run.add(LANES * k).cast());
+        }
+        let mut unit_words = [_mm512_setzero_si512(); 6];
+        for o in 0..words_per_unit {
+            let mut v = _mm512_permutex2var_epi32(loaded[0], index[o], loaded[1]);
+            for p in 1..pairs {
+                // An odd last vector pairs with itself.
+                let second = loaded[(2 * p + 1).min(words_per_unit - 1)];
+                let from_pair = _mm512_permutex2var_epi32(loaded[2 * p], index[o], second);
+                v = _mm512_mask_blend_epi32(in_pair[o][p], v, from_pair);
+            }
+            unit_words[o] = v;
+        }
+        let first_group = r * LANES / units_per_group;
+        let spread = |values: &[f32]| {
+            let run_values = _mm512_maskz_loadu_ps(run_groups, values.as_ptr().add(first_group));
+            _mm512_permutexvar_ps(group_of_lane, run_values)
+        };
+        let (s, b) = (spread(scales), spread(biases));
+        let x = xp.as_ptr().add(r * LANES * 32);
+        // As in `fused_row`: every code spelled out, with constant shifts,
+        // code `j` into partial sum `j mod 4`.
+        each_of_32!(j => {
+            let bit = j * BITS as usize;
+            let (o, shift) = (bit / 32, (bit % 32) as i32);
+            let straddles = shift as u32 + BITS > 32;
+            let mut code = _mm512_srlv_epi32(unit_words[o], _mm512_set1_epi32(shift));
+            if straddles {
+                let high = unit_words[if straddles { o + 1 } else { o }];
+                code = _mm512_or_si512(code, _mm512_sllv_epi32(high, _mm512_set1_epi32(32 - shift)));
+            }
+            let decoded = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_and_si512(code, mask)), b);
+            let a = &mut acc[j % 4];
+            *a = _mm512_fmadd_ps(decoded, _mm512_loadu_ps(x.add(j * LANES)), *a);
+        });
+    }
+    let pair = (_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    _mm512_reduce_add_ps(_mm512_add_ps(pair.0, pair.1))
+        + straddling_tail::<BITS, 0, true>(w, row, xp, runs * LANES * 32)
+}
+
 /// The body of [`fused_dot`] for codes that straddle words: runs of [`LANES`] units, lane `l` unpacking
 /// unit `l` of the run with the same shifts as every other lane.
 #[inline(always)]
@@ -1234,9 +1329,23 @@ fn fused_row<const BITS: u32, const KIND: u8, const FMA: bool>(
             }
         });
     }
-    // Units after the last full run, one code at a time, in order.
+    acc.iter().flatten().sum::<f32>()
+        + straddling_tail::<BITS, KIND, FMA>(w, row, xp, full_runs * LANES * codes)
+}
+
+/// `x · w[row]` over the codes from `first_col` on (the units after the
+/// last full run of [`fused_row`]), one code at a time, in order.
+fn straddling_tail<const BITS: u32, const KIND: u8, const FMA: bool>(
+    w: &Weight,
+    row: usize,
+    xp: &[f32],
+    first_col: usize,
+) -> f32 {
+    let mask = ((1u64 << BITS) - 1) as u32;
+    let words = row_words(w, row);
+    let group = w.format.group_size().unwrap_or(w.cols);
+    let (scales, biases) = row_scales(w, row);
     let mut tail = 0.0f32;
-    let first_col = full_runs * LANES * codes;
     for (c, &x) in xp.iter().enumerate().take(w.cols).skip(first_col) {
         let bit = c * BITS as usize;
         let (word, shift) = (bit / 32, bit % 32);
@@ -1249,5 +1358,5 @@ fn fused_row<const BITS: u32, const KIND: u8, const FMA: bool>(
         );
         tail = madd::<FMA>(v, x, tail);
     }
-    acc.iter().flatten().sum::<f32>() + tail
+    tail
 }
