@@ -443,6 +443,7 @@ fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, x
                 (4, Some(g)) if g.is_multiple_of(8) => lut4_avx2::<KIND>(w, row, xp),
                 (2, Some(4)) => affine2_avx2::<4>(w, row, xp),
                 (2, Some(g)) if g.is_multiple_of(8) => affine2_avx2::<8>(w, row, xp),
+                (_, None) if straddling => straddling_avx2::<BITS>(w, row, xp),
                 _ => avx2::<BITS, KIND>(w, row, xp),
             }
         },
@@ -1262,6 +1263,97 @@ unsafe fn straddling_avx512<const BITS: u32>(w: &Weight, row: usize, xp: &[f32])
     }
     let pair = (_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
     _mm512_reduce_add_ps(_mm512_add_ps(pair.0, pair.1))
+        + straddling_tail::<BITS, 0, true>(w, row, xp, runs * LANES * 32)
+}
+
+/// [`straddling_avx512`] with AVX2: each run of [`LANES`] units in two
+/// halves of eight. A half's words load as `BITS` vectors of eight, and
+/// vector `o` of its units takes lane `l` from word `l·BITS + o`: a
+/// permute of every loaded vector, blended by the lanes each one gives.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn straddling_avx2<const BITS: u32>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    const HALF: usize = LANES / 2;
+    let words_per_unit = BITS as usize;
+    let group = w.format.group_size().unwrap_or(w.cols);
+    let units_per_group = group / 32;
+    let words = row_words(w, row);
+    let (scales, biases) = row_scales(w, row);
+    let biases = biases.expect("the affine format has biases");
+    assert!(
+        matches!(BITS, 3 | 5 | 6)
+            && matches!(group, 32 | 64 | 128)
+            && xp.len() >= w.cols
+            && words.len() * 32 == scales.len() * group * words_per_unit
+    );
+    let vector = |lanes: [i32; HALF]| _mm256_loadu_si256(lanes.as_ptr().cast());
+    let mut index = [_mm256_setzero_si256(); 6];
+    let mut from = [[_mm256_setzero_si256(); 6]; 6];
+    for o in 0..words_per_unit {
+        index[o] = vector(std::array::from_fn(|l| {
+            ((l * words_per_unit + o) % HALF) as i32
+        }));
+        for (k, lanes) in from[o].iter_mut().enumerate().take(words_per_unit) {
+            *lanes = vector(std::array::from_fn(|l| {
+                -i32::from((l * words_per_unit + o) / HALF == k)
+            }));
+        }
+    }
+    let group_of_lane = vector(std::array::from_fn(|l| (l / units_per_group) as i32));
+    let half_groups = vector(std::array::from_fn(|l| {
+        -i32::from(l < HALF / units_per_group)
+    }));
+    let mask = _mm256_set1_epi32((1 << BITS) - 1);
+    let runs = words.len() / (LANES * words_per_unit);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for r in 0..runs {
+        for h in 0..2 {
+            let first_unit = r * LANES + h * HALF;
+            let first_word = words.as_ptr().add(first_unit * words_per_unit);
+            let mut loaded = [_mm256_setzero_si256(); 6];
+            for (k, v) in loaded.iter_mut().enumerate().take(words_per_unit) {
+                *v = _mm256_loadu_si256(first_word.add(HALF * k).cast());
+            }
+            let mut unit_words = [_mm256_setzero_si256(); 6];
+            for o in 0..words_per_unit {
+                let mut v = _mm256_permutevar8x32_epi32(loaded[0], index[o]);
+                for k in 1..words_per_unit {
+                    let moved = _mm256_permutevar8x32_epi32(loaded[k], index[o]);
+                    v = _mm256_blendv_epi8(v, moved, from[o][k]);
+                }
+                unit_words[o] = v;
+            }
+            let first_group = first_unit / units_per_group;
+            let spread = |values: &[f32]| {
+                let half_values = _mm256_maskload_ps(values.as_ptr().add(first_group), half_groups);
+                _mm256_permutevar8x32_ps(half_values, group_of_lane)
+            };
+            let (s, b) = (spread(scales), spread(biases));
+            let x = xp.as_ptr().add(r * LANES * 32 + h * HALF);
+            each_of_32!(j => {
+                let bit = j * BITS as usize;
+                let (o, shift) = (bit / 32, (bit % 32) as i32);
+                let straddles = shift as u32 + BITS > 32;
+                let mut code = _mm256_srlv_epi32(unit_words[o], _mm256_set1_epi32(shift));
+                if straddles {
+                    let high = unit_words[if straddles { o + 1 } else { o }];
+                    code = _mm256_or_si256(code, _mm256_sllv_epi32(high, _mm256_set1_epi32(32 - shift)));
+                }
+                let code = _mm256_cvtepi32_ps(_mm256_and_si256(code, mask));
+                let decoded = _mm256_fmadd_ps(s, code, b);
+                let a = &mut acc[j % 4];
+                *a = _mm256_fmadd_ps(decoded, _mm256_loadu_ps(x.add(j * LANES)), *a);
+            });
+        }
+    }
+    let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    _mm_cvtss_f32(_mm_add_ss(quad, _mm_movehdup_ps(quad)))
         + straddling_tail::<BITS, 0, true>(w, row, xp, runs * LANES * 32)
 }
 
