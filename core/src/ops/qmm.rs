@@ -6,9 +6,13 @@
 //!   word per lane; for 3-, 5- and 6-bit codes the `bits` words of 32
 //!   codes per lane), decoded with their group's scale and bias, and
 //!   multiplied into `x` permuted once into the same lane order: one pass
-//!   over the codes. With AVX-512, 4-bit codes (affine and NF4) index a
-//!   16-entry table of their group's decoded values held in a register
-//!   (`vpermps`): a shift, a lookup and an FMA per 16 codes.
+//!   over the codes. With AVX-512, 2- and 4-bit codes (affine, and NF4)
+//!   index a 16-entry table of their group's decoded values held in a
+//!   register (`vpermps`): a shift, a lookup and an FMA per 16 codes; with
+//!   AVX2, 2-bit codes an 8-entry one, and 4-bit affine codes are moved
+//!   into place by byte shuffles. With either unit, 3-, 5- and 6-bit codes
+//!   in groups of 32, 64 or 128 have kernels of their own that transpose a
+//!   run's words into the lanes by permutes.
 //! * More rows: a panel of decoded weight rows (a tile of at most
 //!   [`PANEL_ROWS`]·k values, cache-resident) feeds the dense GEMM
 //!   microkernels, so each decoded tile serves every row of `x` (4-bit
