@@ -31,24 +31,25 @@ fn wanted(name: &str, names: &[String]) -> bool {
     names.iter().any(|n| n == "quant") || selected(name, names)
 }
 
-/// The weight of `args[1..]` in the benchmark format.
-fn weight(args: &[Array]) -> Quantized {
+/// The weight of `args[1..]` (packed codes, scales and, for the affine
+/// formats, biases) in `format`.
+fn weight(args: &[Array], format: QuantFormat) -> Quantized {
     Quantized {
         packed: args[1].clone(),
         scales: args[2].clone(),
-        biases: Some(args[3].clone()),
-        format: FORMAT,
+        biases: args.get(3).cloned(),
+        format,
     }
 }
 
 /// `x @ wᵀ` read from the packed codes.
 fn quantized(args: Vec<Array>) -> Array {
-    quantized_matmul(&args[0], &weight(&args), true)
+    quantized_matmul(&args[0], &weight(&args, FORMAT), true)
 }
 
 /// The same product through the dequantized weight.
 fn dequantized(args: Vec<Array>) -> Array {
-    args[0].matmul(&weight(&args).dequantize().transpose())
+    args[0].matmul(&weight(&args, FORMAT).dequantize().transpose())
 }
 
 /// `x @ w` with the weight dense f32, dequantized and transposed before
@@ -59,7 +60,7 @@ fn dense(args: Vec<Array>) -> Array {
 
 /// `[x, wᵀ]`: the dense baseline's arguments for the quantized `args`.
 fn dense_arguments(args: &[Array]) -> Vec<Array> {
-    let w = weight(args).dequantize().transpose();
+    let w = weight(args, FORMAT).dequantize().transpose();
     let w = Array::from_data(
         (*w.data().expect("dequantizes")).clone(),
         &w.shape().as_known().expect("known"),
@@ -70,16 +71,18 @@ fn dense_arguments(args: &[Array]) -> Vec<Array> {
 
 /// `[x, packed, scales, biases]` of an `m`×4096 x and a 4096×4096 weight.
 fn arguments(m: usize) -> Vec<Array> {
-    square_arguments(m, 4096)
+    square_arguments(m, 4096, FORMAT)
 }
 
-/// `[x, packed, scales, biases]` of an `m`×`n` x and an `n`×`n` weight.
-fn square_arguments(m: usize, n: usize) -> Vec<Array> {
-    let ramp = |len: usize, step: f32| (0..len).map(move |i| ((i % 1000) as f32 - 500.0) * step);
-    let w = Array::from_vec(ramp(n * n, 1e-3).collect(), &[n, n]).expect("sized");
-    let q = quantize(&w, FORMAT);
-    let mut args = vec![Array::from_vec(ramp(m * n, 1e-3).collect(), &[m, n]).expect("sized")];
-    args.extend([q.packed, q.scales, q.biases.expect("affine has biases")]);
+/// `[x, packed, scales, biases]` of an `m`×`n` x and an `n`×`n` weight in
+/// `format` (no biases where it has none).
+fn square_arguments(m: usize, n: usize, format: QuantFormat) -> Vec<Array> {
+    let ramp = |len: usize| (0..len).map(|i| ((i % 1000) as f32 - 500.0) * 1e-3);
+    let w = Array::from_vec(ramp(n * n).collect(), &[n, n]).expect("sized");
+    let q = quantize(&w, format);
+    let mut args = vec![Array::from_vec(ramp(m * n).collect(), &[m, n]).expect("sized")];
+    args.extend([q.packed, q.scales]);
+    args.extend(q.biases);
     for a in &args {
         a.eval().expect("quantizes");
     }
@@ -94,7 +97,7 @@ pub(crate) fn wgpu_products(gpu: &WgpuBackend, names: &[String], report: &mut Be
         let name = format!("wgpu_qmm_4bit_1024x1024_m{m}");
         if selected(&name, names) {
             let q = compile(quantized).with_backend(gpu.clone());
-            let us = device_ms(gpu, &q, square_arguments(m, 1024), iterations) * 1e3;
+            let us = device_ms(gpu, &q, square_arguments(m, 1024, FORMAT), iterations) * 1e3;
             report.record(name, us, "us");
         }
     }
@@ -229,28 +232,13 @@ pub(crate) fn format_products(names: &[String], report: &mut BenchReport) {
         if !super::matmul::wanted(&figure, names) {
             continue;
         }
-        let n = 4096;
-        let ramp = |len: usize| (0..len).map(|i| ((i % 1000) as f32 - 500.0) * 1e-3);
-        let w = Array::from_vec(ramp(n * n).collect(), &[n, n]).expect("sized");
-        let q = quantize(&w, format);
-        let x = Array::from_vec(ramp(n).collect(), &[1, n]).expect("sized");
-        let mut args = vec![x, q.packed, q.scales];
-        args.extend(q.biases);
-        for a in &args {
-            a.eval().expect("quantizes");
-        }
+        let args = square_arguments(1, 4096, format);
         let weight_bytes: usize = args[1..]
             .iter()
             .map(|a| a.data().expect("data").size_bytes())
             .sum();
         let product = compile(move |args: Vec<Array>| {
-            let w = Quantized {
-                packed: args[1].clone(),
-                scales: args[2].clone(),
-                biases: args.get(3).cloned(),
-                format,
-            };
-            quantized_matmul(&args[0], &w, true)
+            quantized_matmul(&args[0], &weight(&args, format), true)
         });
         let us = median_micros(40, || {
             std::hint::black_box(product.call(&args).expect("runs").data().expect("runs"));
