@@ -1533,14 +1533,17 @@ mod tests {
         fn quantized_matmul_is_within_the_per_k_bound_of_an_f64_product(
             m in 0usize..7,
             n in 1usize..40,
-            groups in 1usize..4,
+            // A few groups (all in the kernels' tails), or enough for a
+            // full run of 16 code units and a tail.
+            groups in prop_oneof![1usize..4, 16usize..18],
             batch in 1usize..3,
             transpose in any::<bool>(),
             format in prop::sample::select(vec![
-                QuantFormat::affine(2, 32), QuantFormat::affine(3, 32),
+                QuantFormat::affine(2, 32), QuantFormat::affine(2, 64),
+                QuantFormat::affine(3, 32), QuantFormat::affine(3, 128),
                 QuantFormat::affine(4, 64), QuantFormat::affine(5, 32),
-                QuantFormat::affine(6, 64), QuantFormat::affine(8, 128),
-                QuantFormat::Nf4, QuantFormat::Int8,
+                QuantFormat::affine(5, 64), QuantFormat::affine(6, 64),
+                QuantFormat::affine(8, 128), QuantFormat::Nf4, QuantFormat::Int8,
             ]),
             seed in any::<u32>(),
         ) {
