@@ -406,7 +406,9 @@ pub(super) fn relaxed_affine_dot(
 /// [`row_kernel`] compiled for `isa`, or for 2-bit affine and 4-bit codes
 /// (affine and NF4) in groups of a word layout it has one for, its
 /// table-lookup kernel ([`lut_avx512`], [`lut4_avx2`], [`affine4_avx2`],
-/// [`affine2_avx2`]). `KIND`: 0 affine, 1 NF4, 2 int8.
+/// [`affine2_avx2`]), and for 3-, 5- and 6-bit affine codes in groups of
+/// 32, 64 or 128 its straddling kernel ([`straddling_avx512`],
+/// [`straddling_avx2`]). `KIND`: 0 affine, 1 NF4, 2 int8.
 fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, xp: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
@@ -418,11 +420,13 @@ fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, x
     fn avx2<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
         row_kernel::<BITS, KIND, true>(w, row, xp)
     }
-    // Words per group of the formats the lookup kernels take; none for
-    // the other formats.
+    // Whether the straddling kernels take the format: codes across words,
+    // in groups of one, two or four units.
     #[cfg(target_arch = "x86_64")]
     let straddling =
         32 % BITS != 0 && KIND == 0 && matches!(w.format.group_size(), Some(32 | 64 | 128));
+    // Words per group of the formats the lookup kernels take; none for
+    // the other formats.
     #[cfg(target_arch = "x86_64")]
     let lut_words = ((BITS == 4 && KIND < 2) || (BITS == 2 && KIND == 0))
         .then(|| w.format.group_size().unwrap_or(w.cols) / (32 / BITS) as usize)
@@ -656,12 +660,13 @@ fn row_scales<'w>(w: &'w Weight, row: usize) -> (&'w [f32], Option<&'w [f32]>) {
     )
 }
 
-/// The 16 decoded values of one group's 4-bit codes: `s·q + b` (a product
-/// and a sum, rounded as [`Weight::decode_cols`] rounds them) or `s·level`.
+/// One group's table of 16 decoded values ([`lut_levels`]): `s·q + b` (a
+/// product and a sum, rounded as [`Weight::decode_cols`] rounds them) or
+/// `s·level`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn lut4_table<const KIND: u8>(
+unsafe fn lut_table<const KIND: u8>(
     s: std::arch::x86_64::__m512,
     levels: std::arch::x86_64::__m512,
     bias: Option<f32>,
@@ -690,7 +695,7 @@ unsafe fn lut_levels<const BITS: u32, const KIND: u8>() -> std::arch::x86_64::__
     }
 }
 
-/// The two halves of [`lut4_table`] in AVX2 registers (`vpermps` of
+/// The two halves of [`lut_table`] in AVX2 registers (`vpermps` of
 /// eight lanes reads three index bits; bit 3 picks the half).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
@@ -712,7 +717,7 @@ unsafe fn lut4_table_avx2<const KIND: u8>(
     }
 }
 
-/// [`lut4_levels`] in two AVX2 halves.
+/// [`lut_levels`] of 4-bit codes in two AVX2 halves.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -820,7 +825,7 @@ fn decode4_affine(w: &Weight, row: usize, out: &mut [f32]) {
 
 /// [`decode_row`] for 4-bit codes in groups of a multiple of 16: two words
 /// (16 codes) per step, spread over the lanes, shifted into place and
-/// looked up in the group's [`lut4_table`].
+/// looked up in the group's [`lut_table`].
 ///
 /// # Safety
 /// The CPU must have AVX-512F.
@@ -838,7 +843,7 @@ unsafe fn decode4_avx512<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]
     let pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     let shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
     for (g, &s) in scales.iter().enumerate() {
-        let table = lut4_table::<KIND>(_mm512_set1_ps(s), levels, biases.map(|b| b[g]));
+        let table = lut_table::<KIND>(_mm512_set1_ps(s), levels, biases.map(|b| b[g]));
         for t in 0..group / 16 {
             let first = g * group + 16 * t;
             let pair = _mm_loadl_epi64(words.as_ptr().add(first / 8).cast());
@@ -890,7 +895,7 @@ unsafe fn decode4_avx2<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]) 
 
 /// [`fused_dot`] of 2- or 4-bit affine (`KIND` 0) or NF4 (`KIND` 1)
 /// codes with AVX-512, in groups of `GW` words (4 or 8), or of a multiple
-/// of 16 words (`GW` = 16): each group's decoded values ([`lut4_table`] of
+/// of 16 words (`GW` = 16): each group's decoded values ([`lut_table`] of
 /// [`lut_levels`]) form a table of 16 entries in one register, and a code,
 /// shifted into the low bits of its lane, indexes it (`vpermps` reads
 /// only the low 4 bits), so a vector of 16 products costs a shift, a
@@ -931,7 +936,7 @@ unsafe fn lut_avx512<const BITS: u32, const KIND: u8, const GW: usize>(
         let first = _mm512_loadu_si512(first.as_ptr().cast());
         let step = _mm512_set1_epi32((BITS as usize * 16 / GW) as i32);
         for (g, &s) in scales.iter().enumerate() {
-            let table = lut4_table::<KIND>(_mm512_set1_ps(s), levels, biases.map(|b| b[g]));
+            let table = lut_table::<KIND>(_mm512_set1_ps(s), levels, biases.map(|b| b[g]));
             let gwords = words.as_ptr().add(g * GW);
             let x = xp.as_ptr().add(g * group);
             let broadcast = match GW {
@@ -951,7 +956,7 @@ unsafe fn lut_avx512<const BITS: u32, const KIND: u8, const GW: usize>(
     } else {
         // Sixteen words at a time, each step the next code of all of them.
         for (g, &s) in scales.iter().enumerate() {
-            let table = lut4_table::<KIND>(_mm512_set1_ps(s), levels, biases.map(|b| b[g]));
+            let table = lut_table::<KIND>(_mm512_set1_ps(s), levels, biases.map(|b| b[g]));
             let gwords = words.as_ptr().add(g * group_words);
             let x = xp.as_ptr().add(g * group);
             for c in 0..group_words / 16 {
