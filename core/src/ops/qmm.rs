@@ -1184,6 +1184,47 @@ macro_rules! each_of_32 {
     };
 }
 
+/// Where [`straddling_avx512`] finds word `o` of each lane's unit: word
+/// `l·BITS + o` of the run, lane `l` holding unit `l` (`BITS` words of 32
+/// codes each). Constants, so that no call builds them.
+struct UnitWords<const BITS: u32>;
+
+impl<const BITS: u32> UnitWords<BITS> {
+    /// Lane `l` of vector `o` sits at `(l·BITS + o) mod 32` of the
+    /// pair of loaded vectors `(l·BITS + o) / 32`.
+    const PAIR_INDEX: [[i32; LANES]; 6] = {
+        let mut index = [[0; LANES]; 6];
+        let mut o = 0;
+        while o < 6 {
+            let mut l = 0;
+            while l < LANES {
+                index[o][l] = ((l * BITS as usize + o) % 32) as i32;
+                l += 1;
+            }
+            o += 1;
+        }
+        index
+    };
+
+    /// The lanes of vector `o` that pair `p` of loaded vectors gives.
+    const IN_PAIR: [[u16; 3]; 6] = {
+        let mut lanes = [[0; 3]; 6];
+        let mut o = 0;
+        while o < 6 {
+            let mut l = 0;
+            while l < LANES {
+                let pair = (l * BITS as usize + o) / 32;
+                if pair < 3 {
+                    lanes[o][pair] |= 1 << l;
+                }
+                l += 1;
+            }
+            o += 1;
+        }
+        lanes
+    };
+}
+
 /// [`fused_dot`] of 3-, 5- or 6-bit affine codes with AVX-512, in groups
 /// of one, two or four units (32, 64 or 128 codes): [`fused_row`]'s lanes
 /// and shifts, in registers. A run's words load as `BITS` vectors and are
@@ -1210,18 +1251,11 @@ unsafe fn straddling_avx512<const BITS: u32>(w: &Weight, row: usize, xp: &[f32])
             && xp.len() >= w.cols
             && words.len() * 32 == scales.len() * group * words_per_unit
     );
-    // Vector `o` of a run's units takes lane `l` from word `l·BITS + o` of
-    // the run: from the pair of loaded vectors `p = (l·BITS + o) / 32`,
-    // at `(l·BITS + o) mod 32` of the pair.
     let pairs = words_per_unit.div_ceil(2);
+    let in_pair = UnitWords::<BITS>::IN_PAIR;
     let mut index = [_mm512_setzero_si512(); 6];
-    let mut in_pair = [[0u16; 3]; 6];
-    for o in 0..words_per_unit {
-        let lanes: [i32; LANES] = std::array::from_fn(|l| ((l * words_per_unit + o) % 32) as i32);
+    for (o, lanes) in UnitWords::<BITS>::PAIR_INDEX.iter().enumerate() {
         index[o] = _mm512_loadu_si512(lanes.as_ptr().cast());
-        for l in 0..LANES {
-            in_pair[o][(l * words_per_unit + o) / 32] |= 1 << l;
-        }
     }
     // Lane `l` of a run is unit `l`, of the run's group `l / units_per_group`.
     let group_of_lane: [i32; LANES] = std::array::from_fn(|l| (l / units_per_group) as i32);
