@@ -754,6 +754,28 @@ unsafe fn lut4_lookup_avx2(
     )
 }
 
+/// The sum of a kernel's four partial sums, every lane.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn sum_of_partials_avx512(acc: [std::arch::x86_64::__m512; 4]) -> f32 {
+    use std::arch::x86_64::*;
+    let pair = (_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    _mm512_reduce_add_ps(_mm512_add_ps(pair.0, pair.1))
+}
+
+/// The sum of an AVX2 kernel's four partial sums, every lane.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn sum_of_partials_avx2(acc: [std::arch::x86_64::__m256; 4]) -> f32 {
+    use std::arch::x86_64::*;
+    let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    _mm_cvtss_f32(_mm_add_ss(quad, _mm_movehdup_ps(quad)))
+}
+
 /// Weight row `row` decoded into `out` (`w.cols` long), as
 /// [`Weight::decode_cols`] decodes it, with table lookups for 4-bit affine
 /// and NF4 codes with f32 scales where `isa` has a vector unit.
@@ -970,8 +992,7 @@ unsafe fn lut_avx512<const BITS: u32, const KIND: u8, const GW: usize>(
             }
         }
     }
-    let pair = (_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-    _mm512_reduce_add_ps(_mm512_add_ps(pair.0, pair.1))
+    sum_of_partials_avx512(acc)
 }
 
 /// [`fused_dot`] of 4-bit affine (`KIND` 0) or NF4 (`KIND` 1) codes with
@@ -1014,10 +1035,7 @@ unsafe fn lut4_avx2<const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
             }
         }
     }
-    let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-    let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    _mm_cvtss_f32(_mm_add_ss(quad, _mm_movehdup_ps(quad)))
+    sum_of_partials_avx2(acc)
 }
 
 /// [`fused_dot`] of 4-bit affine codes with AVX2, in groups of a multiple
@@ -1095,10 +1113,7 @@ unsafe fn affine4_avx2(w: &Weight, row: usize, xp: &[f32]) -> f32 {
             }
         }
     }
-    let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-    let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    _mm_cvtss_f32(_mm_add_ss(quad, _mm_movehdup_ps(quad)))
+    sum_of_partials_avx2(acc)
 }
 
 /// [`fused_dot`] of 2-bit affine codes with AVX2, in groups of 4 words
@@ -1163,10 +1178,7 @@ unsafe fn affine2_avx2<const GW: usize>(w: &Weight, row: usize, xp: &[f32]) -> f
             }
         }
     }
-    let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-    let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    _mm_cvtss_f32(_mm_add_ss(quad, _mm_movehdup_ps(quad)))
+    sum_of_partials_avx2(acc)
 }
 
 /// `$body` once for each `$j` in `0..32`, a literal in each copy: a loop
@@ -1304,9 +1316,7 @@ unsafe fn straddling_avx512<const BITS: u32>(w: &Weight, row: usize, xp: &[f32])
             *a = _mm512_fmadd_ps(decoded, _mm512_loadu_ps(x.add(j * LANES)), *a);
         });
     }
-    let pair = (_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-    _mm512_reduce_add_ps(_mm512_add_ps(pair.0, pair.1))
-        + straddling_tail::<BITS, 0, true>(w, row, xp, runs * LANES * 32)
+    sum_of_partials_avx512(acc) + straddling_tail::<BITS, 0, true>(w, row, xp, runs * LANES * 32)
 }
 
 /// [`straddling_avx512`] with AVX2: each run of [`LANES`] units in two
@@ -1393,11 +1403,7 @@ unsafe fn straddling_avx2<const BITS: u32>(w: &Weight, row: usize, xp: &[f32]) -
             });
         }
     }
-    let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-    let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    _mm_cvtss_f32(_mm_add_ss(quad, _mm_movehdup_ps(quad)))
-        + straddling_tail::<BITS, 0, true>(w, row, xp, runs * LANES * 32)
+    sum_of_partials_avx2(acc) + straddling_tail::<BITS, 0, true>(w, row, xp, runs * LANES * 32)
 }
 
 /// The body of [`fused_dot`] for codes that straddle words: runs of [`LANES`] units, lane `l` unpacking
