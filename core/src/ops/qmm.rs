@@ -1199,8 +1199,10 @@ macro_rules! each_of_32 {
 /// Where [`straddling_avx512`] finds word `o` of each lane's unit: word
 /// `l·BITS + o` of the run, lane `l` holding unit `l` (`BITS` words of 32
 /// codes each). Constants, so that no call builds them.
+#[cfg(target_arch = "x86_64")]
 struct UnitWords<const BITS: u32>;
 
+#[cfg(target_arch = "x86_64")]
 impl<const BITS: u32> UnitWords<BITS> {
     /// Lane `l` of vector `o` sits at `(l·BITS + o) mod 32` of the
     /// pair of loaded vectors `(l·BITS + o) / 32`.
