@@ -764,13 +764,18 @@ unsafe fn sum_of_partials_avx512(acc: [std::arch::x86_64::__m512; 4]) -> f32 {
     _mm512_reduce_add_ps(_mm512_add_ps(pair.0, pair.1))
 }
 
-/// The sum of an AVX2 kernel's four partial sums, every lane.
+/// The sum of an AVX2 kernel's partial sums (four, or two), every lane.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn sum_of_partials_avx2(acc: [std::arch::x86_64::__m256; 4]) -> f32 {
+unsafe fn sum_of_partials_avx2<const N: usize>(acc: [std::arch::x86_64::__m256; N]) -> f32 {
     use std::arch::x86_64::*;
-    let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let sum = match acc.as_slice() {
+        [a, b, c, d] => _mm256_add_ps(_mm256_add_ps(*a, *b), _mm256_add_ps(*c, *d)),
+        _ => acc
+            .iter()
+            .fold(_mm256_setzero_ps(), |sum, a| _mm256_add_ps(sum, *a)),
+    };
     let half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
     let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
     _mm_cvtss_f32(_mm_add_ss(quad, _mm_movehdup_ps(quad)))
@@ -1295,7 +1300,7 @@ unsafe fn straddling_avx512<const BITS: u32>(w: &Weight, row: usize, xp: &[f32])
             }
             unit_words[o] = v;
         }
-        let first_group = r * LANES / units_per_group;
+        let first_group = (r * LANES) >> units_per_group.trailing_zeros();
         let spread = |values: &[f32]| {
             let run_values = _mm512_maskz_loadu_ps(run_groups, values.as_ptr().add(first_group));
             _mm512_permutexvar_ps(group_of_lane, run_values)
@@ -1322,9 +1327,9 @@ unsafe fn straddling_avx512<const BITS: u32>(w: &Weight, row: usize, xp: &[f32])
 }
 
 /// [`straddling_avx512`] with AVX2: each run of [`LANES`] units in two
-/// halves of eight. A half's words load as `BITS` vectors of eight, and
-/// vector `o` of its units takes lane `l` from word `l·BITS + o`: a
-/// permute of every loaded vector, blended by the lanes each one gives.
+/// halves of eight. A half's words load as `BITS` vectors of eight and
+/// are transposed by [`units_avx2`] (lane `l` of vector `o` then holds
+/// word `o` of unit `l`).
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
@@ -1346,25 +1351,16 @@ unsafe fn straddling_avx2<const BITS: u32>(w: &Weight, row: usize, xp: &[f32]) -
             && words.len() * 32 == scales.len() * group * words_per_unit
     );
     let vector = |lanes: [i32; HALF]| _mm256_loadu_si256(lanes.as_ptr().cast());
-    let mut index = [_mm256_setzero_si256(); 6];
-    let mut from = [[_mm256_setzero_si256(); 6]; 6];
-    for o in 0..words_per_unit {
-        index[o] = vector(std::array::from_fn(|l| {
-            ((l * words_per_unit + o) % HALF) as i32
-        }));
-        for (k, lanes) in from[o].iter_mut().enumerate().take(words_per_unit) {
-            *lanes = vector(std::array::from_fn(|l| {
-                -i32::from((l * words_per_unit + o) / HALF == k)
-            }));
-        }
-    }
     let group_of_lane = vector(std::array::from_fn(|l| (l / units_per_group) as i32));
     let half_groups = vector(std::array::from_fn(|l| {
         -i32::from(l < HALF / units_per_group)
     }));
     let mask = _mm256_set1_epi32((1 << BITS) - 1);
     let runs = words.len() / (LANES * words_per_unit);
-    let mut acc = [_mm256_setzero_ps(); 4];
+    // Two partial sums, not four: with the unit words, scale, bias and
+    // mask, four kept the compiler spilling decoded codes to the stack
+    // (79 stack accesses in the 6-bit kernel against 25 with two).
+    let mut acc = [_mm256_setzero_ps(); 2];
     for r in 0..runs {
         for h in 0..2 {
             let first_unit = r * LANES + h * HALF;
@@ -1373,16 +1369,9 @@ unsafe fn straddling_avx2<const BITS: u32>(w: &Weight, row: usize, xp: &[f32]) -
             for (k, v) in loaded.iter_mut().enumerate().take(words_per_unit) {
                 *v = _mm256_loadu_si256(first_word.add(HALF * k).cast());
             }
-            let mut unit_words = [_mm256_setzero_si256(); 6];
-            for o in 0..words_per_unit {
-                let mut v = _mm256_permutevar8x32_epi32(loaded[0], index[o]);
-                for k in 1..words_per_unit {
-                    let moved = _mm256_permutevar8x32_epi32(loaded[k], index[o]);
-                    v = _mm256_blendv_epi8(v, moved, from[o][k]);
-                }
-                unit_words[o] = v;
-            }
-            let first_group = first_unit / units_per_group;
+            let unit_words = units_avx2::<BITS>(loaded);
+            // A shift, not a division: a group is 1, 2 or 4 units.
+            let first_group = first_unit >> units_per_group.trailing_zeros();
             let spread = |values: &[f32]| {
                 let half_values = _mm256_maskload_ps(values.as_ptr().add(first_group), half_groups);
                 _mm256_permutevar8x32_ps(half_values, group_of_lane)
@@ -1400,12 +1389,119 @@ unsafe fn straddling_avx2<const BITS: u32>(w: &Weight, row: usize, xp: &[f32]) -
                 }
                 let code = _mm256_cvtepi32_ps(_mm256_and_si256(code, mask));
                 let decoded = _mm256_fmadd_ps(s, code, b);
-                let a = &mut acc[j % 4];
+                let a = &mut acc[j % 2];
                 *a = _mm256_fmadd_ps(decoded, _mm256_loadu_ps(x.add(j * LANES)), *a);
             });
         }
     }
     sum_of_partials_avx2(acc) + straddling_tail::<BITS, 0, true>(w, row, xp, runs * LANES * 32)
+}
+
+/// Eight units of `BITS` (3, 5 or 6) words each, loaded as `BITS` vectors
+/// of eight words (`loaded[k]` lane `p` is word `8k + p`), transposed:
+/// lane `l` of vector `o` holds word `o` of unit `l`, word `l·BITS + o`.
+/// Every blend and shuffle takes a constant.
+///
+/// For 3 and 5 words, coprime to 8, the words of vector `o` sit at eight
+/// distinct positions `(l·BITS + o) mod 8` of the loaded vectors: blends
+/// gather them into one vector and one permute puts them in lane order
+/// (`BITS` operations per vector). For 6 words, pairs of words (64 bits)
+/// are gathered the same way, four units at a time, and the pairs' low and
+/// high words are split by `shufps` and put in lane order by a permute (4
+/// operations per vector). Before, each vector was a permute of every
+/// loaded vector and a variable blend of each (11 operations for 6 words),
+/// with masks the compiler kept on the stack.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn units_avx2<const BITS: u32>(
+    loaded: [std::arch::x86_64::__m256i; 6],
+) -> [std::arch::x86_64::__m256i; 6] {
+    use std::arch::x86_64::*;
+    /// The dword lanes that output `o` takes from `loaded[k]` when each of
+    /// the eight lanes `l` wants word `stride·l + o` (`stride` odd).
+    const fn words_from(stride: usize, o: usize, k: usize) -> i32 {
+        let (mut lanes, mut l) = (0, 0);
+        while l < 8 {
+            let word = stride * l + o;
+            if word / 8 == k {
+                lanes |= 1 << (word % 8);
+            }
+            l += 1;
+        }
+        lanes
+    }
+    /// The dword lanes (pairs) that pair `o` of four units takes from
+    /// vector `k` of their three: unit `u` wants pair `3u + o`.
+    const fn pairs_from(o: usize, k: usize) -> i32 {
+        let (mut lanes, mut u) = (0, 0);
+        while u < 4 {
+            let pair = 3 * u + o;
+            if pair / 4 == k {
+                lanes |= 0b11 << (2 * (pair % 4));
+            }
+            u += 1;
+        }
+        lanes
+    }
+    let mut units = [_mm256_setzero_si256(); 6];
+    macro_rules! odd_stride {
+        ($stride:literal, [$($o:literal)*], $rest:tt) => {{
+            $(units[$o] = odd_stride!(@ $stride, $o, $rest);)*
+        }};
+        (@ $stride:literal, $o:literal, [$($k:literal)*]) => {{
+            let mut v = loaded[0];
+            $(v = _mm256_blend_epi32::<{ words_from($stride, $o, $k) }>(v, loaded[$k]);)*
+            let positions: [i32; 8] = std::array::from_fn(|l| (($stride * l + $o) % 8) as i32);
+            _mm256_permutevar8x32_epi32(v, _mm256_loadu_si256(positions.as_ptr().cast()))
+        }};
+    }
+    match BITS {
+        3 => odd_stride!(3, [0 1 2], [1 2]),
+        5 => odd_stride!(5, [0 1 2 3 4], [1 2 3 4]),
+        _ => {
+            // Pair `o` of units 0–3 (from vectors 0–2) and 4–7 (3–5), at
+            // pair position `(3u + o) mod 4`.
+            macro_rules! pairs {
+                ($o:literal, $first:literal) => {{
+                    let v = _mm256_blend_epi32::<{ pairs_from($o, 1) }>(
+                        loaded[$first],
+                        loaded[$first + 1],
+                    );
+                    _mm256_castsi256_ps(_mm256_blend_epi32::<{ pairs_from($o, 2) }>(
+                        v,
+                        loaded[$first + 2],
+                    ))
+                }};
+            }
+            macro_rules! split {
+                ($($o:literal)*) => {$({
+                    let (a, b) = (pairs!($o, 0), pairs!($o, 3));
+                    // `shufps` takes pairs 0–1 of `a`, then of `b`, into
+                    // the low half, pairs 2–3 into the high half: lane
+                    // `i` holds unit `at[i]`.
+                    let at = |i: usize| {
+                        let pair = [0, 1, 0, 1][i % 4] + 2 * (i / 4);
+                        let block = 4 * (i % 4 / 2);
+                        (0..4).find(|u| (3 * u + $o) % 4 == pair).map_or(0, |u| u + block)
+                    };
+                    let lane_of_unit: [i32; 8] = std::array::from_fn(|u| {
+                        (0..8).find(|&i| at(i) == u).map_or(0, |i| i as i32)
+                    });
+                    let order = _mm256_loadu_si256(lane_of_unit.as_ptr().cast());
+                    let low = _mm256_shuffle_ps::<0b10_00_10_00>(a, b);
+                    let high = _mm256_shuffle_ps::<0b11_01_11_01>(a, b);
+                    units[2 * $o] = _mm256_permutevar8x32_epi32(_mm256_castps_si256(low), order);
+                    units[2 * $o + 1] = _mm256_permutevar8x32_epi32(_mm256_castps_si256(high), order);
+                })*};
+            }
+            split!(0 1 2);
+        }
+    }
+    units
 }
 
 /// The body of [`fused_dot`] for codes that straddle words: runs of [`LANES`] units, lane `l` unpacking

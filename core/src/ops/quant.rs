@@ -1546,6 +1546,10 @@ mod tests {
                 QuantFormat::affine(8, 128), QuantFormat::Nf4, QuantFormat::Int8,
             ]),
             seed in any::<u32>(),
+            // The widest vector unit the kernels may take, so that each
+            // unit's kernels meet the draws (a CPU without it runs the
+            // widest it has).
+            isa in prop::sample::select(qmm::ISAS.to_vec()),
         ) {
             let cols = groups * format.group_size().unwrap_or(32);
             let rows = if transpose { n } else { 5 };
@@ -1555,10 +1559,14 @@ mod tests {
             let x = matrix(wavy(m * k, seed ^ 1, 1.0), &[1, m, k]);
             let deq = q.dequantize();
             let deq = if transpose { deq.swap_axes(-1, -2) } else { deq };
-            let got = quantized_matmul(&x, &q, transpose);
+            let (mut dims, mut got) = (None, Vec::new());
+            with_widest_isa(isa, || {
+                let product = quantized_matmul(&x, &q, transpose);
+                (dims, got) = (product.dims(), f32s(&product));
+            });
             let n_out = if transpose { n } else { cols };
-            prop_assert_eq!(got.dims(), Some(vec![batch, m, n_out]));
-            let checked = within_bound(&f32s(&x), &f32s(&deq), &f32s(&got), (batch, m, k));
+            prop_assert_eq!(dims, Some(vec![batch, m, n_out]));
+            let checked = within_bound(&f32s(&x), &f32s(&deq), &got, (batch, m, k));
             prop_assert!(checked.is_ok(), "{:?}", checked);
         }
     }

@@ -189,7 +189,7 @@ pub(crate) fn cpu_products(names: &[String], suffix: &str, report: &mut BenchRep
 /// The formats of `qmm_{name}_4096x4096_m1_cpu`: every format
 /// `quantized_matmul` takes besides the benchmark format, named as in the
 /// figures.
-pub(crate) const OTHER_FORMATS: [(&str, QuantFormat); 6] = [
+pub(crate) const OTHER_FORMATS: [(&str, QuantFormat); 7] = [
     (
         "2bit",
         QuantFormat::Affine {
@@ -201,6 +201,13 @@ pub(crate) const OTHER_FORMATS: [(&str, QuantFormat); 6] = [
         "3bit",
         QuantFormat::Affine {
             bits: 3,
+            group_size: 64,
+        },
+    ),
+    (
+        "5bit",
+        QuantFormat::Affine {
+            bits: 5,
             group_size: 64,
         },
     ),
