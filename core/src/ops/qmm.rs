@@ -1447,6 +1447,9 @@ unsafe fn units_avx2<const BITS: u32>(
         }
         lanes
     }
+    /// Eight lanes, aligned as a vector, so that they load as one.
+    #[repr(C, align(32))]
+    struct Lanes([i32; 8]);
     let mut units = [_mm256_setzero_si256(); 6];
     macro_rules! odd_stride {
         ($stride:literal, [$($o:literal)*], $rest:tt) => {{
@@ -1455,8 +1458,19 @@ unsafe fn units_avx2<const BITS: u32>(
         (@ $stride:literal, $o:literal, [$($k:literal)*]) => {{
             let mut v = loaded[0];
             $(v = _mm256_blend_epi32::<{ words_from($stride, $o, $k) }>(v, loaded[$k]);)*
-            let positions: [i32; 8] = std::array::from_fn(|l| (($stride * l + $o) % 8) as i32);
-            _mm256_permutevar8x32_epi32(v, _mm256_loadu_si256(positions.as_ptr().cast()))
+            static POSITIONS: Lanes = {
+                let (mut lanes, mut l) = ([0; 8], 0);
+                while l < 8 {
+                    lanes[l] = (($stride * l + $o) % 8) as i32;
+                    l += 1;
+                }
+                Lanes(lanes)
+            };
+            // A volatile load at each use: held in registers, the five
+            // 5-bit orders left too few for the rest, and the compiler
+            // spilled 22 vectors of decoded codes to the stack (now 2).
+            let positions = std::ptr::read_volatile((&raw const POSITIONS).cast::<__m256i>());
+            _mm256_permutevar8x32_epi32(v, positions)
         }};
     }
     match BITS {
