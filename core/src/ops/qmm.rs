@@ -406,8 +406,9 @@ pub(super) fn relaxed_affine_dot(
 /// [`row_kernel`] compiled for `isa`, or for 2-bit affine and 4-bit codes
 /// (affine and NF4) in groups of a word layout it has one for, its
 /// table-lookup kernel ([`lut_avx512`], [`lut4_avx2`], [`affine4_avx2`],
-/// [`affine2_avx2`]), and for 3-, 5- and 6-bit affine codes in groups of
-/// 32, 64 or 128 its straddling kernel ([`straddling_avx512`],
+/// [`affine2_avx2`], and for 2-bit groups of 32 on either unit
+/// [`affine2_pairs_avx2`]), and for 3-, 5- and 6-bit affine codes in
+/// groups of 32, 64 or 128 its straddling kernel ([`straddling_avx512`],
 /// [`straddling_avx2`]). `KIND`: 0 affine, 1 NF4, 2 int8.
 fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, xp: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
@@ -440,6 +441,8 @@ fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, x
                 Some(4) => lut_avx512::<BITS, KIND, 4>(w, row, xp),
                 Some(8) => lut_avx512::<BITS, KIND, 8>(w, row, xp),
                 Some(g) if g.is_multiple_of(16) => lut_avx512::<BITS, KIND, 16>(w, row, xp),
+                // Two words a group: the AVX2 kernel, a table per half.
+                Some(2) if BITS == 2 => affine2_pairs_avx2(w, row, xp),
                 None if straddling => straddling_avx512::<BITS>(w, row, xp),
                 _ => avx512::<BITS, KIND>(w, row, xp),
             }
@@ -449,6 +452,7 @@ fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, x
             match (BITS, lut_words) {
                 (4, Some(g)) if KIND == 0 && g.is_multiple_of(8) => affine4_avx2(w, row, xp),
                 (4, Some(g)) if g.is_multiple_of(8) => lut4_avx2::<KIND>(w, row, xp),
+                (2, Some(2)) => affine2_pairs_avx2(w, row, xp),
                 (2, Some(4)) => affine2_avx2::<4>(w, row, xp),
                 (2, Some(g)) if g.is_multiple_of(8) => affine2_avx2::<8>(w, row, xp),
                 (_, None) if straddling => straddling_avx2::<BITS>(w, row, xp),
@@ -1183,6 +1187,81 @@ unsafe fn affine2_avx2<const GW: usize>(w: &Weight, row: usize, xp: &[f32]) -> f
             }
         }
     }
+    sum_of_partials_avx2(acc)
+}
+
+/// [`fused_dot`] of 2-bit affine codes with AVX2 in groups of 32 (two
+/// words), two groups at a time, one in each half of the vector: each
+/// half's table is its group's four decoded values, and `vpermilps`
+/// looks a code up in its own half's table, reading two index bits (the
+/// codes above need no mask). A half holds its group's two words, then
+/// the same two shifted down by one code, so step `t` decodes codes `2t`
+/// and `2t + 1` of both words: flat positions `4t..4t + 4` of the
+/// group's [`permute`]d `x`. An odd last group runs in one half alone.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn affine2_pairs_avx2(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let words = row_words(w, row);
+    let (scales, biases) = row_scales(w, row);
+    let biases = biases.expect("the affine format has biases");
+    assert!(
+        w.format.group_size() == Some(32)
+            && xp.len() >= w.cols
+            && words.len() == 2 * scales.len()
+            && scales.len() == biases.len()
+    );
+    let levels = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0);
+    let shifts = _mm256_setr_epi32(0, 0, 2, 2, 0, 0, 2, 2);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let pairs = scales.len() / 2;
+    for p in 0..pairs {
+        let g = 2 * p;
+        let two = |v: &[f32]| _mm256_setr_m128(_mm_set1_ps(v[g]), _mm_set1_ps(v[g + 1]));
+        // `s·q + b` as a product and a sum, as `Weight::decode_cols`
+        // rounds it.
+        let table = _mm256_add_ps(_mm256_mul_ps(two(scales), levels), two(biases));
+        // Words [a0, a1, b0, b1] as [a0, a1, a0, a1 | b0, b1, b0, b1].
+        let four = _mm_loadu_si128(words.as_ptr().add(2 * g).cast());
+        let pairs_twice = _mm256_permute4x64_epi64::<0b01_01_00_00>(_mm256_castsi128_si256(four));
+        let mut codes = _mm256_srlv_epi32(pairs_twice, shifts);
+        let (first, second) = (xp.as_ptr().add(32 * g), xp.as_ptr().add(32 * (g + 1)));
+        for t in 0..8 {
+            if t > 0 {
+                codes = _mm256_srli_epi32::<4>(codes);
+            }
+            let decoded = _mm256_permutevar_ps(table, codes);
+            let x = _mm256_loadu2_m128(second.add(4 * t), first.add(4 * t));
+            let a = &mut acc[t % 4];
+            *a = _mm256_fmadd_ps(decoded, x, *a);
+        }
+    }
+    let mut tail = _mm_setzero_ps();
+    if scales.len() % 2 == 1 {
+        let g = scales.len() - 1;
+        let (s, b) = (_mm_set1_ps(scales[g]), _mm_set1_ps(biases[g]));
+        let table = _mm_add_ps(_mm_mul_ps(s, _mm_setr_ps(0.0, 1.0, 2.0, 3.0)), b);
+        let two_words = _mm_loadl_epi64(words.as_ptr().add(2 * g).cast());
+        let mut codes = _mm_srlv_epi32(
+            _mm_unpacklo_epi64(two_words, two_words),
+            _mm256_castsi256_si128(shifts),
+        );
+        let x = xp.as_ptr().add(32 * g);
+        for t in 0..8 {
+            if t > 0 {
+                codes = _mm_srli_epi32::<4>(codes);
+            }
+            tail = _mm_fmadd_ps(
+                _mm_permutevar_ps(table, codes),
+                _mm_loadu_ps(x.add(4 * t)),
+                tail,
+            );
+        }
+    }
+    acc[3] = _mm256_add_ps(acc[3], _mm256_zextps128_ps256(tail));
     sum_of_partials_avx2(acc)
 }
 

@@ -1605,7 +1605,9 @@ mod tests {
     fn every_format_and_group_size_is_within_the_bound_on_every_vector_unit() {
         // Each group size gives the in-register kernels a different word
         // layout: groups of two or four words (2-bit groups of 32 and 64,
-        // 4-bit groups of 32) share a block of eight words, larger ones
+        // 4-bit groups of 32) share a block of eight words (2-bit groups
+        // of 32 on AVX2: two groups a vector, and k = 800 an odd one after
+        // them), larger ones
         // fill blocks (the AVX2 4-bit kernels take groups of 64 and up),
         // and 3-, 5- and 6-bit codes run in units of `bits` words (k = 768:
         // one full run of 16 units, then a tail). One group more leaves
