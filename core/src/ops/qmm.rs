@@ -1526,6 +1526,15 @@ unsafe fn units_avx2<const BITS: u32>(
         }
         lanes
     }
+    /// The lane of `shufps(a, b)` that holds unit `u`'s word of pair `o`,
+    /// `a` holding units 0–3 and `b` units 4–7, each unit's pair at
+    /// position `P = (3u + o) mod 4` of its vector: `shufps` puts pairs
+    /// 0–1 of `a`, then of `b`, in the low half and pairs 2–3 in the high
+    /// half, so the lane is `4·(P / 2) + 2·(u / 4) + P mod 2`.
+    const fn shuffled_lane(o: usize, u: usize) -> i32 {
+        let position = (3 * (u % 4) + o) % 4;
+        (4 * (position / 2) + 2 * (u / 4) + position % 2) as i32
+    }
     /// Eight lanes, aligned as a vector, so that they load as one.
     #[repr(C, align(32))]
     struct Lanes([i32; 8]);
@@ -1573,17 +1582,7 @@ unsafe fn units_avx2<const BITS: u32>(
             macro_rules! split {
                 ($($o:literal)*) => {$({
                     let (a, b) = (pairs!($o, 0), pairs!($o, 3));
-                    // `shufps` takes pairs 0–1 of `a`, then of `b`, into
-                    // the low half, pairs 2–3 into the high half: lane
-                    // `i` holds unit `at[i]`.
-                    let at = |i: usize| {
-                        let pair = [0, 1, 0, 1][i % 4] + 2 * (i / 4);
-                        let block = 4 * (i % 4 / 2);
-                        (0..4).find(|u| (3 * u + $o) % 4 == pair).map_or(0, |u| u + block)
-                    };
-                    let lane_of_unit: [i32; 8] = std::array::from_fn(|u| {
-                        (0..8).find(|&i| at(i) == u).map_or(0, |i| i as i32)
-                    });
+                    let lane_of_unit: [i32; 8] = std::array::from_fn(|u| shuffled_lane($o, u));
                     let order = _mm256_loadu_si256(lane_of_unit.as_ptr().cast());
                     let low = _mm256_shuffle_ps::<0b10_00_10_00>(a, b);
                     let high = _mm256_shuffle_ps::<0b11_01_11_01>(a, b);
