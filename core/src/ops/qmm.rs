@@ -450,7 +450,8 @@ fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, x
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe {
             match (BITS, lut_words) {
-                (4, Some(g)) if KIND == 0 && g.is_multiple_of(8) => affine4_avx2(w, row, xp),
+                (4, Some(4)) if KIND == 0 => affine4_avx2::<4>(w, row, xp),
+                (4, Some(g)) if KIND == 0 && g.is_multiple_of(8) => affine4_avx2::<8>(w, row, xp),
                 (4, Some(g)) if g.is_multiple_of(8) => lut4_avx2::<KIND>(w, row, xp),
                 (2, Some(2)) => affine2_pairs_avx2(w, row, xp),
                 (2, Some(4)) => affine2_avx2::<4>(w, row, xp),
@@ -1047,11 +1048,15 @@ unsafe fn lut4_avx2<const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
     sum_of_partials_avx2(acc)
 }
 
-/// [`fused_dot`] of 4-bit affine codes with AVX2, in groups of a multiple
-/// of 8 words: eight words at a time, each step the next code of all of
-/// them, converted and decoded with one FMA (`scale·code + bias`), then
-/// multiplied into one of four partial sums (code `j` into sum `j mod 4`).
-/// Lanes read `x` as in [`lut4_avx2`].
+/// [`fused_dot`] of 4-bit affine codes with AVX2, in groups of 4 words
+/// (`GW` = 4, groups of 32) or of a multiple of 8 words (`GW` = 8): eight
+/// words at a time, each step the next code of all of them, converted and
+/// decoded with one FMA (`scale·code + bias`), then multiplied into one of
+/// four partial sums (code `j` into sum `j mod 4`). Lanes read `x` as in
+/// [`lut4_avx2`]. In groups of 4 words the group's words fill both halves,
+/// the high half's shifted down by one code, so step `t` decodes codes
+/// `2t` (low half) and `2t + 1` (high half) of each word: flat positions
+/// `8t..8t + 8` of the group's [`permute`]d `x`.
 ///
 /// The kernel is bound by the two ports that take conversions and FMAs
 /// (on Intel cores also shifts), so codes move into place with byte
@@ -1071,19 +1076,19 @@ unsafe fn lut4_avx2<const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
 /// The CPU must have AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn affine4_avx2(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+unsafe fn affine4_avx2<const GW: usize>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
     use std::arch::x86_64::*;
     let group = w.format.group_size().unwrap_or(w.cols);
     let group_words = group / 8;
     let words = row_words(w, row);
     let (scales, biases) = row_scales(w, row);
     let biases = biases.expect("the affine format has biases");
-    assert!(
-        group_words > 0
-            && group_words.is_multiple_of(8)
-            && xp.len() >= w.cols
-            && words.len() * 8 == scales.len() * group
-    );
+    let layout = if GW == 4 {
+        group_words == 4
+    } else {
+        group_words > 0 && group_words.is_multiple_of(8)
+    };
+    assert!(layout && xp.len() >= w.cols && words.len() * 8 == scales.len() * group);
     let nibbles = _mm256_set1_epi8(15);
     // `byte_of_word[b]` moves byte `b` of each word to its low byte and
     // clears the other three (an index with its top bit set writes zero).
@@ -1108,17 +1113,29 @@ unsafe fn affine4_avx2(w: &Weight, row: usize, xp: &[f32]) -> f32 {
         let (s, b) = (_mm256_set1_ps(s), _mm256_set1_ps(b));
         let gwords = words.as_ptr().add(g * group_words);
         let x = xp.as_ptr().add(g * group);
-        for c in 0..group_words / 8 {
-            let v = _mm256_loadu_si256(gwords.add(8 * c).cast());
-            let low = _mm256_and_si256(v, nibbles);
-            let high = _mm256_and_si256(_mm256_srli_epi32::<4>(v), nibbles);
-            for j in 0..8 {
-                let source = if j % 2 == 0 { low } else { high };
-                let codes = _mm256_shuffle_epi8(source, byte_of_word[j / 2]);
+        if GW == 4 {
+            let four = _mm256_broadcastsi128_si256(_mm_loadu_si128(gwords.cast()));
+            let halves = _mm256_srlv_epi32(four, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+            let halves = _mm256_and_si256(halves, nibbles);
+            for t in 0..4 {
+                let codes = _mm256_shuffle_epi8(halves, byte_of_word[t]);
                 let weights = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(codes), b);
-                let x = _mm256_loadu_ps(x.add(j * group_words + 8 * c));
-                let a = &mut acc[j % 4];
-                *a = _mm256_fmadd_ps(weights, x, *a);
+                let a = &mut acc[t];
+                *a = _mm256_fmadd_ps(weights, _mm256_loadu_ps(x.add(8 * t)), *a);
+            }
+        } else {
+            for c in 0..group_words / 8 {
+                let v = _mm256_loadu_si256(gwords.add(8 * c).cast());
+                let low = _mm256_and_si256(v, nibbles);
+                let high = _mm256_and_si256(_mm256_srli_epi32::<4>(v), nibbles);
+                for j in 0..8 {
+                    let source = if j % 2 == 0 { low } else { high };
+                    let codes = _mm256_shuffle_epi8(source, byte_of_word[j / 2]);
+                    let weights = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(codes), b);
+                    let x = _mm256_loadu_ps(x.add(j * group_words + 8 * c));
+                    let a = &mut acc[j % 4];
+                    *a = _mm256_fmadd_ps(weights, x, *a);
+                }
             }
         }
     }

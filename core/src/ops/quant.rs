@@ -1541,9 +1541,10 @@ mod tests {
             format in prop::sample::select(vec![
                 QuantFormat::affine(2, 32), QuantFormat::affine(2, 64),
                 QuantFormat::affine(3, 32), QuantFormat::affine(3, 128),
-                QuantFormat::affine(4, 64), QuantFormat::affine(5, 32),
-                QuantFormat::affine(5, 64), QuantFormat::affine(6, 64),
-                QuantFormat::affine(8, 128), QuantFormat::Nf4, QuantFormat::Int8,
+                QuantFormat::affine(4, 32), QuantFormat::affine(4, 64),
+                QuantFormat::affine(5, 32), QuantFormat::affine(5, 64),
+                QuantFormat::affine(6, 64), QuantFormat::affine(8, 128),
+                QuantFormat::Nf4, QuantFormat::Int8,
             ]),
             seed in any::<u32>(),
             // The widest vector unit the kernels may take, so that each
@@ -1605,14 +1606,13 @@ mod tests {
     fn every_format_and_group_size_is_within_the_bound_on_every_vector_unit() {
         // Each group size gives the in-register kernels a different word
         // layout: groups of two or four words (2-bit groups of 32 and 64,
-        // 4-bit groups of 32) share a block of eight words (2-bit groups
-        // of 32 on AVX2: two groups a vector, and k = 800 an odd one after
-        // them), larger ones
-        // fill blocks (the AVX2 4-bit kernels take groups of 64 and up),
-        // and 3-, 5- and 6-bit codes run in units of `bits` words (k = 768:
-        // one full run of 16 units, then a tail). One group more leaves
-        // groups after the last full block (one code at a time) and a
-        // shorter tail.
+        // 4-bit groups of 32) share a block of eight words (on AVX2, 2-bit
+        // groups of 32 run two groups a vector, and k = 800 an odd one
+        // after them; 4-bit groups of 32 one group a vector, its words in
+        // both halves), larger ones fill blocks, and 3-, 5- and 6-bit
+        // codes run in units of `bits` words (k = 768: one full run of 16
+        // units, then a tail). One group more leaves groups after the last
+        // full block (one code at a time) and a shorter tail.
         let n = 40;
         let formats = AFFINE_BITS
             .iter()
