@@ -1346,7 +1346,11 @@ impl<const BITS: u32> UnitWords<BITS> {
 /// transposed by permutes (lane `l` of vector `o` then holds word `o` of
 /// unit `l`), and its scales and biases are spread over the lanes by one
 /// permute each, where the portable kernel fills each lane by a store and
-/// reads the lanes back as a vector (a store-forwarding stall).
+/// reads the lanes back as a vector (a store-forwarding stall). 3- and
+/// 5-bit codes become floats by a permute of the code values, which needs
+/// no mask and leaves the conversion's port to the FMAs; 6-bit codes are
+/// masked and converted. Either way the float is the code exactly, so
+/// every format decodes as [`fused_row`] does (one FMA).
 ///
 /// # Safety
 /// The CPU must have AVX-512F.
@@ -1377,6 +1381,17 @@ unsafe fn straddling_avx512<const BITS: u32>(w: &Weight, row: usize, xp: &[f32])
     let group_of_lane = _mm512_loadu_si512(group_of_lane.as_ptr().cast());
     let run_groups = ((1u32 << (LANES / units_per_group)) - 1) as u16;
     let mask = _mm512_set1_epi32((1 << BITS) - 1);
+    // 3- and 5-bit codes become floats by a lookup in the code values
+    // (`vpermps` reads the low four bits of each lane, `vpermt2ps` five),
+    // so the bits above need no mask and the conversion's port is free
+    // for FMAs. A 3-bit table holds its eight values twice.
+    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let levels = if BITS == 3 {
+        [_mm512_cvtepi32_ps(_mm512_and_si512(lanes, mask)); 2]
+    } else {
+        let upper = _mm512_add_epi32(lanes, _mm512_set1_epi32(16));
+        [_mm512_cvtepi32_ps(lanes), _mm512_cvtepi32_ps(upper)]
+    };
     let runs = words.len() / (LANES * words_per_unit);
     let mut acc = [_mm512_setzero_ps(); 4];
     for r in 0..runs {
@@ -1414,7 +1429,12 @@ unsafe fn straddling_avx512<const BITS: u32>(w: &Weight, row: usize, xp: &[f32])
                 let high = unit_words[if straddles { o + 1 } else { o }];
                 code = _mm512_or_si512(code, _mm512_sllv_epi32(high, _mm512_set1_epi32(32 - shift)));
             }
-            let decoded = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_and_si512(code, mask)), b);
+            let code = match BITS {
+                3 => _mm512_permutexvar_ps(code, levels[0]),
+                5 => _mm512_permutex2var_ps(levels[0], code, levels[1]),
+                _ => _mm512_cvtepi32_ps(_mm512_and_si512(code, mask)),
+            };
+            let decoded = _mm512_fmadd_ps(s, code, b);
             let a = &mut acc[j % 4];
             *a = _mm512_fmadd_ps(decoded, _mm512_loadu_ps(x.add(j * LANES)), *a);
         });
@@ -1425,7 +1445,9 @@ unsafe fn straddling_avx512<const BITS: u32>(w: &Weight, row: usize, xp: &[f32])
 /// [`straddling_avx512`] with AVX2: each run of [`LANES`] units in two
 /// halves of eight. A half's words load as `BITS` vectors of eight and
 /// are transposed by [`units_avx2`] (lane `l` of vector `o` then holds
-/// word `o` of unit `l`).
+/// word `o` of unit `l`). 3-bit codes become floats by a permute, as in
+/// [`straddling_avx512`]; 5- and 6-bit codes take more index bits than
+/// an eight-lane permute reads, and are masked and converted.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
@@ -1452,6 +1474,10 @@ unsafe fn straddling_avx2<const BITS: u32>(w: &Weight, row: usize, xp: &[f32]) -
         -i32::from(l < HALF / units_per_group)
     }));
     let mask = _mm256_set1_epi32((1 << BITS) - 1);
+    // 3-bit codes become floats by a lookup in the code values: `vpermps`
+    // reads the low three bits of each lane (the bits above need no mask)
+    // and runs on a port that the conversion and FMAs do not take.
+    let levels = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
     let runs = words.len() / (LANES * words_per_unit);
     // Two partial sums, not four: with the unit words, scale, bias and
     // mask, four kept the compiler spilling decoded codes to the stack
@@ -1483,7 +1509,11 @@ unsafe fn straddling_avx2<const BITS: u32>(w: &Weight, row: usize, xp: &[f32]) -
                     let high = unit_words[if straddles { o + 1 } else { o }];
                     code = _mm256_or_si256(code, _mm256_sllv_epi32(high, _mm256_set1_epi32(32 - shift)));
                 }
-                let code = _mm256_cvtepi32_ps(_mm256_and_si256(code, mask));
+                let code = if BITS == 3 {
+                    _mm256_permutevar8x32_ps(levels, code)
+                } else {
+                    _mm256_cvtepi32_ps(_mm256_and_si256(code, mask))
+                };
                 let decoded = _mm256_fmadd_ps(s, code, b);
                 let a = &mut acc[j % 2];
                 *a = _mm256_fmadd_ps(decoded, _mm256_loadu_ps(x.add(j * LANES)), *a);
