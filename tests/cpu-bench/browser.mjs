@@ -30,11 +30,11 @@ const measure = async (relaxed) => {
   const unloaded = () => {
     throw new Error("the relaxed kernel was called before it was loaded");
   };
-  let kernel = { block_product: unloaded, affine_dot: unloaded };
+  let kernel = { block_product: unloaded, affine_codes_dot: unloaded };
   const { instance } = await WebAssembly.instantiateStreaming(fetch("kiln_cpu_bench.wasm"), {
     kiln: {
       relaxed_block_product: (...args) => kernel.block_product(...args),
-      relaxed_affine_dot: (...args) => kernel.affine_dot(...args),
+      relaxed_affine_codes_dot: (...args) => kernel.affine_codes_dot(...args),
     },
   });
   const e = instance.exports;

@@ -13,7 +13,7 @@ self.onmessage = async ({ data: { module, kernel } }) => {
     // blocks' addresses (`kiln-relaxed-kernel`).
     const { exports } = await WebAssembly.instantiate(kernel, { env: { memory: wasm.memory } });
     globalThis.kilnRelaxedBlockProduct = exports.block_product;
-    globalThis.kilnRelaxedAffineDot = exports.affine_dot;
+    globalThis.kilnRelaxedAffineCodesDot = exports.affine_codes_dot;
     use_relaxed_kernel();
   }
   start_worker();

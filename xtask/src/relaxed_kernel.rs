@@ -11,7 +11,7 @@ use wasmparser::{Operator, Parser, Payload, TypeRef};
 pub const SERVED: &str = "kiln_relaxed_kernel.wasm";
 
 /// The functions the module exports (Kiln's `RelaxedKernels`).
-const EXPORTS: [&str; 2] = ["block_product", "affine_dot"];
+const EXPORTS: [&str; 2] = ["block_product", "affine_codes_dot"];
 
 /// Builds the module with the cargo `profile` and checks it
 /// ([`check_shares_memory_safely`]); returns its path.
@@ -200,10 +200,10 @@ mod tests {
         .contains("memory of its own"));
         assert_eq!(
             refusal(Parts {
-                missing: &["affine_dot"],
+                missing: &["affine_codes_dot"],
                 ..Parts::default()
             }),
-            "it does not export affine_dot"
+            "it does not export affine_codes_dot"
         );
     }
 }

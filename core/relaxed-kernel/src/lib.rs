@@ -20,10 +20,10 @@
 //! Numerics: each output of the block is `depth` steps of
 //! `f32x4.relaxed_madd` in `k` order from zero (fused where the processor
 //! has FMA: every x86-64 with AVX2 and every arm64; else a multiply, then
-//! an add), then written to `c` or added to it. The row dot decodes each
-//! code as one `relaxed_madd` of the group's scale and bias, as Kiln's
-//! native kernels do with FMA, and sums the products in [`ACCUMULATORS`]
-//! partial sums. Natively the lanes are arrays with `f32::mul_add`, so
+//! an add), then written to `c` or added to it. The row dot multiplies
+//! each code (a float exactly) into `x` with one `relaxed_madd`, in
+//! [`ACCUMULATORS`] partial sums per group, and scales each group's sum
+//! once, as Kiln's own row kernels do. Natively the lanes are arrays with `f32::mul_add`, so
 //! `kiln`'s tests check this code.
 #![cfg_attr(target_arch = "wasm32", no_std)]
 #![warn(missing_docs)]
@@ -119,38 +119,41 @@ pub unsafe extern "C" fn block_product(
     }
 }
 
-/// Partial sums of [`affine_dot`], each of four lanes: enough that the
-/// fused multiply-adds into them do not wait on one another.
+/// Partial sums of [`affine_codes_dot`] in a group, each of four lanes:
+/// enough that the fused multiply-adds into them do not wait on one
+/// another.
 pub const ACCUMULATORS: usize = 4;
 
-/// `x · w` for one row `w` of an affine quantized weight with `bits`-bit
-/// codes (2, 4 or 8), in `groups` groups of `group_words` words (a
-/// multiple of four), each code decoded as `scale·code + bias` with its
-/// group's `scales[g]` and `biases[g]`. Codes lie in each word from the
-/// low bits up; `x` is in the order the dot reads it: group by group, for
-/// each code position `j` of a word, the `x` value of code `j` of every
-/// word of the group, word by word.
+/// The codes' share of `x · w` for one row `w` of an affine quantized
+/// weight with `bits`-bit codes (2, 4 or 8), in `groups` groups of
+/// `group_words` words (a multiple of four): `Σ_g scales[g]·Σ code·x` over
+/// each group's codes. A decoded weight is `scale·code + bias`; the
+/// biases' share, `Σ_g bias_g·Σ x`, is the caller's (one multiply-add per
+/// group where decoding each code took one more per code). Codes lie in
+/// each word from the low bits up; `x` is in the order the dot reads it:
+/// group by group, for each code position `j` of a word, the `x` value of
+/// code `j` of every word of the group, word by word.
 ///
-/// Code `j` of every word goes to partial sum `j mod` [`ACCUMULATORS`],
-/// four words (one vector) at a time in word order; at the end the sums
-/// are added pairwise, then their lanes.
+/// In each group, code `j` of every word goes to partial sum `j mod`
+/// [`ACCUMULATORS`], four words (one vector) at a time in word order; the
+/// sums are added pairwise and scaled into the row's sum, whose lanes are
+/// added at the end.
 ///
 /// # Safety
 ///
 /// `bits` is 2, 4 or 8, `group_words` a multiple of four, and `words`
-/// (`groups·group_words`), `x` (`groups·group_words·32/bits`), `scales`
-/// and `biases` (`groups` each) are readable.
+/// (`groups·group_words`), `x` (`groups·group_words·32/bits`) and `scales`
+/// (`groups`) are readable.
 #[cfg_attr(target_arch = "wasm32", no_mangle)]
 #[cfg_attr(
     target_arch = "wasm32",
     target_feature(enable = "simd128,relaxed-simd")
 )]
-pub unsafe extern "C" fn affine_dot(
+pub unsafe extern "C" fn affine_codes_dot(
     bits: u32,
     words: *const u32,
     x: *const f32,
     scales: *const f32,
-    biases: *const f32,
     groups: usize,
     group_words: usize,
 ) -> f32 {
@@ -158,7 +161,6 @@ pub unsafe extern "C" fn affine_dot(
         words,
         x,
         scales,
-        biases,
         groups,
         group_words,
     };
@@ -171,32 +173,30 @@ pub unsafe extern "C" fn affine_dot(
     }
 }
 
-/// The operands of [`affine_dot`].
+/// The operands of [`affine_codes_dot`].
 struct Row {
     words: *const u32,
     x: *const f32,
     scales: *const f32,
-    biases: *const f32,
     groups: usize,
     group_words: usize,
 }
 
 impl Row {
-    /// [`affine_dot`] for `BITS`-bit codes.
+    /// [`affine_codes_dot`] for `BITS`-bit codes.
     ///
     /// # Safety
     ///
-    /// As for [`affine_dot`].
+    /// As for [`affine_codes_dot`].
     #[inline(always)]
     unsafe fn dot<const BITS: u32>(&self) -> f32 {
         let codes = (32 / BITS) as usize;
         let mask = U32x4::splat((1 << BITS) - 1);
-        let mut acc = [F32x4::ZERO; ACCUMULATORS];
+        let mut scaled = F32x4::ZERO;
         for g in 0..self.groups {
             // SAFETY (this loop): group `g` of every operand (contract).
             unsafe {
-                let scale = F32x4::splat(*self.scales.add(g));
-                let bias = F32x4::splat(*self.biases.add(g));
+                let mut acc = [F32x4::ZERO; ACCUMULATORS];
                 let words = self.words.add(g * self.group_words);
                 let x = self.x.add(g * self.group_words * codes);
                 for v in (0..self.group_words).step_by(LANES) {
@@ -208,15 +208,16 @@ impl Row {
                         for (a, sum) in acc.iter_mut().enumerate() {
                             let j = first + a;
                             let code = packed.shr(j as u32 * BITS).and(mask).to_f32();
-                            let weight = bias.mul_add(scale, code);
                             let xs = F32x4::read(x.add(j * self.group_words + v));
-                            *sum = sum.mul_add(weight, xs);
+                            *sum = sum.mul_add(code, xs);
                         }
                     }
                 }
+                let codes = acc[0].add(acc[1]).add(acc[2].add(acc[3]));
+                scaled = scaled.mul_add(F32x4::splat(*self.scales.add(g)), codes);
             }
         }
-        acc[0].add(acc[1]).add(acc[2].add(acc[3])).sum()
+        scaled.sum()
     }
 }
 
@@ -229,7 +230,7 @@ fn refuse() -> ! {
 /// The end of a call that broke its contract.
 #[cfg(not(target_arch = "wasm32"))]
 fn refuse() -> ! {
-    unreachable!("affine_dot takes codes of 2, 4 or 8 bits")
+    unreachable!("affine_codes_dot takes codes of 2, 4 or 8 bits")
 }
 
 /// The [`ROWS`]×[`COLS`] product of a packed panel of `a` and one of `b`,

@@ -4,9 +4,9 @@
 //! * Few rows of `x` (fewer than [`PANEL_MIN_ROWS`]) and `x @ wᵀ` in f32:
 //!   the codes are unpacked in vector lanes with shifts and masks (one
 //!   word per lane; for 3-, 5- and 6-bit codes the `bits` words of 32
-//!   codes per lane), decoded with their group's scale and bias, and
-//!   multiplied into `x` permuted once into the same lane order: one pass
-//!   over the codes. With AVX-512, 2- and 4-bit codes (affine, and NF4)
+//!   codes per lane) and multiplied into `x` permuted once into the same
+//!   lane order, each group's sum scaled once: one pass over the codes.
+//!   With AVX-512, 2- and 4-bit codes (affine, and NF4)
 //!   index a 16-entry table of their group's decoded values held in a
 //!   register (`vpermps`): a shift, a lookup and an FMA per 16 codes; with
 //!   AVX2, 2-bit codes an 8-entry one, and 4-bit affine codes are moved
@@ -21,9 +21,12 @@
 //!   at a time.
 //!
 //! Output columns are split across [`crate::exec::cpu_threads`] threads.
-//! Sums are blocked and may use FMA: outputs agree with dequantize →
-//! matmul within [`super::matmul::error_bound`] of the exact product of
-//! the decoded weights.
+//! Sums are blocked and may use FMA, and the kernels that decode by
+//! arithmetic (all but the table lookups) sum `level·x` per group and
+//! scale the sum once, the biases' share `Σ b·Σ x` taken from the group
+//! sums of `x` ([`PermutedRow`]): outputs agree with dequantize → matmul
+//! within the bound `quant` states, `error_bound(k + 4, Σ (|s·c| + |b|)·|x|)`
+//! ([`super::matmul::error_bound`]).
 
 use super::product::{self, Product, View};
 use super::quant::{QuantFormat, Weight, NF4_LEVELS};
@@ -90,7 +93,7 @@ pub(super) fn product(
         let fused = transpose && m < PANEL_MIN_ROWS && w.dtype == DType::F32;
         let permuted = if fused {
             a.chunks_exact(k)
-                .map(|row| permute(row, w.format))
+                .map(|row| PermutedRow::new(row, w.format))
                 .collect()
         } else {
             Vec::new()
@@ -123,9 +126,35 @@ struct Matrix<'w, 'a> {
     first_row: usize,
     m: usize,
     k: usize,
-    /// The rows of x permuted into the codes' lane order ([`permute`])
-    /// where the product takes the fused path, else empty.
-    permuted: Vec<Vec<f32>>,
+    /// The rows of x as the fused kernels read them, where the product
+    /// takes the fused path, else empty.
+    permuted: Vec<PermutedRow>,
+}
+
+/// One row of `x` as [`fused_dot`] reads it: [`permute`]d into the codes'
+/// lane order, and for the affine format the sum of each group's values,
+/// so that kernels can take the bias out of each group
+/// (`Σ (s·c + b)·x = s·Σ c·x + b·Σ x`).
+pub(super) struct PermutedRow {
+    values: Vec<f32>,
+    group_sums: Vec<f32>,
+}
+
+impl PermutedRow {
+    /// `x` (one row of length k) for weights of `format`.
+    pub(super) fn new(x: &[f32], format: QuantFormat) -> PermutedRow {
+        let group_sums = match format {
+            QuantFormat::Affine { group_size, .. } => x
+                .chunks(group_size.max(1))
+                .map(|g| g.iter().sum())
+                .collect(),
+            _ => Vec::new(),
+        };
+        PermutedRow {
+            values: permute(x, format),
+            group_sums,
+        }
+    }
 }
 
 impl Matrix<'_, '_> {
@@ -138,8 +167,8 @@ impl Matrix<'_, '_> {
         if !self.permuted.is_empty() {
             for (t, r) in cols.clone().enumerate() {
                 let row = self.first_row + r;
-                for (i, xp) in self.permuted.iter().enumerate() {
-                    out[i * width + t] = fused_dot(isa, self.w, row, xp);
+                for (i, x) in self.permuted.iter().enumerate() {
+                    out[i * width + t] = fused_dot(isa, self.w, row, x);
                 }
             }
         } else if m >= PANEL_MIN_ROWS {
@@ -338,38 +367,41 @@ pub(super) const ISAS: &[Isa] = &[
     Isa::Avx512,
 ];
 
-/// `x · w[row]` for `x` [`permute`]d, decoding the codes in registers with
-/// the kernels of `isa`, or on wasm32 with the relaxed kernel module's row
-/// dot where the host handed it over and it takes the format.
-fn fused_dot(isa: Isa, w: &Weight, row: usize, xp: &[f32]) -> f32 {
+/// `x · w[row]`, decoding the codes in registers with the kernels of
+/// `isa`, or on wasm32 with the relaxed kernel module's row dot where the
+/// host handed it over and it takes the format.
+fn fused_dot(isa: Isa, w: &Weight, row: usize, x: &PermutedRow) -> f32 {
     #[cfg(target_arch = "wasm32")]
     if let Some(dot) = crate::ops::relaxed::kernels()
-        .and_then(|kernels| relaxed_affine_dot(kernels.affine_dot, w, row, xp))
+        .and_then(|kernels| relaxed_affine_dot(kernels.affine_codes_dot, w, row, x))
     {
         return dot;
     }
+    let (xp, sums) = (x.values.as_slice(), x.group_sums.as_slice());
     match w.format {
-        QuantFormat::Affine { bits: 2, .. } => dispatch::<2, 0>(isa, w, row, xp),
-        QuantFormat::Affine { bits: 3, .. } => dispatch::<3, 0>(isa, w, row, xp),
-        QuantFormat::Affine { bits: 4, .. } => dispatch::<4, 0>(isa, w, row, xp),
-        QuantFormat::Affine { bits: 5, .. } => dispatch::<5, 0>(isa, w, row, xp),
-        QuantFormat::Affine { bits: 6, .. } => dispatch::<6, 0>(isa, w, row, xp),
-        QuantFormat::Affine { .. } => dispatch::<8, 0>(isa, w, row, xp),
-        QuantFormat::Nf4 => dispatch::<4, 1>(isa, w, row, xp),
-        QuantFormat::Int8 => dispatch::<8, 2>(isa, w, row, xp),
+        QuantFormat::Affine { bits: 2, .. } => dispatch::<2, 0>(isa, w, row, xp, sums),
+        QuantFormat::Affine { bits: 3, .. } => dispatch::<3, 0>(isa, w, row, xp, sums),
+        QuantFormat::Affine { bits: 4, .. } => dispatch::<4, 0>(isa, w, row, xp, sums),
+        QuantFormat::Affine { bits: 5, .. } => dispatch::<5, 0>(isa, w, row, xp, sums),
+        QuantFormat::Affine { bits: 6, .. } => dispatch::<6, 0>(isa, w, row, xp, sums),
+        QuantFormat::Affine { .. } => dispatch::<8, 0>(isa, w, row, xp, sums),
+        QuantFormat::Nf4 => dispatch::<4, 1>(isa, w, row, xp, sums),
+        QuantFormat::Int8 => dispatch::<8, 2>(isa, w, row, xp, sums),
     }
 }
 
-/// `x · w[row]` for `x` [`permute`]d on `dot`, the relaxed kernel
+/// `x · w[row]` with the codes' share on `dot`, the relaxed kernel
 /// module's row dot, for the affine formats it takes (2, 4 or 8 bits in
-/// groups of a multiple of four words); `None` for any other.
+/// groups of a multiple of four words), and the biases' share
+/// ([`bias_share`]); `None` for any other format.
 #[cfg(any(target_arch = "wasm32", test))]
 pub(super) fn relaxed_affine_dot(
-    dot: crate::ops::relaxed::AffineDot,
+    dot: crate::ops::relaxed::AffineCodesDot,
     w: &Weight,
     row: usize,
-    xp: &[f32],
+    x: &PermutedRow,
 ) -> Option<f32> {
+    let xp = x.values.as_slice();
     let QuantFormat::Affine {
         bits: bits @ (2 | 4 | 8),
         group_size,
@@ -383,24 +415,23 @@ pub(super) fn relaxed_affine_dot(
         return None;
     }
     let words = row_words(w, row);
-    let (scales, biases) = row_scales(w, row);
-    let biases = biases?;
-    // SAFETY: `dot` keeps the contract of `AffineDot` (the host's promise
-    // to `use_relaxed_kernels`, or the kernel crate's own function in
-    // tests); it reads `groups_per_row` groups of `group_words` words, of
-    // `group_size` values of `xp` and one scale and bias each: the row's
-    // slices, whole.
-    Some(unsafe {
+    let (scales, _) = row_scales(w, row);
+    // SAFETY: `dot` keeps the contract of `AffineCodesDot` (the host's
+    // promise to `use_relaxed_kernels`, or the kernel crate's own function
+    // in tests); it reads `groups_per_row` groups of `group_words` words,
+    // of `group_size` values of `xp` and one scale each: the row's slices,
+    // whole.
+    let codes = unsafe {
         dot(
             bits,
             words.as_ptr(),
             xp.as_ptr(),
             scales.as_ptr(),
-            biases.as_ptr(),
             w.groups_per_row,
             group_words,
         )
-    })
+    };
+    Some(codes + bias_share(w, row, &x.group_sums))
 }
 
 /// [`row_kernel`] compiled for `isa`, or for 2-bit affine and 4-bit codes
@@ -409,17 +440,34 @@ pub(super) fn relaxed_affine_dot(
 /// [`affine2_avx2`], and for 2-bit groups of 32 on either unit
 /// [`affine2_pairs_avx2`]), and for 3-, 5- and 6-bit affine codes in
 /// groups of 32, 64 or 128 its straddling kernel ([`straddling_avx512`],
-/// [`straddling_avx2`]). `KIND`: 0 affine, 1 NF4, 2 int8.
-fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, xp: &[f32]) -> f32 {
+/// [`straddling_avx2`]). `KIND`: 0 affine, 1 NF4, 2 int8. `sums`: the
+/// group sums of [`PermutedRow`].
+fn dispatch<const BITS: u32, const KIND: u8>(
+    isa: Isa,
+    w: &Weight,
+    row: usize,
+    xp: &[f32],
+    sums: &[f32],
+) -> f32 {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-    fn avx512<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
-        row_kernel::<BITS, KIND, true>(w, row, xp)
+    fn avx512<const BITS: u32, const KIND: u8>(
+        w: &Weight,
+        row: usize,
+        xp: &[f32],
+        sums: &[f32],
+    ) -> f32 {
+        row_kernel::<BITS, KIND, true>(w, row, xp, sums)
     }
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    fn avx2<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
-        row_kernel::<BITS, KIND, true>(w, row, xp)
+    fn avx2<const BITS: u32, const KIND: u8>(
+        w: &Weight,
+        row: usize,
+        xp: &[f32],
+        sums: &[f32],
+    ) -> f32 {
+        row_kernel::<BITS, KIND, true>(w, row, xp, sums)
     }
     // Whether the straddling kernels take the format: codes across words,
     // in groups of one, two or four units.
@@ -443,8 +491,8 @@ fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, x
                 Some(g) if g.is_multiple_of(16) => lut_avx512::<BITS, KIND, 16>(w, row, xp),
                 // Two words a group: the AVX2 kernel, a table per half.
                 Some(2) if BITS == 2 => affine2_pairs_avx2(w, row, xp),
-                None if straddling => straddling_avx512::<BITS>(w, row, xp),
-                _ => avx512::<BITS, KIND>(w, row, xp),
+                None if straddling => straddling_avx512::<BITS>(w, row, xp, sums),
+                _ => avx512::<BITS, KIND>(w, row, xp, sums),
             }
         },
         #[cfg(target_arch = "x86_64")]
@@ -456,11 +504,11 @@ fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, x
                 (2, Some(2)) => affine2_pairs_avx2(w, row, xp),
                 (2, Some(4)) => affine2_avx2::<4>(w, row, xp),
                 (2, Some(g)) if g.is_multiple_of(8) => affine2_avx2::<8>(w, row, xp),
-                (_, None) if straddling => straddling_avx2::<BITS>(w, row, xp),
-                _ => avx2::<BITS, KIND>(w, row, xp),
+                (_, None) if straddling => straddling_avx2::<BITS>(w, row, xp, sums),
+                _ => avx2::<BITS, KIND>(w, row, xp, sums),
             }
         },
-        Isa::Portable => portable::<BITS, KIND>(w, row, xp),
+        Isa::Portable => portable::<BITS, KIND>(w, row, xp, sums),
     }
 }
 
@@ -468,33 +516,51 @@ fn dispatch<const BITS: u32, const KIND: u8>(isa: Isa, w: &Weight, row: usize, x
 /// own: inlined into [`fused_dot`] beside every other format's, its loops
 /// ran 1.5× slower in V8.
 #[inline(never)]
-fn portable<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
-    row_kernel::<BITS, KIND, false>(w, row, xp)
+fn portable<const BITS: u32, const KIND: u8>(
+    w: &Weight,
+    row: usize,
+    xp: &[f32],
+    sums: &[f32],
+) -> f32 {
+    row_kernel::<BITS, KIND, false>(w, row, xp, sums)
 }
 
 /// [`aligned_row`] (for the row's words per group) or [`fused_row`], by
-/// whether codes straddle words.
+/// whether codes straddle words, and the biases' share ([`bias_share`]).
 #[inline(always)]
 fn row_kernel<const BITS: u32, const KIND: u8, const FMA: bool>(
     w: &Weight,
     row: usize,
     xp: &[f32],
+    sums: &[f32],
 ) -> f32 {
-    if 32 % BITS != 0 {
-        return fused_row::<BITS, KIND, FMA>(w, row, xp);
-    }
-    // Every affine group size gets kernels of its own: with the words per
-    // group known, the loops over a group unroll and take constant shifts
-    // (1.8× faster for 4-bit groups of 64 in V8). Int8's group is the row.
-    let group = w.format.group_size().unwrap_or(w.cols);
-    match group / (32 / BITS) as usize {
-        2 => aligned_row::<BITS, KIND, FMA, 2>(w, row, xp),
-        4 => aligned_row::<BITS, KIND, FMA, 4>(w, row, xp),
-        8 => aligned_row::<BITS, KIND, FMA, 8>(w, row, xp),
-        16 => aligned_row::<BITS, KIND, FMA, 16>(w, row, xp),
-        32 => aligned_row::<BITS, KIND, FMA, 32>(w, row, xp),
-        _ => aligned_row::<BITS, KIND, FMA, 0>(w, row, xp),
-    }
+    let scaled = if 32 % BITS != 0 {
+        fused_row::<BITS, KIND, FMA>(w, row, xp)
+    } else {
+        // Every affine group size gets kernels of its own: with the words
+        // per group known, the loops over a group unroll and take constant
+        // shifts (1.8× faster for 4-bit groups of 64 in V8). Int8's group
+        // is the row.
+        let group = w.format.group_size().unwrap_or(w.cols);
+        match group / (32 / BITS) as usize {
+            2 => aligned_row::<BITS, KIND, FMA, 2>(w, row, xp),
+            4 => aligned_row::<BITS, KIND, FMA, 4>(w, row, xp),
+            8 => aligned_row::<BITS, KIND, FMA, 8>(w, row, xp),
+            16 => aligned_row::<BITS, KIND, FMA, 16>(w, row, xp),
+            32 => aligned_row::<BITS, KIND, FMA, 32>(w, row, xp),
+            _ => aligned_row::<BITS, KIND, FMA, 0>(w, row, xp),
+        }
+    };
+    scaled + bias_share(w, row, sums)
+}
+
+/// `Σ_g b_g·Σ_{i∈g} x_i`, the biases' share of `x · w[row]` (0 without
+/// biases), from the group sums of [`PermutedRow`]: the kernels that
+/// factor each group's bias out (`Σ (s·c + b)·x = s·Σ c·x + b·Σ x`) sum
+/// the codes' share alone, one multiply-add per code where decoding took
+/// two.
+fn bias_share(w: &Weight, row: usize, sums: &[f32]) -> f32 {
+    row_scales(w, row).1.map_or(0.0, |biases| dot(biases, sums))
 }
 
 /// `a·b + c`, fused into one rounding where the target has FMA (without
@@ -508,33 +574,32 @@ fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
-/// The decoded value of `code` (`BITS` wide, in the low bits).
+/// The value that `code` (`BITS` wide, in the low bits) stands for before
+/// its group's scale: the code itself (affine; the bias is left to
+/// [`bias_share`]), its NF4 level, or the signed byte (int8).
 #[inline(always)]
-fn decode<const BITS: u32, const KIND: u8, const FMA: bool>(
-    code: u32,
-    scale: f32,
-    bias: f32,
-) -> f32 {
+fn level<const BITS: u32, const KIND: u8>(code: u32) -> f32 {
     match KIND {
-        0 => madd::<FMA>(scale, code as f32, bias),
-        1 => scale * NF4_LEVELS[(code & 15) as usize],
-        _ => scale * f32::from(code as u8 as i8),
+        0 => code as f32,
+        1 => NF4_LEVELS[(code & 15) as usize],
+        _ => f32::from(code as u8 as i8),
     }
 }
 
-/// The body of [`fused_dot`] for codes that never straddle words, in
-/// blocks of eight words (a loop the compiler vectorizes, one lane per
-/// word): for each code position `j`, every word of the block is unpacked
-/// (one shift, mask and convert per lane), decoded with its group's scale
-/// and bias and multiplied into `x`, into partial sum `j mod 4`. A group
-/// of eight words or more is a whole number of blocks where the word count
-/// allows (the rest one code at a time); groups of two or four words share
-/// a block, lane `l` reading word `l mod GROUP_WORDS` of the block's group
-/// `l / GROUP_WORDS`. With one partial sum, each code waited on the last
-/// FMA, and groups of four words ran four lanes: for a 4096×4096 weight
-/// at one thread on an Intel Xeon, 2-bit (groups of 64) took 5.7–5.8 ms
-/// and now 1.5–1.7, 8-bit 2.8–3.2 and now 1.6–1.9, int8 3.1–3.3 and now
-/// 1.9–2.1.
+/// `Σ_g s_g·Σ_{i∈g} level(c_i)·x_i` ([`level`]) for codes that never
+/// straddle words, in blocks of eight words (a loop the compiler
+/// vectorizes, one lane per word): for each code position `j`, every word
+/// of the block is unpacked (one shift, mask and convert per lane) and
+/// multiplied into `x`, into partial sum `j mod 4`; each group's sums are
+/// scaled once. A group of eight words or more is a whole number of blocks
+/// where the word count allows (the rest one code at a time); groups of
+/// two or four words share a block, lane `l` reading word
+/// `l mod GROUP_WORDS` of the block's group `l / GROUP_WORDS`, and each
+/// block's sums are scaled lane by lane. With one partial sum, each code
+/// waited on the last FMA, and groups of four words ran four lanes: for a
+/// 4096×4096 weight at one thread on an Intel Xeon, 2-bit (groups of 64)
+/// took 5.7–5.8 ms and 1.5–1.7 after, 8-bit 2.8–3.2 and 1.6–1.9 after,
+/// int8 3.1–3.3 and 1.9–2.1 after.
 /// `GROUP_WORDS`: the words per group, or 0 for a kernel that reads it
 /// from the format.
 #[inline(always)]
@@ -552,17 +617,22 @@ fn aligned_row<const BITS: u32, const KIND: u8, const FMA: bool, const GROUP_WOR
         w.format.group_size().unwrap_or(w.cols) / per_word
     };
     let group = group_words * per_word;
-    let (scales, biases) = row_scales(w, row);
-    let bias = |g: usize| biases.map_or(0.0, |b| b[g]);
-    let mut acc = [[0.0f32; BLOCK]; 4];
+    let (scales, _) = row_scales(w, row);
+    let mut scaled = [0.0f32; BLOCK];
     let mut tail = 0.0f32;
-    // One code at a time, for words a block does not take.
-    let one_by_one = |g: usize, k: usize, tail: &mut f32| {
+    // Σ level·x of the codes of word `k` of group `g`, one at a time, for
+    // words a block does not take.
+    let one_by_one = |g: usize, k: usize| {
+        let mut sum = 0.0f32;
         for j in 0..per_word {
             let code = (words[g * group_words + k] >> (j as u32 * BITS)) & mask;
-            let v = decode::<BITS, KIND, FMA>(code, scales[g], bias(g));
-            *tail = madd::<FMA>(v, xp[g * group + j * group_words + k], *tail);
+            sum = madd::<FMA>(
+                level::<BITS, KIND>(code),
+                xp[g * group + j * group_words + k],
+                sum,
+            );
         }
+        sum
     };
     if GROUP_WORDS > 0 && GROUP_WORDS < BLOCK {
         let groups_per_block = BLOCK / GROUP_WORDS;
@@ -573,18 +643,21 @@ fn aligned_row<const BITS: u32, const KIND: u8, const FMA: bool, const GROUP_WOR
         for (p, (block, x)) in blocks.enumerate() {
             let block = block.try_into().expect("a block of BLOCK words");
             let first = p * groups_per_block;
-            let s: [f32; BLOCK] = std::array::from_fn(|l| scales[first + l / GROUP_WORDS]);
-            let b: [f32; BLOCK] = std::array::from_fn(|l| bias(first + l / GROUP_WORDS));
-            block_dot::<BITS, KIND, FMA>(block, &s, &b, &mut acc, |j| {
+            let mut sums = [[0.0f32; BLOCK]; 4];
+            block_dot::<BITS, KIND, FMA>(block, &mut sums, |j| {
                 std::array::from_fn(|l| {
                     x[l / GROUP_WORDS * group + j * GROUP_WORDS + l % GROUP_WORDS]
                 })
             });
-        }
-        for g in full_blocks * groups_per_block..scales.len() {
-            for k in 0..group_words {
-                one_by_one(g, k, &mut tail);
+            for l in 0..BLOCK {
+                let lane = (sums[0][l] + sums[1][l]) + (sums[2][l] + sums[3][l]);
+                scaled[l] = madd::<FMA>(scales[first + l / GROUP_WORDS], lane, scaled[l]);
             }
+        }
+        let first_left = full_blocks * groups_per_block;
+        for (g, &scale) in scales.iter().enumerate().skip(first_left) {
+            let sum: f32 = (0..group_words).map(|k| one_by_one(g, k)).sum();
+            tail = madd::<FMA>(scale, sum, tail);
         }
     } else {
         let full = group_words / BLOCK * BLOCK;
@@ -593,34 +666,34 @@ fn aligned_row<const BITS: u32, const KIND: u8, const FMA: bool, const GROUP_WOR
             .zip(xp.chunks_exact(group))
             .enumerate()
         {
-            let (s, b) = ([scales[g]; BLOCK], [bias(g); BLOCK]);
+            let mut sums = [[0.0f32; BLOCK]; 4];
             for (c, block) in gwords[..full].chunks_exact(BLOCK).enumerate() {
                 let block = block.try_into().expect("a block of BLOCK words");
-                block_dot::<BITS, KIND, FMA>(block, &s, &b, &mut acc, |j| {
+                block_dot::<BITS, KIND, FMA>(block, &mut sums, |j| {
                     let start = j * group_words + c * BLOCK;
                     x[start..start + BLOCK].try_into().expect("BLOCK values")
                 });
             }
-            for k in full..group_words {
-                one_by_one(g, k, &mut tail);
+            for l in 0..BLOCK {
+                let lane = (sums[0][l] + sums[1][l]) + (sums[2][l] + sums[3][l]);
+                scaled[l] = madd::<FMA>(scales[g], lane, scaled[l]);
+            }
+            if full < group_words {
+                let sum: f32 = (full..group_words).map(|k| one_by_one(g, k)).sum();
+                tail = madd::<FMA>(scales[g], sum, tail);
             }
         }
     }
-    // One sum of the 32 partial sums in order: adding the four lane by lane
-    // first made the compiler keep them in memory (4× slower).
-    acc.iter().flatten().sum::<f32>() + tail
+    scaled.iter().sum::<f32>() + tail
 }
 
-/// One block of [`aligned_row`]: the codes of eight words, decoded with
-/// lane `l`'s scale `s[l]` and bias `b[l]` and multiplied by lane `l` of
-/// `x(j)` (code `j` of each word), code `j` into partial sum `j mod 4`.
-/// The four codes of a step are a loop of constant length, so that the
-/// sums stay in registers.
+/// One block of [`aligned_row`]: `Σ level·x` of the codes of eight words,
+/// lane `l` multiplied by lane `l` of `x(j)` (code `j` of each word), code
+/// `j` into partial sum `j mod 4`. The four codes of a step are a loop of
+/// constant length, so that the sums stay in registers.
 #[inline(always)]
 fn block_dot<const BITS: u32, const KIND: u8, const FMA: bool>(
     block: &[u32; BLOCK],
-    s: &[f32; BLOCK],
-    b: &[f32; BLOCK],
     acc: &mut [[f32; BLOCK]; 4],
     x: impl Fn(usize) -> [f32; BLOCK],
 ) {
@@ -637,9 +710,9 @@ fn block_dot<const BITS: u32, const KIND: u8, const FMA: bool>(
                     // shift down sign-extends it (two shifts, where masking
                     // and widening the byte took four operations).
                     let top = (words[l] << (32 - BITS - shift)) as i32;
-                    s[l] * (top >> (32 - BITS)) as f32
+                    (top >> (32 - BITS)) as f32
                 } else {
-                    decode::<BITS, KIND, FMA>((words[l] >> shift) & mask, s[l], b[l])
+                    level::<BITS, KIND>((words[l] >> shift) & mask)
                 };
                 a[l] = madd::<FMA>(v, x[l], a[l]);
             }
@@ -1344,26 +1417,33 @@ impl<const BITS: u32> UnitWords<BITS> {
 /// of one, two or four units (32, 64 or 128 codes): [`fused_row`]'s lanes
 /// and shifts, in registers. A run's words load as `BITS` vectors and are
 /// transposed by permutes (lane `l` of vector `o` then holds word `o` of
-/// unit `l`), and its scales and biases are spread over the lanes by one
-/// permute each, where the portable kernel fills each lane by a store and
-/// reads the lanes back as a vector (a store-forwarding stall). 3- and
-/// 5-bit codes become floats by a permute of the code values, which needs
-/// no mask and leaves the conversion's port to the FMAs; 6-bit codes are
-/// masked and converted. Either way the float is the code exactly, so
-/// every format decodes as [`fused_row`] does (one FMA).
+/// unit `l`), and its scales are spread over the lanes by one permute,
+/// where the portable kernel fills each lane by a store and reads the
+/// lanes back as a vector (a store-forwarding stall). 3- and 5-bit codes
+/// become floats by a permute of the code values, which needs no mask and
+/// leaves the conversion's port to the FMAs; 6-bit codes are masked and
+/// converted. Either way the float is the code exactly, multiplied into
+/// `x` by one FMA; each unit's sum is scaled once, and the biases' share
+/// is [`bias_share`]'s, as in [`fused_row`]. Decoding each code with its
+/// scale and bias took a second FMA: side by side, 3-bit ran about 1.3×
+/// and 6-bit about 1.1× slower.
 ///
 /// # Safety
 /// The CPU must have AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn straddling_avx512<const BITS: u32>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+unsafe fn straddling_avx512<const BITS: u32>(
+    w: &Weight,
+    row: usize,
+    xp: &[f32],
+    sums: &[f32],
+) -> f32 {
     use std::arch::x86_64::*;
     let words_per_unit = BITS as usize;
     let group = w.format.group_size().unwrap_or(w.cols);
     let units_per_group = group / 32;
     let words = row_words(w, row);
-    let (scales, biases) = row_scales(w, row);
-    let biases = biases.expect("the affine format has biases");
+    let (scales, _) = row_scales(w, row);
     assert!(
         matches!(BITS, 3 | 5 | 6)
             && matches!(group, 32 | 64 | 128)
@@ -1393,7 +1473,7 @@ unsafe fn straddling_avx512<const BITS: u32>(w: &Weight, row: usize, xp: &[f32])
         [_mm512_cvtepi32_ps(lanes), _mm512_cvtepi32_ps(upper)]
     };
     let runs = words.len() / (LANES * words_per_unit);
-    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut scaled = _mm512_setzero_ps();
     for r in 0..runs {
         let run = words.as_ptr().add(r * LANES * words_per_unit);
         let mut loaded = [_mm512_setzero_si512(); 6];
@@ -1412,14 +1492,12 @@ unsafe fn straddling_avx512<const BITS: u32>(w: &Weight, row: usize, xp: &[f32])
             unit_words[o] = v;
         }
         let first_group = (r * LANES) >> units_per_group.trailing_zeros();
-        let spread = |values: &[f32]| {
-            let run_values = _mm512_maskz_loadu_ps(run_groups, values.as_ptr().add(first_group));
-            _mm512_permutexvar_ps(group_of_lane, run_values)
-        };
-        let (s, b) = (spread(scales), spread(biases));
+        let run_scales = _mm512_maskz_loadu_ps(run_groups, scales.as_ptr().add(first_group));
+        let s = _mm512_permutexvar_ps(group_of_lane, run_scales);
         let x = xp.as_ptr().add(r * LANES * 32);
         // As in `fused_row`: every code spelled out, with constant shifts,
-        // code `j` into partial sum `j mod 4`.
+        // code `j` into partial sum `j mod 4`, the unit's sum scaled once.
+        let mut acc = [_mm512_setzero_ps(); 4];
         each_of_32!(j => {
             let bit = j * BITS as usize;
             let (o, shift) = (bit / 32, (bit % 32) as i32);
@@ -1434,12 +1512,15 @@ unsafe fn straddling_avx512<const BITS: u32>(w: &Weight, row: usize, xp: &[f32])
                 5 => _mm512_permutex2var_ps(levels[0], code, levels[1]),
                 _ => _mm512_cvtepi32_ps(_mm512_and_si512(code, mask)),
             };
-            let decoded = _mm512_fmadd_ps(s, code, b);
             let a = &mut acc[j % 4];
-            *a = _mm512_fmadd_ps(decoded, _mm512_loadu_ps(x.add(j * LANES)), *a);
+            *a = _mm512_fmadd_ps(code, _mm512_loadu_ps(x.add(j * LANES)), *a);
         });
+        let units = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        scaled = _mm512_fmadd_ps(s, units, scaled);
     }
-    sum_of_partials_avx512(acc) + straddling_tail::<BITS, 0, true>(w, row, xp, runs * LANES * 32)
+    _mm512_reduce_add_ps(scaled)
+        + straddling_tail::<BITS, 0, true>(w, row, xp, runs * LANES * 32)
+        + bias_share(w, row, sums)
 }
 
 /// [`straddling_avx512`] with AVX2: each run of [`LANES`] units in two
@@ -1453,15 +1534,19 @@ unsafe fn straddling_avx512<const BITS: u32>(w: &Weight, row: usize, xp: &[f32])
 /// The CPU must have AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn straddling_avx2<const BITS: u32>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+unsafe fn straddling_avx2<const BITS: u32>(
+    w: &Weight,
+    row: usize,
+    xp: &[f32],
+    sums: &[f32],
+) -> f32 {
     use std::arch::x86_64::*;
     const HALF: usize = LANES / 2;
     let words_per_unit = BITS as usize;
     let group = w.format.group_size().unwrap_or(w.cols);
     let units_per_group = group / 32;
     let words = row_words(w, row);
-    let (scales, biases) = row_scales(w, row);
-    let biases = biases.expect("the affine format has biases");
+    let (scales, _) = row_scales(w, row);
     assert!(
         matches!(BITS, 3 | 5 | 6)
             && matches!(group, 32 | 64 | 128)
@@ -1479,10 +1564,11 @@ unsafe fn straddling_avx2<const BITS: u32>(w: &Weight, row: usize, xp: &[f32]) -
     // and runs on a port that the conversion and FMAs do not take.
     let levels = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
     let runs = words.len() / (LANES * words_per_unit);
-    // Two partial sums, not four: with the unit words, scale, bias and
-    // mask, four kept the compiler spilling decoded codes to the stack
-    // (79 stack accesses in the 6-bit kernel against 25 with two).
-    let mut acc = [_mm256_setzero_ps(); 2];
+    // Two partial sums per unit: when each code was decoded with its scale
+    // and bias, four kept the compiler spilling codes to the stack (79
+    // stack accesses in the 6-bit kernel against 25 with two); without
+    // them in the loop, four measured no faster.
+    let mut scaled = _mm256_setzero_ps();
     for r in 0..runs {
         for h in 0..2 {
             let first_unit = r * LANES + h * HALF;
@@ -1494,12 +1580,10 @@ unsafe fn straddling_avx2<const BITS: u32>(w: &Weight, row: usize, xp: &[f32]) -
             let unit_words = units_avx2::<BITS>(loaded);
             // A shift, not a division: a group is 1, 2 or 4 units.
             let first_group = first_unit >> units_per_group.trailing_zeros();
-            let spread = |values: &[f32]| {
-                let half_values = _mm256_maskload_ps(values.as_ptr().add(first_group), half_groups);
-                _mm256_permutevar8x32_ps(half_values, group_of_lane)
-            };
-            let (s, b) = (spread(scales), spread(biases));
+            let half_scales = _mm256_maskload_ps(scales.as_ptr().add(first_group), half_groups);
+            let s = _mm256_permutevar8x32_ps(half_scales, group_of_lane);
             let x = xp.as_ptr().add(r * LANES * 32 + h * HALF);
+            let mut acc = [_mm256_setzero_ps(); 2];
             each_of_32!(j => {
                 let bit = j * BITS as usize;
                 let (o, shift) = (bit / 32, (bit % 32) as i32);
@@ -1514,13 +1598,15 @@ unsafe fn straddling_avx2<const BITS: u32>(w: &Weight, row: usize, xp: &[f32]) -
                 } else {
                     _mm256_cvtepi32_ps(_mm256_and_si256(code, mask))
                 };
-                let decoded = _mm256_fmadd_ps(s, code, b);
                 let a = &mut acc[j % 2];
-                *a = _mm256_fmadd_ps(decoded, _mm256_loadu_ps(x.add(j * LANES)), *a);
+                *a = _mm256_fmadd_ps(code, _mm256_loadu_ps(x.add(j * LANES)), *a);
             });
+            scaled = _mm256_fmadd_ps(s, _mm256_add_ps(acc[0], acc[1]), scaled);
         }
     }
-    sum_of_partials_avx2(acc) + straddling_tail::<BITS, 0, true>(w, row, xp, runs * LANES * 32)
+    sum_of_partials_avx2([scaled])
+        + straddling_tail::<BITS, 0, true>(w, row, xp, runs * LANES * 32)
+        + bias_share(w, row, sums)
 }
 
 /// Eight units of `BITS` (3, 5 or 6) words each, loaded as `BITS` vectors
@@ -1643,8 +1729,9 @@ unsafe fn units_avx2<const BITS: u32>(
     units
 }
 
-/// The body of [`fused_dot`] for codes that straddle words: runs of [`LANES`] units, lane `l` unpacking
-/// unit `l` of the run with the same shifts as every other lane.
+/// [`aligned_row`]'s sum for codes that straddle words: runs of
+/// [`LANES`] units, lane `l` unpacking unit `l` of the run with the same
+/// shifts as every other lane, each unit's `Σ level·x` scaled once.
 #[inline(always)]
 fn fused_row<const BITS: u32, const KIND: u8, const FMA: bool>(
     w: &Weight,
@@ -1655,26 +1742,19 @@ fn fused_row<const BITS: u32, const KIND: u8, const FMA: bool>(
     let mask = ((1u64 << BITS) - 1) as u32;
     let words = row_words(w, row);
     let group = w.format.group_size().unwrap_or(w.cols);
-    let scales = &w.scales[row * w.groups_per_row..(row + 1) * w.groups_per_row];
-    let biases = w
-        .biases
-        .as_ref()
-        .map(|b| &b[row * w.groups_per_row..(row + 1) * w.groups_per_row]);
+    let (scales, _) = row_scales(w, row);
     let run_words = LANES * words_per_unit;
     let full_runs = words.len() / run_words;
-    let mut acc = [[0.0f32; LANES]; 4];
+    let mut scaled = [0.0f32; LANES];
     for (r, (run, x)) in words
         .chunks_exact(run_words)
         .zip(xp.chunks_exact(LANES * codes))
         .enumerate()
     {
         let mut scale = [0.0f32; LANES];
-        let mut bias = [0.0f32; LANES];
         let mut unit_words = [[0u32; LANES]; 6];
         for l in 0..LANES {
-            let g = (r * LANES + l) * codes / group;
-            scale[l] = scales[g];
-            bias[l] = biases.map_or(0.0, |b| b[g]);
+            scale[l] = scales[(r * LANES + l) * codes / group];
             for o in 0..words_per_unit {
                 unit_words[o][l] = run[l * words_per_unit + o];
             }
@@ -1683,6 +1763,7 @@ fn fused_row<const BITS: u32, const KIND: u8, const FMA: bool>(
         // each takes constant shifts; code `j` goes into partial sum
         // `j mod 4`.
         debug_assert_eq!(codes, 32);
+        let mut sums = [[0.0f32; LANES]; 4];
         each_of_32!(j => {
             let bit = j * BITS as usize;
             let (o, shift) = (bit / 32, (bit % 32) as u32);
@@ -1700,19 +1781,23 @@ fn fused_row<const BITS: u32, const KIND: u8, const FMA: bool>(
             let xs: &[f32; LANES] = x[j * LANES..(j + 1) * LANES]
                 .try_into()
                 .expect("a run holds LANES values per code");
-            let a = &mut acc[j % 4];
+            let a = &mut sums[j % 4];
             for l in 0..LANES {
-                let v = decode::<BITS, KIND, FMA>(code[l], scale[l], bias[l]);
-                a[l] = madd::<FMA>(v, xs[l], a[l]);
+                a[l] = madd::<FMA>(level::<BITS, KIND>(code[l]), xs[l], a[l]);
             }
         });
+        for l in 0..LANES {
+            let lane = (sums[0][l] + sums[1][l]) + (sums[2][l] + sums[3][l]);
+            scaled[l] = madd::<FMA>(scale[l], lane, scaled[l]);
+        }
     }
-    acc.iter().flatten().sum::<f32>()
+    scaled.iter().sum::<f32>()
         + straddling_tail::<BITS, KIND, FMA>(w, row, xp, full_runs * LANES * codes)
 }
 
-/// `x · w[row]` over the codes from `first_col` on (the units after the
-/// last full run of [`fused_row`]), one code at a time, in order.
+/// `Σ s·level·x` over the codes from `first_col` on (the units after the
+/// last full run of [`fused_row`]), one code at a time, in order; the
+/// biases' share is [`bias_share`]'s.
 fn straddling_tail<const BITS: u32, const KIND: u8, const FMA: bool>(
     w: &Weight,
     row: usize,
@@ -1722,18 +1807,13 @@ fn straddling_tail<const BITS: u32, const KIND: u8, const FMA: bool>(
     let mask = ((1u64 << BITS) - 1) as u32;
     let words = row_words(w, row);
     let group = w.format.group_size().unwrap_or(w.cols);
-    let (scales, biases) = row_scales(w, row);
+    let (scales, _) = row_scales(w, row);
     let mut tail = 0.0f32;
     for (c, &x) in xp.iter().enumerate().take(w.cols).skip(first_col) {
         let bit = c * BITS as usize;
         let (word, shift) = (bit / 32, bit % 32);
         let pair = u64::from(words[word]) | words.get(word + 1).map_or(0, |&v| u64::from(v) << 32);
-        let g = c / group;
-        let v = decode::<BITS, KIND, FMA>(
-            (pair >> shift) as u32 & mask,
-            scales[g],
-            biases.map_or(0.0, |b| b[g]),
-        );
+        let v = scales[c / group] * level::<BITS, KIND>((pair >> shift) as u32 & mask);
         tail = madd::<FMA>(v, x, tail);
     }
     tail

@@ -29,10 +29,14 @@
 //! `broadcast(lhs, rhs).shape + [m, n]`). The reference evaluation decodes
 //! the packed codes as it goes and never materializes the dequantized
 //! matrix (the kernels are in `qmm`); it rounds each decoded weight to the
-//! dtype (f16/bf16) and accumulates in f32, so it agrees with dequantize →
-//! matmul within `matmul`'s per-k bound ([`super::matmul::error_bound`])
-//! plus one rounding of each decoded weight (`u·(|w| + |bias|)` for the
-//! affine format, whose decode `scale·code + bias` may fuse into one FMA).
+//! dtype (f16/bf16) and accumulates in f32. For f32 weights the kernels may
+//! take each group's bias out of its sum (`Σ (s·c + b)·x = s·Σ c·x + b·Σ x`,
+//! as MLX does: one multiply-add per code instead of two), so the result
+//! agrees with dequantize → matmul within
+//! `error_bound(k + 4, Σ (|s·c| + |b|)·|x|)` ([`super::matmul::error_bound`]):
+//! `matmul`'s per-k bound, its sum taken over `|s·c| + |b|` in place of
+//! `|w|` (for NF4 and int8, `|s·level|`, which is `|w|`) and its k widened
+//! by the decoding's two roundings and the scale's and bias's products.
 //!
 //! ```
 //! use kiln::{quantize, quantized_matmul, Array, QuantFormat};
@@ -1558,8 +1562,7 @@ mod tests {
             let q = quantize(&w, format);
             let k = if transpose { cols } else { rows };
             let x = matrix(wavy(m * k, seed ^ 1, 1.0), &[1, m, k]);
-            let deq = q.dequantize();
-            let deq = if transpose { deq.swap_axes(-1, -2) } else { deq };
+            let deq = decoded(&q, transpose);
             let (mut dims, mut got) = (None, Vec::new());
             with_widest_isa(isa, || {
                 let product = quantized_matmul(&x, &q, transpose);
@@ -1567,7 +1570,7 @@ mod tests {
             });
             let n_out = if transpose { n } else { cols };
             prop_assert_eq!(dims, Some(vec![batch, m, n_out]));
-            let checked = within_bound(&f32s(&x), &f32s(&deq), &got, (batch, m, k));
+            let checked = within_bound(&f32s(&x), &deq, &got, (batch, m, k));
             prop_assert!(checked.is_ok(), "{:?}", checked);
         }
     }
@@ -1586,14 +1589,9 @@ mod tests {
                 let shape = if transpose { [1, n, k] } else { [1, k, n] };
                 let q = quantize(&matrix(wavy(n * k, 3, 1.0), &shape), format);
                 let x = matrix(wavy(m * k, 4, 1.0), &[1, m, k]);
-                let deq = q.dequantize();
-                let deq = if transpose {
-                    deq.swap_axes(-1, -2)
-                } else {
-                    deq
-                };
+                let deq = decoded(&q, transpose);
                 let got = quantized_matmul(&x, &q, transpose);
-                let checked = within_bound(&f32s(&x), &f32s(&deq), &f32s(&got), (1, m, k));
+                let checked = within_bound(&f32s(&x), &deq, &f32s(&got), (1, m, k));
                 assert!(
                     checked.is_ok(),
                     "{format} m={m} transpose={transpose}: {checked:?}"
@@ -1625,12 +1623,11 @@ mod tests {
                 for format in formats.clone() {
                     for k in [768, 768 + format.group_size().unwrap_or(64)] {
                         let q = quantize(&matrix(wavy(n * k, 5, 1.0), &[1, n, k]), format);
-                        let deq = q.dequantize().swap_axes(-1, -2);
+                        let deq = decoded(&q, true);
                         for m in [1, 3, 5] {
                             let x = matrix(wavy(m * k, 6, 1.0), &[1, m, k]);
                             let got = quantized_matmul(&x, &q, true);
-                            let checked =
-                                within_bound(&f32s(&x), &f32s(&deq), &f32s(&got), (1, m, k));
+                            let checked = within_bound(&f32s(&x), &deq, &f32s(&got), (1, m, k));
                             assert!(checked.is_ok(), "{format} k={k} m={m} {isa:?}: {checked:?}");
                         }
                     }
@@ -1673,7 +1670,7 @@ mod tests {
 
     #[test]
     fn the_relaxed_row_dot_is_within_the_bound_for_every_format_it_takes() {
-        // The relaxed kernel module's `affine_dot` (natively on array lanes
+        // The relaxed kernel module's `affine_codes_dot` (natively on array lanes
         // with fused multiply-adds, as the browser's `relaxed_madd` on a
         // processor with FMA) on Kiln's permuted x and weight rows. k = 768
         // holds whole groups of every size.
@@ -1688,16 +1685,17 @@ mod tests {
             let q = quantize(&matrix(wavy(n * k, 5, 1.0), &[n, k]), format);
             let (parts, shapes) = weight_parts(&q);
             let w = weight(format, &parts, &shapes);
-            let xp = qmm::permute(&x, format);
+            let xp = qmm::PermutedRow::new(&x, format);
             let got = (0..n)
-                .map(|row| qmm::relaxed_affine_dot(kiln_relaxed_kernel::affine_dot, &w, row, &xp))
+                .map(|row| {
+                    qmm::relaxed_affine_dot(kiln_relaxed_kernel::affine_codes_dot, &w, row, &xp)
+                })
                 .collect::<Option<Vec<f32>>>();
             let Some(got) = got else {
                 continue;
             };
             taken.push(format.to_string());
-            let deq = f32s(&q.dequantize().swap_axes(-1, -2));
-            let checked = within_bound(&x, &deq, &got, (1, 1, k));
+            let checked = within_bound(&x, &decoded(&q, true), &got, (1, 1, k));
             assert!(checked.is_ok(), "{format}: {checked:?}");
         }
         // Groups of a multiple of four words: all but 2-bit groups of 32.
@@ -1754,13 +1752,30 @@ mod tests {
         }
     }
 
+    /// The decoded weights of `q` and the magnitudes the stated bound sums
+    /// (`|s·c| + |b|` affine, `|s·level|` otherwise), each `[batch, k, n]`
+    /// (`q`'s matrices transposed where `transpose`). The magnitudes are
+    /// `q` decoded with `|s|` and `|b|` (affine codes are not negative),
+    /// then made positive.
+    fn decoded(q: &Quantized, transpose: bool) -> [Vec<f32>; 2] {
+        let magnitudes = Quantized {
+            packed: q.packed.clone(),
+            scales: q.scales.abs(),
+            biases: q.biases.as_ref().map(Array::abs),
+            format: q.format,
+        };
+        [q.dequantize(), magnitudes.dequantize().abs()]
+            .map(|w| f32s(&if transpose { w.swap_axes(-1, -2) } else { w }))
+    }
+
     /// `got` (`[batch, m, n]`) against the f64 product of `x` (`[m, k]`)
-    /// and each decoded `w` (`[batch, k, n]`): within
-    /// [`crate::ops::matmul::error_bound`] widened by one rounding of each
-    /// decoded weight (its value and bias are at most 1 here).
+    /// and each decoded `w` (`[batch, k, n]`, with its magnitudes: see
+    /// [`decoded`]): within the stated bound,
+    /// `error_bound(k + 4, Σ (|s·c| + |b|)·|x|)`, its k widened by two
+    /// more for the magnitudes' own rounding.
     fn within_bound(
         x: &[f32],
-        w: &[f32],
+        [w, magnitudes]: &[Vec<f32>; 2],
         got: &[f32],
         (batch, m, k): (usize, usize, usize),
     ) -> std::result::Result<(), String> {
@@ -1770,16 +1785,11 @@ mod tests {
                 for j in 0..n {
                     let (mut exact, mut abs_sum) = (0.0f64, 0.0f64);
                     for p in 0..k {
-                        let t = f64::from(x[i * k + p]) * f64::from(w[(b * k + p) * n + j]);
-                        exact += t;
-                        abs_sum += t.abs();
+                        let (xv, at) = (f64::from(x[i * k + p]), (b * k + p) * n + j);
+                        exact += xv * f64::from(w[at]);
+                        abs_sum += xv.abs() * f64::from(magnitudes[at]);
                     }
-                    let x_abs: f64 = x[i * k..(i + 1) * k]
-                        .iter()
-                        .map(|v| f64::from(v.abs()))
-                        .sum();
-                    let decode = 2.0 * f64::from(f32::EPSILON) * x_abs;
-                    let bound = crate::ops::matmul::error_bound(k, abs_sum) + decode;
+                    let bound = crate::ops::matmul::error_bound(k + 6, abs_sum);
                     let g = f64::from(got[(b * m + i) * n + j]);
                     if (g - exact).abs() > bound {
                         return Err(format!("({b}, {i}, {j}): {g} vs {exact}, bound {bound}"));
@@ -1891,23 +1901,17 @@ mod tests {
         let rhs = Array::from_vec(vec![2u32, 0, 1], &[1, 3]).unwrap();
         let got = gather_qmm(&x, &q, &lhs, &rhs, true);
         assert_eq!(got.dims(), Some(vec![2, 3, 2, 4]));
-        let deq = q.dequantize();
+        // Each matrix's decoded `[32, 4]` weight, transposed.
+        let deq = decoded(&q, true);
         let got = f32s(&got);
         for (a, &l) in [1usize, 0].iter().enumerate() {
             for (b, &r) in [2usize, 0, 1].iter().enumerate() {
                 let xm = x
                     .slice_axis(0, l as i64, Some(l as i64 + 1), 1)
                     .squeeze(&[0]);
-                let wm = deq
-                    .slice_axis(0, r as i64, Some(r as i64 + 1), 1)
-                    .squeeze(&[0]);
+                let wm = deq.each_ref().map(|d| d[r * 128..(r + 1) * 128].to_vec());
                 let at = (a * 3 + b) * 8;
-                let checked = within_bound(
-                    &f32s(&xm),
-                    &f32s(&wm.transpose()),
-                    &got[at..at + 8],
-                    (1, 2, 32),
-                );
+                let checked = within_bound(&f32s(&xm), &wm, &got[at..at + 8], (1, 2, 32));
                 assert!(checked.is_ok(), "batch ({a}, {b}): {checked:?}");
             }
         }

@@ -11,7 +11,7 @@
 //! Once [`use_relaxed_kernels`] has them, f32 products run their packed
 //! blocks on [`RelaxedKernels::block_product`], and matrix-vector
 //! products of affine quantized weights (2, 4 or 8 bits, groups of a
-//! multiple of four words) their rows on [`RelaxedKernels::affine_dot`]:
+//! multiple of four words) their rows on [`RelaxedKernels::affine_codes_dot`]:
 //! fused multiply-adds where the processor has FMA. Both stay within the
 //! products' stated bounds; every other op keeps its bits.
 
@@ -34,24 +34,25 @@ pub type BlockProduct = unsafe extern "C" fn(
     *mut f32,
 );
 
-/// A row dot with the contract of `kiln_relaxed_kernel::affine_dot`:
-/// `(bits, words, x, scales, biases, groups, group_words)` is `x · w` for
-/// one row `w` of an affine quantized weight with `bits`-bit codes (2, 4
-/// or 8) in `groups` groups of `group_words` words (a multiple of four),
-/// `x` in the order of Kiln's fused quantized kernels (group by group, for
+/// A row dot with the contract of `kiln_relaxed_kernel::affine_codes_dot`:
+/// `(bits, words, x, scales, groups, group_words)` is the codes' share of
+/// `x · w` for one row `w` of an affine quantized weight with `bits`-bit
+/// codes (2, 4 or 8) in `groups` groups of `group_words` words (a multiple
+/// of four): `Σ_g scales[g]·Σ code·x`, the biases' share left to Kiln. `x`
+/// is in the order of Kiln's fused quantized kernels (group by group, for
 /// each code position of a word, that code's `x` for every word of the
 /// group).
-pub type AffineDot =
-    unsafe extern "C" fn(u32, *const u32, *const f32, *const f32, *const f32, usize, usize) -> f32;
+pub type AffineCodesDot =
+    unsafe extern "C" fn(u32, *const u32, *const f32, *const f32, usize, usize) -> f32;
 
 /// The relaxed-SIMD kernel module's functions.
 #[derive(Clone, Copy, Debug)]
 pub struct RelaxedKernels {
     /// Its `block_product`: the packed blocks of every f32 product.
     pub block_product: BlockProduct,
-    /// Its `affine_dot`: the rows of a matrix-vector product of an affine
+    /// Its `affine_codes_dot`: the rows of a matrix-vector product of an affine
     /// quantized weight.
-    pub affine_dot: AffineDot,
+    pub affine_codes_dot: AffineCodesDot,
 }
 
 /// The kernels, once the host handed them over.
@@ -65,7 +66,7 @@ static KERNELS: std::sync::OnceLock<RelaxedKernels> = std::sync::OnceLock::new()
 /// # Safety
 ///
 /// Both functions keep the contracts of [`BlockProduct`] and
-/// [`AffineDot`] for as long as the process runs: they read only their
+/// [`AffineCodesDot`] for as long as the process runs: they read only their
 /// operands, write only the block of `c` and the scratch, and compute what
 /// the contract says.
 #[cfg(target_arch = "wasm32")]

@@ -80,15 +80,16 @@ fn uniform(shape: &[usize], seed: u64) -> Array {
 /// ([`kiln::ops::matmul::error_bound`]) on every 61st row and the last, all
 /// columns: the browser's timed product is checked before it is timed.
 pub fn product_is_within_bound(n: usize, a: &Array, b: &Array, product: &Array) -> bool {
-    rows_within_bound((n, n, n), 0, a, b, product)
+    rows_within_bound((n, n, n), 0, a, [b, &b.abs()], product)
 }
 
 /// True when `product`, [`quantized_product`] (when `quantized`) or
 /// [`dense_product`] of `operands` ([`weight_operands`]), is within the f32
 /// error bound of the exact sums of `x` and the dequantized weight on
-/// every 61st row of `x` and the last, all columns; for the quantized
-/// product widened by one rounding of each decoded weight (kernels may
-/// decode with a fused multiply-add).
+/// every 61st row of `x` and the last, all columns. For the quantized
+/// product that is Kiln's stated bound, `error_bound(k + 4, Σ (|s·c| +
+/// |b|)·|x|)` (kernels may take each group's bias out of its sum), with two
+/// roundings more for the magnitudes `|s·c| + |b|` computed here.
 pub fn weight_product_is_within_bound(
     operands: &[Array],
     product: &Array,
@@ -97,41 +98,61 @@ pub fn weight_product_is_within_bound(
     let Some(&[m, k]) = operands[0].shape().as_known().as_deref() else {
         return false;
     };
+    let (roundings, magnitudes) = if quantized {
+        let parts = [operands[1].clone(), operands[2].abs(), operands[3].abs()];
+        // Affine codes are not negative: decoding with |s| and |b| gives
+        // |s|·c + |b|.
+        (6, quantized_weight(&parts).dequantize().transpose())
+    } else {
+        (0, operands[4].abs())
+    };
     rows_within_bound(
         (m, k, k),
-        usize::from(quantized),
+        roundings,
         &operands[0],
-        &operands[4],
+        [&operands[4], &magnitudes],
         product,
     )
 }
 
 /// True when `product = a·b` (`m`×`k` by `k`×`n`) is within
 /// [`kiln::ops::matmul::error_bound`] of `k + roundings` terms of the
-/// exact sums on every 61st row and the last, all columns.
+/// exact sums on every 61st row and the last, all columns, the bound's
+/// sum taken of `|a|` times `b_magnitudes` (`|b|`, or what a quantized
+/// product's bound sums in its place).
 fn rows_within_bound(
     (m, k, n): (usize, usize, usize),
     roundings: usize,
     a: &Array,
-    b: &Array,
+    [b, b_magnitudes]: [&Array; 2],
     product: &Array,
 ) -> bool {
-    let (Ok(a), Ok(b), Ok(c)) = (
+    let (Ok(a), Ok(b), Ok(magnitudes), Ok(c)) = (
         a.to_vec::<f32>(),
         b.to_vec::<f32>(),
+        b_magnitudes.to_vec::<f32>(),
         product.to_vec::<f32>(),
     ) else {
         return false;
     };
-    if m == 0 || a.len() != m * k || b.len() != k * n || c.len() != m * n {
+    if m == 0
+        || a.len() != m * k
+        || b.len() != k * n
+        || magnitudes.len() != k * n
+        || c.len() != m * n
+    {
         return false;
     }
     let rows = (0..m).filter(|&i| i % 61 == 0 || i + 1 == m);
     rows.flat_map(|i| (0..n).map(move |j| (i, j)))
         .all(|(i, j)| {
-            let products = (0..k).map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]));
-            let exact: f64 = products.clone().sum();
-            let bound = kiln::ops::matmul::error_bound(k + roundings, products.map(f64::abs).sum());
+            let (mut exact, mut abs_sum) = (0.0f64, 0.0f64);
+            for p in 0..k {
+                let x = f64::from(a[i * k + p]);
+                exact += x * f64::from(b[p * n + j]);
+                abs_sum += x.abs() * f64::from(magnitudes[p * n + j]);
+            }
+            let bound = kiln::ops::matmul::error_bound(k + roundings, abs_sum);
             (f64::from(c[i * n + j]) - exact).abs() <= bound
         })
 }
@@ -282,14 +303,13 @@ mod wasm {
             scratch: *mut f32,
         );
 
-        /// The relaxed-SIMD kernel module's `affine_dot`, instantiated by
-        /// the harness on this module's memory.
-        fn relaxed_affine_dot(
+        /// The relaxed-SIMD kernel module's `affine_codes_dot`, instantiated
+        /// by the harness on this module's memory.
+        fn relaxed_affine_codes_dot(
             bits: u32,
             words: *const u32,
             x: *const f32,
             scales: *const f32,
-            biases: *const f32,
             groups: usize,
             group_words: usize,
         ) -> f32;
@@ -302,7 +322,7 @@ mod wasm {
     pub extern "C" fn kiln_bench_use_relaxed_kernel() -> u32 {
         let kernels = kiln::ops::relaxed::RelaxedKernels {
             block_product: relaxed_block_product,
-            affine_dot: relaxed_affine_dot,
+            affine_codes_dot: relaxed_affine_codes_dot,
         };
         // SAFETY: the harness provides the kernel module's functions,
         // instantiated on this module's memory, which keep their contracts
@@ -400,8 +420,11 @@ mod tests {
                 &(quantized * 1.001),
                 true
             ));
-            // An error of 1e-3, above the bound (about 3e-4 here).
-            let nudged = dense + 1e-3;
+            // An error of 1e-3, above the dense bound (about 2.4e-4 here),
+            // and one of 1e-2, above the quantized one (about 1e-3).
+            let nudged = dense.clone() + 1e-3;
+            assert!(!weight_product_is_within_bound(&operands, &nudged, false));
+            let nudged = dense + 1e-2;
             assert!(!weight_product_is_within_bound(&operands, &nudged, true));
         }
     }

@@ -71,15 +71,14 @@ extern "C" {
         scratch: usize,
     );
 
-    /// The relaxed-SIMD kernel module's `affine_dot`, put beside
+    /// The relaxed-SIMD kernel module's `affine_codes_dot`, put beside
     /// [`relaxed_block_product_js`] by `worker.js`.
-    #[wasm_bindgen(js_namespace = globalThis, js_name = kilnRelaxedAffineDot)]
-    fn relaxed_affine_dot_js(
+    #[wasm_bindgen(js_namespace = globalThis, js_name = kilnRelaxedAffineCodesDot)]
+    fn relaxed_affine_codes_dot_js(
         bits: u32,
         words: usize,
         x: usize,
         scales: usize,
-        biases: usize,
         groups: usize,
         group_words: usize,
     ) -> f32;
@@ -113,23 +112,21 @@ unsafe extern "C" fn relaxed_block_product(
     );
 }
 
-/// [`kiln::ops::relaxed::AffineDot`] by the kernel module, on this
+/// [`kiln::ops::relaxed::AffineCodesDot`] by the kernel module, on this
 /// module's addresses as [`relaxed_block_product`].
-unsafe extern "C" fn relaxed_affine_dot(
+unsafe extern "C" fn relaxed_affine_codes_dot(
     bits: u32,
     words: *const u32,
     x: *const f32,
     scales: *const f32,
-    biases: *const f32,
     groups: usize,
     group_words: usize,
 ) -> f32 {
-    relaxed_affine_dot_js(
+    relaxed_affine_codes_dot_js(
         bits,
         words as usize,
         x as usize,
         scales as usize,
-        biases as usize,
         groups,
         group_words,
     )
@@ -143,7 +140,7 @@ unsafe extern "C" fn relaxed_affine_dot(
 pub fn use_relaxed_kernel() -> bool {
     let kernels = kiln::ops::relaxed::RelaxedKernels {
         block_product: relaxed_block_product,
-        affine_dot: relaxed_affine_dot,
+        affine_codes_dot: relaxed_affine_codes_dot,
     };
     // SAFETY: the globals are the kernel module's functions, instantiated
     // on this module's memory (`worker.js`), which keep their contracts
