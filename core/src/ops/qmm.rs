@@ -377,16 +377,15 @@ fn fused_dot(isa: Isa, w: &Weight, row: usize, x: &PermutedRow) -> f32 {
     {
         return dot;
     }
-    let (xp, sums) = (x.values.as_slice(), x.group_sums.as_slice());
     match w.format {
-        QuantFormat::Affine { bits: 2, .. } => dispatch::<2, 0>(isa, w, row, xp, sums),
-        QuantFormat::Affine { bits: 3, .. } => dispatch::<3, 0>(isa, w, row, xp, sums),
-        QuantFormat::Affine { bits: 4, .. } => dispatch::<4, 0>(isa, w, row, xp, sums),
-        QuantFormat::Affine { bits: 5, .. } => dispatch::<5, 0>(isa, w, row, xp, sums),
-        QuantFormat::Affine { bits: 6, .. } => dispatch::<6, 0>(isa, w, row, xp, sums),
-        QuantFormat::Affine { .. } => dispatch::<8, 0>(isa, w, row, xp, sums),
-        QuantFormat::Nf4 => dispatch::<4, 1>(isa, w, row, xp, sums),
-        QuantFormat::Int8 => dispatch::<8, 2>(isa, w, row, xp, sums),
+        QuantFormat::Affine { bits: 2, .. } => dispatch::<2, 0>(isa, w, row, x),
+        QuantFormat::Affine { bits: 3, .. } => dispatch::<3, 0>(isa, w, row, x),
+        QuantFormat::Affine { bits: 4, .. } => dispatch::<4, 0>(isa, w, row, x),
+        QuantFormat::Affine { bits: 5, .. } => dispatch::<5, 0>(isa, w, row, x),
+        QuantFormat::Affine { bits: 6, .. } => dispatch::<6, 0>(isa, w, row, x),
+        QuantFormat::Affine { .. } => dispatch::<8, 0>(isa, w, row, x),
+        QuantFormat::Nf4 => dispatch::<4, 1>(isa, w, row, x),
+        QuantFormat::Int8 => dispatch::<8, 2>(isa, w, row, x),
     }
 }
 
@@ -431,7 +430,7 @@ pub(super) fn relaxed_affine_dot(
             group_words,
         )
     };
-    Some(codes + bias_share(w, row, &x.group_sums))
+    Some(codes + bias_share(w, row, x))
 }
 
 /// [`row_kernel`] compiled for `isa`, or for 2-bit affine and 4-bit codes
@@ -440,35 +439,26 @@ pub(super) fn relaxed_affine_dot(
 /// [`affine2_avx2`], and for 2-bit groups of 32 on either unit
 /// [`affine2_pairs_avx2`]), and for 3-, 5- and 6-bit affine codes in
 /// groups of 32, 64 or 128 its straddling kernel ([`straddling_avx512`],
-/// [`straddling_avx2`]). `KIND`: 0 affine, 1 NF4, 2 int8. `sums`: the
-/// group sums of [`PermutedRow`].
+/// [`straddling_avx2`]). `KIND`: 0 affine, 1 NF4, 2 int8.
 fn dispatch<const BITS: u32, const KIND: u8>(
     isa: Isa,
     w: &Weight,
     row: usize,
-    xp: &[f32],
-    sums: &[f32],
+    x: &PermutedRow,
 ) -> f32 {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-    fn avx512<const BITS: u32, const KIND: u8>(
-        w: &Weight,
-        row: usize,
-        xp: &[f32],
-        sums: &[f32],
-    ) -> f32 {
-        row_kernel::<BITS, KIND, true>(w, row, xp, sums)
+    fn avx512<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, x: &PermutedRow) -> f32 {
+        row_kernel::<BITS, KIND, true>(w, row, x)
     }
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    fn avx2<const BITS: u32, const KIND: u8>(
-        w: &Weight,
-        row: usize,
-        xp: &[f32],
-        sums: &[f32],
-    ) -> f32 {
-        row_kernel::<BITS, KIND, true>(w, row, xp, sums)
+    fn avx2<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, x: &PermutedRow) -> f32 {
+        row_kernel::<BITS, KIND, true>(w, row, x)
     }
+    // The lookup kernels read `x` alone; the others add the biases' share.
+    #[cfg(target_arch = "x86_64")]
+    let xp = x.values.as_slice();
     // Whether the straddling kernels take the format: codes across words,
     // in groups of one, two or four units.
     #[cfg(target_arch = "x86_64")]
@@ -491,8 +481,8 @@ fn dispatch<const BITS: u32, const KIND: u8>(
                 Some(g) if g.is_multiple_of(16) => lut_avx512::<BITS, KIND, 16>(w, row, xp),
                 // Two words a group: the AVX2 kernel, a table per half.
                 Some(2) if BITS == 2 => affine2_pairs_avx2(w, row, xp),
-                None if straddling => straddling_avx512::<BITS>(w, row, xp, sums),
-                _ => avx512::<BITS, KIND>(w, row, xp, sums),
+                None if straddling => straddling_avx512::<BITS>(w, row, x),
+                _ => avx512::<BITS, KIND>(w, row, x),
             }
         },
         #[cfg(target_arch = "x86_64")]
@@ -504,11 +494,11 @@ fn dispatch<const BITS: u32, const KIND: u8>(
                 (2, Some(2)) => affine2_pairs_avx2(w, row, xp),
                 (2, Some(4)) => affine2_avx2::<4>(w, row, xp),
                 (2, Some(g)) if g.is_multiple_of(8) => affine2_avx2::<8>(w, row, xp),
-                (_, None) if straddling => straddling_avx2::<BITS>(w, row, xp, sums),
-                _ => avx2::<BITS, KIND>(w, row, xp, sums),
+                (_, None) if straddling => straddling_avx2::<BITS>(w, row, x),
+                _ => avx2::<BITS, KIND>(w, row, x),
             }
         },
-        Isa::Portable => portable::<BITS, KIND>(w, row, xp, sums),
+        Isa::Portable => portable::<BITS, KIND>(w, row, x),
     }
 }
 
@@ -516,13 +506,8 @@ fn dispatch<const BITS: u32, const KIND: u8>(
 /// own: inlined into [`fused_dot`] beside every other format's, its loops
 /// ran 1.5× slower in V8.
 #[inline(never)]
-fn portable<const BITS: u32, const KIND: u8>(
-    w: &Weight,
-    row: usize,
-    xp: &[f32],
-    sums: &[f32],
-) -> f32 {
-    row_kernel::<BITS, KIND, false>(w, row, xp, sums)
+fn portable<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, x: &PermutedRow) -> f32 {
+    row_kernel::<BITS, KIND, false>(w, row, x)
 }
 
 /// [`aligned_row`] (for the row's words per group) or [`fused_row`], by
@@ -531,9 +516,9 @@ fn portable<const BITS: u32, const KIND: u8>(
 fn row_kernel<const BITS: u32, const KIND: u8, const FMA: bool>(
     w: &Weight,
     row: usize,
-    xp: &[f32],
-    sums: &[f32],
+    x: &PermutedRow,
 ) -> f32 {
+    let xp = x.values.as_slice();
     let scaled = if 32 % BITS != 0 {
         fused_row::<BITS, KIND, FMA>(w, row, xp)
     } else {
@@ -551,16 +536,17 @@ fn row_kernel<const BITS: u32, const KIND: u8, const FMA: bool>(
             _ => aligned_row::<BITS, KIND, FMA, 0>(w, row, xp),
         }
     };
-    scaled + bias_share(w, row, sums)
+    scaled + bias_share(w, row, x)
 }
 
 /// `Σ_g b_g·Σ_{i∈g} x_i`, the biases' share of `x · w[row]` (0 without
-/// biases), from the group sums of [`PermutedRow`]: the kernels that
-/// factor each group's bias out (`Σ (s·c + b)·x = s·Σ c·x + b·Σ x`) sum
-/// the codes' share alone, one multiply-add per code where decoding took
-/// two.
-fn bias_share(w: &Weight, row: usize, sums: &[f32]) -> f32 {
-    row_scales(w, row).1.map_or(0.0, |biases| dot(biases, sums))
+/// biases), from the group sums of `x`: the kernels that factor each
+/// group's bias out (`Σ (s·c + b)·x = s·Σ c·x + b·Σ x`) sum the codes'
+/// share alone, one multiply-add per code where decoding took two.
+fn bias_share(w: &Weight, row: usize, x: &PermutedRow) -> f32 {
+    row_scales(w, row)
+        .1
+        .map_or(0.0, |biases| dot(biases, &x.group_sums))
 }
 
 /// `a·b + c`, fused into one rounding where the target has FMA (without
@@ -1432,12 +1418,8 @@ impl<const BITS: u32> UnitWords<BITS> {
 /// The CPU must have AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn straddling_avx512<const BITS: u32>(
-    w: &Weight,
-    row: usize,
-    xp: &[f32],
-    sums: &[f32],
-) -> f32 {
+unsafe fn straddling_avx512<const BITS: u32>(w: &Weight, row: usize, x: &PermutedRow) -> f32 {
+    let xp = x.values.as_slice();
     use std::arch::x86_64::*;
     let words_per_unit = BITS as usize;
     let group = w.format.group_size().unwrap_or(w.cols);
@@ -1520,7 +1502,7 @@ unsafe fn straddling_avx512<const BITS: u32>(
     }
     _mm512_reduce_add_ps(scaled)
         + straddling_tail::<BITS, 0, true>(w, row, xp, runs * LANES * 32)
-        + bias_share(w, row, sums)
+        + bias_share(w, row, x)
 }
 
 /// [`straddling_avx512`] with AVX2: each run of [`LANES`] units in two
@@ -1534,12 +1516,8 @@ unsafe fn straddling_avx512<const BITS: u32>(
 /// The CPU must have AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn straddling_avx2<const BITS: u32>(
-    w: &Weight,
-    row: usize,
-    xp: &[f32],
-    sums: &[f32],
-) -> f32 {
+unsafe fn straddling_avx2<const BITS: u32>(w: &Weight, row: usize, x: &PermutedRow) -> f32 {
+    let xp = x.values.as_slice();
     use std::arch::x86_64::*;
     const HALF: usize = LANES / 2;
     let words_per_unit = BITS as usize;
@@ -1606,7 +1584,7 @@ unsafe fn straddling_avx2<const BITS: u32>(
     }
     sum_of_partials_avx2([scaled])
         + straddling_tail::<BITS, 0, true>(w, row, xp, runs * LANES * 32)
-        + bias_share(w, row, sums)
+        + bias_share(w, row, x)
 }
 
 /// Eight units of `BITS` (3, 5 or 6) words each, loaded as `BITS` vectors
