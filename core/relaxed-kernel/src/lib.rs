@@ -23,8 +23,8 @@
 //! an add), then written to `c` or added to it. The row dot multiplies
 //! each code (a float exactly) into `x` with one `relaxed_madd`, in
 //! [`ACCUMULATORS`] partial sums per group, and scales each group's sum
-//! once, as Kiln's own row kernels do. Natively the lanes are arrays with `f32::mul_add`, so
-//! `kiln`'s tests check this code.
+//! once, as Kiln's own row kernels do. Natively the lanes are arrays with
+//! `f32::mul_add`, so `kiln`'s tests check this code.
 #![cfg_attr(target_arch = "wasm32", no_std)]
 #![warn(missing_docs)]
 
