@@ -282,7 +282,7 @@ const fn unit(bits: u32) -> (usize, usize) {
 /// the group, word by word (`[group][j][word]`; int8's group is the row). Otherwise, for each run of [`LANES`] units, code `j` of
 /// every lane's unit, lane by lane; the tail after the last full run stays
 /// in order.
-pub(super) fn permute(x: &[f32], format: QuantFormat) -> Vec<f32> {
+fn permute(x: &[f32], format: QuantFormat) -> Vec<f32> {
     let (words_per_unit, codes) = unit(format.bits());
     if words_per_unit == 1 {
         let group = format.group_size().unwrap_or(x.len()).max(1);
