@@ -435,9 +435,10 @@ pub(super) fn relaxed_affine_dot(
 
 /// [`row_kernel`] compiled for `isa`, or for 2-bit affine and 4-bit codes
 /// (affine and NF4) in groups of a word layout it has one for, its
-/// table-lookup kernel ([`lut_avx512`], [`lut4_avx2`], [`affine4_avx2`],
-/// [`affine2_avx2`], and for 2-bit groups of 32 on either unit
-/// [`affine2_pairs_avx2`]), and for 3-, 5- and 6-bit affine codes in
+/// table-lookup kernel ([`lut_avx512`], [`lut4_avx2`], [`affine2_avx2`],
+/// and for 2-bit groups of 32 on either unit [`affine2_pairs_avx2`]) or
+/// with AVX2 for 4-bit affine codes its byte-shuffle kernel
+/// ([`affine4_avx2`]), and for 3-, 5- and 6-bit affine codes in
 /// groups of 32, 64 or 128 its straddling kernel ([`straddling_avx512`],
 /// [`straddling_avx2`]). `KIND`: 0 affine, 1 NF4, 2 int8.
 fn dispatch<const BITS: u32, const KIND: u8>(
@@ -456,7 +457,8 @@ fn dispatch<const BITS: u32, const KIND: u8>(
     fn avx2<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, x: &PermutedRow) -> f32 {
         row_kernel::<BITS, KIND, true>(w, row, x)
     }
-    // The lookup kernels read `x` alone; the others add the biases' share.
+    // The lookup kernels read `x` alone; the others add the biases' share
+    // from its group sums.
     #[cfg(target_arch = "x86_64")]
     let xp = x.values.as_slice();
     // Whether the straddling kernels take the format: codes across words,
@@ -488,8 +490,8 @@ fn dispatch<const BITS: u32, const KIND: u8>(
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe {
             match (BITS, lut_words) {
-                (4, Some(4)) if KIND == 0 => affine4_avx2::<4>(w, row, xp),
-                (4, Some(g)) if KIND == 0 && g.is_multiple_of(8) => affine4_avx2::<8>(w, row, xp),
+                (4, Some(4)) if KIND == 0 => affine4_avx2::<4>(w, row, x),
+                (4, Some(g)) if KIND == 0 && g.is_multiple_of(8) => affine4_avx2::<8>(w, row, x),
                 (4, Some(g)) if g.is_multiple_of(8) => lut4_avx2::<KIND>(w, row, xp),
                 (2, Some(2)) => affine2_pairs_avx2(w, row, xp),
                 (2, Some(4)) => affine2_avx2::<4>(w, row, xp),
@@ -1110,9 +1112,9 @@ unsafe fn lut4_avx2<const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
 /// [`fused_dot`] of 4-bit affine codes with AVX2, in groups of 4 words
 /// (`GW` = 4, groups of 32) or of a multiple of 8 words (`GW` = 8): eight
 /// words at a time, each step the next code of all of them, converted and
-/// decoded with one FMA (`scale·code + bias`), then multiplied into one of
-/// four partial sums (code `j` into sum `j mod 4`). Lanes read `x` as in
-/// [`lut4_avx2`]. In groups of 4 words the group's words fill both halves,
+/// multiplied into one of two partial sums of its group (code `j` into sum
+/// `j mod 2`); each group's sum is scaled once, and the biases' share is
+/// [`bias_share`]'s. Lanes read `x` as in [`lut4_avx2`]. In groups of 4 words the group's words fill both halves,
 /// the high half's shifted down by one code, so step `t` decodes codes
 /// `2t` (low half) and `2t + 1` (high half) of each word: flat positions
 /// `8t..8t + 8` of the group's [`permute`]d `x`.
@@ -1129,19 +1131,24 @@ unsafe fn lut4_avx2<const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
 /// against 1.77 ms in another day's round. (Masking codes 0–6 in place,
 /// `c·16^j`, and decoding them with `s·16^−j` spread from one vector
 /// product by `vpermps` also saved the shifts but measured slower: 1.54
-/// against 1.25 ms.)
+/// against 1.25 ms.) Decoding each code with its scale and bias took a
+/// second FMA on those ports: 1.28–1.30 against 1.17–1.20 ms with the bias
+/// taken out (eight alternating runs; the weights' bytes at 9.5–10 GB/s,
+/// this machine's read rate that hour, take 1.05–1.1 ms). The group's
+/// scaled sums go into one vector: two, picked by the group's parity, were
+/// kept on the stack.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn affine4_avx2<const GW: usize>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
+unsafe fn affine4_avx2<const GW: usize>(w: &Weight, row: usize, x: &PermutedRow) -> f32 {
     use std::arch::x86_64::*;
     let group = w.format.group_size().unwrap_or(w.cols);
     let group_words = group / 8;
     let words = row_words(w, row);
-    let (scales, biases) = row_scales(w, row);
-    let biases = biases.expect("the affine format has biases");
+    let xp = x.values.as_slice();
+    let (scales, _) = row_scales(w, row);
     let layout = if GW == 4 {
         group_words == 4
     } else {
@@ -1167,9 +1174,9 @@ unsafe fn affine4_avx2<const GW: usize>(w: &Weight, row: usize, xp: &[f32]) -> f
     // Seen as constants, the shuffles of bytes 0 and 3 become shifts, which
     // take the busy ports again; hidden, they stay shuffles.
     let byte_of_word = std::hint::black_box(byte_of_word);
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for (g, (&s, &b)) in scales.iter().zip(biases).enumerate() {
-        let (s, b) = (_mm256_set1_ps(s), _mm256_set1_ps(b));
+    let mut scaled = _mm256_setzero_ps();
+    for (g, &s) in scales.iter().enumerate() {
+        let mut sums = [_mm256_setzero_ps(); 2];
         let gwords = words.as_ptr().add(g * group_words);
         let x = xp.as_ptr().add(g * group);
         if GW == 4 {
@@ -1177,10 +1184,9 @@ unsafe fn affine4_avx2<const GW: usize>(w: &Weight, row: usize, xp: &[f32]) -> f
             let halves = _mm256_srlv_epi32(four, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
             let halves = _mm256_and_si256(halves, nibbles);
             for t in 0..4 {
-                let codes = _mm256_shuffle_epi8(halves, byte_of_word[t]);
-                let weights = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(codes), b);
-                let a = &mut acc[t];
-                *a = _mm256_fmadd_ps(weights, _mm256_loadu_ps(x.add(8 * t)), *a);
+                let codes = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(halves, byte_of_word[t]));
+                let sum = &mut sums[t % 2];
+                *sum = _mm256_fmadd_ps(codes, _mm256_loadu_ps(x.add(8 * t)), *sum);
             }
         } else {
             for c in 0..group_words / 8 {
@@ -1189,16 +1195,17 @@ unsafe fn affine4_avx2<const GW: usize>(w: &Weight, row: usize, xp: &[f32]) -> f
                 let high = _mm256_and_si256(_mm256_srli_epi32::<4>(v), nibbles);
                 for j in 0..8 {
                     let source = if j % 2 == 0 { low } else { high };
-                    let codes = _mm256_shuffle_epi8(source, byte_of_word[j / 2]);
-                    let weights = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(codes), b);
+                    let codes =
+                        _mm256_cvtepi32_ps(_mm256_shuffle_epi8(source, byte_of_word[j / 2]));
                     let x = _mm256_loadu_ps(x.add(j * group_words + 8 * c));
-                    let a = &mut acc[j % 4];
-                    *a = _mm256_fmadd_ps(weights, x, *a);
+                    let sum = &mut sums[j % 2];
+                    *sum = _mm256_fmadd_ps(codes, x, *sum);
                 }
             }
         }
+        scaled = _mm256_fmadd_ps(_mm256_set1_ps(s), _mm256_add_ps(sums[0], sums[1]), scaled);
     }
-    sum_of_partials_avx2(acc)
+    sum_of_partials_avx2([scaled]) + bias_share(w, row, x)
 }
 
 /// [`fused_dot`] of 2-bit affine codes with AVX2, in groups of 4 words
