@@ -6,6 +6,8 @@
 //!   word per lane; for 3-, 5- and 6-bit codes the `bits` words of 32
 //!   codes per lane) and multiplied into `x` permuted once into the same
 //!   lane order, each group's sum scaled once: one pass over the codes.
+//!   Without a vector unit of its own (wasm32's simd128), 2- and 4-bit
+//!   codes are masked in place, `x` scaled to match.
 //!   With AVX-512, 2- and 4-bit codes (affine, and NF4)
 //!   index a 16-entry table of their group's decoded values held in a
 //!   register (`vpermps`): a shift, a lookup and an FMA per 16 codes; with
@@ -85,6 +87,7 @@ pub(super) fn product(
         (true, false) => 1,
     };
     let band = n.div_ceil(tasks).next_multiple_of(align).min(n);
+    let isa = Isa::detect();
     let bands: Vec<Range<usize>> = (0..n).step_by(band).map(|c| c..(c + band).min(n)).collect();
     for (c, &(i, j)) in out.chunks_exact_mut(m * n).zip(pairs) {
         let a = &x[i * m * k..(i + 1) * m * k];
@@ -93,13 +96,14 @@ pub(super) fn product(
         let fused = transpose && m < PANEL_MIN_ROWS && w.dtype == DType::F32;
         let permuted = if fused {
             a.chunks_exact(k)
-                .map(|row| PermutedRow::new(row, w.format))
+                .map(|row| PermutedRow::new(row, w.format, isa))
                 .collect()
         } else {
             Vec::new()
         };
         let matrix = Matrix {
             w,
+            isa,
             first_row: j * w.rows_per_matrix,
             m,
             k,
@@ -123,6 +127,8 @@ pub(super) fn product(
 /// One weight matrix of a product.
 struct Matrix<'w, 'a> {
     w: &'w Weight<'a>,
+    /// The vector unit whose kernels run, detected once per product.
+    isa: Isa,
     first_row: usize,
     m: usize,
     k: usize,
@@ -138,11 +144,17 @@ struct Matrix<'w, 'a> {
 pub(super) struct PermutedRow {
     values: Vec<f32>,
     group_sums: Vec<f32>,
+    /// For the portable kernels of 2- and 4-bit affine codes, `values` with
+    /// code `j`'s values scaled by `2^-(bits·(j mod 4))`, which lets
+    /// [`block_dot`] mask codes in place; empty otherwise, and where some
+    /// value would leave the normal range ([`codes_in_place`]).
+    in_place_values: Vec<f32>,
 }
 
 impl PermutedRow {
-    /// `x` (one row of length k) for weights of `format`.
-    pub(super) fn new(x: &[f32], format: QuantFormat) -> PermutedRow {
+    /// `x` (one row of length k) for weights of `format`, laid out for the
+    /// kernels of `isa`.
+    pub(super) fn new(x: &[f32], format: QuantFormat, isa: Isa) -> PermutedRow {
         let group_sums = match format {
             QuantFormat::Affine { group_size, .. } => x
                 .chunks(group_size.max(1))
@@ -150,11 +162,69 @@ impl PermutedRow {
                 .collect(),
             _ => Vec::new(),
         };
+        let values = permute(x, format);
+        let in_place_values = match isa {
+            Isa::Portable => codes_in_place(&values, format).unwrap_or_default(),
+            #[cfg(target_arch = "x86_64")]
+            _ => Vec::new(),
+        };
         PermutedRow {
-            values: permute(x, format),
+            values,
             group_sums,
+            in_place_values,
         }
     }
+
+    /// The same row without the layout for codes masked in place, so that
+    /// tests can hold the two kernels side by side.
+    #[cfg(test)]
+    pub(super) fn shifting_codes_only(&self) -> PermutedRow {
+        PermutedRow {
+            values: self.values.clone(),
+            group_sums: self.group_sums.clone(),
+            in_place_values: Vec::new(),
+        }
+    }
+
+    /// Whether the portable kernels mask this row's codes in place.
+    #[cfg(test)]
+    pub(super) fn masks_codes_in_place(&self) -> bool {
+        !self.in_place_values.is_empty()
+    }
+}
+
+/// `values` ([`permute`]d for 2- or 4-bit affine codes, `[group][j][word]`)
+/// with code `j`'s values scaled by `2^-(bits·(j mod 4))`: [`block_dot`]
+/// then multiplies code `j` masked in place (`c·2^(bits·(j mod 4))`, below
+/// 2¹⁶, converted exactly) into it, one shift per value fewer, and each
+/// product is the real number `c·x` rounded as before. `None` for other
+/// formats, and where a value other than zero lies below
+/// `2^(3·bits − 126)` (or is NaN): scaled, it would leave the normal range
+/// and lose bits, so the row keeps the shifting kernel.
+fn codes_in_place(values: &[f32], format: QuantFormat) -> Option<Vec<f32>> {
+    let QuantFormat::Affine {
+        bits: bits @ (2 | 4),
+        group_size,
+    } = format
+    else {
+        return None;
+    };
+    let bits = bits as i32;
+    let smallest = 2f32.powi(3 * bits - 126);
+    if !values.iter().all(|&v| v == 0.0 || v.abs() >= smallest) {
+        return None;
+    }
+    let per_word = 32 / bits as usize;
+    let group_words = (group_size / per_word).max(1);
+    let scaled = values
+        .chunks(group_words)
+        .enumerate()
+        .flat_map(|(c, code_j)| {
+            let factor = 2f32.powi(-bits * (c % per_word % 4) as i32);
+            code_j.iter().map(move |v| v * factor)
+        })
+        .collect();
+    Some(scaled)
 }
 
 impl Matrix<'_, '_> {
@@ -163,7 +233,7 @@ impl Matrix<'_, '_> {
         let (m, k) = (self.m, self.k);
         let width = cols.len();
         let mut out = vec![0.0f32; m * width];
-        let isa = Isa::detect();
+        let isa = self.isa;
         if !self.permuted.is_empty() {
             for (t, r) in cols.clone().enumerate() {
                 let row = self.first_row + r;
@@ -370,7 +440,7 @@ pub(super) const ISAS: &[Isa] = &[
 /// `x · w[row]`, decoding the codes in registers with the kernels of
 /// `isa`, or on wasm32 with the relaxed kernel module's row dot where the
 /// host handed it over and it takes the format.
-fn fused_dot(isa: Isa, w: &Weight, row: usize, x: &PermutedRow) -> f32 {
+pub(super) fn fused_dot(isa: Isa, w: &Weight, row: usize, x: &PermutedRow) -> f32 {
     #[cfg(target_arch = "wasm32")]
     if let Some(dot) = crate::ops::relaxed::kernels()
         .and_then(|kernels| relaxed_affine_dot(kernels.affine_codes_dot, w, row, x))
@@ -512,33 +582,44 @@ fn portable<const BITS: u32, const KIND: u8>(w: &Weight, row: usize, x: &Permute
     row_kernel::<BITS, KIND, false>(w, row, x)
 }
 
-/// [`aligned_row`] (for the row's words per group) or [`fused_row`], by
-/// whether codes straddle words, and the biases' share ([`bias_share`]).
+/// [`aligned_row`] (masking codes in place where the row has the layout
+/// for it) or [`fused_row`], by whether codes straddle words, and the
+/// biases' share ([`bias_share`]).
 #[inline(always)]
 fn row_kernel<const BITS: u32, const KIND: u8, const FMA: bool>(
     w: &Weight,
     row: usize,
     x: &PermutedRow,
 ) -> f32 {
-    let xp = x.values.as_slice();
     let scaled = if 32 % BITS != 0 {
-        fused_row::<BITS, KIND, FMA>(w, row, xp)
+        fused_row::<BITS, KIND, FMA>(w, row, &x.values)
+    } else if KIND == 0 && BITS <= 4 && !x.in_place_values.is_empty() {
+        aligned::<BITS, KIND, FMA, true>(w, row, &x.in_place_values)
     } else {
-        // Every affine group size gets kernels of its own: with the words
-        // per group known, the loops over a group unroll and take constant
-        // shifts (1.8× faster for 4-bit groups of 64 in V8). Int8's group
-        // is the row.
-        let group = w.format.group_size().unwrap_or(w.cols);
-        match group / (32 / BITS) as usize {
-            2 => aligned_row::<BITS, KIND, FMA, 2>(w, row, xp),
-            4 => aligned_row::<BITS, KIND, FMA, 4>(w, row, xp),
-            8 => aligned_row::<BITS, KIND, FMA, 8>(w, row, xp),
-            16 => aligned_row::<BITS, KIND, FMA, 16>(w, row, xp),
-            32 => aligned_row::<BITS, KIND, FMA, 32>(w, row, xp),
-            _ => aligned_row::<BITS, KIND, FMA, 0>(w, row, xp),
-        }
+        aligned::<BITS, KIND, FMA, false>(w, row, &x.values)
     };
     scaled + bias_share(w, row, x)
+}
+
+/// [`aligned_row`] for the row's words per group: every affine group size
+/// gets kernels of its own, so that with the words per group known the
+/// loops over a group unroll and take constant shifts (1.8× faster for
+/// 4-bit groups of 64 in V8). Int8's group is the row.
+#[inline(always)]
+fn aligned<const BITS: u32, const KIND: u8, const FMA: bool, const IN_PLACE: bool>(
+    w: &Weight,
+    row: usize,
+    xp: &[f32],
+) -> f32 {
+    let group = w.format.group_size().unwrap_or(w.cols);
+    match group / (32 / BITS) as usize {
+        2 => aligned_row::<BITS, KIND, FMA, IN_PLACE, 2>(w, row, xp),
+        4 => aligned_row::<BITS, KIND, FMA, IN_PLACE, 4>(w, row, xp),
+        8 => aligned_row::<BITS, KIND, FMA, IN_PLACE, 8>(w, row, xp),
+        16 => aligned_row::<BITS, KIND, FMA, IN_PLACE, 16>(w, row, xp),
+        32 => aligned_row::<BITS, KIND, FMA, IN_PLACE, 32>(w, row, xp),
+        _ => aligned_row::<BITS, KIND, FMA, IN_PLACE, 0>(w, row, xp),
+    }
 }
 
 /// `Σ_g b_g·Σ_{i∈g} x_i`, the biases' share of `x · w[row]` (0 without
@@ -577,8 +658,9 @@ fn level<const BITS: u32, const KIND: u8>(code: u32) -> f32 {
 /// `Σ_g s_g·Σ_{i∈g} level(c_i)·x_i` ([`level`]) for codes that never
 /// straddle words, in blocks of eight words (a loop the compiler
 /// vectorizes, one lane per word): for each code position `j`, every word
-/// of the block is unpacked (one shift, mask and convert per lane) and
-/// multiplied into `x`, into partial sum `j mod 4`; each group's sums are
+/// of the block is unpacked (one shift, mask and convert per lane; a mask
+/// and a convert for codes masked in place) and multiplied into `x`, into
+/// partial sum `j mod 4`; each group's sums are
 /// scaled once. A group of eight words or more is a whole number of blocks
 /// where the word count allows (the rest one code at a time); groups of
 /// two or four words share a block, lane `l` reading word
@@ -588,16 +670,27 @@ fn level<const BITS: u32, const KIND: u8>(code: u32) -> f32 {
 /// 4096×4096 weight at one thread on an Intel Xeon, 2-bit (groups of 64)
 /// took 5.7–5.8 ms and 1.5–1.7 after, 8-bit 2.8–3.2 and 1.6–1.9 after,
 /// int8 3.1–3.3 and 1.9–2.1 after.
+///
+/// `IN_PLACE`: `xp` is the row's layout for codes masked in place
+/// ([`codes_in_place`]); in Chromium the 4-bit GEMV of a 4096×4096 weight
+/// took 2,975–3,300 µs with it against 3,200–3,425 shifting (the two page
+/// modules alternated eight times in one page; two rounds of the shifting
+/// one, disturbed, read 4,225 and 6,125).
 /// `GROUP_WORDS`: the words per group, or 0 for a kernel that reads it
 /// from the format.
 #[inline(always)]
-fn aligned_row<const BITS: u32, const KIND: u8, const FMA: bool, const GROUP_WORDS: usize>(
+fn aligned_row<
+    const BITS: u32,
+    const KIND: u8,
+    const FMA: bool,
+    const IN_PLACE: bool,
+    const GROUP_WORDS: usize,
+>(
     w: &Weight,
     row: usize,
     xp: &[f32],
 ) -> f32 {
     let per_word = (32 / BITS) as usize;
-    let mask = ((1u64 << BITS) - 1) as u32;
     let words = row_words(w, row);
     let group_words = if GROUP_WORDS > 0 {
         GROUP_WORDS
@@ -613,9 +706,11 @@ fn aligned_row<const BITS: u32, const KIND: u8, const FMA: bool, const GROUP_WOR
     let one_by_one = |g: usize, k: usize| {
         let mut sum = 0.0f32;
         for j in 0..per_word {
-            let code = (words[g * group_words + k] >> (j as u32 * BITS)) & mask;
+            // As `block_dot` reads it: the word shifted down to code `j`'s
+            // step of four, then code `j mod 4` of it.
+            let step = words[g * group_words + k] >> (j as u32 / 4 * 4 * BITS);
             sum = madd::<FMA>(
-                level::<BITS, KIND>(code),
+                code_of::<BITS, KIND, IN_PLACE>(step, j as u32 % 4 * BITS),
                 xp[g * group + j * group_words + k],
                 sum,
             );
@@ -632,7 +727,7 @@ fn aligned_row<const BITS: u32, const KIND: u8, const FMA: bool, const GROUP_WOR
             let block = block.try_into().expect("a block of BLOCK words");
             let first = p * groups_per_block;
             let mut sums = [[0.0f32; BLOCK]; 4];
-            block_dot::<BITS, KIND, FMA>(block, &mut sums, |j| {
+            block_dot::<BITS, KIND, FMA, IN_PLACE>(block, &mut sums, |j| {
                 std::array::from_fn(|l| {
                     x[l / GROUP_WORDS * group + j * GROUP_WORDS + l % GROUP_WORDS]
                 })
@@ -657,7 +752,7 @@ fn aligned_row<const BITS: u32, const KIND: u8, const FMA: bool, const GROUP_WOR
             let mut sums = [[0.0f32; BLOCK]; 4];
             for (c, block) in gwords[..full].chunks_exact(BLOCK).enumerate() {
                 let block = block.try_into().expect("a block of BLOCK words");
-                block_dot::<BITS, KIND, FMA>(block, &mut sums, |j| {
+                block_dot::<BITS, KIND, FMA, IN_PLACE>(block, &mut sums, |j| {
                     let start = j * group_words + c * BLOCK;
                     x[start..start + BLOCK].try_into().expect("BLOCK values")
                 });
@@ -680,12 +775,11 @@ fn aligned_row<const BITS: u32, const KIND: u8, const FMA: bool, const GROUP_WOR
 /// `j` into partial sum `j mod 4`. The four codes of a step are a loop of
 /// constant length, so that the sums stay in registers.
 #[inline(always)]
-fn block_dot<const BITS: u32, const KIND: u8, const FMA: bool>(
+fn block_dot<const BITS: u32, const KIND: u8, const FMA: bool, const IN_PLACE: bool>(
     block: &[u32; BLOCK],
     acc: &mut [[f32; BLOCK]; 4],
     x: impl Fn(usize) -> [f32; BLOCK],
 ) {
-    let mask = ((1u64 << BITS) - 1) as u32;
     // The words shifted down four codes a step: the codes of a step take
     // constant shifts whether or not the compiler unrolls the steps.
     let mut words = *block;
@@ -693,21 +787,32 @@ fn block_dot<const BITS: u32, const KIND: u8, const FMA: bool>(
         for (u, a) in acc.iter_mut().enumerate() {
             let (shift, x) = (u as u32 * BITS, x(4 * step + u));
             for l in 0..BLOCK {
-                let v = if KIND == 2 {
-                    // Int8: the code's byte to the top, then an arithmetic
-                    // shift down sign-extends it (two shifts, where masking
-                    // and widening the byte took four operations).
-                    let top = (words[l] << (32 - BITS - shift)) as i32;
-                    (top >> (32 - BITS)) as f32
-                } else {
-                    level::<BITS, KIND>((words[l] >> shift) & mask)
-                };
+                let v = code_of::<BITS, KIND, IN_PLACE>(words[l], shift);
                 a[l] = madd::<FMA>(v, x[l], a[l]);
             }
         }
         for word in &mut words {
             *word = word.checked_shr(4 * BITS).unwrap_or(0);
         }
+    }
+}
+
+/// The code `shift` bits up in `word` as [`block_dot`] multiplies it into
+/// `x`: its [`level`]; for int8 the code's byte moved to the top, then an
+/// arithmetic shift down sign-extends it (two shifts, where masking and
+/// widening the byte took four operations); masked `IN_PLACE` (2- and
+/// 4-bit affine codes, `shift` below 16), `code·2^shift`, exactly, for `x`
+/// scaled by `2^-shift` ([`codes_in_place`]): one mask, no shift.
+#[inline(always)]
+fn code_of<const BITS: u32, const KIND: u8, const IN_PLACE: bool>(word: u32, shift: u32) -> f32 {
+    let mask = ((1u64 << BITS) - 1) as u32;
+    if KIND == 2 {
+        let top = (word << (32 - BITS - shift)) as i32;
+        (top >> (32 - BITS)) as f32
+    } else if IN_PLACE {
+        (word & (mask << shift)) as i32 as f32
+    } else {
+        level::<BITS, KIND>((word >> shift) & mask)
     }
 }
 

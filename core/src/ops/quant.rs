@@ -1575,6 +1575,58 @@ mod tests {
         }
     }
 
+    proptest! {
+        #![proptest_config(proptest_config())]
+
+        #[test]
+        fn masking_codes_in_place_gives_the_shifting_kernels_bits(
+            format in prop::sample::select(vec![
+                QuantFormat::affine(2, 32), QuantFormat::affine(2, 64),
+                QuantFormat::affine(2, 128), QuantFormat::affine(4, 32),
+                QuantFormat::affine(4, 64), QuantFormat::affine(4, 128),
+            ]),
+            // Groups that fill blocks of eight words, and groups after them.
+            groups in 1usize..6,
+            seed in any::<u32>(),
+            // Rows of tiny values, where a value that lost bits in scaling
+            // would show in the output, some below the range that scaling
+            // keeps exact and some subnormal.
+            scale in prop::sample::select(vec![1.0f32, 1e-3, 1e-30, 1e-36, 1e-40, 1e30]),
+            // A value below that range, and a zero, each somewhere or
+            // nowhere.
+            tiny in prop::option::of((any::<prop::sample::Index>(), -1e-34f32..1e-34)),
+            zero in prop::option::of(any::<prop::sample::Index>()),
+        ) {
+            // The portable kernels (wasm32's) with the row's layout for codes
+            // masked in place, against the same kernels shifting each code
+            // down: every product is the same real number `c·x`, so every
+            // output has the same bits, and a row with a value too small to
+            // scale exactly keeps the shifting kernel.
+            let k = groups * format.group_size().unwrap_or(32);
+            let n = 3;
+            let q = quantize(&matrix(wavy(n * k, seed, 1.0), &[n, k]), format);
+            let (parts, shapes) = weight_parts(&q);
+            let w = weight(format, &parts, &shapes);
+            let mut x = wavy(k, seed ^ 1, scale);
+            if let Some((at, value)) = tiny {
+                x[at.index(k)] = value;
+            }
+            if let Some(at) = zero {
+                x[at.index(k)] = 0.0;
+            }
+            let in_place = qmm::PermutedRow::new(&x, format, qmm::Isa::Portable);
+            let smallest = 2f32.powi(3 * format.bits() as i32 - 126);
+            let scalable = x.iter().all(|v| *v == 0.0 || v.abs() >= smallest);
+            prop_assert_eq!(in_place.masks_codes_in_place(), scalable);
+            let shifting = in_place.shifting_codes_only();
+            for row in 0..n {
+                let masked = qmm::fused_dot(qmm::Isa::Portable, &w, row, &in_place);
+                let shifted = qmm::fused_dot(qmm::Isa::Portable, &w, row, &shifting);
+                prop_assert_eq!(masked.to_bits(), shifted.to_bits(), "row {}", row);
+            }
+        }
+    }
+
     #[test]
     fn every_format_is_within_the_bound_through_full_register_runs_and_threads() {
         // k = 1024 fills whole runs of 16 code units for every width, and
@@ -1685,7 +1737,7 @@ mod tests {
             let q = quantize(&matrix(wavy(n * k, 5, 1.0), &[n, k]), format);
             let (parts, shapes) = weight_parts(&q);
             let w = weight(format, &parts, &shapes);
-            let xp = qmm::PermutedRow::new(&x, format);
+            let xp = qmm::PermutedRow::new(&x, format, qmm::Isa::Portable);
             let got = (0..n)
                 .map(|row| {
                     qmm::relaxed_affine_dot(kiln_relaxed_kernel::affine_codes_dot, &w, row, &xp)
