@@ -6,8 +6,8 @@
 //!   word per lane; for 3-, 5- and 6-bit codes the `bits` words of 32
 //!   codes per lane) and multiplied into `x` permuted once into the same
 //!   lane order, each group's sum scaled once: one pass over the codes.
-//!   Without a vector unit of its own (wasm32's simd128), 2- and 4-bit
-//!   codes are masked in place, `x` scaled to match.
+//!   In the portable kernels (wasm32's, vectorized for simd128), 2- and
+//!   4-bit codes are masked in place, `x` scaled to match.
 //!   With AVX-512, 2- and 4-bit codes (affine, and NF4)
 //!   index a 16-entry table of their group's decoded values held in a
 //!   register (`vpermps`): a shift, a lookup and an FMA per 16 codes; with
@@ -349,9 +349,10 @@ const fn unit(bits: u32) -> (usize, usize) {
 
 /// `x` (one row of length k) in the order [`fused_dot`] reads it. Codes
 /// that never straddle words: group by group, code `j` of every word of
-/// the group, word by word (`[group][j][word]`; int8's group is the row). Otherwise, for each run of [`LANES`] units, code `j` of
-/// every lane's unit, lane by lane; the tail after the last full run stays
-/// in order.
+/// the group, word by word (`[group][j][word]`; int8's group is the
+/// row). Otherwise, for each run of [`LANES`] units, code `j` of every
+/// lane's unit, lane by lane; the tail after the last full run stays in
+/// order.
 fn permute(x: &[f32], format: QuantFormat) -> Vec<f32> {
     let (words_per_unit, codes) = unit(format.bits());
     if words_per_unit == 1 {
@@ -1219,10 +1220,11 @@ unsafe fn lut4_avx2<const KIND: u8>(w: &Weight, row: usize, xp: &[f32]) -> f32 {
 /// words at a time, each step the next code of all of them, converted and
 /// multiplied into one of two partial sums of its group (code `j` into sum
 /// `j mod 2`); each group's sum is scaled once, and the biases' share is
-/// [`bias_share`]'s. Lanes read `x` as in [`lut4_avx2`]. In groups of 4 words the group's words fill both halves,
-/// the high half's shifted down by one code, so step `t` decodes codes
-/// `2t` (low half) and `2t + 1` (high half) of each word: flat positions
-/// `8t..8t + 8` of the group's [`permute`]d `x`.
+/// [`bias_share`]'s. Lanes read `x` as in [`lut4_avx2`]. In groups of 4
+/// words the group's words fill both halves, the high half's shifted down
+/// by one code, so step `t` decodes codes `2t` (low half) and `2t + 1`
+/// (high half) of each word: flat positions `8t..8t + 8` of the group's
+/// [`permute`]d `x`.
 ///
 /// The kernel is bound by the two ports that take conversions and FMAs
 /// (on Intel cores also shifts), so codes move into place with byte
