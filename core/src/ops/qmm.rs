@@ -998,7 +998,6 @@ pub(super) fn decode_row(isa: Isa, w: &Weight, row: usize, out: &mut [f32]) {
 /// [`Weight::decode_cols`] and takes 64 ms with this. Each value is
 /// `scale·code + bias`, a product, then a sum: the reference's bits.
 fn decode4_affine(w: &Weight, row: usize, out: &mut [f32]) {
-    const MASKS: [u32; 4] = [0xF, 0xF0, 0xF00, 0xF000];
     const UNSHIFT: [f32; 4] = [1.0, 1.0 / 16.0, 1.0 / 256.0, 1.0 / 4096.0];
     let words = row_words(w, row);
     let (scales, biases) = row_scales(w, row);
@@ -1014,7 +1013,7 @@ fn decode4_affine(w: &Weight, row: usize, out: &mut [f32]) {
         for (values, &word) in values.chunks_exact_mut(8).zip(words) {
             for (half, word) in values.chunks_exact_mut(4).zip([word, word >> 16]) {
                 for (l, value) in half.iter_mut().enumerate() {
-                    let code = (word & MASKS[l]) as i32 as f32 * UNSHIFT[l];
+                    let code = code_of::<4, 0, true>(word, 4 * l as u32) * UNSHIFT[l];
                     *value = scale * code + bias;
                 }
             }

@@ -1573,10 +1573,6 @@ mod tests {
             let checked = within_bound(&f32s(&x), &deq, &got, (batch, m, k));
             prop_assert!(checked.is_ok(), "{:?}", checked);
         }
-    }
-
-    proptest! {
-        #![proptest_config(proptest_config())]
 
         #[test]
         fn masking_codes_in_place_gives_the_shifting_kernels_bits(
