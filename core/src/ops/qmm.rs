@@ -14,7 +14,8 @@
 //!   AVX2, 2-bit codes an 8-entry one, and 4-bit affine codes are moved
 //!   into place by byte shuffles. With either unit, 3-, 5- and 6-bit codes
 //!   in groups of 32, 64 or 128 have kernels of their own that transpose a
-//!   run's words into the lanes by permutes.
+//!   run's words into the lanes by permutes, and int8 codes are widened
+//!   from bytes by one load each eight, `x` left in its own order.
 //! * More rows: a panel of decoded weight rows (a tile of at most
 //!   [`PANEL_ROWS`]·k values, cache-resident) feeds the dense GEMM
 //!   microkernels, so each decoded tile serves every row of `x` (4-bit
@@ -138,7 +139,8 @@ struct Matrix<'w, 'a> {
 }
 
 /// One row of `x` as [`fused_dot`] reads it: [`permute`]d into the codes'
-/// lane order, and for the affine format the sum of each group's values,
+/// lane order (int8 codes that [`int8_avx2`] takes read it as it is:
+/// [`widens_int8`]), and for the affine format the sum of each group's values,
 /// so that kernels can take the bias out of each group
 /// (`Σ (s·c + b)·x = s·Σ c·x + b·Σ x`).
 pub(super) struct PermutedRow {
@@ -162,7 +164,11 @@ impl PermutedRow {
                 .collect(),
             _ => Vec::new(),
         };
-        let values = permute(x, format);
+        let values = if widens_int8(format, x.len(), isa) {
+            x.to_vec()
+        } else {
+            permute(x, format)
+        };
         let in_place_values = match isa {
             Isa::Portable => codes_in_place(&values, format).unwrap_or_default(),
             #[cfg(target_arch = "x86_64")]
@@ -347,8 +353,9 @@ const fn unit(bits: u32) -> (usize, usize) {
     }
 }
 
-/// `x` (one row of length k) in the order [`fused_dot`] reads it. Codes
-/// that never straddle words: group by group, code `j` of every word of
+/// `x` (one row of length k) in the order [`fused_dot`] reads it where it
+/// takes codes from words (all but [`int8_avx2`]). Codes that never
+/// straddle words: group by group, code `j` of every word of
 /// the group, word by word (`[group][j][word]`; int8's group is the
 /// row). Otherwise, for each run of [`LANES`] units, code `j` of every
 /// lane's unit, lane by lane; the tail after the last full run stays in
@@ -376,6 +383,21 @@ fn permute(x: &[f32], format: QuantFormat) -> Vec<f32> {
     out.extend_from_slice(&x[full..]);
     out
 }
+
+/// Whether [`int8_avx2`] takes int8 rows of `cols` codes on `isa`: a
+/// whole number of its steps, with a vector unit. Its `x` keeps its own
+/// order.
+fn widens_int8(format: QuantFormat, cols: usize, isa: Isa) -> bool {
+    let vector_unit = match isa {
+        Isa::Portable => false,
+        #[cfg(target_arch = "x86_64")]
+        _ => true,
+    };
+    vector_unit && format == QuantFormat::Int8 && cols > 0 && cols.is_multiple_of(INT8_STEP)
+}
+
+/// Codes a step of [`int8_avx2`] takes: four vectors of eight.
+const INT8_STEP: usize = 32;
 
 /// The vector unit the kernels of one band use, chosen once per band by
 /// [`Isa::detect`]: a variant exists only where the CPU has that unit.
@@ -509,9 +531,10 @@ pub(super) fn relaxed_affine_dot(
 /// table-lookup kernel ([`lut_avx512`], [`lut4_avx2`], [`affine2_avx2`],
 /// and for 2-bit groups of 32 on either unit [`affine2_pairs_avx2`]) or
 /// with AVX2 for 4-bit affine codes its byte-shuffle kernel
-/// ([`affine4_avx2`]), and for 3-, 5- and 6-bit affine codes in
+/// ([`affine4_avx2`]), for 3-, 5- and 6-bit affine codes in
 /// groups of 32, 64 or 128 its straddling kernel ([`straddling_avx512`],
-/// [`straddling_avx2`]). `KIND`: 0 affine, 1 NF4, 2 int8.
+/// [`straddling_avx2`]), and for int8 codes on either unit the widening
+/// kernel ([`int8_avx2`]). `KIND`: 0 affine, 1 NF4, 2 int8.
 fn dispatch<const BITS: u32, const KIND: u8>(
     isa: Isa,
     w: &Weight,
@@ -555,6 +578,7 @@ fn dispatch<const BITS: u32, const KIND: u8>(
                 // Two words a group: the AVX2 kernel, a table per half.
                 Some(2) if BITS == 2 => affine2_pairs_avx2(w, row, xp),
                 None if straddling => straddling_avx512::<BITS>(w, row, x),
+                _ if KIND == 2 && widens_int8(w.format, w.cols, isa) => int8_avx2(w, row, x),
                 _ => avx512::<BITS, KIND>(w, row, x),
             }
         },
@@ -568,6 +592,7 @@ fn dispatch<const BITS: u32, const KIND: u8>(
                 (2, Some(4)) => affine2_avx2::<4>(w, row, xp),
                 (2, Some(g)) if g.is_multiple_of(8) => affine2_avx2::<8>(w, row, xp),
                 (_, None) if straddling => straddling_avx2::<BITS>(w, row, x),
+                _ if KIND == 2 && widens_int8(w.format, w.cols, isa) => int8_avx2(w, row, x),
                 _ => avx2::<BITS, KIND>(w, row, x),
             }
         },
@@ -1312,6 +1337,43 @@ unsafe fn affine4_avx2<const GW: usize>(w: &Weight, row: usize, x: &PermutedRow)
         scaled = _mm256_fmadd_ps(_mm256_set1_ps(s), _mm256_add_ps(sums[0], sums[1]), scaled);
     }
     sum_of_partials_avx2([scaled]) + bias_share(w, row, x)
+}
+
+/// [`fused_dot`] of int8 codes, a whole number of [`INT8_STEP`]s a row
+/// ([`widens_int8`]), with AVX2: each eight codes are one load widened
+/// from bytes to sign-extended lanes (`vpmovsxbd`, on the shuffle port),
+/// converted and multiplied into `x`, which stays in its own order, in
+/// four partial sums; the row's scale multiplies their sum. Taking each
+/// code from its word (two shifts for its sign) took two more operations
+/// per eight codes on the two ports that convert and multiply.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn int8_avx2(w: &Weight, row: usize, x: &PermutedRow) -> f32 {
+    use std::arch::x86_64::*;
+    let words = row_words(w, row);
+    let xp = x.values.as_slice();
+    let (scales, _) = row_scales(w, row);
+    assert!(
+        widens_int8(w.format, w.cols, Isa::Avx2)
+            && xp.len() >= w.cols
+            && words.len() * 4 == w.cols
+            && scales.len() == 1
+    );
+    // Code `i` of the row is byte `i` of its words (little-endian).
+    let codes = words.as_ptr().cast::<i8>();
+    let mut sums = [_mm256_setzero_ps(); 4];
+    for step in (0..w.cols).step_by(INT8_STEP) {
+        for (u, sum) in sums.iter_mut().enumerate() {
+            let at = step + 8 * u;
+            let lanes = _mm256_cvtepi8_epi32(_mm_loadl_epi64(codes.add(at).cast()));
+            let x = _mm256_loadu_ps(xp.as_ptr().add(at));
+            *sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), x, *sum);
+        }
+    }
+    scales[0] * sum_of_partials_avx2(sums)
 }
 
 /// [`fused_dot`] of 2-bit affine codes with AVX2, in groups of 4 words
