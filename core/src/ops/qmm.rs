@@ -1344,8 +1344,11 @@ unsafe fn affine4_avx2<const GW: usize>(w: &Weight, row: usize, x: &PermutedRow)
 /// from bytes to sign-extended lanes (`vpmovsxbd`, on the shuffle port),
 /// converted and multiplied into `x`, which stays in its own order, in
 /// four partial sums; the row's scale multiplies their sum. Taking each
-/// code from its word (two shifts for its sign) took two more operations
-/// per eight codes on the two ports that convert and multiply.
+/// code from its word (two shifts for its sign) took up to two more
+/// operations per eight codes on the two ports that convert and multiply:
+/// 1.27–1.82 against 1.78–2.99 ms for a 4096×4096 weight at one thread
+/// (six alternating runs on a loaded Intel Xeon, fastest of 400 calls),
+/// its 16.8 MB then read at 12–13 GB/s.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
@@ -1358,7 +1361,7 @@ unsafe fn int8_avx2(w: &Weight, row: usize, x: &PermutedRow) -> f32 {
     let (scales, _) = row_scales(w, row);
     assert!(
         widens_int8(w.format, w.cols, Isa::Avx2)
-            && xp.len() >= w.cols
+            && xp.len() == w.cols
             && words.len() * 4 == w.cols
             && scales.len() == 1
     );
