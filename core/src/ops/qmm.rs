@@ -560,6 +560,9 @@ fn dispatch<const BITS: u32, const KIND: u8>(
     #[cfg(target_arch = "x86_64")]
     let straddling =
         32 % BITS != 0 && KIND == 0 && matches!(w.format.group_size(), Some(32 | 64 | 128));
+    // Whether the widening kernel takes the row: int8, whole steps.
+    #[cfg(target_arch = "x86_64")]
+    let widened = KIND == 2 && widens_int8(w.format, w.cols, isa);
     // Words per group of the formats the lookup kernels take; none for
     // the other formats.
     #[cfg(target_arch = "x86_64")]
@@ -578,7 +581,7 @@ fn dispatch<const BITS: u32, const KIND: u8>(
                 // Two words a group: the AVX2 kernel, a table per half.
                 Some(2) if BITS == 2 => affine2_pairs_avx2(w, row, xp),
                 None if straddling => straddling_avx512::<BITS>(w, row, x),
-                _ if KIND == 2 && widens_int8(w.format, w.cols, isa) => int8_avx2(w, row, x),
+                _ if widened => int8_avx2(w, row, x),
                 _ => avx512::<BITS, KIND>(w, row, x),
             }
         },
@@ -592,7 +595,7 @@ fn dispatch<const BITS: u32, const KIND: u8>(
                 (2, Some(4)) => affine2_avx2::<4>(w, row, xp),
                 (2, Some(g)) if g.is_multiple_of(8) => affine2_avx2::<8>(w, row, xp),
                 (_, None) if straddling => straddling_avx2::<BITS>(w, row, x),
-                _ if KIND == 2 && widens_int8(w.format, w.cols, isa) => int8_avx2(w, row, x),
+                _ if widened => int8_avx2(w, row, x),
                 _ => avx2::<BITS, KIND>(w, row, x),
             }
         },
