@@ -269,9 +269,7 @@ impl Geometry {
                 })
             },
         );
-        let mut out = vec![0.0; jobs.len() * m * n];
-        product::run(&jobs, &mut out);
-        out
+        product::run(&jobs)
     }
 
     /// The product with `mac(c, a, b) = c + a * b`, in i-k-j order.

@@ -89,35 +89,62 @@ const GEMV_MIN_BAND: usize = 1024;
 /// Tasks a split product makes per thread (see [`run`]).
 const TASKS_PER_THREAD: usize = 4;
 
-/// Runs each product of `jobs`, writing job `i`'s result to
-/// `out[i·m·n .. (i+1)·m·n]` (all jobs share `m` and `n`). The jobs, or
-/// the columns of each, are split across the CPU executor's threads.
+/// Runs each product of `jobs` (all share `m` and `n`, none accumulates)
+/// into a new buffer: job `i`'s result is `[i·m·n .. (i+1)·m·n]`. The
+/// jobs, or the columns of each, are split across the CPU executor's
+/// threads. The buffer is not zeroed first: the microkernels write every
+/// element without reading it, which saves a pass over the output (3% of
+/// a training step's time at width 256).
 ///
 /// # Panics
 ///
-/// When a view does not cover its matrix or `out` is not `jobs.len()·m·n`
-/// long: the callers derive both from checked shapes.
-pub(crate) fn run(jobs: &[Product<'_>], out: &mut [f32]) {
+/// When a view does not cover its matrix, the jobs differ in `m` or `n`,
+/// or one accumulates: the callers derive all three from checked shapes.
+pub(crate) fn run(jobs: &[Product<'_>]) -> Vec<f32> {
+    let Some(first) = jobs.first() else {
+        return Vec::new();
+    };
+    let (m, n) = (first.m, first.n);
+    let size = m * n;
+    for job in jobs {
+        assert!(
+            job.m == m && job.n == n && job.fits() && !job.accumulate,
+            "products of one shape that cover their matrices, into a new buffer"
+        );
+    }
+    let len = jobs.len() * size;
+    let mut out = Vec::with_capacity(len);
+    // SAFETY: the views cover their matrices and every job has the
+    // output's shape (checked above); the buffer has room for `len`
+    // elements, which `write_products` writes, each exactly once and
+    // without reading it, before the length covers them.
+    unsafe {
+        write_products(jobs, Out(out.as_mut_ptr()));
+        out.set_len(len);
+    }
+    out
+}
+
+/// [`run`]'s products into `out`.
+///
+/// # Safety
+///
+/// The views cover their matrices, every job is `m`×`n` like the first,
+/// and `out` has room for `jobs.len()·m·n` elements that nothing else
+/// touches during the call.
+unsafe fn write_products(jobs: &[Product<'_>], out: Out) {
     let Some(first) = jobs.first() else { return };
     let (m, n) = (first.m, first.n);
     let size = m * n;
-    assert_eq!(out.len(), jobs.len() * size, "product output length");
-    for job in jobs {
-        assert!(
-            job.m == m && job.n == n && job.fits(),
-            "product operands cover their matrices"
-        );
-    }
     if size == 0 {
         return;
     }
     let work = jobs.iter().map(|j| j.m * j.k * j.n).sum::<usize>();
     let threads = thread_count(work);
-    let out = Out(out.as_mut_ptr());
     if threads == 1 {
         for (i, job) in jobs.iter().enumerate() {
-            // SAFETY: the views cover their matrices (checked above) and
-            // matrix `i` of `out` is in bounds; nothing else writes it.
+            // SAFETY: the views cover their matrices and matrix `i` of
+            // `out` is in bounds (contract); nothing else writes it.
             unsafe { gemm_into(job, out.at(i * size), n, 0..n) };
         }
         return;
@@ -145,11 +172,12 @@ pub(crate) fn run(jobs: &[Product<'_>], out: &mut [f32]) {
     });
 }
 
-/// One product on the calling thread into the row-major `m`×`n` `out`.
+/// One product on the calling thread into the row-major `m`×`n` `out`
+/// (added to it when the job accumulates).
 ///
 /// # Panics
 ///
-/// As [`run`].
+/// When a view does not cover its matrix or `out` is not `m·n` long.
 pub(crate) fn run_on_this_thread(job: &Product<'_>, out: &mut [f32]) {
     assert!(
         job.fits() && out.len() == job.m * job.n,
@@ -201,12 +229,14 @@ impl Out {
 }
 
 /// The columns `cols` of `job` into the row-major matrix at `c` (row
-/// stride `ldc`).
+/// stride `ldc`), or added to them when the job accumulates. A job that
+/// does not accumulate writes each element once and never reads `c`.
 ///
 /// # Safety
 ///
 /// The views cover the job's matrices, `c` points to an `m`×`ldc` matrix
-/// with `cols.end ≤ ldc`, and no other thread touches those columns.
+/// with `cols.end ≤ ldc` (its elements initialized where the job
+/// accumulates), and no other thread touches those columns.
 unsafe fn gemm_into(job: &Product<'_>, c: *mut f32, ldc: usize, cols: std::ops::Range<usize>) {
     let (m, k, width) = (job.m, job.k, cols.len());
     if m == 0 || width == 0 {
@@ -223,8 +253,14 @@ unsafe fn gemm_into(job: &Product<'_>, c: *mut f32, ldc: usize, cols: std::ops::
     }
     if m == 1 {
         // SAFETY: row 0, columns `cols` of `c` are in bounds and this
-        // thread's alone (contract).
-        let out = unsafe { std::slice::from_raw_parts_mut(c.add(cols.start), width) };
+        // thread's alone (contract); zeroed through the pointer, they are
+        // initialized before a slice borrows them.
+        let out = unsafe {
+            if !job.accumulate {
+                std::ptr::write_bytes(c.add(cols.start), 0, width);
+            }
+            std::slice::from_raw_parts_mut(c.add(cols.start), width)
+        };
         if gemv(job, cols.start, out) {
             return;
         }
@@ -285,14 +321,11 @@ unsafe fn gemm_into(job: &Product<'_>, c: *mut f32, ldc: usize, cols: std::ops::
     }
 }
 
-/// Columns `first..first + out.len()` of the one-row product `job` into
-/// `out` when `b` has contiguous rows or contiguous columns (`a` any
+/// Adds columns `first..first + out.len()` of the one-row product `job`
+/// to `out` when `b` has contiguous rows or contiguous columns (`a` any
 /// strides); false, leaving `out` untouched, for other layouts.
 fn gemv(job: &Product<'_>, first: usize, out: &mut [f32]) -> bool {
     let (a, b, k) = (job.a, job.b, job.k);
-    if !job.accumulate {
-        out.fill(0.0);
-    }
     if b.col_stride == 1 {
         let rows = &b.data[first..];
         gemv_rows(a.data, a.col_stride, rows, b.row_stride, k, out);
@@ -446,6 +479,43 @@ mod tests {
         }
     }
 
+    proptest! {
+        #![proptest_config(proptest_config())]
+        /// [`run`] hands the microkernels an uninitialized buffer: a
+        /// product that does not accumulate must write every element
+        /// without reading it, so one written over NaNs equals one written
+        /// over zeros, bit for bit, on every path (one row, one column,
+        /// tiny depth, small and packed blocks, transposed operands).
+        #[test]
+        fn products_that_do_not_accumulate_never_read_their_output(
+            m in 0usize..40,
+            k in 0usize..40,
+            n in 1usize..40,
+            transposed in any::<(bool, bool)>(),
+            a_step in 1usize..3,
+            seed in any::<u64>(),
+        ) {
+            let a = values(m * k * a_step, seed);
+            let b = values(k * n, seed ^ 0x5555);
+            let a_view = match transposed.0 {
+                false => View { data: &a, row_stride: k * a_step, col_stride: a_step },
+                true => View { data: &a, row_stride: a_step, col_stride: m * a_step },
+            };
+            let b_view = match transposed.1 {
+                false => View::row_major(&b, n),
+                true => View::row_major(&b, k).transposed(),
+            };
+            let job = Product { m, k, n, a: a_view, b: b_view, accumulate: false };
+            let mut over_nans = vec![f32::NAN; m * n];
+            run_on_this_thread(&job, &mut over_nans);
+            let mut over_zeros = vec![0.0; m * n];
+            run_on_this_thread(&job, &mut over_zeros);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&over_nans), bits(&over_zeros));
+            prop_assert_eq!(bits(&run(&[job])), bits(&over_zeros));
+        }
+    }
+
     #[test]
     fn one_row_products_split_across_threads_equal_the_unsplit_product() {
         // Large enough to split; b both row-major and transposed.
@@ -465,8 +535,7 @@ mod tests {
                 b: b_view,
                 accumulate: false,
             };
-            let mut split = vec![0.0; n];
-            run(&[job], &mut split);
+            let split = run(&[job]);
             let mut whole = vec![0.0; n];
             run_on_this_thread(&job, &mut whole);
             assert_eq!(split, whole);
