@@ -116,8 +116,8 @@ pub(crate) fn run(jobs: &[Product<'_>]) -> Vec<f32> {
     let mut out = Vec::with_capacity(len);
     // SAFETY: the views cover their matrices and every job has the
     // output's shape (checked above); the buffer has room for `len`
-    // elements, which `write_products` writes, each exactly once and
-    // without reading it, before the length covers them.
+    // elements, which `write_products` writes in full, never reading one
+    // before writing it, before the length covers them.
     unsafe {
         write_products(jobs, Out(out.as_mut_ptr()));
         out.set_len(len);
@@ -230,7 +230,7 @@ impl Out {
 
 /// The columns `cols` of `job` into the row-major matrix at `c` (row
 /// stride `ldc`), or added to them when the job accumulates. A job that
-/// does not accumulate writes each element once and never reads `c`.
+/// does not accumulate writes every element before it reads any.
 ///
 /// # Safety
 ///
