@@ -114,31 +114,28 @@ pub(crate) fn run(jobs: &[Product<'_>]) -> Vec<f32> {
     }
     let len = jobs.len() * size;
     let mut out = Vec::with_capacity(len);
-    // SAFETY: the views cover their matrices and every job has the
-    // output's shape (checked above); the buffer has room for `len`
-    // elements, which `write_products` writes in full, never reading one
-    // before writing it, before the length covers them.
-    unsafe {
-        write_products(jobs, Out(out.as_mut_ptr()));
-        out.set_len(len);
+    if len > 0 {
+        // SAFETY: the views cover their matrices and every job is m×n
+        // (checked above); the buffer has room for `len` elements, which
+        // `write_products` writes in full, never reading one before
+        // writing it, before the length covers them.
+        unsafe {
+            write_products(jobs, (m, n), Out(out.as_mut_ptr()));
+            out.set_len(len);
+        }
     }
     out
 }
 
-/// [`run`]'s products into `out`.
+/// [`run`]'s products, each `m`×`n`, into `out`.
 ///
 /// # Safety
 ///
-/// The views cover their matrices, every job is `m`×`n` like the first,
+/// The views cover their matrices, every job is `m`×`n` with `m·n > 0`,
 /// and `out` has room for `jobs.len()·m·n` elements that nothing else
 /// touches during the call.
-unsafe fn write_products(jobs: &[Product<'_>], out: Out) {
-    let Some(first) = jobs.first() else { return };
-    let (m, n) = (first.m, first.n);
+unsafe fn write_products(jobs: &[Product<'_>], (m, n): (usize, usize), out: Out) {
     let size = m * n;
-    if size == 0 {
-        return;
-    }
     let work = jobs.iter().map(|j| j.m * j.k * j.n).sum::<usize>();
     let threads = thread_count(work);
     if threads == 1 {
