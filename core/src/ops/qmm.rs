@@ -27,8 +27,9 @@
 //! Output columns are split across [`crate::exec::cpu_threads`] threads.
 //! Sums are blocked and may use FMA, and the kernels that decode by
 //! arithmetic or look up unscaled levels (all but the tables of a group's
-//! decoded values) sum `level·x` per group and scale the sum once, the biases' share `Σ b·Σ x` taken from the group
-//! sums of `x` ([`PermutedRow`]): outputs agree with dequantize → matmul
+//! decoded values) sum `level·x` per group and scale the sum once, the
+//! biases' share `Σ b·Σ x` taken from the group sums of `x`
+//! ([`PermutedRow`]): outputs agree with dequantize → matmul
 //! within the bound `quant` states, `error_bound(k + 4, Σ (|s·c| + |b|)·|x|)`
 //! ([`super::matmul::error_bound`]).
 
@@ -531,10 +532,11 @@ pub(super) fn relaxed_affine_dot(
 /// (affine and NF4) in groups of a word layout it has one for, its
 /// table-lookup kernel ([`lut_avx512`], [`affine2_avx2`], and for 2-bit
 /// groups of 32 on either unit [`affine2_pairs_avx2`]) or with AVX2 for
-/// 4-bit codes its byte-shuffle kernel ([`affine4_avx2`], [`nf4_avx2`]), for 3-, 5- and 6-bit affine codes in
-/// groups of 32, 64 or 128 its straddling kernel ([`straddling_avx512`],
-/// [`straddling_avx2`]), and for int8 codes on either unit the widening
-/// kernel ([`int8_avx2`]). `KIND`: 0 affine, 1 NF4, 2 int8.
+/// 4-bit codes its byte-shuffle kernel ([`affine4_avx2`], [`nf4_avx2`]),
+/// for 3-, 5- and 6-bit affine codes in groups of 32, 64 or 128 its
+/// straddling kernel ([`straddling_avx512`], [`straddling_avx2`]), and
+/// for int8 codes on either unit the widening kernel ([`int8_avx2`]).
+/// `KIND`: 0 affine, 1 NF4, 2 int8.
 fn dispatch<const BITS: u32, const KIND: u8>(
     isa: Isa,
     w: &Weight,
@@ -1218,12 +1220,13 @@ const NF4_LEVEL_BYTES: [[u8; 16]; 4] = {
 };
 
 /// [`fused_dot`] of NF4 codes with AVX2, a group's eight words
-/// ([`NF4_BLOCK`](super::quant::NF4_BLOCK) codes) at a time: their codes looked up as the bytes of
-/// their levels ([`nf4_levels_avx2`]) and multiplied into `x` in two
-/// partial sums, each group's sum scaled once. A byte shuffle first moves
-/// byte `t` of each half's four words next to each other, so that each
-/// vector of levels holds one code of all eight words: lane `l` of code
-/// `j` reads position `8j + l` of the group's [`permute`]d `x`.
+/// ([`NF4_BLOCK`](super::quant::NF4_BLOCK) codes) at a time: their codes
+/// looked up as the bytes of their levels ([`nf4_levels_avx2`]) and
+/// multiplied into `x` in two partial sums, each group's sum scaled once.
+/// A byte shuffle first moves byte `t` of each half's four words next to
+/// each other, so that each vector of levels holds one code of all eight
+/// words: lane `l` of code `j` reads position `8j + l` of the group's
+/// [`permute`]d `x`.
 ///
 /// Of the 38 operations per group (loads aside), 25 are in-lane byte
 /// shuffles, which an Intel Xeon with AVX-512 ran two a cycle (timed
