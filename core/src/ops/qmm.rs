@@ -1316,11 +1316,12 @@ unsafe fn nf4_levels_avx2(
 /// words at a time, each step the next code of all of them, converted and
 /// multiplied into one of two partial sums of its group (code `j` into sum
 /// `j mod 2`); each group's sum is scaled once, and the biases' share is
-/// [`bias_share`]'s. Lanes read `x` as in [`nf4_avx2`]. In groups of 4
-/// words the group's words fill both halves, the high half's shifted down
-/// by one code, so step `t` decodes codes `2t` (low half) and `2t + 1`
-/// (high half) of each word: flat positions `8t..8t + 8` of the group's
-/// [`permute`]d `x`.
+/// [`bias_share`]'s. Lane `l` of step `j` of the `c`-th eight words reads
+/// position `j·group_words + 8c + l` of the group's [`permute`]d `x`. In
+/// groups of 4 words the group's words fill both halves, the high half's
+/// shifted down by one code, so step `t` decodes codes `2t` (low half) and
+/// `2t + 1` (high half) of each word: flat positions `8t..8t + 8` of the
+/// group's [`permute`]d `x`.
 ///
 /// The kernel is bound by the two ports that take conversions and FMAs
 /// (on Intel cores also shifts), so codes move into place with byte
