@@ -16,8 +16,8 @@
 //!   steady-state call creates no pipeline and no buffer ([`Counters`]).
 
 use crate::msl::{self, MslKernel};
+use kiln::pool::IdleBuffers;
 use kiln::{Backend, DType, Error, Executable, HostData, Result};
-use kiln_kernels::pool::IdleBuffers;
 use kiln_kernels::program::{Buffer, Caps, Check, Program, Range, Step};
 use kiln_kernels::{from_words, storage_bytes, to_words};
 use objc2::rc::Retained;

@@ -2,8 +2,8 @@
 //! pool that hands freed buffers to later calls so steady-state calls
 //! allocate nothing.
 
+use kiln::pool::{IdleBuffers, PoolStats};
 use kiln::DType;
-use kiln_kernels::pool::{IdleBuffers, PoolStats};
 use kiln_kernels::program::Check;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -30,7 +30,7 @@ mod wait;
 
 pub use buffer::WgpuBuffer;
 pub use device::{DeviceError, BACKEND_ENV};
-pub use kiln_kernels::pool::{PoolStats, MAX_IDLE_BUFFERS, MAX_IDLE_BYTES};
+pub use kiln::pool::{PoolStats, MAX_IDLE_BUFFERS, MAX_IDLE_BYTES};
 pub use kiln_kernels::{MatmulVariant, Target};
 pub use timing::{CallGpuTime, MAX_PENDING_TIMES};
 

@@ -47,7 +47,6 @@ mod element;
 mod family;
 mod layout;
 mod pad;
-pub mod pool;
 pub mod program;
 mod quant;
 mod scatter;

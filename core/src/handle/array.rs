@@ -70,8 +70,12 @@ pub(crate) enum NodeKind {
 
 impl Drop for Node {
     /// Drops chains of pending ops iteratively: a 10,000-op chain must not
-    /// overflow the stack.
+    /// overflow the stack. A value no one else holds goes to the host pool,
+    /// for the next output of its size.
     fn drop(&mut self) {
+        if let Some(value) = self.value.take().and_then(Arc::into_inner) {
+            crate::pool::give_back(value);
+        }
         if let NodeKind::Op { inputs, .. } = &mut self.kind {
             let mut stack = std::mem::take(inputs.get_mut().unwrap_or_else(|p| p.into_inner()));
             while let Some(array) = stack.pop() {

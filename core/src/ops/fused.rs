@@ -539,7 +539,8 @@ fn eval_tiled_f32(
         let HostData::F32(v) = data else { return None };
         sources.push(source_of(v, shape, out_shape, n)?);
     }
-    let mut out = vec![0f32; n];
+    let mut out = crate::pool::take_f32(n);
+    out.resize(n, 0.0);
     run_split(kernel, &sources, &mut out);
     Some(HostData::F32(out))
 }

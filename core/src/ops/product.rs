@@ -119,7 +119,7 @@ pub(crate) fn run(jobs: &[Product<'_>]) -> Vec<f32> {
         );
     }
     let len = jobs.len() * size;
-    let mut out = Vec::with_capacity(len);
+    let mut out = crate::pool::take_f32(len);
     if len > 0 {
         // SAFETY: the views cover their matrices and every job is m×n
         // (checked above); the buffer has room for `len` elements, which

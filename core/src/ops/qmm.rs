@@ -70,7 +70,8 @@ pub(super) fn product(
     pairs: &[(usize, usize)],
 ) -> Vec<f32> {
     let n = if transpose { w.rows_per_matrix } else { w.cols };
-    let mut out = vec![0.0f32; pairs.len() * m * n];
+    let mut out = crate::pool::take_f32(pairs.len() * m * n);
+    out.resize(pairs.len() * m * n, 0.0);
     if m * n == 0 || k == 0 {
         return out;
     }

@@ -1,10 +1,20 @@
-//! The buffer pool policy every GPU executor shares: freed buffers kept by
+//! The buffer pool policy every executor shares: freed buffers kept by
 //! size for later calls, within a count and a byte budget, the one freed
 //! longest ago released first, so a steady-state call allocates nothing
 //! and a shapeless function fed ever-new sizes does not keep a buffer of
 //! every size it has seen.
+//!
+//! The GPU executors keep one pool each of device buffers. On the host, one
+//! process-wide pool ([`host_pool_stats`]) keeps the f32 buffers of dropped
+//! arrays for the CPU outputs of their size: when a caller drops a step's
+//! outputs, the allocator would otherwise hand their pages back to the
+//! system, and the next call's outputs would fault every page in again (a
+//! quarter of a 4-layer training step's time on a virtual machine whose
+//! page faults cost 1.3 µs each).
 
+use crate::data::HostData;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 
 /// Idle buffers a pool keeps at most (of any size). Between calls the
 /// pool holds a call's arguments, outputs and readback buffers; 256 covers
@@ -101,9 +111,118 @@ impl<B> IdleBuffers<B> {
     }
 }
 
+/// Host buffers smaller than this are not kept: they would take the pool's
+/// [`MAX_IDLE_BUFFERS`] places from the large buffers, whose pages are the
+/// ones worth keeping, while the allocator reuses small freed blocks from
+/// its own free lists.
+pub const HOST_MIN_BYTES: usize = 64 << 10;
+
+/// The f32 buffers of dropped arrays, by bytes (all of one kind).
+static HOST_F32: LazyLock<Mutex<IdleBuffers<Vec<f32>>>> = LazyLock::new(Mutex::default);
+
+/// The host pool, locked. [`give_back`] runs in an array's drop, which must
+/// not panic, so a poisoned lock is used as it is: the pool's operations
+/// finish their bookkeeping before anything in them could panic.
+fn host_f32() -> MutexGuard<'static, IdleBuffers<Vec<f32>>> {
+    HOST_F32.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// An empty buffer with room for exactly `len` f32 elements: the most
+/// recently dropped one of that capacity, or a new one. Its pages are
+/// already the process's when it comes from the pool.
+pub(crate) fn take_f32(len: usize) -> Vec<f32> {
+    let bytes = len.saturating_mul(std::mem::size_of::<f32>());
+    let kept = if bytes >= HOST_MIN_BYTES {
+        host_f32().take((bytes as u64, false))
+    } else {
+        None
+    };
+    let mut buffer = kept.unwrap_or_else(|| Vec::with_capacity(len));
+    buffer.clear();
+    buffer
+}
+
+/// Keeps the buffer of `data`, an array's value no one holds any more,
+/// for [`take_f32`] when it is an f32 buffer of at least
+/// [`HOST_MIN_BYTES`]; drops it otherwise, and drops whatever the pool
+/// releases to stay within its limits.
+pub(crate) fn give_back(data: HostData) {
+    let HostData::F32(buffer) = data else {
+        return;
+    };
+    let bytes = buffer.capacity() * std::mem::size_of::<f32>();
+    if bytes >= HOST_MIN_BYTES {
+        let released = host_f32().give((bytes as u64, false), buffer);
+        // Freed here, once the lock is let go.
+        drop(released);
+    }
+}
+
+/// What the host pool holds for later outputs now: at most
+/// [`MAX_IDLE_BUFFERS`] buffers and [`MAX_IDLE_BYTES`] bytes.
+///
+/// ```
+/// let held = kiln::pool::host_pool_stats();
+/// assert!(held.idle_bytes <= kiln::pool::MAX_IDLE_BYTES);
+/// ```
+pub fn host_pool_stats() -> PoolStats {
+    host_f32().stats()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{compile, Array};
+
+    /// The start of `array`'s f32 buffer, computing it first.
+    fn buffer_address(array: &Array) -> usize {
+        match &*array.data().expect("the product runs") {
+            HostData::F32(values) => values.as_ptr() as usize,
+            other => panic!("an f32 product gave {:?}", other.dtype()),
+        }
+    }
+
+    /// Operands of a product whose 67×263 output (70,484 bytes) no other
+    /// test makes, so that no other test takes its buffer from the pool.
+    fn unusual_operands() -> (Array, Array) {
+        let a: Vec<f32> = (0..67 * 251).map(|i| (i % 13) as f32 - 6.0).collect();
+        let b: Vec<f32> = (0..251 * 263).map(|i| (i % 7) as f32 * 0.5).collect();
+        (
+            Array::from_vec(a, &[67, 251]).expect("a"),
+            Array::from_vec(b, &[251, 263]).expect("b"),
+        )
+    }
+
+    #[test]
+    fn a_compiled_calls_dropped_output_is_the_next_calls_output_buffer() {
+        let product = compile(|(a, b): (Array, Array)| a.matmul(&b));
+        let operands = unusual_operands();
+        let first = product.call(&operands).expect("first call");
+        let expected = first.to_vec::<f32>().expect("first value");
+        let address = buffer_address(&first);
+        drop(first);
+        // Allocations of the same size would take a buffer the allocator
+        // had been given back: the output can only land where the first
+        // one was if the pool kept it.
+        let bystanders: Vec<Vec<f32>> = (0..4).map(|_| Vec::with_capacity(67 * 263)).collect();
+        let second = product.call(&operands).expect("second call");
+        assert_eq!(buffer_address(&second), address);
+        assert!(bystanders.iter().all(|b| b.as_ptr() as usize != address));
+        assert_eq!(second.to_vec::<f32>().expect("second value"), expected);
+    }
+
+    #[test]
+    fn a_value_still_held_elsewhere_is_not_reused_when_its_array_drops() {
+        let (a, b) = unusual_operands();
+        let first = a.matmul(&b);
+        let held = first.data().expect("the product runs");
+        let before = held.to_vec::<f32>();
+        drop(first);
+        let doubled = (&a * 2.0).matmul(&b);
+        let twice = doubled.to_vec::<f32>().expect("the second product runs");
+        assert_eq!(held.to_vec::<f32>(), before);
+        assert!(twice.iter().zip(&before).all(|(t, v)| *t == 2.0 * v));
+    }
 
     #[test]
     fn idle_buffers_beyond_the_count_limit_release_the_one_returned_longest_ago() {
