@@ -6,11 +6,12 @@
 //!
 //! The GPU executors keep one pool each of device buffers. On the host, one
 //! process-wide pool ([`host_pool_stats`]) keeps the f32 buffers of dropped
-//! arrays for the CPU outputs of their size: when a caller drops a step's
-//! outputs, the allocator would otherwise hand their pages back to the
-//! system, and the next call's outputs would fault every page in again (a
-//! quarter of a 4-layer training step's time on a virtual machine whose
-//! page faults cost 1.3 µs each).
+//! arrays and of the CPU executor's dead slots for the CPU outputs of their
+//! size that ask for one (products, dequantize and fused groups): when a
+//! caller drops a step's outputs, the allocator would otherwise hand their
+//! pages back to the system, and the next call's outputs would fault every
+//! page in again (a quarter of a 4-layer training step's time on a virtual
+//! machine whose page faults cost 1.3 µs each).
 
 use crate::data::HostData;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -117,23 +118,67 @@ impl<B> IdleBuffers<B> {
 /// its own free lists.
 pub const HOST_MIN_BYTES: usize = 64 << 10;
 
-/// The f32 buffers of dropped arrays, by bytes (all of one kind).
-static HOST_F32: LazyLock<Mutex<IdleBuffers<Vec<f32>>>> = LazyLock::new(Mutex::default);
+/// The host pool: idle f32 buffers by bytes, and for each size how many
+/// outputs asked for a buffer that no dropped array has answered yet. A
+/// dropped buffer is kept only against such a request: arrays made by code
+/// that never asks (an eager loop of ops that allocate for themselves) are
+/// freed as before instead of filling the pool up to its limits.
+#[derive(Default)]
+struct HostPool {
+    idle: IdleBuffers<Vec<f32>>,
+    /// Bytes → requests not yet answered by a kept buffer, at most
+    /// [`MAX_IDLE_BUFFERS`] per size and [`MAX_IDLE_BUFFERS`] sizes.
+    wanted: HashMap<u64, usize>,
+}
+
+impl HostPool {
+    /// The most recently kept buffer of `bytes`, if any; either way the
+    /// size is now wanted once more.
+    fn take(&mut self, bytes: u64) -> Option<Vec<f32>> {
+        if self.wanted.len() >= MAX_IDLE_BUFFERS && !self.wanted.contains_key(&bytes) {
+            // Sizes asked for and never dropped since (outputs their
+            // callers keep, a shapeless function's old sizes) are
+            // forgotten together.
+            self.wanted.clear();
+        }
+        let wanted = self.wanted.entry(bytes).or_default();
+        *wanted = (*wanted + 1).min(MAX_IDLE_BUFFERS);
+        self.idle.take((bytes, false))
+    }
+
+    /// Keeps `buffer` when its size is wanted; returns what is not kept:
+    /// `buffer` itself, or the buffers released to keep the limits.
+    fn give(&mut self, buffer: Vec<f32>) -> Vec<Vec<f32>> {
+        let bytes = (buffer.capacity() * std::mem::size_of::<f32>()) as u64;
+        let Some(wanted) = self.wanted.get_mut(&bytes) else {
+            return vec![buffer];
+        };
+        *wanted -= 1;
+        if *wanted == 0 {
+            self.wanted.remove(&bytes);
+        }
+        self.idle.give((bytes, false), buffer)
+    }
+}
+
+/// The process's host pool.
+static HOST_POOL: LazyLock<Mutex<HostPool>> = LazyLock::new(Mutex::default);
 
 /// The host pool, locked. [`give_back`] runs in an array's drop, which must
 /// not panic, so a poisoned lock is used as it is: the pool's operations
 /// finish their bookkeeping before anything in them could panic.
-fn host_f32() -> MutexGuard<'static, IdleBuffers<Vec<f32>>> {
-    HOST_F32.lock().unwrap_or_else(PoisonError::into_inner)
+fn host_pool() -> MutexGuard<'static, HostPool> {
+    HOST_POOL.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// An empty buffer with room for exactly `len` f32 elements: the most
 /// recently dropped one of that capacity, or a new one. Its pages are
-/// already the process's when it comes from the pool.
+/// already the process's when it comes from the pool. Asking marks the
+/// size as wanted, so the next array of that size dropped is kept.
 pub(crate) fn take_f32(len: usize) -> Vec<f32> {
     let bytes = len.saturating_mul(std::mem::size_of::<f32>());
     let kept = if bytes >= HOST_MIN_BYTES {
-        host_f32().take((bytes as u64, false))
+        host_pool().take(bytes as u64)
     } else {
         None
     };
@@ -142,17 +187,16 @@ pub(crate) fn take_f32(len: usize) -> Vec<f32> {
     buffer
 }
 
-/// Keeps the buffer of `data`, an array's value no one holds any more,
-/// for [`take_f32`] when it is an f32 buffer of at least
-/// [`HOST_MIN_BYTES`]; drops it otherwise, and drops whatever the pool
-/// releases to stay within its limits.
+/// Keeps the buffer of `data`, a value no one holds any more, for
+/// [`take_f32`] when it is an f32 buffer of at least [`HOST_MIN_BYTES`]
+/// whose size an output asked for; drops it otherwise, and drops whatever
+/// the pool releases to stay within its limits.
 pub(crate) fn give_back(data: HostData) {
     let HostData::F32(buffer) = data else {
         return;
     };
-    let bytes = buffer.capacity() * std::mem::size_of::<f32>();
-    if bytes >= HOST_MIN_BYTES {
-        let released = host_f32().give((bytes as u64, false), buffer);
+    if buffer.capacity() * std::mem::size_of::<f32>() >= HOST_MIN_BYTES {
+        let released = host_pool().give(buffer);
         // Freed here, once the lock is let go.
         drop(released);
     }
@@ -166,7 +210,7 @@ pub(crate) fn give_back(data: HostData) {
 /// assert!(held.idle_bytes <= kiln::pool::MAX_IDLE_BYTES);
 /// ```
 pub fn host_pool_stats() -> PoolStats {
-    host_f32().stats()
+    host_pool().idle.stats()
 }
 
 #[cfg(test)]
@@ -222,6 +266,34 @@ mod tests {
         let twice = doubled.to_vec::<f32>().expect("the second product runs");
         assert_eq!(held.to_vec::<f32>(), before);
         assert!(twice.iter().zip(&before).all(|(t, v)| *t == 2.0 * v));
+    }
+
+    #[test]
+    fn a_dropped_buffer_is_kept_only_against_an_output_that_asked_for_its_size() {
+        let mut pool = HostPool::default();
+        let buffer = Vec::<f32>::with_capacity(1 << 16);
+        let address = buffer.as_ptr();
+        let not_kept = pool.give(buffer);
+        assert_eq!(not_kept.len(), 1);
+        assert_eq!(pool.idle.stats().idle_buffers, 0);
+        assert!(pool.take(1 << 18).is_none());
+        assert!(pool.give(not_kept.into_iter().next().unwrap()).is_empty());
+        assert_eq!(pool.idle.stats().idle_bytes, 1 << 18);
+        assert_eq!(pool.take(1 << 18).map(|b| b.as_ptr()), Some(address));
+    }
+
+    #[test]
+    fn buffers_dropped_beyond_the_requests_for_their_size_are_freed() {
+        let mut pool = HostPool::default();
+        assert!(pool.take(1 << 18).is_none());
+        assert!(pool.take(1 << 18).is_none());
+        let mut freed = 0;
+        for _ in 0..3 {
+            freed += pool.give(Vec::with_capacity(1 << 16)).len();
+        }
+        assert_eq!(freed, 1);
+        assert_eq!(pool.idle.stats().idle_buffers, 2);
+        assert_eq!(pool.give(Vec::with_capacity(1 << 17)).len(), 1);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Steady-state memory: once warm, calling a compiled function again and
 //! again (or cycling a shapeless one through sizes it has already seen)
-//! does not grow the process's resident memory, on wgpu and on the CPU.
+//! does not grow the process's resident memory, on wgpu and on the CPU;
+//! the pools keep what the next call needs and no more.
 //!
 //! RSS is read from `/proc/self/statm` (Linux only; elsewhere the tests
 //! skip and say why). The tests hold one lock so that no two of them run
@@ -10,7 +11,7 @@
 
 use kiln::{compile, Array, Backend, CpuBackend};
 use kiln_tests::rss::resident_bytes;
-use kiln_wgpu::{MAX_IDLE_BUFFERS, MAX_IDLE_BYTES};
+use kiln_wgpu::{PoolStats, MAX_IDLE_BUFFERS, MAX_IDLE_BYTES};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Held by every test of this binary for its whole run, opening the
@@ -197,4 +198,46 @@ fn warm_cpu_calls_do_not_grow_rss() {
 fn shapeless_cpu_cycling_through_sizes_does_not_grow_rss() {
     let _serial = serial();
     shapeless_cycles_stay_flat(CpuBackend);
+}
+
+/// The host pool now (process-wide, so read only under [`serial`]).
+fn host_pool() -> PoolStats {
+    kiln::pool::host_pool_stats()
+}
+
+#[test]
+fn a_cpu_calls_large_intermediate_waits_in_the_host_pool_for_the_next_call() {
+    let _serial = serial();
+    // The 200×300 product (240,000 bytes, a size no other test here makes)
+    // lives only inside the call: its sum is the output.
+    let f = compile(|(x, w): (Array, Array)| x.matmul(&w).sum(&[0, 1], false));
+    let x = Array::from_vec(vec![0.5f32; 200 * 100], &[200, 100]).expect("x");
+    let w = Array::from_vec(vec![0.25f32; 100 * 300], &[100, 300]).expect("w");
+    let args = (x, w);
+    let before = host_pool();
+    let total = |f: &dyn Fn() -> kiln::Result<Array>| f().and_then(|y| y.item::<f32>());
+    assert_eq!(total(&|| f.call(&args)).expect("first call"), 750_000.0);
+    let kept = host_pool();
+    assert_eq!(kept.idle_buffers, before.idle_buffers + 1);
+    assert_eq!(kept.idle_bytes, before.idle_bytes + 240_000);
+    for _ in 0..10 {
+        assert_eq!(total(&|| f.call(&args)).expect("warm call"), 750_000.0);
+    }
+    assert_eq!(
+        host_pool(),
+        kept,
+        "each call takes the buffer and gives it back"
+    );
+}
+
+#[test]
+fn arrays_of_sizes_no_cpu_output_asked_for_are_freed_not_kept() {
+    let _serial = serial();
+    let before = host_pool();
+    for i in 0..64 {
+        // 1,000,004 bytes each: a size no output here asks the pool for.
+        let array = Array::from_vec(vec![i as f32; 250_001], &[250_001]).expect("array");
+        drop(array);
+    }
+    assert_eq!(host_pool(), before);
 }

@@ -38,6 +38,17 @@ struct CpuBuffers {
     holder: Vec<usize>,
 }
 
+impl Drop for CpuBuffers {
+    /// The slots' buffers go to the host pool, for the next call's outputs
+    /// of their sizes: a large one would otherwise go back to the system
+    /// and fault in again.
+    fn drop(&mut self) {
+        for dead in self.slots.drain(..).flatten() {
+            crate::pool::give_back(dead);
+        }
+    }
+}
+
 /// Marks a buffer that holds no value yet.
 const EMPTY: usize = usize::MAX;
 
@@ -114,13 +125,18 @@ impl CpuBuffers {
         })
     }
 
-    /// Stores value `v`'s data in its home.
+    /// Stores value `v`'s data in its home; the dead value a slot held goes
+    /// to the host pool.
     fn put(&mut self, home: Home, v: usize, data: HostData) -> Result<()> {
         let b = self.index(home).ok_or_else(|| Error::InvalidPlan {
             detail: format!("%{v} is computed but placed in a constant"),
         })?;
         match home {
-            Home::Slot(s) => self.slots[s] = Some(data),
+            Home::Slot(s) => {
+                if let Some(dead) = self.slots[s].replace(data) {
+                    crate::pool::give_back(dead);
+                }
+            }
             Home::Input(i) => self.arguments[i] = CpuArgument::Owned(data),
             Home::Constant => {}
         }
