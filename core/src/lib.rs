@@ -11,7 +11,7 @@
 //! **Base types** (files at the root): [`shape`], [`dtype`], [`error`],
 //! [`data`], [`limits`], [`hash`], [`location`], [`random`], [`threads`] (the
 //! CPU thread count), [`pool`] (the buffer pool policy, and the host pool of
-//! dropped arrays' buffers) and [`buffer`] (type-erased device buffers and the
+//! dead f32 buffers) and [`buffer`] (type-erased device buffers and the
 //! narrow readback interface an array kept on a device uses), plus the
 //! array-free half of [`tree`]: tree defs, key paths, static values and the
 //! depth limit. They import nothing above them.
