@@ -119,8 +119,8 @@ impl<B> IdleBuffers<B> {
 pub const HOST_MIN_BYTES: usize = 64 << 10;
 
 /// The host pool: idle f32 buffers by bytes, and for each size how many
-/// outputs asked for a buffer that no dropped array has answered yet. A
-/// dropped buffer is kept only against such a request: arrays made by code
+/// outputs asked for a buffer that no dead buffer has answered yet. A dead
+/// buffer is kept only against such a request: arrays made by code
 /// that never asks (an eager loop of ops that allocate for themselves) are
 /// freed as before instead of filling the pool up to its limits.
 #[derive(Default)]
