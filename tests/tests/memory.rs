@@ -215,13 +215,13 @@ fn a_cpu_calls_large_intermediate_waits_in_the_host_pool_for_the_next_call() {
     let w = Array::from_vec(vec![0.25f32; 100 * 300], &[100, 300]).expect("w");
     let args = (x, w);
     let before = host_pool();
-    let total = |f: &dyn Fn() -> kiln::Result<Array>| f().and_then(|y| y.item::<f32>());
-    assert_eq!(total(&|| f.call(&args)).expect("first call"), 750_000.0);
+    let total = || f.call(&args).and_then(|y| y.item::<f32>());
+    assert_eq!(total().expect("first call"), 750_000.0);
     let kept = host_pool();
     assert_eq!(kept.idle_buffers, before.idle_buffers + 1);
     assert_eq!(kept.idle_bytes, before.idle_bytes + 240_000);
     for _ in 0..10 {
-        assert_eq!(total(&|| f.call(&args)).expect("warm call"), 750_000.0);
+        assert_eq!(total().expect("warm call"), 750_000.0);
     }
     assert_eq!(
         host_pool(),
