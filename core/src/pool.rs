@@ -187,6 +187,14 @@ pub(crate) fn take_f32(len: usize) -> Vec<f32> {
     buffer
 }
 
+/// [`take_f32`]'s buffer holding `len` zeros: for the outputs that start
+/// from zeros.
+pub(crate) fn zeroed_f32(len: usize) -> Vec<f32> {
+    let mut buffer = take_f32(len);
+    buffer.resize(len, 0.0);
+    buffer
+}
+
 /// Keeps the buffer of `data`, a value no one holds any more, for
 /// [`take_f32`] when it is an f32 buffer of at least [`HOST_MIN_BYTES`]
 /// whose size an output asked for; drops it otherwise, and drops whatever

@@ -539,8 +539,7 @@ fn eval_tiled_f32(
         let HostData::F32(v) = data else { return None };
         sources.push(source_of(v, shape, out_shape, n)?);
     }
-    let mut out = crate::pool::take_f32(n);
-    out.resize(n, 0.0);
+    let mut out = crate::pool::zeroed_f32(n);
     run_split(kernel, &sources, &mut out);
     Some(HostData::F32(out))
 }

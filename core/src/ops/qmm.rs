@@ -70,8 +70,7 @@ pub(super) fn product(
     pairs: &[(usize, usize)],
 ) -> Vec<f32> {
     let n = if transpose { w.rows_per_matrix } else { w.cols };
-    let mut out = crate::pool::take_f32(pairs.len() * m * n);
-    out.resize(pairs.len() * m * n, 0.0);
+    let mut out = crate::pool::zeroed_f32(pairs.len() * m * n);
     if m * n == 0 || k == 0 {
         return out;
     }

@@ -330,8 +330,7 @@ impl QuantOp {
             QuantKind::Quantize(part) => quantize_eval(op, format, part, inputs[0], in_shapes[0]),
             QuantKind::Dequantize => {
                 let w = Weight::new(op, format, inputs, in_shapes)?;
-                let mut out = crate::pool::take_f32(w.rows * w.cols);
-                out.resize(w.rows * w.cols, 0.0);
+                let mut out = crate::pool::zeroed_f32(w.rows * w.cols);
                 for (r, row) in out.chunks_exact_mut(w.cols.max(1)).enumerate() {
                     w.decode_cols(r, 0, row);
                 }
