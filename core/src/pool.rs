@@ -7,13 +7,16 @@
 //! The GPU executors keep one pool each of device buffers. On the host, one
 //! process-wide pool ([`host_pool_stats`]) keeps the f32 buffers of dropped
 //! arrays and of the CPU executor's dead slots for the CPU outputs of their
-//! size that ask for one (products, dequantize and fused groups): when a
+//! size that ask for one (products, dequantize, fused groups, and the
+//! layout ops' copies: permutes, slices, reshapes and broadcasts of more
+//! than one value): when a
 //! caller drops a step's outputs, the allocator would otherwise hand their
 //! pages back to the system, and the next call's outputs would fault every
 //! page in again (a quarter of a 4-layer training step's time on a virtual
 //! machine whose page faults cost 1.3 µs each).
 
 use crate::data::HostData;
+use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 
@@ -187,6 +190,29 @@ pub(crate) fn take_f32(len: usize) -> Vec<f32> {
     buffer
 }
 
+/// An empty buffer with room for `len` elements of `T`: [`take_f32`]'s
+/// for f32, a new one for every other element type (the pool holds f32
+/// buffers only).
+pub(crate) fn take<T: 'static>(len: usize) -> Vec<T> {
+    let mut pooled = (TypeId::of::<T>() == TypeId::of::<f32>()).then(|| take_f32(len));
+    (&mut pooled as &mut dyn Any)
+        .downcast_mut::<Option<Vec<T>>>()
+        .and_then(Option::take)
+        .unwrap_or_else(|| Vec::with_capacity(len))
+}
+
+/// A copy of `data`, into a [`take_f32`] buffer when it is f32.
+pub(crate) fn copy(data: &HostData) -> HostData {
+    match data {
+        HostData::F32(values) => {
+            let mut buffer = take_f32(values.len());
+            buffer.extend_from_slice(values);
+            HostData::F32(buffer)
+        }
+        other => other.clone(),
+    }
+}
+
 /// [`take_f32`]'s buffer holding `len` zeros: for the outputs that start
 /// from zeros.
 pub(crate) fn zeroed_f32(len: usize) -> Vec<f32> {
@@ -258,6 +284,24 @@ mod tests {
         // one was if the pool kept it.
         let bystanders: Vec<Vec<f32>> = (0..4).map(|_| Vec::with_capacity(67 * 263)).collect();
         let second = product.call(&operands).expect("second call");
+        assert_eq!(buffer_address(&second), address);
+        assert!(bystanders.iter().all(|b| b.as_ptr() as usize != address));
+        assert_eq!(second.to_vec::<f32>().expect("second value"), expected);
+    }
+
+    #[test]
+    fn a_compiled_calls_dropped_transpose_is_the_next_calls_transpose_buffer() {
+        // 257×71 (72,988 bytes): a size no other test makes.
+        let transpose = compile(|a: Array| a.transpose());
+        let values: Vec<f32> = (0..71 * 257).map(|i| i as f32).collect();
+        let a = Array::from_vec(values, &[71, 257]).expect("a");
+        let first = transpose.call(&a).expect("first call");
+        let expected = first.to_vec::<f32>().expect("first value");
+        assert_eq!(&expected[..3], &[0.0, 257.0, 514.0]);
+        let address = buffer_address(&first);
+        drop(first);
+        let bystanders: Vec<Vec<f32>> = (0..4).map(|_| Vec::with_capacity(71 * 257)).collect();
+        let second = transpose.call(&a).expect("second call");
         assert_eq!(buffer_address(&second), address);
         assert!(bystanders.iter().all(|b| b.as_ptr() as usize != address));
         assert_eq!(second.to_vec::<f32>().expect("second value"), expected);

@@ -231,6 +231,29 @@ fn a_cpu_calls_large_intermediate_waits_in_the_host_pool_for_the_next_call() {
 }
 
 #[test]
+fn a_cpu_calls_transposed_copy_waits_in_the_host_pool_for_the_next_call() {
+    let _serial = serial();
+    // The 260×300 transpose (312,000 bytes, a size no other test here
+    // makes) is materialized, scaled in place and summed inside the call.
+    let f = compile(|x: Array| (x.transpose() * 2.0).sum(&[0, 1], false));
+    let x = Array::from_vec(vec![0.5f32; 300 * 260], &[300, 260]).expect("x");
+    let before = host_pool();
+    let total = || f.call(&x).and_then(|y| y.item::<f32>());
+    assert_eq!(total().expect("first call"), 78_000.0);
+    let kept = host_pool();
+    assert_eq!(kept.idle_buffers, before.idle_buffers + 1);
+    assert_eq!(kept.idle_bytes, before.idle_bytes + 312_000);
+    for _ in 0..10 {
+        assert_eq!(total().expect("warm call"), 78_000.0);
+    }
+    assert_eq!(
+        host_pool(),
+        kept,
+        "each call takes the buffer and gives it back"
+    );
+}
+
+#[test]
 fn arrays_of_sizes_no_cpu_output_asked_for_are_freed_not_kept() {
     let _serial = serial();
     let before = host_pool();

@@ -429,7 +429,7 @@ impl Op {
                 *transposed,
                 out_shape,
             ),
-            Op::Reshape(_) | Op::StopGradient => Ok(inputs[0].clone()),
+            Op::Reshape(_) | Op::StopGradient => Ok(crate::pool::copy(inputs[0])),
             Op::Permute(p) => Ok(layout::permute_eval(p, inputs[0], in_shapes[0])),
             Op::BroadcastTo(_) => Ok(layout::broadcast_eval(inputs[0], in_shapes[0], out_shape)),
             Op::Slice(axes) => Ok(layout::slice_eval(axes, inputs[0], in_shapes[0], out_shape)),
