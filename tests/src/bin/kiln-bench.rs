@@ -430,6 +430,7 @@ fn main() {
         names.remove(0);
         let mut report = BenchReport::new();
         cpu_figures(&names, &mut report);
+        transpose_figure(&names, &mut report);
         matmul::one_thread(&names, &mut report);
         grad_benchmarks(&names, &mut report);
         vmap_benchmarks(&names, &mut report);
@@ -724,6 +725,7 @@ fn cpu_benchmarks(names: &[String], report: &mut BenchReport) {
         .chain(WIDE.iter().map(|(op, _)| format!("cpu_unary_{op}_wide_ns")))
         .chain(CHAINS.iter().map(|n| format!("cpu_chain_{n}")))
         .chain([format!("cpu_scalar_chain_{SCALAR_CHAIN}")])
+        .chain([TRANSPOSE_FIGURE.to_string()])
         .chain(quant::CPU_FIGURES.map(String::from))
         .chain(VMAP_FIGURES.map(String::from));
     let one_thread = wanted.into_iter().any(|name| selected(&name, names))
@@ -835,6 +837,26 @@ fn cpu_figures(names: &[String], report: &mut BenchReport) {
         });
         report.record(name, micros / 1e3, "ms");
     }
+}
+
+/// The transposed copy's figure: a cached compiled call that materializes
+/// the transpose of a 1024×1024 f32 array, µs.
+const TRANSPOSE_FIGURE: &str = "cpu_transpose_f32_1024_us";
+
+/// [`TRANSPOSE_FIGURE`], in the `KILN_THREADS=1` child.
+fn transpose_figure(names: &[String], report: &mut BenchReport) {
+    if !selected(TRANSPOSE_FIGURE, names) {
+        return;
+    }
+    let side = 1024;
+    let values: Vec<f32> = (0..side * side).map(|i| (i % 1000) as f32).collect();
+    let x = Array::from_vec(values, &[side, side]).expect("the input fits");
+    let transpose = compile(|x: Array| x.transpose());
+    transpose.call(&x).expect("first call");
+    let micros = median_cpu_micros(200, || {
+        std::hint::black_box(transpose.call(&x).expect("cached call"));
+    });
+    report.record(TRANSPOSE_FIGURE, micros, "us");
 }
 
 /// `x * 2 + 1` as a user kernel, with a reference as direct as the
