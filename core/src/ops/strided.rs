@@ -66,7 +66,8 @@ pub(crate) fn for_each_offset<const N: usize>(
 /// The elements of `src` read at `offset` with `strides` over `shape`, in
 /// row-major order of `shape`, into a buffer from the host pool for f32
 /// (`crate::pool::take`). A gather that transposes (see
-/// [`transposing_axis`]) goes tile by tile.
+/// [`transposing_axis`]) goes tile by tile, any other run by run along the
+/// innermost axis.
 pub(crate) fn gather<T: Copy + 'static>(
     src: &[T],
     offset: usize,
@@ -76,8 +77,26 @@ pub(crate) fn gather<T: Copy + 'static>(
     if let Some(axis) = transposing_axis(shape, strides) {
         return gather_in_tiles(src, offset, shape, strides, axis);
     }
-    let mut out = crate::pool::take(numel(shape));
-    for_each_offset(shape, [strides], |[i]| out.push(src[offset + i]));
+    let len = numel(shape);
+    let mut out = crate::pool::take(len);
+    let Some((&inner, outer)) = shape.split_last() else {
+        out.push(src[offset]);
+        return out;
+    };
+    if len == 0 {
+        return out;
+    }
+    // Each run along the innermost axis at once: a copy where it is
+    // contiguous, a fill where it is broadcast.
+    let inner_stride = strides[outer.len()];
+    for_each_offset(outer, [&strides[..outer.len()]], |[i]| {
+        let start = offset + i;
+        match inner_stride {
+            1 => out.extend_from_slice(&src[start..start + inner]),
+            0 => out.extend(std::iter::repeat_n(src[start], inner)),
+            step => out.extend(src[start..].iter().step_by(step).take(inner)),
+        }
+    });
     out
 }
 
@@ -390,7 +409,8 @@ mod tests {
     proptest! {
         #![proptest_config(proptest_config())]
         /// Every gather, tiled (a permutation that moves the source's
-        /// innermost axis, with tiles cut at the edges) or not, reads
+        /// innermost axis, with tiles cut at the edges) or run by run
+        /// (copied, filled where an axis is broadcast, or stepped), reads
         /// output element `i` at `offset + Σ index_d(i)·strides_d`, the
         /// multi-index found by division.
         #[test]
@@ -399,6 +419,7 @@ mod tests {
             perm_seed in any::<u64>(),
             step in 1usize..3,
             offset in 0usize..5,
+            broadcast_axes in any::<u8>(),
         ) {
             let rank = shape.len();
             let mut perm: Vec<usize> = (0..rank).collect();
@@ -408,7 +429,11 @@ mod tests {
             let source_strides: Vec<usize> =
                 row_major_strides(&shape).iter().map(|s| s * step).collect();
             let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
-            let strides: Vec<usize> = perm.iter().map(|&p| source_strides[p]).collect();
+            let strides: Vec<usize> = perm
+                .iter()
+                .enumerate()
+                .map(|(d, &p)| if broadcast_axes & (1 << d) != 0 { 0 } else { source_strides[p] })
+                .collect();
             let src: Vec<u32> = (0..offset + numel(&shape) * step).map(|v| v as u32).collect();
             let got = gather(&src, offset, &out_shape, &strides);
             prop_assert_eq!(got.len(), numel(&out_shape));
@@ -422,6 +447,13 @@ mod tests {
                 prop_assert_eq!(*value, src[at], "element {} of {:?}", i, out_shape);
             }
         }
+    }
+
+    #[test]
+    fn scalar_and_empty_gathers_read_the_offset_element_or_nothing() {
+        assert_eq!(gather(&[7, 8, 9], 2, &[], &[]), vec![9]);
+        assert_eq!(gather(&[7, 8, 9], 0, &[3, 0], &[1, 3]), Vec::<i32>::new());
+        assert_eq!(gather(&[7, 8, 9], 0, &[0, 4], &[0, 0]), Vec::<i32>::new());
     }
 
     #[test]
