@@ -236,14 +236,23 @@ struct ReduceGeometry {
     outputs: usize,
     /// The reduced axes are a trailing suffix, so each group is contiguous.
     trailing: bool,
-    /// The reduced axes are a leading prefix, so the input is `group` rows
-    /// of the output laid out contiguously (a bias gradient's sum over the
-    /// batch).
-    leading: bool,
+    /// Where the reduced axes are one run of adjacent axes followed by kept
+    /// ones, the elements of those kept axes: the input is then blocks of
+    /// `group` rows this long, each block folding row by row into as many
+    /// outputs (one block for a bias gradient's sum over the batch, one per
+    /// sequence for a mean over its positions).
+    row: Option<usize>,
 }
 
 impl ReduceGeometry {
     fn new(axes: &[usize], shape: &[usize]) -> ReduceGeometry {
+        let mut sorted = axes.to_vec();
+        sorted.sort_unstable();
+        let adjacent = sorted.windows(2).all(|w| w[1] == w[0] + 1);
+        let row = match sorted.last() {
+            Some(&last) if adjacent && last + 1 < shape.len() => Some(numel(&shape[last + 1..])),
+            _ => None,
+        };
         let kept: Vec<usize> = (0..shape.len()).filter(|i| !axes.contains(i)).collect();
         let kept_shape: Vec<usize> = kept.iter().map(|&i| shape[i]).collect();
         let kept_strides = row_major_strides(&kept_shape);
@@ -260,7 +269,7 @@ impl ReduceGeometry {
                 .iter()
                 .enumerate()
                 .all(|(i, &a)| a == shape.len() - axes.len() + i),
-            leading: axes.iter().enumerate().all(|(i, &a)| a == i),
+            row,
         }
     }
 
@@ -276,12 +285,15 @@ impl ReduceGeometry {
                 .collect();
         }
         let mut out = vec![init; self.outputs];
-        if self.leading && self.outputs > 0 {
+        if let Some(row) = self.row.filter(|&row| row > 0 && self.group > 0) {
             // Row by row: each output folds its elements in the same order
             // as the general walk below, a vector's width at a time.
-            for row in data.chunks_exact(self.outputs) {
-                for (o, &x) in out.iter_mut().zip(row) {
-                    *o = f(*o, x);
+            let blocks = data.chunks_exact(self.group * row);
+            for (block, out) in blocks.zip(out.chunks_exact_mut(row)) {
+                for row in block.chunks_exact(row) {
+                    for (o, &x) in out.iter_mut().zip(row) {
+                        *o = f(*o, x);
+                    }
                 }
             }
             return out;
@@ -302,8 +314,8 @@ impl ReduceGeometry {
     /// interleaved partial sums: one running sum waits a whole add's
     /// latency per element. Each partial sum adds in order and they are
     /// added in a fixed order, so the bits are the same on every
-    /// instruction set. A sum over leading axes adds row by row, in the
-    /// order of [`ReduceGeometry::run`].
+    /// instruction set. A sum over a run of adjacent axes followed by kept
+    /// ones adds row by row, in the order of [`ReduceGeometry::run`].
     fn sum_f32(&self, data: &[f32]) -> Vec<f32> {
         if self.trailing && self.group > 0 {
             return data
@@ -315,10 +327,13 @@ impl ReduceGeometry {
                 })
                 .collect();
         }
-        if self.leading && self.outputs > 0 {
+        if let Some(row) = self.row.filter(|&row| row > 0 && self.group > 0) {
             let mut sums = vec![0.0f64; self.outputs];
-            for row in data.chunks_exact(self.outputs) {
-                add_row(row, &mut sums);
+            let blocks = data.chunks_exact(self.group * row);
+            for (block, sums) in blocks.zip(sums.chunks_exact_mut(row)) {
+                for row in block.chunks_exact(row) {
+                    add_row(row, sums);
+                }
             }
             return sums.into_iter().map(|s| s as f32).collect();
         }
@@ -360,8 +375,8 @@ simd_dispatch! {
 }
 
 simd_dispatch! {
-    /// `sums[j] += row[j]` in f64: one row of a sum over leading axes (a
-    /// bias gradient's sum over the batch).
+    /// `sums[j] += row[j]` in f64: one row of a sum over adjacent axes
+    /// followed by kept ones (a bias gradient's sum over the batch).
     fn add_row(row: &[f32], sums: &mut [f64]) {
         for (sum, &v) in sums.iter_mut().zip(row) {
             *sum += f64::from(v);
@@ -764,6 +779,56 @@ mod tests {
             prop_assert_eq!(
                 eval(ReduceOp::Sum, &[0], &HostData::F32(v), &[group, groups]),
                 Ok(HostData::F32(columns))
+            );
+        }
+
+        /// A reduction over a run of adjacent axes with kept axes on both
+        /// sides folds block by block: every output is the fold of the
+        /// elements its index picks out, found by index (sums of
+        /// multiples of 2⁻¹⁰ are exact in f64, so the order cannot hide a
+        /// misplaced element).
+        #[test]
+        fn reductions_over_middle_axes_fold_the_elements_each_output_indexes(
+            outer in 1usize..4,
+            middle in prop::collection::vec(0usize..4, 1..3),
+            inner in 1usize..6,
+            seed in any::<u64>(),
+        ) {
+            let group: usize = middle.iter().product();
+            let shape: Vec<usize> = std::iter::once(outer).chain(middle.iter().copied()).chain([inner]).collect();
+            let axes: Vec<usize> = (1..=middle.len()).collect();
+            let n = outer * group * inner;
+            let v: Vec<f32> = (0..n as u64)
+                .map(|i| {
+                    let bits = (i ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 39;
+                    (bits as i64 - (1 << 24)) as f32 / 1024.0
+                })
+                .collect();
+            let at = |o: usize, m: usize, j: usize| v[(o * group + m) * inner + j];
+            let outputs = || (0..outer).flat_map(|o| (0..inner).map(move |j| (o, j)));
+            let sums: Vec<f32> = outputs()
+                .map(|(o, j)| (0..group).map(|m| f64::from(at(o, m, j))).sum::<f64>() as f32)
+                .collect();
+            prop_assert_eq!(
+                eval(ReduceOp::Sum, &axes, &HostData::F32(v.clone()), &shape),
+                Ok(HostData::F32(sums))
+            );
+            if group > 0 {
+                let maxima: Vec<f32> = outputs()
+                    .map(|(o, j)| (0..group).map(|m| at(o, m, j)).fold(f32::NEG_INFINITY, f32::max))
+                    .collect();
+                prop_assert_eq!(
+                    eval(ReduceOp::Max, &axes, &HostData::F32(v.clone()), &shape),
+                    Ok(HostData::F32(maxima))
+                );
+            }
+            let ints: Vec<i32> = v.iter().map(|&x| (x * 1024.0) as i32).collect();
+            let int_sums: Vec<i32> = outputs()
+                .map(|(o, j)| (0..group).map(|m| ints[(o * group + m) * inner + j]).fold(0i32, i32::wrapping_add))
+                .collect();
+            prop_assert_eq!(
+                eval(ReduceOp::Sum, &axes, &HostData::I32(ints), &shape),
+                Ok(HostData::I32(int_sums))
             );
         }
 
