@@ -169,7 +169,8 @@ fn gather_in_tiles<T: Copy + 'static>(
 }
 
 /// `f` applied to the broadcast pairs of two contiguous operands; fast
-/// paths for operands that need no broadcasting and for scalars.
+/// paths for operands that need no broadcasting and for scalars, else run
+/// by run along the innermost axis.
 pub(crate) fn broadcast_zip<A: Copy, B: Copy, R>(
     a: &[A],
     a_shape: &[usize],
@@ -189,8 +190,38 @@ pub(crate) fn broadcast_zip<A: Copy, B: Copy, R>(
             let sa = broadcast_strides(a_shape, out_shape);
             let sb = broadcast_strides(b_shape, out_shape);
             let mut out = Vec::with_capacity(n);
-            for_each_offset(out_shape, [&sa, &sb], |[i, j]| out.push(f(a[i], b[j])));
+            // Run by run along the innermost axis, where each operand is
+            // contiguous (stride 1) or broadcast (stride 0).
+            let steps = (sa.last().copied(), sb.last().copied());
+            for_each_run(out_shape, [&sa, &sb], |[i, j], inner| {
+                let (a, b) = (&a[i..], &b[j..]);
+                match steps {
+                    (Some(0), Some(0)) => out.extend((0..inner).map(|_| f(a[0], b[0]))),
+                    (Some(0), _) => out.extend(b[..inner].iter().map(|&y| f(a[0], y))),
+                    (_, Some(0)) => out.extend(a[..inner].iter().map(|&x| f(x, b[0]))),
+                    _ => out.extend(a[..inner].iter().zip(&b[..inner]).map(|(&x, &y)| f(x, y))),
+                }
+            });
             out
+        }
+    }
+}
+
+/// Calls `f` with the offsets of `N` strided operands at the start of each
+/// run along the innermost axis of `shape` and the run's length, in
+/// row-major order; a scalar shape is one run of one element. Only for
+/// operands whose innermost stride is 0 or 1 (contiguous or broadcast).
+fn for_each_run<const N: usize>(
+    shape: &[usize],
+    strides: [&[usize]; N],
+    mut f: impl FnMut([usize; N], usize),
+) {
+    match shape.split_last() {
+        None => f([0; N], 1),
+        Some((0, _)) => {}
+        Some((&inner, outer)) => {
+            let outer_strides = strides.map(|s| &s[..outer.len()]);
+            for_each_offset(outer, outer_strides, |starts| f(starts, inner));
         }
     }
 }
@@ -217,8 +248,16 @@ pub(crate) fn broadcast_update<T: Copy>(
         Some((o, shape)) => {
             let own = row_major_strides(out_shape);
             let broadcast = broadcast_strides(shape, out_shape);
-            for_each_offset(out_shape, [&own, &broadcast], |[i, j]| {
-                target[i] = f(target[i], o[j]);
+            let stride = broadcast.last().copied().unwrap_or(0);
+            for_each_run(out_shape, [&own, &broadcast], |[i, j], inner| {
+                let run = &mut target[i..i + inner];
+                if stride == 0 {
+                    run.iter_mut().for_each(|x| *x = f(*x, o[j]));
+                } else {
+                    for (x, &y) in run.iter_mut().zip(&o[j..j + inner]) {
+                        *x = f(*x, y);
+                    }
+                }
             });
         }
     }
@@ -446,6 +485,70 @@ mod tests {
                 }
                 prop_assert_eq!(*value, src[at], "element {} of {:?}", i, out_shape);
             }
+        }
+    }
+
+    /// The row-major index into an operand of `shape` (right-aligned
+    /// with `out_shape`, size-1 dims broadcast) of output element `i`.
+    fn broadcast_index(i: usize, out_shape: &[usize], shape: &[usize]) -> usize {
+        let lead = out_shape.len() - shape.len();
+        let (mut rest, mut index, mut stride) = (i, 0, 1);
+        for d in (0..out_shape.len()).rev() {
+            let coordinate = rest % out_shape[d];
+            rest /= out_shape[d];
+            if d >= lead && shape[d - lead] > 1 {
+                index += coordinate * stride;
+                stride *= shape[d - lead];
+            }
+        }
+        index
+    }
+
+    /// An operand shape for `out_shape`: the dims of `dropped` leading
+    /// axes removed, the dims marked in `ones` made 1.
+    fn operand_shape(out_shape: &[usize], dropped: usize, ones: u8) -> Vec<usize> {
+        let dropped = dropped.min(out_shape.len());
+        (dropped..out_shape.len())
+            .map(|d| {
+                if ones & (1 << d) != 0 {
+                    1
+                } else {
+                    out_shape[d]
+                }
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(proptest_config())]
+        /// Broadcast binary evaluation, into a new buffer or in place,
+        /// pairs output element `i` with each operand's element at its
+        /// broadcast multi-index, whichever operand is broadcast along the
+        /// innermost axis.
+        #[test]
+        fn broadcast_pairs_each_output_with_its_operands_elements(
+            out_shape in proptest::collection::vec(1usize..6, 0..4),
+            dropped in (0usize..3, 0usize..3),
+            ones in (any::<u8>(), any::<u8>()),
+        ) {
+            let a_shape = operand_shape(&out_shape, dropped.0, ones.0);
+            let b_shape = operand_shape(&out_shape, dropped.1, ones.1);
+            let a: Vec<u32> = (0..numel(&a_shape) as u32).collect();
+            let b: Vec<u32> = (0..numel(&b_shape) as u32).map(|v| v + 1000).collect();
+            let pair = |x: u32, y: u32| x * 10_000 + y;
+            let want: Vec<u32> = (0..numel(&out_shape))
+                .map(|i| pair(
+                    a[broadcast_index(i, &out_shape, &a_shape)],
+                    b[broadcast_index(i, &out_shape, &b_shape)],
+                ))
+                .collect();
+            let zipped = broadcast_zip(&a, &a_shape, &b, &b_shape, &out_shape, pair);
+            prop_assert_eq!(&zipped, &want);
+            let mut target: Vec<u32> = (0..numel(&out_shape))
+                .map(|i| a[broadcast_index(i, &out_shape, &a_shape)])
+                .collect();
+            broadcast_update(&mut target, Some((&b, &b_shape)), &out_shape, pair);
+            prop_assert_eq!(&target, &want);
         }
     }
 
