@@ -205,23 +205,21 @@ fn host_pool() -> PoolStats {
     kiln::pool::host_pool_stats()
 }
 
-#[test]
-fn a_cpu_calls_large_intermediate_waits_in_the_host_pool_for_the_next_call() {
-    let _serial = serial();
-    // The 200×300 product (240,000 bytes, a size no other test here makes)
-    // lives only inside the call: its sum is the output.
-    let f = compile(|(x, w): (Array, Array)| x.matmul(&w).sum(&[0, 1], false));
-    let x = Array::from_vec(vec![0.5f32; 200 * 100], &[200, 100]).expect("x");
-    let w = Array::from_vec(vec![0.25f32; 100 * 300], &[100, 300]).expect("w");
-    let args = (x, w);
+/// Calls `total` (a compiled call whose one large intermediate, `bytes`
+/// long, lives only inside it) 11 times: after the first, the pool holds
+/// that buffer, and every later call takes it and gives it back.
+fn intermediate_waits_in_the_host_pool(
+    total: impl Fn() -> kiln::Result<f32>,
+    want: f32,
+    bytes: u64,
+) {
     let before = host_pool();
-    let total = || f.call(&args).and_then(|y| y.item::<f32>());
-    assert_eq!(total().expect("first call"), 750_000.0);
+    assert_eq!(total().expect("first call"), want);
     let kept = host_pool();
     assert_eq!(kept.idle_buffers, before.idle_buffers + 1);
-    assert_eq!(kept.idle_bytes, before.idle_bytes + 240_000);
+    assert_eq!(kept.idle_bytes, before.idle_bytes + bytes);
     for _ in 0..10 {
-        assert_eq!(total().expect("warm call"), 750_000.0);
+        assert_eq!(total().expect("warm call"), want);
     }
     assert_eq!(
         host_pool(),
@@ -231,26 +229,27 @@ fn a_cpu_calls_large_intermediate_waits_in_the_host_pool_for_the_next_call() {
 }
 
 #[test]
+fn a_cpu_calls_large_intermediate_waits_in_the_host_pool_for_the_next_call() {
+    let _serial = serial();
+    // The 200×300 product (240,000 bytes, a size no other test here makes)
+    // lives only inside the call: its sum is the output.
+    let f = compile(|(x, w): (Array, Array)| x.matmul(&w).sum(&[0, 1], false));
+    let x = Array::from_vec(vec![0.5f32; 200 * 100], &[200, 100]).expect("x");
+    let w = Array::from_vec(vec![0.25f32; 100 * 300], &[100, 300]).expect("w");
+    let args = (x, w);
+    let total = || f.call(&args).and_then(|y| y.item::<f32>());
+    intermediate_waits_in_the_host_pool(total, 750_000.0, 240_000);
+}
+
+#[test]
 fn a_cpu_calls_transposed_copy_waits_in_the_host_pool_for_the_next_call() {
     let _serial = serial();
     // The 260×300 transpose (312,000 bytes, a size no other test here
     // makes) is materialized, scaled in place and summed inside the call.
     let f = compile(|x: Array| (x.transpose() * 2.0).sum(&[0, 1], false));
     let x = Array::from_vec(vec![0.5f32; 300 * 260], &[300, 260]).expect("x");
-    let before = host_pool();
     let total = || f.call(&x).and_then(|y| y.item::<f32>());
-    assert_eq!(total().expect("first call"), 78_000.0);
-    let kept = host_pool();
-    assert_eq!(kept.idle_buffers, before.idle_buffers + 1);
-    assert_eq!(kept.idle_bytes, before.idle_bytes + 312_000);
-    for _ in 0..10 {
-        assert_eq!(total().expect("warm call"), 78_000.0);
-    }
-    assert_eq!(
-        host_pool(),
-        kept,
-        "each call takes the buffer and gives it back"
-    );
+    intermediate_waits_in_the_host_pool(total, 78_000.0, 312_000);
 }
 
 #[test]
