@@ -77,19 +77,11 @@ pub(crate) fn gather<T: Copy + 'static>(
     if let Some(axis) = transposing_axis(shape, strides) {
         return gather_in_tiles(src, offset, shape, strides, axis);
     }
-    let len = numel(shape);
-    let mut out = crate::pool::take(len);
-    let Some((&inner, outer)) = shape.split_last() else {
-        out.push(src[offset]);
-        return out;
-    };
-    if len == 0 {
-        return out;
-    }
+    let mut out = crate::pool::take(numel(shape));
     // Each run along the innermost axis at once: a copy where it is
     // contiguous, a fill where it is broadcast.
-    let inner_stride = strides[outer.len()];
-    for_each_offset(outer, [&strides[..outer.len()]], |[i]| {
+    let inner_stride = strides.last().copied().unwrap_or(1);
+    for_each_run(shape, [strides], |[i], inner| {
         let start = offset + i;
         match inner_stride {
             1 => out.extend_from_slice(&src[start..start + inner]),
@@ -209,8 +201,8 @@ pub(crate) fn broadcast_zip<A: Copy, B: Copy, R>(
 
 /// Calls `f` with the offsets of `N` strided operands at the start of each
 /// run along the innermost axis of `shape` and the run's length, in
-/// row-major order; a scalar shape is one run of one element. Only for
-/// operands whose innermost stride is 0 or 1 (contiguous or broadcast).
+/// row-major order; a scalar shape is one run of one element, and a shape
+/// with no elements has no runs. The caller steps along each run.
 fn for_each_run<const N: usize>(
     shape: &[usize],
     strides: [&[usize]; N],
