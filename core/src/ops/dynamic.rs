@@ -15,7 +15,7 @@
 //! later, which is what makes a decoding loop's cache update in place.
 
 use super::batching::{per_example, Batched};
-use super::strided::{for_each_offset, numel, row_major_strides};
+use super::strided::{gather, numel, row_major_strides, scatter};
 use super::{Op, ShapeCx};
 use crate::data::HostData;
 use crate::error::{arg_err, shape_err, Result};
@@ -220,9 +220,7 @@ pub fn dynamic_slice_eval(
     let starts = clamped_starts(&inputs[1..], in_shapes[0], out_shape);
     let (offset, strides) = window(&starts, in_shapes[0]);
     Ok(crate::with_host_data!(inputs[0], v => {
-        let mut out = Vec::with_capacity(numel(out_shape));
-        for_each_offset(out_shape, [&strides], |[i]| out.push(v[offset + i]));
-        crate::data::HostElement::wrap(out)
+        crate::data::HostElement::wrap(gather(v, offset, out_shape, &strides))
     }))
 }
 
@@ -241,12 +239,7 @@ fn write_window(
         ($($variant:ident),*) => {
             match (target, update) {
                 $((HostData::$variant(d), HostData::$variant(s)) => {
-                    let mut values = s.iter();
-                    for_each_offset(update_shape, [&strides], |[i]| {
-                        if let Some(&v) = values.next() {
-                            d[offset + i] = v;
-                        }
-                    });
+                    scatter(d, offset, update_shape, &strides, s);
                     Ok(())
                 })*
                 (target, update) => Err(arg_err(

@@ -2,7 +2,7 @@
 //! slice of zeros. The user method, shape rule and reference evaluation.
 
 use super::layout::{slice_shape_rule, slice_view, SliceAxis};
-use super::strided::{for_each_offset, numel};
+use super::strided::numel;
 use super::{Op, ShapeCx};
 use crate::data::{HostData, HostElement};
 use crate::dtype::Element;
@@ -109,12 +109,7 @@ fn place<T: Element>(
     strides: &[usize],
 ) -> Vec<T> {
     let mut out = vec![T::from_f64(0.0); len];
-    let mut values = src.iter();
-    for_each_offset(shape, [strides], |[i]| {
-        if let Some(&v) = values.next() {
-            out[offset + i] = v;
-        }
-    });
+    super::strided::scatter(&mut out, offset, shape, strides, src);
     out
 }
 

@@ -92,6 +92,37 @@ pub(crate) fn gather<T: Copy + 'static>(
     out
 }
 
+/// The inverse of [`gather`]: the row-major elements of `src` (as many as
+/// `shape` has) written into `dst` at `offset` with `strides`, run by run
+/// along the innermost axis (a copy where it is contiguous). The strides
+/// address each element of `dst` at most once.
+pub(crate) fn scatter<T: Copy>(
+    dst: &mut [T],
+    offset: usize,
+    shape: &[usize],
+    strides: &[usize],
+    src: &[T],
+) {
+    let inner_stride = strides.last().copied().unwrap_or(1);
+    let mut runs = src.chunks(shape.last().copied().unwrap_or(1).max(1));
+    for_each_run(shape, [strides], |[i], _| {
+        let Some(run) = runs.next() else {
+            return;
+        };
+        let start = offset + i;
+        match inner_stride {
+            1 => dst[start..start + run.len()].copy_from_slice(run),
+            // A size-1 innermost axis may carry any stride, 0 included.
+            0 => dst[start] = run[run.len() - 1],
+            step => {
+                for (slot, &value) in dst[start..].iter_mut().step_by(step).zip(run) {
+                    *slot = value;
+                }
+            }
+        }
+    });
+}
+
 /// Output columns in one band of [`gather_in_tiles`]: each output row of
 /// a band gets a contiguous run (64 bytes of f32) at a time.
 const GATHER_BAND: usize = 16;
@@ -541,6 +572,28 @@ mod tests {
                 .collect();
             broadcast_update(&mut target, Some((&b, &b_shape)), &out_shape, pair);
             prop_assert_eq!(&target, &want);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(proptest_config())]
+        /// Scattering a window's elements into a larger array writes each
+        /// at its strided offset and leaves every other element alone:
+        /// gathering the window back gives them, and the rest is untouched.
+        #[test]
+        fn scatter_writes_a_window_that_gather_reads_back(
+            shape in proptest::collection::vec(1usize..6, 0..4),
+            margins in proptest::collection::vec((0usize..3, 0usize..3), 4),
+        ) {
+            let outer: Vec<usize> = shape.iter().zip(&margins).map(|(d, (before, after))| d + before + after).collect();
+            let strides = row_major_strides(&outer);
+            let offset: usize = margins.iter().zip(&strides).map(|((before, _), s)| before * s).sum();
+            let window: Vec<i32> = (1..=numel(&shape) as i32).collect();
+            let mut array = vec![0i32; numel(&outer)];
+            scatter(&mut array, offset, &shape, &strides, &window);
+            prop_assert_eq!(gather(&array, offset, &shape, &strides), window.clone());
+            let written = array.iter().filter(|&&v| v != 0).count();
+            prop_assert_eq!(written, window.len());
         }
     }
 
