@@ -62,6 +62,9 @@ pub fn run(names: &[String]) -> Result<(), String> {
         };
         results.insert(name, serde_json::json!({ "value": value, "unit": unit }));
     }
+    for (name, value) in wasm_matmul_ratios(results) {
+        results.insert(name, serde_json::json!({ "value": value, "unit": "ratio" }));
+    }
     let json = format!("{document}\n");
 
     let report = root.join("target").join("kiln-bench.json");
@@ -71,6 +74,46 @@ pub fn run(names: &[String]) -> Result<(), String> {
     print!("{json}");
     eprintln!("  wrote {}", report.display());
     Ok(())
+}
+
+/// The square products' sizes whose browser and native figures
+/// [`wasm_matmul_ratios`] sets side by side.
+const SQUARE_PRODUCTS: [usize; 2] = [256, 1024];
+
+/// For each square f32 product timed both natively and in the browser, the
+/// native GFLOP/s over the browser's (`cpu_wasm_matmul_f32_N_ratio`, and
+/// `cpu_wasm_relaxed_…` for the relaxed-SIMD kernel), and the native
+/// GFLOP/s over the core's 128-bit FMA rate (`…_ratio_floor`): wasm32's
+/// vectors are 128 bits wide, so no browser product can come closer to the
+/// native one than that. The AVX2 build's native figures give the same
+/// ratios under [`AVX2_PREFIX`].
+fn wasm_matmul_ratios(results: &Map<String, Value>) -> Vec<(String, f64)> {
+    let figure = |name: &str| {
+        results
+            .get(name)
+            .and_then(|f| f.get("value"))
+            .and_then(Value::as_f64)
+            .filter(|v| *v > 0.0)
+    };
+    let mut ratios = Vec::new();
+    for build in ["", AVX2_PREFIX] {
+        for n in SQUARE_PRODUCTS {
+            let Some(native) = figure(&format!("{build}cpu_matmul_f32_{n}_gflops")) else {
+                continue;
+            };
+            for kernel in ["cpu_wasm_", "cpu_wasm_relaxed_"] {
+                if let Some(browser) = figure(&format!("{kernel}matmul_f32_{n}_gflops")) {
+                    let name = format!("{build}{kernel}matmul_f32_{n}_ratio");
+                    ratios.push((name, native / browser));
+                }
+            }
+            if let Some(peak) = figure(&format!("{build}cpu_fma_peak_128_gflops")) {
+                let name = format!("{build}cpu_wasm_matmul_f32_{n}_ratio_floor");
+                ratios.push((name, native / peak));
+            }
+        }
+    }
+    ratios
 }
 
 /// The names for the default build, and those for the AVX2 build with
@@ -157,6 +200,35 @@ mod tests {
         let (native, avx2) = split_avx2(&names);
         assert_eq!(native, ["cpu_matmul", "qmm"]);
         assert_eq!(avx2, ["cpu_matmul_f32_256", "qmm_4bit"]);
+    }
+
+    #[test]
+    fn wasm_ratios_set_each_browser_product_beside_the_native_one_and_the_128_bit_rate() {
+        let results = serde_json::json!({
+            "cpu_matmul_f32_1024_gflops": { "value": 180.0, "unit": "gflops" },
+            "cpu_wasm_matmul_f32_1024_gflops": { "value": 40.0, "unit": "gflops" },
+            "cpu_wasm_relaxed_matmul_f32_1024_gflops": { "value": 50.0, "unit": "gflops" },
+            "cpu_fma_peak_128_gflops": { "value": 60.0, "unit": "gflops" },
+            "cpu_wasm_matmul_f32_256_gflops": { "value": 30.0, "unit": "gflops" },
+            "avx2_cpu_matmul_f32_1024_gflops": { "value": 100.0, "unit": "gflops" },
+            "avx2_cpu_fma_peak_128_gflops": { "value": 50.0, "unit": "gflops" },
+        });
+        let ratios = wasm_matmul_ratios(results.as_object().expect("an object"));
+        assert_eq!(
+            ratios,
+            [
+                ("cpu_wasm_matmul_f32_1024_ratio".to_string(), 4.5),
+                ("cpu_wasm_relaxed_matmul_f32_1024_ratio".to_string(), 3.6),
+                ("cpu_wasm_matmul_f32_1024_ratio_floor".to_string(), 3.0),
+                ("avx2_cpu_wasm_matmul_f32_1024_ratio".to_string(), 2.5),
+                (
+                    "avx2_cpu_wasm_relaxed_matmul_f32_1024_ratio".to_string(),
+                    2.0
+                ),
+                ("avx2_cpu_wasm_matmul_f32_1024_ratio_floor".to_string(), 2.0),
+            ],
+            "the 256 product has no native figure, so no ratio"
+        );
     }
 
     #[test]

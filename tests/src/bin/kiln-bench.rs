@@ -16,6 +16,8 @@ use std::time::Instant;
 
 #[path = "kiln-bench/control.rs"]
 mod control;
+#[path = "kiln-bench/fma_peak.rs"]
+mod fma_peak;
 #[path = "kiln-bench/matmul.rs"]
 mod matmul;
 #[path = "kiln-bench/metal.rs"]

@@ -1,10 +1,11 @@
 //! `cargo xtask bench matmul`: dense f32/f16 products, the one-core read
-//! bandwidth that bounds a GEMV, and the quantized products (4-bit, and one
-//! row times a weight of each other format), on the CPU executor. Runs in
+//! bandwidth that bounds a GEMV and FMA rate that bounds a product, and the
+//! quantized products (4-bit, and one row times a weight of each other
+//! format), on the CPU executor. Runs in
 //! the children the program starts with `KILN_THREADS` set (one thread,
 //! and two for the `_2t` figures).
 
-use super::quant;
+use super::{fma_peak, quant};
 use kiln::{compile, Array, DType};
 use kiln_tests::bench::{median_cpu_micros, median_micros, selected, BenchReport};
 
@@ -12,7 +13,10 @@ use kiln_tests::bench::{median_cpu_micros, median_micros, selected, BenchReport}
 pub(crate) const GROUP: &str = "matmul";
 
 /// The figures taken at one thread.
-pub(crate) const ONE_THREAD: [&str; 8] = [
+pub(crate) const ONE_THREAD: [&str; 11] = [
+    "cpu_fma_peak_128_gflops",
+    "cpu_fma_peak_256_gflops",
+    "cpu_fma_peak_512_gflops",
     "cpu_gemv_f32_256_us",
     "cpu_matmul_f32_256_gflops",
     "cpu_matmul_f32_1024_gflops",
@@ -80,6 +84,9 @@ fn read_bandwidth_gbs() -> f64 {
 
 /// The one-thread figures (the child with `KILN_THREADS=1`).
 pub(crate) fn one_thread(names: &[String], report: &mut BenchReport) {
+    for (name, figure) in fma_peak::peaks(names) {
+        report.record(name, figure, "gflops");
+    }
     if wanted("cpu_gemv_f32_256_us", names) {
         // One step of a recurrent network's `[1, 256]·[256, 256]`, the
         // compiled call's overhead included.
