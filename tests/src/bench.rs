@@ -162,7 +162,24 @@ pub fn median_micros(iterations: usize, mut f: impl FnMut()) -> f64 {
 /// other processes hold the core, so single-thread figures stay stable on
 /// a shared machine; work `f` hands to other threads is not counted. Where
 /// the thread's CPU clock cannot be read (not Unix), it is wall time.
-pub fn median_cpu_micros(iterations: usize, mut f: impl FnMut()) -> f64 {
+pub fn median_cpu_micros(iterations: usize, f: impl FnMut()) -> f64 {
+    let micros = sorted_cpu_micros(iterations, f);
+    let n = micros.len();
+    (micros[(n - 1) / 2] + micros[n / 2]) / 2.0
+}
+
+/// The least CPU time of one call of `f` on the calling thread, in
+/// microseconds, timed as [`median_cpu_micros`] times it: for a rate the
+/// core can reach, such as its arithmetic peak, whose calls run slower
+/// only while the core's clock is down.
+pub fn fastest_cpu_micros(iterations: usize, f: impl FnMut()) -> f64 {
+    sorted_cpu_micros(iterations, f)[0]
+}
+
+/// The CPU times of `iterations` calls of `f` (at least one) after a
+/// warm-up of a tenth as many, in microseconds, fastest first (see
+/// [`median_cpu_micros`]).
+fn sorted_cpu_micros(iterations: usize, mut f: impl FnMut()) -> Vec<f64> {
     let iterations = iterations.max(1);
     for _ in 0..(iterations / 10).max(1) {
         f();
@@ -179,8 +196,7 @@ pub fn median_cpu_micros(iterations: usize, mut f: impl FnMut()) -> f64 {
         })
         .collect();
     micros.sort_by(f64::total_cmp);
-    let n = micros.len();
-    (micros[(n - 1) / 2] + micros[n / 2]) / 2.0
+    micros
 }
 
 /// The calling thread's CPU time in seconds, where the OS tells it.
@@ -319,18 +335,34 @@ mod tests {
         assert!(sleeping < 10_000.0, "{sleeping}");
     }
 
+    /// Spins until this thread has run `seconds` of CPU time, however long
+    /// other processes keep the core.
+    #[cfg(unix)]
+    fn spin_cpu(seconds: f64) {
+        let start = thread_cpu_seconds().expect("Unix has a thread CPU clock");
+        while thread_cpu_seconds().expect("Unix has a thread CPU clock") - start < seconds {
+            std::hint::black_box(0);
+        }
+    }
+
     #[cfg(unix)]
     #[test]
     fn median_cpu_micros_counts_the_threads_work() {
-        // 5 ms of this thread's CPU time, however long other processes
-        // keep the core.
-        let spinning = median_cpu_micros(3, || {
-            let start = thread_cpu_seconds().expect("Unix has a thread CPU clock");
-            while thread_cpu_seconds().expect("Unix has a thread CPU clock") - start < 0.005 {
-                std::hint::black_box(0);
-            }
-        });
+        let spinning = median_cpu_micros(3, || spin_cpu(0.005));
         assert!((5_000.0..50_000.0).contains(&spinning), "{spinning}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn fastest_cpu_micros_is_the_quickest_timed_call() {
+        // The warm-up call, then timed calls of 12, 2 and 12 ms.
+        let mut call = 0;
+        let fastest = fastest_cpu_micros(3, || {
+            spin_cpu(if call == 2 { 0.002 } else { 0.012 });
+            call += 1;
+        });
+        assert_eq!(call, 3 + 1);
+        assert!((2_000.0..12_000.0).contains(&fastest), "{fastest}");
     }
 
     #[test]
