@@ -1,9 +1,8 @@
 //! `cargo xtask bench matmul`: dense f32/f16 products, the one-core read
-//! bandwidth that bounds a GEMV and FMA rate that bounds a product, and the
-//! quantized products (4-bit, and one row times a weight of each other
-//! format), on the CPU executor. Runs in
-//! the children the program starts with `KILN_THREADS` set (one thread,
-//! and two for the `_2t` figures).
+//! bandwidth that bounds a GEMV and the FMA rates that bound a product, and
+//! the quantized products (4-bit, and one row times a weight of each other
+//! format), on the CPU executor. Runs in the children the program starts
+//! with `KILN_THREADS` set (one thread, and two for the `_2t` figures).
 
 use super::{fma_peak, quant};
 use kiln::{compile, Array, DType};
