@@ -80,10 +80,10 @@ pub fn run(names: &[String]) -> Result<(), String> {
 /// [`wasm_matmul_ratios`] sets side by side.
 const SQUARE_PRODUCTS: [usize; 2] = [256, 1024];
 
-/// For each square f32 product timed both natively and in the browser, the
-/// native GFLOP/s over the browser's (`cpu_wasm_matmul_f32_N_ratio`, and
-/// `cpu_wasm_relaxed_…` for the relaxed-SIMD kernel), and the native
-/// GFLOP/s over the core's 128-bit FMA rate (`…_ratio_floor`): wasm32's
+/// For each square f32 product timed natively: its GFLOP/s over the
+/// browser's where the browser timed it too (`cpu_wasm_matmul_f32_N_ratio`,
+/// and `cpu_wasm_relaxed_…` for the relaxed-SIMD kernel), and over the
+/// core's 128-bit FMA rate where that was timed (`…_ratio_floor`): wasm32's
 /// vectors are 128 bits wide, so no browser product can come closer to the
 /// native one than that. The AVX2 build's native figures give the same
 /// ratios under [`AVX2_PREFIX`].
