@@ -52,6 +52,7 @@ impl<'a> View<'a> {
     }
 
     /// The transpose of `self`, read in place.
+    #[cfg(any(target_arch = "wasm32", test))]
     pub fn transposed(self) -> View<'a> {
         View {
             row_stride: self.col_stride,
@@ -390,6 +391,38 @@ fn writes_column_major(job: &Product<'_>, width: usize) -> bool {
         && std::arch::is_x86_feature_detected!("avx2")
 }
 
+/// The row-major `[rows, cols]` matrix `src` written transposed into
+/// `dst` (`[cols, rows]`): in AVX2 registers eight by eight where the CPU
+/// has AVX2.
+///
+/// # Panics
+///
+/// When `src` or `dst` is shorter than `rows·cols`.
+pub(crate) fn transpose(src: &[f32], (rows, cols): (usize, usize), dst: &mut [f32]) {
+    assert!(
+        src.len() >= rows * cols && dst.len() >= rows * cols,
+        "a transpose covers both matrices"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2; `src`, read as the column-major
+        // cols×rows matrix, holds rows·cols elements, and `dst` has cols
+        // rows of `rows` elements (both checked above), borrowed mutably.
+        unsafe { transpose_into_rows(src.as_ptr(), cols, rows, dst.as_mut_ptr(), rows) };
+        return;
+    }
+    transpose_in_order(src, (rows, cols), dst);
+}
+
+/// [`transpose`] one element at a time, for CPUs without AVX2.
+fn transpose_in_order(src: &[f32], (rows, cols): (usize, usize), dst: &mut [f32]) {
+    for (r, row) in src.chunks_exact(cols.max(1)).take(rows).enumerate() {
+        for (c, &value) in row.iter().enumerate() {
+            dst[c * rows + r] = value;
+        }
+    }
+}
+
 /// The column-major m×width matrix at `t` written row by row to the
 /// matrix at `c` (row stride `ldc`), in 8×8 tiles transposed in AVX2
 /// registers.
@@ -582,6 +615,23 @@ mod tests {
     use super::*;
     use crate::ops::strided::proptest_config;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_transpose_moves_each_element_to_its_mirror_in_registers_and_in_order() {
+        // Whole 8×8 tiles, their ragged edges, and shapes below one tile.
+        for (rows, cols) in [(0, 5), (1, 1), (3, 5), (8, 8), (13, 21), (64, 256), (9, 8)] {
+            let src = values(rows * cols, 3);
+            let mirror = |dst: &[f32]| {
+                (0..rows).all(|r| (0..cols).all(|c| dst[c * rows + r] == src[r * cols + c]))
+            };
+            let mut dst = vec![f32::NAN; rows * cols];
+            transpose(&src, (rows, cols), &mut dst);
+            assert!(mirror(&dst), "{rows}×{cols}");
+            let mut dst = vec![f32::NAN; rows * cols];
+            transpose_in_order(&src, (rows, cols), &mut dst);
+            assert!(mirror(&dst), "{rows}×{cols} in order");
+        }
+    }
 
     /// Values in [-1, 1) from `seed`, with many bits set.
     pub(super) fn values(len: usize, seed: u64) -> Vec<f32> {

@@ -17,10 +17,11 @@
 //!   in groups of 32, 64 or 128 have kernels of their own that transpose a
 //!   run's words into the lanes by permutes, and int8 codes are widened
 //!   from bytes by one load each eight, `x` left in its own order.
-//! * More rows: a panel of decoded weight rows (a tile of at most
-//!   [`PANEL_ROWS`]·k values, cache-resident) feeds the dense GEMM
-//!   microkernels, so each decoded tile serves every row of `x` (4-bit
-//!   rows are decoded with the same table lookups).
+//! * More rows: a panel of decoded weights (for `x @ wᵀ` at most
+//!   [`PANEL_ROWS`] rows by [`PANEL_DEPTH`] columns, transposed in place
+//!   so that the GEMM reads it without packing; cache-resident) feeds the
+//!   dense GEMM microkernels, so each decoded tile serves every row of `x`
+//!   (4-bit rows are decoded with the same table lookups).
 //! * Otherwise (`x @ w` with few rows, f16/bf16 weights) one decoded row
 //!   at a time.
 //!
@@ -46,6 +47,13 @@ const PANEL_MIN_ROWS: usize = 4;
 
 /// Weight rows decoded into one panel.
 const PANEL_ROWS: usize = 64;
+
+/// Columns of `x @ wᵀ`'s panels (rounded up to whole groups): with
+/// [`PANEL_ROWS`] rows, 64 KiB as decoded and as many transposed, held in
+/// a core's L2 cache between the two. On an AMD EPYC (Zen 5) at one thread
+/// 64×4096·(4096×4096)ᵀ in 4 bits took 15.1–15.2 ms so, 16.6–17.2 at 512
+/// or 1,024 columns and 15.6–15.7 with whole rows.
+const PANEL_DEPTH: usize = 256;
 
 /// Code units unpacked side by side: one AVX-512 register of u32 lanes.
 const LANES: usize = 16;
@@ -262,8 +270,7 @@ impl Matrix<'_, '_> {
         } else {
             let mut decoded = vec![0.0f32; width];
             for kk in 0..k {
-                self.w
-                    .decode_cols(self.first_row + kk, cols.start, &mut decoded);
+                decode_row(isa, self.w, self.first_row + kk, cols.start, &mut decoded);
                 for (i, o) in out.chunks_exact_mut(width).enumerate() {
                     axpy(a[i * k + kk], &decoded, o);
                 }
@@ -275,59 +282,92 @@ impl Matrix<'_, '_> {
     /// [`Matrix::band`] through decoded panels and the GEMM microkernels.
     fn panels(&self, isa: Isa, a: &[f32], transpose: bool, cols: Range<usize>, out: &mut [f32]) {
         let (m, k) = (self.m, self.k);
-        let width = cols.len();
-        let x = View::row_major(a, k);
+        let (cols_start, width) = (cols.start, cols.len());
         if transpose {
-            // A panel holds whole weight rows: `[rows, k]`, read transposed.
-            let mut panel = vec![0.0f32; PANEL_ROWS.min(width) * k];
+            // A panel holds `depth` columns of up to PANEL_ROWS weight rows,
+            // decoded row by row and transposed to `[depth, rows]`, which
+            // the GEMM reads in place. Handed the rows themselves, the
+            // `gemm` crate packed them through their transpose an element
+            // at a time, four times its microkernel's time: 64×4096 ·
+            // (4096×4096)ᵀ in 4 bits took 37.7 ms at one thread on an AMD
+            // EPYC (Zen 5) against 15.1 so, and 26.6 at two against 9.7.
+            let group = self.w.format.group_size().unwrap_or(1);
+            let depth = PANEL_DEPTH.next_multiple_of(group).min(k);
+            let most = PANEL_ROWS.min(width);
+            let (mut rows_first, mut panel) =
+                (vec![0.0f32; most * depth], vec![0.0f32; most * depth]);
+            let mut block = vec![0.0f32; m * most];
             for first in (0..width).step_by(PANEL_ROWS) {
                 let rows = PANEL_ROWS.min(width - first);
-                for (t, decoded) in panel.chunks_exact_mut(k).take(rows).enumerate() {
-                    decode_row(
-                        isa,
-                        self.w,
-                        self.first_row + cols.start + first + t,
-                        decoded,
-                    );
+                let block = &mut block[..m * rows];
+                for k0 in (0..k).step_by(depth) {
+                    let cols = depth.min(k - k0);
+                    let decoded = &mut rows_first[..rows * cols];
+                    for (t, row) in decoded.chunks_exact_mut(cols).enumerate() {
+                        let r = self.first_row + cols_start + first + t;
+                        decode_row(isa, self.w, r, k0, row);
+                    }
+                    let panel = &mut panel[..rows * cols];
+                    product::transpose(decoded, (rows, cols), panel);
+                    let job = Product {
+                        m,
+                        k: cols,
+                        n: rows,
+                        a: View {
+                            data: &a[k0..],
+                            row_stride: k,
+                            col_stride: 1,
+                        },
+                        b: View::row_major(panel, rows),
+                        accumulate: k0 > 0,
+                    };
+                    product::run_on_this_thread(&job, block);
                 }
-                let mut block = vec![0.0f32; m * rows];
-                let job = Product {
-                    m,
-                    k,
-                    n: rows,
-                    a: x,
-                    b: View::row_major(&panel[..rows * k], k).transposed(),
-                    accumulate: false,
-                };
-                product::run_on_this_thread(&job, &mut block);
                 for (o, b) in out.chunks_exact_mut(width).zip(block.chunks_exact(rows)) {
                     o[first..first + rows].copy_from_slice(b);
                 }
             }
         } else {
-            // A panel holds `depth` rows of w restricted to the band:
-            // `[depth, width]`, accumulated into the band.
-            let depth = (PANEL_ROWS * PANEL_ROWS * 4 / width.max(1)).clamp(1, k);
-            let mut panel = vec![0.0f32; depth * width];
-            for k0 in (0..k).step_by(depth) {
-                let rows = depth.min(k - k0);
-                for (t, decoded) in panel.chunks_exact_mut(width).take(rows).enumerate() {
-                    self.w
-                        .decode_cols(self.first_row + k0 + t, cols.start, decoded);
+            // A panel holds PANEL_DEPTH rows of w restricted to a block
+            // of the band's columns (whole groups: bands and blocks start
+            // on group boundaries), `[depth, columns]`, which the GEMM
+            // reads in place, accumulated into the block's outputs. Blocks
+            // keep those outputs cache-resident across the panels: with
+            // panels of four rows across a band's whole width, 64×4096 ·
+            // 4096×4096 in 4 bits took 26.7 ms at one thread on an AMD EPYC
+            // (Zen 5), and takes 12.3 so.
+            let group = self.w.format.group_size().unwrap_or(1);
+            let most = PANEL_DEPTH.next_multiple_of(group).min(width);
+            let depth = PANEL_DEPTH.min(k);
+            let mut panel = vec![0.0f32; depth * most];
+            let mut block = vec![0.0f32; m * most];
+            for first in (0..width).step_by(most) {
+                let columns = most.min(width - first);
+                let block = &mut block[..m * columns];
+                for k0 in (0..k).step_by(depth) {
+                    let rows = depth.min(k - k0);
+                    let panel = &mut panel[..rows * columns];
+                    for (t, decoded) in panel.chunks_exact_mut(columns).enumerate() {
+                        let row = self.first_row + k0 + t;
+                        decode_row(isa, self.w, row, cols_start + first, decoded);
+                    }
+                    let job = Product {
+                        m,
+                        k: rows,
+                        n: columns,
+                        a: View {
+                            data: &a[k0..],
+                            row_stride: k,
+                            col_stride: 1,
+                        },
+                        b: View::row_major(panel, columns),
+                        accumulate: k0 > 0,
+                    };
+                    product::run_on_this_thread(&job, block);
                 }
-                let job = Product {
-                    m,
-                    k: rows,
-                    n: width,
-                    a: View {
-                        data: &a[k0..],
-                        row_stride: k,
-                        col_stride: 1,
-                    },
-                    b: View::row_major(&panel[..rows * width], width),
-                    accumulate: true,
-                };
-                product::run_on_this_thread(&job, out);
+                for (o, b) in out.chunks_exact_mut(width).zip(block.chunks_exact(columns)) {
+                    o[first..first + columns].copy_from_slice(b);
+                }
             }
         }
     }
@@ -983,39 +1023,43 @@ unsafe fn sum_of_partials_avx2<const N: usize>(acc: [std::arch::x86_64::__m256; 
     _mm_cvtss_f32(_mm_add_ss(quad, _mm_movehdup_ps(quad)))
 }
 
-/// Weight row `row` decoded into `out` (`w.cols` long), as
-/// [`Weight::decode_cols`] decodes it, with table lookups for 4-bit affine
-/// and NF4 codes with f32 scales where `isa` has a vector unit.
-pub(super) fn decode_row(isa: Isa, w: &Weight, row: usize, out: &mut [f32]) {
+/// Columns `first..first + out.len()` of weight row `row` decoded into
+/// `out`, as [`Weight::decode_cols`] decodes them, with table lookups for
+/// 4-bit affine and NF4 codes with f32 scales where `isa` has a vector
+/// unit. `first` and `out.len()` are multiples of the format's group
+/// where it has one, or `out` ends the row.
+pub(super) fn decode_row(isa: Isa, w: &Weight, row: usize, first: usize, out: &mut [f32]) {
     let kind = match w.format {
         _ if w.dtype != DType::F32 => None,
         QuantFormat::Affine { bits: 4, .. } => Some(0),
         QuantFormat::Nf4 => Some(1),
         _ => None,
     };
+    let group = w.format.group_size().unwrap_or(w.cols);
     #[cfg(target_arch = "x86_64")]
-    let group_is_multiple_of = |n: usize| w.format.group_size().unwrap_or(w.cols).is_multiple_of(n);
+    let group_is_multiple_of = |n: usize| group.is_multiple_of(n);
+    let groups = first / group..(first + out.len()).div_ceil(group);
     // SAFETY (every call below): `Isa::detect` names a unit only where the
     // CPU has it.
     match (isa, kind) {
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx512, Some(0)) if group_is_multiple_of(16) => unsafe {
-            decode4_avx512::<0>(w, row, out)
+            decode4_avx512::<0>(w, row, groups, out)
         },
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx512, Some(_)) if group_is_multiple_of(16) => unsafe {
-            decode4_avx512::<1>(w, row, out)
+            decode4_avx512::<1>(w, row, groups, out)
         },
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, Some(0)) if group_is_multiple_of(8) => unsafe {
-            decode4_avx2::<0>(w, row, out)
+            decode4_avx2::<0>(w, row, groups, out)
         },
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, Some(_)) if group_is_multiple_of(8) => unsafe {
-            decode4_avx2::<1>(w, row, out)
+            decode4_avx2::<1>(w, row, groups, out)
         },
-        (Isa::Portable, Some(0)) => decode4_affine(w, row, out),
-        _ => w.decode_cols(row, 0, out),
+        (Isa::Portable, Some(0)) => decode4_affine(w, row, groups, out),
+        _ => w.decode_cols(row, first, out),
     }
 }
 
@@ -1027,18 +1071,18 @@ pub(super) fn decode_row(isa: Isa, w: &Weight, row: usize, out: &mut [f32]) {
 /// product with a 4096×4096 4-bit weight took 81 ms through
 /// [`Weight::decode_cols`] and takes 64 ms with this. Each value is
 /// `scale·code + bias`, a product, then a sum: the reference's bits.
-fn decode4_affine(w: &Weight, row: usize, out: &mut [f32]) {
+fn decode4_affine(w: &Weight, row: usize, groups: Range<usize>, out: &mut [f32]) {
     const UNSHIFT: [f32; 4] = [1.0, 1.0 / 16.0, 1.0 / 256.0, 1.0 / 4096.0];
-    let words = row_words(w, row);
-    let (scales, biases) = row_scales(w, row);
     let group = w.format.group_size().unwrap_or(w.cols);
+    let words = &row_words(w, row)[groups.start * group / 8..];
+    let (scales, biases) = row_scales(w, row);
     let Some(biases) = biases.filter(|_| group.is_multiple_of(8)) else {
-        return w.decode_cols(row, 0, out);
+        return w.decode_cols(row, groups.start * group, out);
     };
     let groups = out
         .chunks_exact_mut(group)
         .zip(words.chunks_exact(group / 8))
-        .zip(scales.iter().zip(biases));
+        .zip(scales[groups.clone()].iter().zip(&biases[groups]));
     for ((values, words), (&scale, &bias)) in groups {
         for (values, &word) in values.chunks_exact_mut(8).zip(words) {
             for (half, word) in values.chunks_exact_mut(4).zip([word, word >> 16]) {
@@ -1059,26 +1103,35 @@ fn decode4_affine(w: &Weight, row: usize, out: &mut [f32]) {
 /// The CPU must have AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn decode4_avx512<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]) {
+unsafe fn decode4_avx512<const KIND: u8>(
+    w: &Weight,
+    row: usize,
+    groups: Range<usize>,
+    out: &mut [f32],
+) {
     use std::arch::x86_64::*;
     let group = w.format.group_size().unwrap_or(w.cols);
     let words = row_words(w, row);
     let (scales, biases) = row_scales(w, row);
     assert!(
-        out.len() == w.cols && group.is_multiple_of(16) && words.len() * 8 == scales.len() * group
+        out.len() == groups.len() * group
+            && group.is_multiple_of(16)
+            && words.len() * 8 == scales.len() * group
+            && groups.end <= scales.len()
     );
     let levels = lut_levels::<4, KIND>();
     let pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     let shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
-    for (g, &s) in scales.iter().enumerate() {
-        let table = lut_table::<KIND>(_mm512_set1_ps(s), levels, biases.map(|b| b[g]));
+    let base = groups.start * group;
+    for g in groups {
+        let table = lut_table::<KIND>(_mm512_set1_ps(scales[g]), levels, biases.map(|b| b[g]));
         for t in 0..group / 16 {
             let first = g * group + 16 * t;
             let pair = _mm_loadl_epi64(words.as_ptr().add(first / 8).cast());
             let spread = _mm512_permutexvar_epi32(pick, _mm512_castsi128_si512(pair));
             let codes = _mm512_srlv_epi32(spread, shifts);
             _mm512_storeu_ps(
-                out.as_mut_ptr().add(first),
+                out.as_mut_ptr().add(first - base),
                 _mm512_permutexvar_ps(codes, table),
             );
         }
@@ -1093,21 +1146,30 @@ unsafe fn decode4_avx512<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]
 /// The CPU must have AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn decode4_avx2<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]) {
+unsafe fn decode4_avx2<const KIND: u8>(
+    w: &Weight,
+    row: usize,
+    groups: Range<usize>,
+    out: &mut [f32],
+) {
     use std::arch::x86_64::*;
     let group = w.format.group_size().unwrap_or(w.cols);
     let words = row_words(w, row);
     let (scales, biases) = row_scales(w, row);
     assert!(
-        out.len() == w.cols && group.is_multiple_of(8) && words.len() * 8 == scales.len() * group
+        out.len() == groups.len() * group
+            && group.is_multiple_of(8)
+            && words.len() * 8 == scales.len() * group
+            && groups.end <= scales.len()
     );
     let levels = lut4_levels_avx2::<KIND>();
     // Code `l` of the word to the low bits of lane `l`, and its bit 3 to
     // the lane's sign bit.
     let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
     let sign_shifts = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0);
-    for (g, &s) in scales.iter().enumerate() {
-        let table = lut4_table_avx2::<KIND>(s, levels, biases.map(|b| b[g]));
+    let base = groups.start * group;
+    for g in groups {
+        let table = lut4_table_avx2::<KIND>(scales[g], levels, biases.map(|b| b[g]));
         for t in 0..group / 8 {
             let first = g * group + 8 * t;
             let word = _mm256_set1_epi32(words[first / 8] as i32);
@@ -1116,7 +1178,7 @@ unsafe fn decode4_avx2<const KIND: u8>(w: &Weight, row: usize, out: &mut [f32]) 
                 _mm256_sllv_epi32(word, sign_shifts),
                 table,
             );
-            _mm256_storeu_ps(out.as_mut_ptr().add(first), decoded);
+            _mm256_storeu_ps(out.as_mut_ptr().add(first - base), decoded);
         }
     }
 }

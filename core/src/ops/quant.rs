@@ -1652,6 +1652,38 @@ mod tests {
     }
 
     #[test]
+    fn decoded_panels_cover_ragged_blocks_and_depths_within_the_bound() {
+        // Under the split threshold one band holds every output column, so
+        // the panels of `x @ wᵀ` end in a ragged block of weight rows (600
+        // = 9·64 + 24) and a short run of columns (320 = 256 + 64), and
+        // those of `x @ w` in a ragged block of columns (576 = 2·256 + 64)
+        // and of rows of w.
+        let k = 320;
+        let formats = [
+            QuantFormat::affine(4, 64),
+            QuantFormat::affine(3, 32),
+            QuantFormat::Nf4,
+            QuantFormat::Int8,
+        ];
+        for format in formats {
+            for (transpose, n) in [(true, 600), (false, 576)] {
+                let shape = if transpose { [1, n, k] } else { [1, k, n] };
+                let q = quantize(&matrix(wavy(n * k, 8, 1.0), &shape), format);
+                let deq = decoded(&q, transpose);
+                for m in [4, 5] {
+                    let x = matrix(wavy(m * k, 9, 1.0), &[1, m, k]);
+                    let got = quantized_matmul(&x, &q, transpose);
+                    let checked = within_bound(&f32s(&x), &deq, &f32s(&got), (1, m, k));
+                    assert!(
+                        checked.is_ok(),
+                        "{format} m={m} transpose={transpose}: {checked:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn every_format_and_group_size_is_within_the_bound_on_every_vector_unit() {
         // Each group size gives the in-register kernels a different word
         // layout: groups of two or four words (2-bit groups of 32 and 64,
@@ -1690,7 +1722,9 @@ mod tests {
     #[test]
     fn four_bit_rows_decode_bit_identically_on_every_isa() {
         // The table kernels build each group's values as the reference
-        // does (a product, then a sum), so panels hold the same weights.
+        // does (a product, then a sum), so panels hold the same weights;
+        // a panel decodes a run of whole groups, here every one from
+        // each group boundary to the row's end and one group alone.
         let (rows, cols) = (3, 256);
         for format in AFFINE_GROUP_SIZES
             .map(|group| QuantFormat::affine(4, group))
@@ -1703,16 +1737,24 @@ mod tests {
             for row in 0..rows {
                 let mut reference = vec![0.0f32; cols];
                 w.decode_cols(row, 0, &mut reference);
-                for &isa in qmm::ISAS {
-                    let mut decoded = vec![f32::NAN; cols];
-                    qmm::decode_row(isa, &w, row, &mut decoded);
+                let group = format.group_size().expect("grouped");
+                let runs = (0..cols)
+                    .step_by(group)
+                    .flat_map(|first| [first..cols, first..first + group]);
+                for (&isa, run) in qmm::ISAS
+                    .iter()
+                    .flat_map(|isa| runs.clone().map(move |r| (isa, r)))
+                {
+                    let mut decoded = vec![f32::NAN; run.len()];
+                    qmm::decode_row(isa, &w, row, run.start, &mut decoded);
                     let same = decoded
                         .iter()
-                        .zip(&reference)
+                        .zip(&reference[run.clone()])
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(
                         same,
-                        "{format} row {row} {isa:?}: {decoded:?} vs {reference:?}"
+                        "{format} row {row} columns {run:?} {isa:?}: {decoded:?} vs {:?}",
+                        &reference[run.clone()]
                     );
                 }
             }
