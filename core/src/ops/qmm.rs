@@ -290,7 +290,7 @@ impl Matrix<'_, '_> {
             // `gemm` crate packed them through their transpose an element
             // at a time, four times its microkernel's time: 64×4096 ·
             // (4096×4096)ᵀ in 4 bits took 37.7 ms at one thread on an AMD
-            // EPYC (Zen 5) against 15.1 so, and 26.6 at two against 9.7.
+            // EPYC (Zen 5) against 15.1 so, and 26.6 at two against 7.0.
             let group = self.w.format.group_size().unwrap_or(1);
             let depth = PANEL_DEPTH.next_multiple_of(group).min(k);
             let most = PANEL_ROWS.min(width);
