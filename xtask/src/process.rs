@@ -2,6 +2,7 @@
 
 use std::env;
 use std::ffi::OsStr;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread;
@@ -52,13 +53,17 @@ pub fn display(command: &Command) -> String {
         .fold(program, |line, arg| line + " " + &arg)
 }
 
-/// Runs `command` with inherited stdout/stderr (stdin closed: CI has none) and
-/// fails with the command line and exit status unless it succeeds.
+/// Runs `command` with its stdout and stderr on our stderr (stdin closed:
+/// CI has none) and fails with the command line and exit status unless it
+/// succeeds. xtask's own stdout carries results alone: `cargo xtask bench`
+/// prints its JSON document there, which an installer's progress (apt-get
+/// prints to stdout) would corrupt.
 pub fn run(command: &mut Command) -> Result<(), String> {
     let line = display(command);
     eprintln!("  $ {line}");
     let status = command
         .stdin(Stdio::null())
+        .stdout(io::stderr())
         .status()
         .map_err(|err| format!("could not start `{line}`: {err}"))?;
     if status.success() {
@@ -68,13 +73,14 @@ pub fn run(command: &mut Command) -> Result<(), String> {
     }
 }
 
-/// Like [`run`], but kills the command if it has not finished within `limit`
+/// Like [`run`] (stdout to our stderr too), but kills the command if it has not finished within `limit`
 /// (a download that stalls without a network must not hang CI).
 pub fn run_with_timeout(command: &mut Command, limit: Duration) -> Result<(), String> {
     let line = display(command);
     eprintln!("  $ {line}");
     let mut child = command
         .stdin(Stdio::null())
+        .stdout(io::stderr())
         .spawn()
         .map_err(|err| format!("could not start `{line}`: {err}"))?;
     let started = Instant::now();
