@@ -32,6 +32,12 @@ use crate::threads::for_each_task;
 #[cfg(any(target_arch = "wasm32", test))]
 mod packed;
 
+/// True where the GEMM packs both operands into its own layout whatever
+/// their strides (Kiln's own kernels, on wasm32), so that a transposed
+/// operand costs it no more than any other: natively the `gemm` crate
+/// reads some layouts in place and packs others an element at a time.
+pub(crate) const PACKS_EVERY_LAYOUT: bool = cfg!(target_arch = "wasm32");
+
 /// A read-only matrix view: element `(i, j)` is `data[i·row_stride +
 /// j·col_stride]`.
 #[derive(Clone, Copy, Debug)]
@@ -52,7 +58,6 @@ impl<'a> View<'a> {
     }
 
     /// The transpose of `self`, read in place.
-    #[cfg(any(target_arch = "wasm32", test))]
     pub fn transposed(self) -> View<'a> {
         View {
             row_stride: self.col_stride,
