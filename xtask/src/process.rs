@@ -73,8 +73,9 @@ pub fn run(command: &mut Command) -> Result<(), String> {
     }
 }
 
-/// Like [`run`] (stdout to our stderr too), but kills the command if it has not finished within `limit`
-/// (a download that stalls without a network must not hang CI).
+/// Like [`run`] (stdout to our stderr too), but kills the command if it
+/// has not finished within `limit` (a download that stalls without a
+/// network must not hang CI).
 pub fn run_with_timeout(command: &mut Command, limit: Duration) -> Result<(), String> {
     let line = display(command);
     eprintln!("  $ {line}");

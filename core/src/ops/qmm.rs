@@ -301,13 +301,11 @@ impl Matrix<'_, '_> {
                 PANEL_DEPTH.next_multiple_of(group).min(k)
             };
             let most = PANEL_ROWS.min(width);
-            let transposed_len = if product::PACKS_EVERY_LAYOUT {
-                0
-            } else {
-                most * depth
+            let mut rows_first = vec![0.0f32; most * depth];
+            let mut panel = match product::PACKS_EVERY_LAYOUT {
+                true => Vec::new(),
+                false => vec![0.0f32; most * depth],
             };
-            let (mut rows_first, mut panel) =
-                (vec![0.0f32; most * depth], vec![0.0f32; transposed_len]);
             let mut block = vec![0.0f32; m * most];
             for first in (0..width).step_by(PANEL_ROWS) {
                 let rows = PANEL_ROWS.min(width - first);
