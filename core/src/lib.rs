@@ -58,6 +58,11 @@
 //! (`grad`, `value_and_grad`, `vjp`, `jvp`, `linearize`, `jacfwd`,
 //! `jacrev`, `hessian`, `vmap`).
 //!
+//! **Models** (`nn/`, `optim/`, `io/`): what users build models from —
+//! layers and losses, optimizers, weight files. They use only the public
+//! API, as `mlx.nn` and optax do: where one needs a private hook, the API
+//! is missing something.
+//!
 //! # Data flow
 //!
 //! A call of a compiled function flattens its arguments ([`tree`]), looks up
@@ -82,6 +87,7 @@ pub mod handle;
 pub mod hash;
 pub mod ir;
 pub mod limits;
+pub mod nn;
 pub mod location;
 pub mod ops;
 pub mod plan;
@@ -100,7 +106,6 @@ pub use compile::{eval, report};
 pub use exec::device;
 pub use handle::{array, creation};
 pub use ir::graph;
-pub use ops::nn;
 pub use transform::implicit;
 
 /// Reverse-mode autodiff: the tape walk ([`crate::transform::autodiff`])

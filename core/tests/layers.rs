@@ -39,6 +39,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("exec", &["exec/"]),
     ("transform", &["transform/"]),
     ("compile", &["compile/"]),
+    ("models", &["nn/", "optim/", "io/"]),
 ];
 
 /// Whether `file` is in the one import circle allowed on purpose.
