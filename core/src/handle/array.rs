@@ -134,8 +134,17 @@ impl Array {
         Array::make(aval, NodeKind::Param { trace, index }, None)
     }
 
-    /// A failed array carrying `error`.
-    pub(crate) fn failed(error: Error) -> Array {
+    /// A failed array carrying `error`: what a function built of ops
+    /// returns for input it cannot take (a layer given a bad size), so
+    /// that the error surfaces, like an op's, where the array is used or
+    /// read.
+    ///
+    /// ```
+    /// use kiln::{Array, Error};
+    /// let bad = Array::failed(Error::InvalidArgument { op: "mine".into(), detail: "no".into() });
+    /// assert!((bad.exp() + 1.0).check().is_err());
+    /// ```
+    pub fn failed(error: Error) -> Array {
         Array::make(
             Aval::new(Shape::scalar(), DType::F32),
             NodeKind::Failed(error),
