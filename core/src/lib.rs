@@ -90,6 +90,7 @@ pub mod limits;
 pub mod location;
 pub mod nn;
 pub mod ops;
+pub mod optim;
 pub mod plan;
 pub mod pool;
 pub mod random;
