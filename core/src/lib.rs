@@ -90,6 +90,7 @@ pub mod limits;
 pub mod location;
 pub mod nn;
 pub mod ops;
+pub mod optim;
 pub mod plan;
 pub mod pool;
 pub mod random;
@@ -173,7 +174,8 @@ pub use trace::control::{
 pub use transform::autodiff::stop_gradient;
 pub use transform::implicit::ImplicitArray;
 pub use tree::{
-    tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten, DifferenceKind,
-    JacobianOutput, KeyPath, NodeDef, NodeType, PathEntry, Registry, StaticValue, Tree, TreeDef,
-    TreeDifference, Value, ValueParts, MAX_TREE_DEPTH,
+    parameter_count, tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_map2,
+    tree_map_n, tree_unflatten, DifferenceKind, JacobianOutput, KeyPath, NodeDef, NodeType,
+    PathEntry, Registry, StaticValue, Tree, TreeDef, TreeDifference, Value, ValueParts,
+    MAX_TREE_DEPTH,
 };
