@@ -139,6 +139,21 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// A weight file could not be read or written, or does not match the
+    /// tree it is loaded into (see [`crate::io`]): `tensor` is the tensor's
+    /// name in the file (like `layers.0.w`), empty when the problem is the
+    /// file as a whole (a truncated or corrupt header, an I/O failure).
+    #[error(
+        "weights: {}{detail}",
+        if tensor.is_empty() { String::new() } else { format!("tensor `{tensor}`: ") }
+    )]
+    Weights {
+        /// The tensor's name in the file; empty for the whole file.
+        tensor: String,
+        /// What is wrong: which of name, shape or dtype differs, with both
+        /// sides.
+        detail: String,
+    },
     /// A backend failed.
     #[error("backend `{backend}`: {detail}")]
     Backend {

@@ -85,6 +85,7 @@ pub mod error;
 pub mod exec;
 pub mod handle;
 pub mod hash;
+pub mod io;
 pub mod ir;
 pub mod limits;
 pub mod location;
