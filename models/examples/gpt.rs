@@ -23,7 +23,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-const USAGE: &str = "usage: gpt train [--steps N] [--batch N] [--data FILE] [--weights FILE] [--device cpu|wgpu]
+const USAGE: &str =
+    "usage: gpt train [--steps N] [--batch N] [--data FILE] [--weights FILE] [--device cpu|wgpu]
        gpt generate [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]
                     [--quantize 4|8] [--weights FILE] [--device cpu|wgpu]";
 
@@ -43,7 +44,10 @@ impl Options {
     }
 
     fn text(&self, name: &str, default: &str) -> String {
-        self.0.get(name).cloned().unwrap_or_else(|| default.to_string())
+        self.0
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| default.to_string())
     }
 
     fn number<T: std::str::FromStr>(&self, name: &str, default: T) -> Result<T> {
@@ -114,10 +118,7 @@ fn train_command(options: &Options) -> Result<()> {
         .with_backend(options.backend()?);
     let mut model = Gpt::new(Key::new(0), config)?;
     let mut state = optimizer.init(&model)?;
-    println!(
-        "model: {} parameters",
-        kiln::tree::parameter_count(&model)?
-    );
+    println!("model: {} parameters", kiln::tree::parameter_count(&model)?);
     let bar = ProgressBar::new(steps as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
@@ -160,14 +161,16 @@ fn workspace_root() -> PathBuf {
 
 /// The mean loss over 16 fixed batches of the held-out bytes.
 fn held_out_loss(model: &Gpt, held_out: &[u8], batch_size: usize) -> Result<f64> {
-    let loss = compile(|(model, inputs, targets): (Gpt, Array, Array)| {
-        model.loss(&inputs, &targets)
-    });
+    let loss =
+        compile(|(model, inputs, targets): (Gpt, Array, Array)| model.loss(&inputs, &targets));
     let mut sampler = Sampler::new(2);
     let mut total = 0.0;
     for _ in 0..16 {
         let (inputs, targets) = batch(held_out, batch_size, model.config.context, &mut sampler)?;
-        total += f64::from(loss.call(&(model.clone(), inputs, targets))?.item::<f32>()?);
+        total += f64::from(
+            loss.call(&(model.clone(), inputs, targets))?
+                .item::<f32>()?,
+        );
     }
     Ok(total / 16.0)
 }
@@ -243,11 +246,14 @@ fn generate(
             text.len() - context / 2
         };
         let window = &text[start..];
-        let ids = Array::from_vec(window.iter().map(|&b| i32::from(b)).collect(), &[1, window.len()])?;
+        let ids = Array::from_vec(
+            window.iter().map(|&b| i32::from(b)).collect(),
+            &[1, window.len()],
+        )?;
         let key = kiln::nn::key_array(Key::new(seed).fold_in(round));
         let (first, caches) = prefill.call(&(model.clone(), ids, key.clone()))?;
-        text.push(first.to_vec::<i32>()?[0] as u8);
         let room = context - window.len();
+        text.push(first.to_vec::<i32>()?[0] as u8);
         let steps = room.min(prompt.len() + tokens - text.len());
         if steps > 0 {
             let step_key = kiln::nn::key_array(Key::new(seed).fold_in(round).fold_in(1));

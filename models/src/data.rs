@@ -92,7 +92,12 @@ impl Sampler {
 /// `batch` random windows of `t + 1` bytes of `bytes`: the inputs `[batch,
 /// t]` and the targets (the inputs shifted by one), both `i32`. An `Err`
 /// when `bytes` is shorter than one window.
-pub fn batch(bytes: &[u8], batch: usize, t: usize, sampler: &mut Sampler) -> Result<(Array, Array)> {
+pub fn batch(
+    bytes: &[u8],
+    batch: usize,
+    t: usize,
+    sampler: &mut Sampler,
+) -> Result<(Array, Array)> {
     if bytes.len() <= t {
         return Err(Error::InvalidArgument {
             op: "batch".into(),

@@ -2,9 +2,7 @@
 //! pre-LayerNorm blocks of causal attention and a GELU (tanh) MLP, written
 //! only with `kiln::nn`'s layers.
 
-use kiln::nn::{
-    cross_entropy, Activation, Attention, Embedding, KvCache, LayerNorm, Mlp,
-};
+use kiln::nn::{cross_entropy, Activation, Attention, Embedding, KvCache, LayerNorm, Mlp};
 use kiln::random::Key;
 use kiln::{scan, select, Array, DType, Dim, Error, QuantFormat, Result, Tree};
 

@@ -32,9 +32,10 @@ pub fn step<O: Optimizer + Clone>(
 ) -> impl Fn(StepArgs<O::State<Gpt>>) -> Result<(Gpt, O::State<Gpt>, Array)> + Clone {
     move |(model, state, step, inputs, targets)| {
         let loss = |(model, inputs, targets): (Gpt, Array, Array)| model.loss(&inputs, &targets);
-        let (value, (grads, _, _)) = value_and_grad(loss)
-            .wrt(["args[0]"])
-            .call(&(model.clone(), inputs, targets))?;
+        let (value, (grads, _, _)) =
+            value_and_grad(loss)
+                .wrt(["args[0]"])
+                .call(&(model.clone(), inputs, targets))?;
         let (model, state) = optimizer.update(&model, &grads, &state, &step)?;
         Ok((model, state, value))
     }

@@ -54,7 +54,10 @@ fn a_sequence_longer_than_the_context_is_an_error_naming_both_lengths() {
         .check()
         .expect_err("17 tokens exceed a context of 16");
     let message = error.to_string();
-    assert!(message.contains("17") && message.contains("16"), "{message}");
+    assert!(
+        message.contains("17") && message.contains("16"),
+        "{message}"
+    );
     let loss = compile(|(gpt, x): (Gpt, Array)| gpt.loss(&x, &x));
     assert!(loss.call(&(gpt, ids(&[1; 17]))).is_err());
 }
@@ -69,10 +72,12 @@ fn greedy_decoding_in_one_scan_repeats_the_argmax_of_full_passes() {
         .squeeze(&[1])
         .argmax(-1, false)
         .cast(DType::I32);
-    let run = compile(|(gpt, caches, first): (Gpt, Vec<kiln::nn::KvCache>, Array)| {
-        let key = Array::scalar(0.0, DType::U32);
-        decode(&gpt, &caches, &first, &key, 5, Sampling::GREEDY)
-    });
+    let run = compile(
+        |(gpt, caches, first): (Gpt, Vec<kiln::nn::KvCache>, Array)| {
+            let key = Array::scalar(0.0, DType::U32);
+            decode(&gpt, &caches, &first, &key, 5, Sampling::GREEDY)
+        },
+    );
     let (decoded, _) = run
         .call(&(gpt.clone(), caches, first.clone()))
         .expect("compiles")
@@ -87,16 +92,14 @@ fn greedy_decoding_in_one_scan_repeats_the_argmax_of_full_passes() {
             .expect("a vocabulary");
         text.push(best as i32);
     }
-    assert_eq!(
-        decoded.to_vec::<i32>().expect("tokens"),
-        text[4..].to_vec()
-    );
+    assert_eq!(decoded.to_vec::<i32>().expect("tokens"), text[4..].to_vec());
 }
 
 #[test]
 fn sampling_with_top_k_one_is_greedy_and_other_keys_draw_otherwise() {
     let logits = Array::random_normal(Key::new(3), &[4, 50], DType::F32).expect("logits");
-    let greedy = kiln_models::pick_tokens(&logits, &Array::scalar(0.0, DType::U32), Sampling::GREEDY);
+    let greedy =
+        kiln_models::pick_tokens(&logits, &Array::scalar(0.0, DType::U32), Sampling::GREEDY);
     let top1 = Sampling {
         temperature: 1.0,
         top_k: 1,
@@ -116,7 +119,9 @@ fn sampling_with_top_k_one_is_greedy_and_other_keys_draw_otherwise() {
     let draws: std::collections::BTreeSet<i32> = (0..8)
         .map(|seed| {
             let key = kiln::nn::key_array(Key::new(seed));
-            kiln_models::pick_tokens(&logits, &key, hot).to_vec::<i32>().expect("tokens")[0]
+            kiln_models::pick_tokens(&logits, &key, hot)
+                .to_vec::<i32>()
+                .expect("tokens")[0]
         })
         .collect();
     assert!(draws.len() > 2, "8 hot draws gave {draws:?}");
@@ -157,7 +162,7 @@ fn decoding_peak_grows_only_by_the_decoded_tokens() {
 type Step = (Gpt, kiln::optim::AdamState<Gpt>, Array);
 
 fn training_run(steps: usize) -> (Vec<f32>, kiln::CacheInfo) {
-    let optimizer = AdamW::new(Schedule::warmup_cosine(3e-3, 2, steps, 3e-4)).weight_decay(0.1);
+    let optimizer = AdamW::new(Schedule::warmup_cosine(1e-2, 2, steps, 1e-3)).weight_decay(0.1);
     let step = compile(train::step(optimizer.clone())).donate(train::DONATED);
     let mut gpt = model(TINY);
     let mut state = optimizer.init(&gpt).expect("a state");
@@ -167,7 +172,8 @@ fn training_run(steps: usize) -> (Vec<f32>, kiln::CacheInfo) {
     for i in 0..steps {
         let count = Array::scalar(i as f64, DType::F32);
         let args = (gpt, state, count, inputs.clone(), targets.clone());
-        let (next, next_state, loss): Step = step.call_owned(args).expect("compiles").expect("steps");
+        let (next, next_state, loss): Step =
+            step.call_owned(args).expect("compiles").expect("steps");
         losses.push(loss.item::<f32>().expect("a loss"));
         (gpt, state) = (next, next_state);
     }
@@ -192,12 +198,18 @@ fn the_training_step_updates_every_parameter_and_moment_in_place() {
     let report = &cache.reports[0];
     let leaves = kiln::tree::parameter_count(&model(TINY)).expect("a count");
     assert!(leaves > 0);
-    let params = kiln::tree_flatten_with_path(&model(TINY)).expect("paths").len();
+    let params = kiln::tree_flatten_with_path(&model(TINY))
+        .expect("paths")
+        .len();
     // Model leaves, then the two moments', then the loss.
     assert_eq!(report.plan.donated.len(), 3 * params);
     for (out, input) in report.outputs.iter().zip(&report.plan.donated) {
         let node = &report.nodes[*out];
-        assert_eq!(&node.home, input, "output %{out} ({}) is not written over {input}", node.op);
+        assert_eq!(
+            &node.home, input,
+            "output %{out} ({}) is not written over {input}",
+            node.op
+        );
     }
 }
 
@@ -209,7 +221,9 @@ fn cpu_and_wgpu_logits_agree() {
     let gpt = model(TINY);
     let forward = |(gpt, x): (Gpt, Array)| gpt.forward(&x);
     let prompt = ids(&[1, 2, 3, 4, 5, 6, 7, 8]);
-    let on_cpu = compile(forward).call(&(gpt.clone(), prompt.clone())).expect("runs");
+    let on_cpu = compile(forward)
+        .call(&(gpt.clone(), prompt.clone()))
+        .expect("runs");
     let on_gpu = compile(forward)
         .with_backend(gpu)
         .call(&(gpt, prompt))
