@@ -22,6 +22,8 @@ mod fma_peak;
 mod matmul;
 #[path = "kiln-bench/metal.rs"]
 mod metal;
+#[path = "kiln-bench/models.rs"]
+mod models;
 #[path = "kiln-bench/quant.rs"]
 mod quant;
 
@@ -437,6 +439,7 @@ fn main() {
         grad_benchmarks(&names, &mut report);
         vmap_benchmarks(&names, &mut report);
         control::benchmarks(&names, &mut report);
+        models::benchmarks(&names, &mut report, matmul::read_bandwidth_gbs);
         println!("{}", report.to_json());
         return;
     }
@@ -478,6 +481,15 @@ fn main() {
             Err(e) => {
                 eprintln!("kiln-bench: no wgpu adapter ({e}); the wgpu cond figures are left out")
             }
+        }
+    }
+    if models::wanted(models::WGPU_FIGURE, &names) {
+        match WgpuBackend::new() {
+            Ok(gpu) => models::wgpu_benchmarks(&names, &gpu, &mut report),
+            Err(e) => eprintln!(
+                "kiln-bench: no wgpu adapter ({e}); {} is left out",
+                models::WGPU_FIGURE
+            ),
         }
     }
     quant::benchmarks(&names, &mut report);
@@ -739,7 +751,8 @@ fn cpu_benchmarks(names: &[String], report: &mut BenchReport) {
             .iter()
             .any(|(format, _)| matmul::wanted(&format!("qmm_{format}_4096x4096_m1_cpu"), names))
         || names.iter().any(|n| n == "quant")
-        || control::wanted(names);
+        || control::wanted(names)
+        || models::cpu_wanted(names);
     if one_thread {
         cpu_child(CPU_CHILD, 1, names, report);
     }

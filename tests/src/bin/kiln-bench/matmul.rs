@@ -65,7 +65,7 @@ fn gflops(n: usize, dtype: DType, iterations: usize) -> f64 {
 
 /// GB/s of a plain sum over 64 MiB of f32 on this thread: the rate at
 /// which one core streams memory, what a GEMV can approach.
-fn read_bandwidth_gbs() -> f64 {
+pub fn read_bandwidth_gbs() -> f64 {
     let values: Vec<f32> = (0..16 << 20).map(|i| (i % 7) as f32).collect();
     let micros = median_micros(15, || {
         // Sixteen partial sums keep the adds off the critical path, so
