@@ -447,6 +447,13 @@ fn a_compiled_donated_step_hits_the_cache_and_updates_in_place() {
             "output %{out} ({}) is not written over {input}",
             node.op
         );
+        let decision = node.reinplace.as_ref().map(|d| d.summary());
+        assert!(
+            decision
+                .as_deref()
+                .is_some_and(|d| d.starts_with("in place of")),
+            "output %{out}: {decision:?}"
+        );
     }
     assert!(report
         .nodes

@@ -4,7 +4,7 @@
 //! An [`Optimizer`] builds its state from the parameters' tree
 //! ([`Optimizer::init`]) and maps `(params, grads, state, step)` to new
 //! parameters and a new state ([`Optimizer::update`]). Nothing is mutated,
-//! so an update composes with [`crate::compile`], [`crate::value_and_grad`]
+//! so an update composes with [`crate::compile()`], [`crate::value_and_grad`]
 //! and donation: a training step that takes the parameters, the state and
 //! the step count as arguments and returns their successors is one cached
 //! executable whose parameters and moments are written in place.
