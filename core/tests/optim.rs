@@ -342,6 +342,17 @@ fn a_state_made_for_other_parameters_is_an_error_naming_the_moment() {
 }
 
 #[test]
+fn a_state_without_velocity_given_to_sgd_with_momentum_is_an_error_naming_it() {
+    let params = nested(&[&[3]]);
+    let plain = Sgd::new(0.1).init(&params).expect("init");
+    let step = Array::scalar(0.0, DType::F32);
+    let opt = Sgd::new(0.1).momentum(0.9);
+    let (path, detail) = tree_error(opt.update(&params, &params, &plain, &step));
+    assert_eq!(path, "velocity");
+    assert!(detail.contains("init"), "{detail}");
+}
+
+#[test]
 fn a_step_that_is_not_a_scalar_is_an_invalid_argument() {
     let opt = Adam::new(0.1);
     let params = nested(&[&[3]]);

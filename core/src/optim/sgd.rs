@@ -42,7 +42,8 @@ pub struct Sgd {
 }
 
 /// The state of [`Sgd`]: the velocity of every parameter, when it uses
-/// momentum.
+/// momentum. Without momentum it holds no array, so a compiled step must
+/// not donate it (donating a path that names no leaf is an error).
 #[derive(Tree, Clone, Debug)]
 pub struct SgdState<P> {
     /// The momentum buffer, shaped like the parameters; `None` without momentum.
