@@ -342,6 +342,17 @@ fn a_state_made_for_other_parameters_is_an_error_naming_the_moment() {
 }
 
 #[test]
+fn a_state_without_velocity_given_to_sgd_with_momentum_is_an_error_naming_it() {
+    let params = nested(&[&[3]]);
+    let plain = Sgd::new(0.1).init(&params).expect("init");
+    let step = Array::scalar(0.0, DType::F32);
+    let opt = Sgd::new(0.1).momentum(0.9);
+    let (path, detail) = tree_error(opt.update(&params, &params, &plain, &step));
+    assert_eq!(path, "velocity");
+    assert!(detail.contains("init"), "{detail}");
+}
+
+#[test]
 fn a_step_that_is_not_a_scalar_is_an_invalid_argument() {
     let opt = Adam::new(0.1);
     let params = nested(&[&[3]]);
@@ -446,6 +457,13 @@ fn a_compiled_donated_step_hits_the_cache_and_updates_in_place() {
             node.home, input,
             "output %{out} ({}) is not written over {input}",
             node.op
+        );
+        let decision = node.reinplace.as_ref().map(|d| d.summary());
+        assert!(
+            decision
+                .as_deref()
+                .is_some_and(|d| d.starts_with("in place of")),
+            "output %{out}: {decision:?}"
         );
     }
     assert!(report

@@ -1,7 +1,9 @@
 //! Adam and AdamW (decoupled weight decay), with bias correction computed
 //! from the step array.
 
-use super::{as_dtype, matching_leaves, require, step_as_f32, Optimizer, Schedule};
+use super::checks::{as_dtype, matching_leaves, require, step_as_f32};
+use super::optimizer::Optimizer;
+use super::schedule::Schedule;
 use crate::{tree_map, tree_map_n, Array, DType, Result, Tree};
 
 /// Adam (Kingma & Ba), as optax's `adam` and PyTorch's `Adam` define it.

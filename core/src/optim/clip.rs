@@ -1,7 +1,6 @@
-//! Gradient clipping by global norm, as a function and as a wrapper around
-//! any optimizer.
+//! Gradient clipping by global norm.
 
-use super::{as_dtype, require, Optimizer};
+use super::checks::{as_dtype, require};
 use crate::{tree_leaves, tree_map, Array, DType, Result, Tree};
 
 /// `grads` scaled so that their global norm (the 2-norm of all leaves
@@ -42,42 +41,4 @@ pub fn clip_by_global_norm<P: Tree>(grads: &P, max_norm: f64) -> Result<(P, Arra
         let clipped = tree_map(grads, |g| (g * as_dtype(&scale, g.dtype())).check())?;
         Ok((clipped, norm))
     })
-}
-
-/// An optimizer whose gradients are clipped to global norm `max_norm`
-/// before its update (see [`clip_by_global_norm`]); made by
-/// [`Optimizer::clip`]. Its state is the inner optimizer's. To log the
-/// norm, call [`clip_by_global_norm`] and the inner optimizer instead.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Clipped<O> {
-    /// The optimizer that applies the clipped gradients.
-    pub inner: O,
-    /// The largest global norm passed on.
-    pub max_norm: f64,
-}
-
-impl<O> Clipped<O> {
-    /// `inner` with gradients clipped to global norm `max_norm`.
-    pub fn new(inner: O, max_norm: f64) -> Clipped<O> {
-        Clipped { inner, max_norm }
-    }
-}
-
-impl<O: Optimizer> Optimizer for Clipped<O> {
-    type State<P: Tree> = O::State<P>;
-
-    fn init<P: Tree>(&self, params: &P) -> Result<O::State<P>> {
-        self.inner.init(params)
-    }
-
-    fn update<P: Tree>(
-        &self,
-        params: &P,
-        grads: &P,
-        state: &O::State<P>,
-        step: &Array,
-    ) -> Result<(P, O::State<P>)> {
-        let (grads, _) = clip_by_global_norm(grads, self.max_norm)?;
-        self.inner.update(params, &grads, state, step)
-    }
 }

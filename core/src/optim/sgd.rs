@@ -1,7 +1,9 @@
 //! Stochastic gradient descent with momentum, Nesterov momentum and
 //! (coupled) weight decay, as PyTorch's `SGD` defines them.
 
-use super::{as_dtype, matching_leaves, require, step_as_f32, Optimizer, Schedule};
+use super::checks::{as_dtype, matching_leaves, require, step_as_f32};
+use super::optimizer::Optimizer;
+use super::schedule::Schedule;
 use crate::{tree_map, tree_map2, tree_map_n, Array, Result, Tree};
 
 /// SGD. For each parameter `p` with gradient `g`, at learning rate `lr`
@@ -40,7 +42,8 @@ pub struct Sgd {
 }
 
 /// The state of [`Sgd`]: the velocity of every parameter, when it uses
-/// momentum.
+/// momentum. Without momentum it holds no array, so a compiled step must
+/// not donate it (donating a path that names no leaf is an error).
 #[derive(Tree, Clone, Debug)]
 pub struct SgdState<P> {
     /// The momentum buffer, shaped like the parameters; `None` without momentum.
