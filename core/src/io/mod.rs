@@ -25,7 +25,7 @@
 //! names, shapes and dtypes are read, never its values (a template of
 //! lazy zeros computes nothing). Every tensor is checked against it
 //! before any is decoded, and the first mismatch is an
-//! [`Error::Weights`](crate::Error::Weights) naming the tensor: the
+//! [`Error::Weights`] naming the tensor: the
 //! template's leaves in order (missing from the file, or of another dtype
 //! or shape, with both), then the file's tensors the tree does not have,
 //! by name. A truncated or corrupt file is an `Err` too.
