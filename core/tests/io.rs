@@ -256,6 +256,14 @@ fn a_tensor_missing_from_the_file_is_an_err_naming_it() {
         detail.contains("missing") && detail.contains("f32[3]"),
         "{detail}"
     );
+    let message = from_safetensors_bytes(&bytes, &template)
+        .err()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        message,
+        "weights: tensor `b`: missing from the file (the tree has it as f32[3])"
+    );
 }
 
 #[test]
@@ -354,6 +362,14 @@ fn corrupt_or_truncated_files_are_errs_not_panics() {
         let (tensor, detail) = weights_error(map_from_safetensors_bytes(&bytes));
         assert_eq!(tensor, "", "{what}: {detail}");
         assert!(detail.contains("safetensors"), "{what}: {detail}");
+        let message = map_from_safetensors_bytes(&bytes)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            message.starts_with("weights: not a valid"),
+            "{what}: {message}"
+        );
         weights_error(from_safetensors_bytes(&bytes, &model(0.0)));
     }
 }

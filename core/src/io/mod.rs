@@ -25,7 +25,7 @@
 //! names, shapes and dtypes are read, never its values (a template of
 //! lazy zeros computes nothing). Every tensor is checked against it
 //! before any is decoded, and the first mismatch is an
-//! [`Error::Weights`](crate::Error::Weights) naming the tensor: the
+//! [`Error::Weights`] naming the tensor: the
 //! template's leaves in order (missing from the file, or of another dtype
 //! or shape, with both), then the file's tensors the tree does not have,
 //! by name. A truncated or corrupt file is an `Err` too.
@@ -79,7 +79,6 @@ use std::path::Path;
 /// use kiln::implicit::AffineQuantized;
 /// use kiln::io::tensor_names;
 /// use kiln::{Array, DType, Tree};
-/// use std::collections::BTreeMap;
 ///
 /// #[derive(Tree)]
 /// struct Attn {
@@ -111,7 +110,10 @@ pub fn to_safetensors_bytes<T: Tree>(tree: &T) -> Result<Vec<u8>> {
         .zip(&leaves)
         .map(|(name, leaf)| Ok((name.as_str(), Encoded::of(name, leaf)?)))
         .collect::<Result<Vec<_>>>()?;
-    safetensors::serialize(tensors, None).map_err(|e| file_error(&e))
+    safetensors::serialize(tensors, None).map_err(|e| Error::Weights {
+        tensor: String::new(),
+        detail: format!("cannot write a safetensors file: {e}"),
+    })
 }
 
 /// A new tree shaped like `template`, its leaves read from the bytes of a
@@ -157,6 +159,7 @@ pub fn map_from_safetensors_bytes(bytes: &[u8]) -> Result<BTreeMap<String, Array
 /// let params = BTreeMap::from([("w".to_string(), Array::ones(&[2, 2], DType::F32))]);
 /// save_safetensors("params.safetensors", &params)?;
 /// let loaded = load_safetensors_into("params.safetensors", &params)?;
+/// assert_eq!(loaded["w"].to_vec::<f32>()?, vec![1.0; 4]);
 /// # Ok::<(), kiln::Error>(())
 /// ```
 pub fn save_safetensors<T: Tree>(path: impl AsRef<Path>, tree: &T) -> Result<()> {
@@ -190,17 +193,12 @@ fn io_error(action: &str, path: &Path, error: &std::io::Error) -> Error {
     }
 }
 
-/// The error for a file safetensors refuses (or cannot write).
-fn file_error(error: &safetensors::SafeTensorError) -> Error {
-    Error::Weights {
-        tensor: String::new(),
-        detail: format!("not a valid safetensors file: {error}"),
-    }
-}
-
 /// The parsed header of `bytes`, its offsets checked against their length.
 fn parse(bytes: &[u8]) -> Result<SafeTensors<'_>> {
-    SafeTensors::deserialize(bytes).map_err(|e| file_error(&e))
+    SafeTensors::deserialize(bytes).map_err(|e| Error::Weights {
+        tensor: String::new(),
+        detail: format!("not a valid safetensors file: {e}"),
+    })
 }
 
 /// The file's tensor `name`, checked against the template's `leaf`.
