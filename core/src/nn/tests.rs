@@ -421,6 +421,20 @@ fn layer_gradients_match_central_differences() {
         &x,
     );
     check_gradient(
+        |x| {
+            let mlp = Mlp::new(Key::new(32), 4, 3, Activation::SwiGlu, 0.5).expect("a block");
+            mlp.forward(&x).pow(2.0).sum_all()
+        },
+        &x,
+    );
+    check_gradient(
+        |table| {
+            let ids = Array::from_vec(vec![1i32, 1, 0], &[3]).expect("ids");
+            Embedding { weight: table }.forward(&ids).sin().sum_all()
+        },
+        &x,
+    );
+    check_gradient(
         |w| {
             let layer = Linear::from_weight(w, None);
             layer.forward(&normal(31, &[3, 4])).tanh().sum_all()
