@@ -128,4 +128,27 @@ impl Array {
         let data = crate::random::uniform(key.seed(), len, low, high, dtype)?;
         Ok(Array::from_host(Arc::new(data), Shape::known(shape)))
     }
+    /// Integers uniform on `[low, high)` from `key`, for an integer `dtype`
+    /// (i32, u32, u8); element `i` depends only on the key and `i`, on
+    /// every platform. `Err` when `low >= high`, when `dtype` is not an
+    /// integer dtype, or when the range does not fit in it.
+    ///
+    /// ```
+    /// use kiln::{random::Key, Array, DType};
+    /// let tokens = Array::random_randint(Key::new(0), &[2, 3], 0, 50, DType::I32)?;
+    /// assert_eq!(tokens.shape().to_string(), "[2,3]");
+    /// assert!(tokens.to_vec::<i32>()?.iter().all(|t| (0..50).contains(t)));
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn random_randint(
+        key: crate::random::Key,
+        shape: &[usize],
+        low: i64,
+        high: i64,
+        dtype: DType,
+    ) -> Result<Array> {
+        let len = check_shape("random_randint", shape, dtype)?;
+        let data = crate::random::randint(key.seed(), len, low, high, dtype)?;
+        Ok(Array::from_host(Arc::new(data), Shape::known(shape)))
+    }
 }
