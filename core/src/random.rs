@@ -240,7 +240,9 @@ mod tests {
     #[test]
     fn randint_stays_in_range_and_hits_every_value() {
         let v = randint(13, 5_000, -2, 3, DType::I32).unwrap().to_f64_vec();
-        assert!(v.iter().all(|&x| (-2.0..3.0).contains(&x) && x.fract() == 0.0));
+        assert!(v
+            .iter()
+            .all(|&x| (-2.0..3.0).contains(&x) && x.fract() == 0.0));
         for want in -2..3 {
             let count = v.iter().filter(|&&x| x == f64::from(want)).count();
             assert!((900..1100).contains(&count), "{want}: {count}");
