@@ -85,6 +85,7 @@ fn require_float(op: &str, dtype: DType) -> Result<()> {
             op: op.to_string(),
             detail: format!("random values need a floating dtype, got {dtype}"),
             operands: dtype.to_string(),
+            at: None,
         })
     }
 }
@@ -138,12 +139,14 @@ pub fn randint(seed: u64, len: usize, low: i64, high: i64, dtype: DType) -> Resu
             op: "randint".to_string(),
             detail: format!("random integers need an integer dtype (i32, u32, u8), got {dtype}"),
             operands: dtype.to_string(),
+            at: None,
         });
     };
     if low >= high {
         return Err(Error::InvalidArgument {
             op: "randint".to_string(),
             detail: format!("needs low < high, got low={low} high={high}"),
+            at: None,
         });
     }
     let (low, high) = (i128::from(low), i128::from(high));
@@ -155,6 +158,7 @@ pub fn randint(seed: u64, len: usize, low: i64, high: i64, dtype: DType) -> Resu
                 values.start(),
                 values.end()
             ),
+            at: None,
         });
     }
     // Below 2^33 (both bounds fit a 32-bit dtype), so the product fits u128.

@@ -14,6 +14,7 @@ use crate::DType;
 
 impl Array {
     /// NumPy `take`: entries along `axis` picked by integer `indices`.
+    #[track_caller]
     pub fn take(&self, indices: &Array, axis: isize) -> Array {
         if indices.error().is_some() && self.error().is_none() {
             return indices.clone();
@@ -39,6 +40,7 @@ impl Array {
     /// assert_eq!(rows, [0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
+    #[track_caller]
     pub fn one_hot(&self, num_classes: usize, dtype: DType) -> Array {
         in_composition("one_hot", || {
             self.one_hot_checked(num_classes, dtype)
@@ -89,6 +91,7 @@ impl Array {
     /// assert_eq!(picked.to_vec::<f32>()?, [3.0, 4.0]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
+    #[track_caller]
     pub fn take_along_axis(&self, indices: &Array, axis: isize) -> Array {
         in_composition("take_along_axis", || {
             self.take_along_axis_checked(indices, axis)
@@ -237,6 +240,7 @@ pub(crate) fn resolve_indices(
             op: op.to_string(),
             detail: format!("indices must be i32 or u32, got {}", other.dtype()),
             operands: format!("{}, {}", data_dtype, other.dtype()),
+            at: None,
         }),
     }
 }

@@ -14,6 +14,7 @@ use crate::DType;
 
 impl Array {
     /// `where(self, on_true, on_false)` with `self` a bool condition.
+    #[track_caller]
     pub fn select(&self, on_true: impl Operand, on_false: impl Operand) -> Array {
         // Numbers take the dtype of the array branch (f32 if both are numbers).
         let dtype = on_true.dtype().or(on_false.dtype()).unwrap_or(DType::F32);
@@ -42,6 +43,7 @@ impl Array {
     /// assert_eq!(causal.to_vec::<f32>()?, [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
+    #[track_caller]
     pub fn tril(&self, k: i64) -> Array {
         in_composition("tril", || self.keep_triangle("tril", k, Triangle::Lower))
     }
@@ -56,10 +58,12 @@ impl Array {
     /// assert_eq!(above.to_vec::<i32>()?, [0, 1, 1, 0, 0, 1]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
+    #[track_caller]
     pub fn triu(&self, k: i64) -> Array {
         in_composition("triu", || self.keep_triangle("triu", k, Triangle::Upper))
     }
 
+    #[track_caller]
     fn keep_triangle(&self, op: &str, k: i64, triangle: Triangle) -> Array {
         if let Err(e) = self.first_error() {
             return Array::failed(e);
@@ -96,6 +100,7 @@ enum Triangle {
 }
 
 /// `where(cond, on_true, on_false)`.
+#[track_caller]
 pub fn select(cond: &Array, on_true: impl Operand, on_false: impl Operand) -> Array {
     cond.select(on_true, on_false)
 }
