@@ -139,7 +139,7 @@ impl Array {
             _ => self.clone(),
         };
         let picked = hit
-            .select(&values.expand_dims(axis as isize), 0)
+            .select(values.expand_dims(axis as isize), 0)
             .sum(&[axis as isize + 1], false);
         Ok(match self.dtype() {
             DType::Bool => picked.cast(DType::Bool),
