@@ -82,6 +82,18 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[error("no Metal device: {0}")]
 pub struct DeviceError(String);
 
+/// A device error as Kiln's [`kiln::Error::Backend`], keeping its
+/// message, so `?` on [`MetalBackend::new`] works in a function returning
+/// [`kiln::Result`].
+impl From<DeviceError> for kiln::Error {
+    fn from(error: DeviceError) -> kiln::Error {
+        kiln::Error::Backend {
+            backend: "metal".to_string(),
+            detail: error.to_string(),
+        }
+    }
+}
+
 /// How many device objects the backend has made: a cached call adds
 /// nothing to pipelines, buffers or programs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

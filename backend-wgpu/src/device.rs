@@ -29,6 +29,26 @@ pub enum DeviceError {
     },
 }
 
+/// A device error as Kiln's [`kiln::Error::Backend`], keeping its
+/// message, so `?` on [`crate::WgpuBackend::new`] works in a function
+/// returning [`kiln::Result`].
+///
+/// ```no_run
+/// fn run() -> kiln::Result<()> {
+///     let backend = kiln_wgpu::WgpuBackend::new()?;
+///     # drop(backend);
+///     Ok(())
+/// }
+/// ```
+impl From<DeviceError> for kiln::Error {
+    fn from(error: DeviceError) -> kiln::Error {
+        kiln::Error::Backend {
+            backend: "wgpu".to_string(),
+            detail: error.to_string(),
+        }
+    }
+}
+
 /// Device, queue and what the device reports outside an error scope;
 /// clones share the device and its reports.
 #[derive(Clone)]
@@ -130,5 +150,35 @@ pub(crate) fn block_on<F: Future>(future: F) -> Option<F::Output> {
     {
         drop(future);
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceError;
+
+    fn open(result: Result<(), DeviceError>) -> kiln::Result<()> {
+        result?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_device_error_becomes_a_backend_error_keeping_its_message() {
+        let error = DeviceError::NoAdapter {
+            backends: "vulkan".to_string(),
+            detail: "none installed".to_string(),
+        };
+        let converted = open(Err(error.clone())).unwrap_err();
+        assert_eq!(
+            converted,
+            kiln::Error::Backend {
+                backend: "wgpu".to_string(),
+                detail: error.to_string(),
+            }
+        );
+        assert_eq!(
+            converted.to_string(),
+            "backend `wgpu`: no wgpu adapter found for backends vulkan: none installed"
+        );
     }
 }

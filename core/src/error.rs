@@ -2,13 +2,23 @@
 
 use crate::shape::Aval;
 use crate::DType;
+use std::panic::Location;
 use thiserror::Error;
+
+/// The Rust call site an error names: the user's line that called the op
+/// (`Array` methods are `#[track_caller]`).
+pub type CallSite = &'static Location<'static>;
+
+/// `", at file:line:column"` for a known call site, else nothing.
+fn call_site_suffix(at: &Option<CallSite>) -> String {
+    at.map_or(String::new(), |site| format!(", at {site}"))
+}
 
 /// Everything that can go wrong in Kiln, with the context needed to find it.
 #[derive(Clone, Debug, Error, PartialEq)]
 pub enum Error {
     /// An op was given operands whose shapes do not fit its shape rule.
-    #[error("shape error in `{op}`: {detail} (operands: {operands})")]
+    #[error("shape error in `{op}`: {detail} (operands: {operands}){}", call_site_suffix(.at))]
     Shape {
         /// The op's name.
         op: String,
@@ -16,9 +26,12 @@ pub enum Error {
         detail: String,
         /// The operand avals, rendered like `f32[4,4], f32[3]`.
         operands: String,
+        /// The user's Rust line that called the op, when an `Array` method
+        /// made the error.
+        at: Option<CallSite>,
     },
     /// An op was given an operand of a dtype it does not accept.
-    #[error("dtype error in `{op}`: {detail} (operands: {operands})")]
+    #[error("dtype error in `{op}`: {detail} (operands: {operands}){}", call_site_suffix(.at))]
     DType {
         /// The op's name.
         op: String,
@@ -26,14 +39,20 @@ pub enum Error {
         detail: String,
         /// The operand avals.
         operands: String,
+        /// The user's Rust line that called the op, when an `Array` method
+        /// made the error.
+        at: Option<CallSite>,
     },
     /// An argument of an op (axis, permutation, index, ...) is invalid.
-    #[error("invalid argument to `{op}`: {detail}")]
+    #[error("invalid argument to `{op}`: {detail}{}", call_site_suffix(.at))]
     InvalidArgument {
         /// The op's name.
         op: String,
         /// What is wrong.
         detail: String,
+        /// The user's Rust line that called the op, when an `Array` method
+        /// made the error.
+        at: Option<CallSite>,
     },
     /// Creating an array from data whose length does not fit the shape.
     #[error("cannot make an array of shape {shape:?} from {len} elements")]
@@ -164,6 +183,31 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The Rust call site the error names, if it names one.
+    pub fn call_site(&self) -> Option<CallSite> {
+        match self {
+            Error::Shape { at, .. }
+            | Error::DType { at, .. }
+            | Error::InvalidArgument { at, .. } => *at,
+            _ => None,
+        }
+    }
+
+    /// This error naming `site`, unless it names one already (the first
+    /// call site, where the mistake was made, is the one kept) or is of a
+    /// kind that names none.
+    pub(crate) fn called_at(mut self, site: CallSite) -> Error {
+        if let Error::Shape { at, .. }
+        | Error::DType { at, .. }
+        | Error::InvalidArgument { at, .. } = &mut self
+        {
+            at.get_or_insert(site);
+        }
+        self
+    }
+}
+
 /// Kiln's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -182,6 +226,7 @@ pub(crate) fn shape_err(op: &str, avals: &[&Aval], detail: impl Into<String>) ->
         op: op.to_string(),
         detail: detail.into(),
         operands: render_avals(avals),
+        at: None,
     }
 }
 
@@ -191,6 +236,7 @@ pub(crate) fn dtype_err(op: &str, avals: &[&Aval], detail: impl Into<String>) ->
         op: op.to_string(),
         detail: detail.into(),
         operands: render_avals(avals),
+        at: None,
     }
 }
 
@@ -199,6 +245,7 @@ pub(crate) fn arg_err(op: &str, detail: impl Into<String>) -> Error {
     Error::InvalidArgument {
         op: op.to_string(),
         detail: detail.into(),
+        at: None,
     }
 }
 

@@ -139,6 +139,7 @@ pub(crate) fn check_aval(op: &str, aval: &Aval) -> Result<()> {
                 "symbolic dim {d} nests more than {MAX_SYMBOLIC_DEPTH} floor divisions; \
                  compile without `shapeless` for this program"
             ),
+            at: None,
         });
     }
     let known_part: Vec<usize> = aval

@@ -17,6 +17,7 @@
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;
 use std::fmt;
+use std::panic::Location;
 
 /// A 1-based line and column of the user's program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -51,24 +52,46 @@ pub fn current_composition() -> Option<&'static str> {
     COMPOSITION.with(Cell::get)
 }
 
+thread_local! {
+    /// The Rust line that called the outermost composition being built:
+    /// an op inside it that fails names this line, not the composition's.
+    static CALL_SITE: Cell<Option<&'static Location<'static>>> = const { Cell::new(None) };
+}
+
+/// The Rust line that called the outermost composition being built, if
+/// one is being built.
+pub(crate) fn composition_call_site() -> Option<&'static Location<'static>> {
+    CALL_SITE.with(Cell::get)
+}
+
 /// Runs `f` as composition `name`: arrays it builds record it. Within
 /// another composition the outer one stays (a `layer_norm` built of
-/// `mean`s is one layer norm).
+/// `mean`s is one layer norm). An op inside that fails names the Rust
+/// line that called the composition (a `#[track_caller]` caller passes
+/// its own caller's line on).
 ///
 /// ```
 /// use kiln::{nn, Array, DType};
 /// let y = nn::gelu(&Array::ones(&[2], DType::F32));
 /// assert_eq!(y.composition(), Some("gelu"));
 /// ```
+#[track_caller]
 pub fn in_composition<R>(name: &'static str, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<&'static str>);
+    type Outer = (Option<&'static str>, Option<&'static Location<'static>>);
+    struct Restore(Outer);
     impl Drop for Restore {
         fn drop(&mut self) {
-            COMPOSITION.with(|c| c.set(self.0));
+            COMPOSITION.with(|c| c.set(self.0 .0));
+            CALL_SITE.with(|c| c.set(self.0 .1));
         }
     }
+    let caller = Location::caller();
     let outer = current_composition();
-    let _restore = Restore(COMPOSITION.with(|c| c.replace(outer.or(Some(name)))));
+    let outer_site = composition_call_site();
+    let _restore = Restore((
+        COMPOSITION.with(|c| c.replace(outer.or(Some(name)))),
+        CALL_SITE.with(|c| c.replace(outer_site.or(Some(caller)))),
+    ));
     f()
 }
 

@@ -85,6 +85,7 @@ fn require_float(op: &str, dtype: DType) -> Result<()> {
             op: op.to_string(),
             detail: format!("random values need a floating dtype, got {dtype}"),
             operands: dtype.to_string(),
+            at: None,
         })
     }
 }
@@ -114,6 +115,59 @@ pub fn normal(seed: u64, len: usize, mean: f64, std: f64, dtype: DType) -> Resul
         mean + std * radius * libm::cos(2.0 * std::f64::consts::PI * u2)
     });
     HostData::try_from_f64s("random_normal", dtype, len, values)
+}
+
+/// `len` integers uniform in `[low, high)`, for an integer `dtype`.
+///
+/// Element `i` is `low + ⌊bits(seed, i) · (high - low) / 2⁶⁴⌋`: a
+/// multiply-shift of the element's 64 hashed bits, so it depends only on
+/// `(seed, i)` and its bias is below `(high - low) / 2⁶⁴`. `Err` when
+/// `low >= high`, when `dtype` is not an integer dtype, or when
+/// `[low, high)` does not fit in `dtype`.
+///
+/// ```
+/// use kiln::{random::randint, DType};
+/// let a = randint(7, 6, -3, 4, DType::I32)?.to_f64_vec();
+/// assert!(a.iter().all(|&x| (-3.0..4.0).contains(&x)));
+/// assert_eq!(randint(7, 2, -3, 4, DType::I32)?.to_f64_vec()[..], a[..2]);
+/// assert!(randint(7, 6, 4, 4, DType::I32).is_err());
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn randint(seed: u64, len: usize, low: i64, high: i64, dtype: DType) -> Result<HostData> {
+    let Some(values) = dtype.integer_range() else {
+        return Err(Error::DType {
+            op: "randint".to_string(),
+            detail: format!("random integers need an integer dtype (i32, u32, u8), got {dtype}"),
+            operands: dtype.to_string(),
+            at: None,
+        });
+    };
+    if low >= high {
+        return Err(Error::InvalidArgument {
+            op: "randint".to_string(),
+            detail: format!("needs low < high, got low={low} high={high}"),
+            at: None,
+        });
+    }
+    let (low, high) = (i128::from(low), i128::from(high));
+    if low < *values.start() || high - 1 > *values.end() {
+        return Err(Error::InvalidArgument {
+            op: "randint".to_string(),
+            detail: format!(
+                "[{low}, {high}) does not fit in {dtype}, which holds {}..={}",
+                values.start(),
+                values.end()
+            ),
+            at: None,
+        });
+    }
+    // Below 2^33 (both bounds fit a 32-bit dtype), so the product fits u128.
+    let range = (high - low) as u128;
+    let draws = (0..len as u64).map(|i| {
+        let offset = (u128::from(bits(seed, i)) * range) >> 64;
+        (low + offset as i128) as f64
+    });
+    HostData::try_from_f64s("random_randint", dtype, len, draws)
 }
 
 #[cfg(test)]
@@ -186,5 +240,56 @@ mod tests {
             normal(0, 3, 0.0, 1.0, DType::Bool),
             Err(Error::DType { .. })
         ));
+    }
+    #[test]
+    fn randint_stays_in_range_and_hits_every_value() {
+        let v = randint(13, 5_000, -2, 3, DType::I32).unwrap().to_f64_vec();
+        assert!(v
+            .iter()
+            .all(|&x| (-2.0..3.0).contains(&x) && x.fract() == 0.0));
+        for want in -2..3 {
+            let count = v.iter().filter(|&&x| x == f64::from(want)).count();
+            assert!((900..1100).contains(&count), "{want}: {count}");
+        }
+    }
+
+    #[test]
+    fn randint_is_deterministic_per_seed_and_index() {
+        let a = randint(21, 40, 0, 1000, DType::U32).unwrap();
+        let prefix = randint(21, 8, 0, 1000, DType::U32).unwrap();
+        assert_eq!(a.to_f64_vec()[..8], prefix.to_f64_vec()[..]);
+        assert_eq!(a, randint(21, 40, 0, 1000, DType::U32).unwrap());
+        assert_ne!(a, randint(22, 40, 0, 1000, DType::U32).unwrap());
+        let pinned: Vec<f64> = (0..8)
+            .map(|i| ((u128::from(bits(21, i)) * 1000) >> 64) as f64)
+            .collect();
+        assert_eq!(prefix.to_f64_vec(), pinned);
+    }
+
+    #[test]
+    fn randint_covers_a_full_u8_and_i32_range() {
+        let bytes = randint(3, 2_000, 0, 256, DType::U8).unwrap();
+        assert_eq!(bytes.dtype(), DType::U8);
+        let v = bytes.to_f64_vec();
+        assert!(v.iter().any(|&x| x >= 200.0) && v.iter().any(|&x| x < 50.0));
+        let wide = randint(3, 100, i32::MIN.into(), i64::from(i32::MAX) + 1, DType::I32);
+        assert!(wide.unwrap().to_f64_vec().iter().any(|&x| x < 0.0));
+    }
+
+    #[test]
+    fn randint_rejects_empty_ranges_floats_and_bounds_beyond_the_dtype() {
+        let empty = randint(0, 3, 5, 5, DType::I32).unwrap_err();
+        assert!(empty.to_string().contains("low < high"), "{empty}");
+        assert!(matches!(
+            randint(0, 3, 0, 4, DType::F32),
+            Err(Error::DType { .. })
+        ));
+        assert!(matches!(
+            randint(0, 3, 0, 2, DType::Bool),
+            Err(Error::DType { .. })
+        ));
+        let wide = randint(0, 3, 0, 257, DType::U8).unwrap_err();
+        assert!(wide.to_string().contains("does not fit in u8"), "{wide}");
+        assert!(randint(0, 3, -1, 2, DType::U32).is_err());
     }
 }

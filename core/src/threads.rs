@@ -40,6 +40,7 @@ pub fn parse_thread_count(value: &str) -> Result<usize> {
         _ => Err(Error::InvalidArgument {
             op: THREADS_VAR.into(),
             detail: format!("expects a positive number of threads, got `{value}`"),
+            at: None,
         }),
     }
 }

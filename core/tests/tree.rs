@@ -364,12 +364,14 @@ fn cache_type() -> NodeType {
                 return Err(Error::InvalidArgument {
                     op: "Cache.flatten".into(),
                     detail: format!("not a Cache: {}", v.type_name()),
+                    at: None,
                 });
             };
             let Value::List(items) = &**inner else {
                 return Err(Error::InvalidArgument {
                     op: "Cache.flatten".into(),
                     detail: "payload is not a list".into(),
+                    at: None,
                 });
             };
             let mut children = Vec::new();
@@ -382,6 +384,7 @@ fn cache_type() -> NodeType {
                         return Err(Error::InvalidArgument {
                             op: "Cache.flatten".into(),
                             detail: format!("unexpected {}", other.type_name()),
+                            at: None,
                         })
                     }
                 }
@@ -394,6 +397,7 @@ fn cache_type() -> NodeType {
                     .ok_or_else(|| Error::InvalidArgument {
                         op: "Cache.unflatten".into(),
                         detail: "bad aux".into(),
+                        at: None,
                     })?;
             let mut children = children.into_iter();
             let total = kept.len() + children.len();
@@ -404,6 +408,7 @@ fn cache_type() -> NodeType {
                     None => items.push(children.next().ok_or_else(|| Error::InvalidArgument {
                         op: "Cache.unflatten".into(),
                         detail: "too few children".into(),
+                        at: None,
                     })?),
                 }
             }

@@ -54,6 +54,7 @@ impl Options {
         match self.0.get(name) {
             None => Ok(default),
             Some(text) => text.parse().map_err(|_| Error::InvalidArgument {
+                at: None,
                 op: "gpt".into(),
                 detail: format!("--{name} takes a number, got {text:?}"),
             }),
@@ -69,6 +70,7 @@ impl Options {
             "cpu" => Ok(AnyBackend::new(Arc::new(CpuBackend))),
             "wgpu" => {
                 let gpu = kiln_wgpu::WgpuBackend::new().map_err(|e| Error::InvalidArgument {
+                    at: None,
                     op: "gpt".into(),
                     detail: format!("no wgpu adapter: {e}"),
                 })?;
@@ -81,6 +83,7 @@ impl Options {
 
 fn usage(near: &str) -> Error {
     Error::InvalidArgument {
+        at: None,
         op: "gpt".into(),
         detail: format!("unexpected {near:?}\n{USAGE}"),
     }
@@ -214,7 +217,7 @@ fn generate(
 ) -> Result<Vec<u8>> {
     let context = model.config.context;
     if prompt.is_empty() || prompt.len() >= context {
-        return Err(Error::InvalidArgument {
+        return Err(Error::InvalidArgument { at: None,
             op: "generate".into(),
             detail: format!(
                 "the prompt of {} bytes must hold 1 to {} bytes, the model's context of {context} less one",

@@ -47,6 +47,7 @@ impl Corpus {
 
 fn io_error(path: &Path, error: std::io::Error) -> Error {
     Error::InvalidArgument {
+        at: None,
         op: "corpus".into(),
         detail: format!("cannot read {}: {error}", path.display()),
     }
@@ -100,6 +101,7 @@ pub fn batch(
 ) -> Result<(Array, Array)> {
     if bytes.len() <= t {
         return Err(Error::InvalidArgument {
+            at: None,
             op: "batch".into(),
             detail: format!("{} bytes hold no window of {} bytes", bytes.len(), t + 1),
         });

@@ -111,6 +111,7 @@ impl Gpt {
     pub fn new(key: Key, config: GptConfig) -> Result<Gpt> {
         if config.heads == 0 || config.width % config.heads != 0 || config.vocab == 0 {
             return Err(Error::InvalidArgument {
+                at: None,
                 op: "Gpt::new".into(),
                 detail: format!("an unusable configuration {config:?}"),
             });
@@ -158,6 +159,7 @@ impl Gpt {
         match t {
             Some(t) if t <= self.config.context => Ok(t),
             Some(t) => Err(Error::InvalidArgument {
+                at: None,
                 op: "Gpt::forward".into(),
                 detail: format!(
                     "a sequence of {t} tokens is longer than the model's context of {}",
@@ -165,6 +167,7 @@ impl Gpt {
                 ),
             }),
             None => Err(Error::Shape {
+                at: None,
                 op: "Gpt::forward".into(),
                 detail: "needs token ids [batch, t] with a known length".into(),
                 operands: ids.aval().to_string(),

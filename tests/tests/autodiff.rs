@@ -189,6 +189,28 @@ fn reduction_and_matmul_vjps_match_central_differences() {
 }
 
 #[test]
+fn take_along_axis_and_triangle_vjps_match_central_differences() {
+    check_grads(
+        "take_along_axis",
+        |x| {
+            let targets = Array::from_vec(vec![3i32, 0, -1, 2, 2, 1], &[3, 2]).unwrap();
+            (x[0].take_along_axis(&targets, -1) * normal(40, &[3, 2])).sum_all()
+        },
+        vec![normal(41, &[3, 4])],
+    );
+    check_grads(
+        "tril",
+        |x| (x[0].tril(-1) * normal(42, &[2, 3, 3])).sum_all(),
+        vec![normal(43, &[2, 3, 3])],
+    );
+    check_grads(
+        "triu",
+        |x| (x[0].triu(1).exp()).sum_all(),
+        vec![normal(44, &[3, 4])],
+    );
+}
+
+#[test]
 fn layout_and_index_vjps_match_central_differences() {
     check_grads(
         "reshape",

@@ -102,6 +102,7 @@ fn scaled_operand(operands: &[HandlerOperand], k: usize) -> kiln::Result<Scaled>
         .ok_or(Error::InvalidArgument {
             op: "test handler".into(),
             detail: "expected a scaled operand".into(),
+            at: None,
         })
 }
 
@@ -127,6 +128,7 @@ fn the_handler_of_highest_precedence_runs() {
             let x = operands[0].dense().cloned().ok_or(Error::InvalidArgument {
                 op: "sub".into(),
                 detail: "dense first operand".into(),
+                at: None,
             })?;
             Ok(x - &w.base * w.factor)
         },
@@ -450,6 +452,7 @@ fn the_readme_handler_multiplies_by_the_base_and_never_scales_the_weight() {
                 _ => Err(Error::InvalidArgument {
                     op: "matmul".into(),
                     detail: "expected x @ scaled".into(),
+                    at: None,
                 }),
             }
         },

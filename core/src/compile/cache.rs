@@ -161,6 +161,7 @@ pub(crate) fn leaves_under(tree: &TreeDef, roots: &[String], op: &str) -> Result
                     "no argument leaf at `{root}`; the leaves are {}",
                     paths.join(", ")
                 ),
+                at: None,
             });
         }
     }
@@ -266,6 +267,7 @@ where
             state.entries.get(i).ok_or_else(|| Error::InvalidArgument {
                 op: "key_difference".into(),
                 detail: format!("the cache holds no entry {i}"),
+                at: None,
             })
         };
         let (a, b) = (entry(before)?, entry(after)?);
@@ -286,6 +288,7 @@ where
             .ok_or_else(|| Error::InvalidArgument {
                 op: "entry_key".into(),
                 detail: format!("the cache holds no entry {entry}"),
+                at: None,
             })
     }
 
@@ -302,6 +305,7 @@ where
         .ok_or_else(|| Error::InvalidArgument {
             op: "kernels".into(),
             detail: format!("the cache holds no entry {entry}"),
+            at: None,
         })?;
         let latest = entry
             .latest_shapes
@@ -312,6 +316,7 @@ where
             return Err(Error::InvalidArgument {
                 op: "kernels".into(),
                 detail: "a shapeless entry lists its kernels once it has been called".into(),
+                at: None,
             });
         }
         let refs: Vec<&[usize]> = latest.iter().map(Vec::as_slice).collect();

@@ -457,6 +457,7 @@ fn jacobian_setup<In: Tree, Out: Tree>(
                 }
             ),
             operands: leaf.aval().to_string(),
+            at: None,
         })?;
         out_dims.push(dims);
     }

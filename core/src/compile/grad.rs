@@ -213,6 +213,7 @@ fn differentiate<In: Tree>(
                     arg_path(path)
                 ),
                 operands: leaf.aval().to_string(),
+                at: None,
             });
         }
     }
@@ -223,6 +224,7 @@ fn differentiate<In: Tree>(
             detail: "the function must return a scalar float loss (use `vjp` for other outputs)"
                 .into(),
             operands: loss.aval().to_string(),
+            at: None,
         });
     }
     let seed = Array::scalar(1.0, loss.dtype());

@@ -905,3 +905,214 @@ pub(crate) fn arg_path(path: &KeyPath) -> String {
         format!("args.{rendered}")
     }
 }
+
+/// How many reinplace decisions of each kind a summary lists before it
+/// only counts the rest.
+const LISTED_DECISIONS: usize = 6;
+
+/// A printable summary: the signature, node counts, passes, the planned
+/// peak beside its lower bound, donated leaves, what was reinplaced and
+/// what was refused (with reasons), guards and symbols, and what
+/// gradients, vmap and implicit lowering recorded, when they did.
+///
+/// ```
+/// use kiln::{compile, Array};
+/// let f = compile(|x: Array| (x.exp() + 1.0).tanh()).donate(["args"]);
+/// f.call_owned(Array::from_vec(vec![0.0f32; 4], &[4])?)?;
+/// let text = f.cache().reports[0].to_string();
+/// assert!(text.contains("donated: args"), "{text}");
+/// # Ok::<(), kiln::Error>(())
+/// ```
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shapeless = if self.shapeless { " (shapeless)" } else { "" };
+        writeln!(
+            f,
+            "entry {}{shapeless}: {} -> {}",
+            self.entry, self.input_tree, self.output_tree
+        )?;
+        writeln!(
+            f,
+            "  nodes: {} traced, {} after the passes",
+            self.traced_nodes,
+            self.nodes.len()
+        )?;
+        let passes: Vec<String> = self
+            .passes
+            .iter()
+            .map(|p| format!("{} ({})", p.pass, p.changed))
+            .collect();
+        writeln!(f, "  passes: {}", list_or_none(&passes))?;
+        let memory = &self.plan.memory;
+        writeln!(
+            f,
+            "  memory: peak {} bytes planned, lower bound {}, {} without reuse, {} slots",
+            memory.peak_bytes,
+            memory.lower_bound_bytes,
+            memory.no_reuse_bytes,
+            self.plan.slots.len()
+        )?;
+        if self.total_peak_bytes() != memory.peak_bytes {
+            writeln!(
+                f,
+                "  with control-flow bodies: peak {} bytes",
+                self.total_peak_bytes()
+            )?;
+        }
+        writeln!(f, "  donated: {}", list_or_none(&self.plan.donated))?;
+        self.fmt_reinplace(f)?;
+        if !self.guards.is_empty() {
+            writeln!(f, "  guards: {}", self.guards.join(", "))?;
+        }
+        if !self.symbols.is_empty() {
+            writeln!(f, "  symbols: {}", self.symbols.join(", "))?;
+        }
+        if !self.residuals.is_empty() {
+            writeln!(
+                f,
+                "  residuals: {} values, {} bytes",
+                self.residuals.len(),
+                self.residual_bytes
+            )?;
+        }
+        if !self.loops.is_empty() {
+            writeln!(f, "  control flow: {} nodes", self.loops.len())?;
+        }
+        if !self.implicit.is_empty() {
+            writeln!(
+                f,
+                "  implicit values: {} decisions, {} materialized",
+                self.implicit.len(),
+                self.materializations()
+            )?;
+        }
+        if !self.vmap_fallbacks.is_empty() || !self.vmap_materialized.is_empty() {
+            writeln!(
+                f,
+                "  vmap: {} per-example fallbacks, {} materialized implicit values",
+                self.vmap_fallbacks.len(),
+                self.vmap_materialized.len()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl Report {
+    /// The reinplace lines of the summary: taken, then refused, each
+    /// counted and the first [`LISTED_DECISIONS`] listed.
+    fn fmt_reinplace(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let decisions: Vec<&ReinplaceDecision> = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.reinplace.as_ref())
+            .collect();
+        let (taken, refused): (Vec<&ReinplaceDecision>, Vec<&ReinplaceDecision>) =
+            decisions.iter().partition(|d| d.target().is_some());
+        for (label, group) in [("reinplaced", &taken), ("refused", &refused)] {
+            writeln!(
+                f,
+                "  {label}: {} of {} elementwise nodes",
+                group.len(),
+                decisions.len()
+            )?;
+            for decision in group.iter().take(LISTED_DECISIONS) {
+                writeln!(
+                    f,
+                    "    %{} {}: {}",
+                    decision.node,
+                    decision.op,
+                    decision.summary()
+                )?;
+            }
+            if group.len() > LISTED_DECISIONS {
+                writeln!(f, "    … and {} more", group.len() - LISTED_DECISIONS)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `items` joined by commas, or `none`.
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".to_string()
+    } else {
+        items.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{compile, Array};
+
+    #[test]
+    fn display_summarizes_nodes_memory_donation_and_reinplace_decisions() {
+        let f = compile(|(x, y): (Array, Array)| {
+            let e = x.exp();
+            (&e + &y) * &e
+        })
+        .donate(["args[0]"])
+        .fusion(false);
+        let x = Array::from_vec(vec![0.0f32; 4], &[4]).unwrap();
+        let y = Array::from_vec(vec![1.0f32; 4], &[4]).unwrap();
+        f.call_owned((x, y)).unwrap();
+        let report = f.cache().reports[0].clone();
+        let text = report.to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "entry 0: (*, *) -> *");
+        let nodes = format!(
+            "  nodes: {} traced, {} after the passes",
+            report.traced_nodes,
+            report.nodes.len()
+        );
+        assert_eq!(lines[1], nodes);
+        let memory = &report.plan.memory;
+        assert!(
+            text.contains(&format!(
+                "memory: peak {} bytes planned, lower bound {}",
+                memory.peak_bytes, memory.lower_bound_bytes
+            )),
+            "{text}"
+        );
+        assert!(text.contains("  donated: args[0]\n"), "{text}");
+        let decisions: Vec<_> = report
+            .nodes
+            .iter()
+            .filter_map(|n| n.reinplace.as_ref())
+            .collect();
+        let taken = decisions.iter().filter(|d| d.target().is_some()).count();
+        assert!(taken > 0, "{text}");
+        assert!(
+            text.contains(&format!(
+                "  reinplaced: {taken} of {} elementwise nodes",
+                decisions.len()
+            )),
+            "{text}"
+        );
+        assert!(text.contains("exp: in place of %0"), "{text}");
+        let refused = decisions.len() - taken;
+        assert!(refused > 0, "{text}");
+        assert!(
+            text.contains(&format!("  refused: {refused} of {}", decisions.len())),
+            "{text}"
+        );
+        assert!(text.contains("read later by"), "{text}");
+        assert!(!text.contains("guards:"), "{text}");
+    }
+
+    #[test]
+    fn display_of_a_shapeless_entry_lists_its_symbols() {
+        let f = compile(|x: Array| x.exp()).shapeless();
+        f.call(&Array::from_vec(vec![0.0f32; 3], &[3]).unwrap())
+            .unwrap();
+        let report = f.cache().reports[0].clone();
+        let text = report.to_string();
+        assert!(text.starts_with("entry 0 (shapeless): "), "{text}");
+        assert!(
+            text.contains(&format!("  symbols: {}", report.symbols.join(", "))),
+            "{text}"
+        );
+        assert!(!report.symbols.is_empty(), "{text}");
+    }
+}

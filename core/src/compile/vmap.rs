@@ -111,6 +111,7 @@ fn axes_for(
             return Err(Error::InvalidArgument {
                 op: op.into(),
                 detail: format!("no leaf at `{root}`; the leaves are {}", leaves.join(", ")),
+                at: None,
             });
         }
     }
@@ -270,6 +271,7 @@ impl<F> Vmap<F> {
                      leaves are {}",
                     paths.join(", ")
                 ),
+                at: None,
             });
         };
         Ok(Split {

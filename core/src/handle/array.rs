@@ -10,11 +10,14 @@ use crate::buffer::{host_data, DeviceBuffer, ReadBack};
 use crate::data::HostData;
 use crate::error::{arg_err, Error, Result};
 use crate::limits::check_aval;
-use crate::location::{current_composition, current_location, SourceLocation};
+use crate::location::{
+    composition_call_site, current_composition, current_location, SourceLocation,
+};
 use crate::ops::{Condition, Guard, Op, ShapeCx};
 use crate::shape::{Aval, Shape};
 use crate::DType;
 use std::fmt;
+use std::panic::Location;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// A handle to an array value: data, a pending op, or a traced value.
@@ -90,6 +93,7 @@ impl Drop for Node {
 }
 
 impl Array {
+    #[track_caller]
     fn make(aval: Aval, kind: NodeKind, value: Option<Arc<HostData>>) -> Array {
         let cell = OnceLock::new();
         if let Some(v) = value {
@@ -108,6 +112,7 @@ impl Array {
     }
 
     /// An array of known `shape` holding `data` (lengths already checked).
+    #[track_caller]
     pub(crate) fn from_host(data: Arc<HostData>, shape: Shape) -> Array {
         let aval = Aval::new(shape, data.dtype());
         Array::make(aval, NodeKind::Data, Some(data))
@@ -115,6 +120,7 @@ impl Array {
 
     /// An array of known `shape` whose value is `buffer` on `device`: host
     /// data at once when it is a host buffer, else read back on demand.
+    #[track_caller]
     pub(crate) fn from_device(
         device: Arc<dyn ReadBack>,
         buffer: DeviceBuffer,
@@ -130,6 +136,7 @@ impl Array {
     }
 
     /// A traced argument.
+    #[track_caller]
     pub(crate) fn param(trace: u64, index: usize, aval: Aval) -> Array {
         Array::make(aval, NodeKind::Param { trace, index }, None)
     }
@@ -137,14 +144,19 @@ impl Array {
     /// A failed array carrying `error`: what a function built of ops
     /// returns for input it cannot take (a layer given a bad size), so
     /// that the error surfaces, like an op's, where the array is used or
-    /// read.
+    /// read. The error names the Rust line that called the op (the caller
+    /// of the outermost composition being built, else the caller of the
+    /// `#[track_caller]` chain that got here).
     ///
     /// ```
     /// use kiln::{Array, Error};
-    /// let bad = Array::failed(Error::InvalidArgument { op: "mine".into(), detail: "no".into() });
+    /// let bad = Array::failed(Error::InvalidArgument { op: "mine".into(), detail: "no".into(), at: None });
     /// assert!((bad.exp() + 1.0).check().is_err());
     /// ```
+    #[track_caller]
     pub fn failed(error: Error) -> Array {
+        let site = composition_call_site().unwrap_or(Location::caller());
+        let error = error.called_at(site);
         Array::make(
             Aval::new(Shape::scalar(), DType::F32),
             NodeKind::Failed(error),
@@ -154,6 +166,7 @@ impl Array {
 
     /// Applies `op` to `inputs`: runs its shape rule now and builds a pending
     /// node (or a failed one).
+    #[track_caller]
     pub fn apply(op: Op, inputs: Vec<Array>) -> Array {
         if let Some(err) = inputs.iter().find_map(|a| a.error()) {
             return Array::failed(err.clone());

@@ -42,6 +42,7 @@ impl Array {
     }
 
     /// A rank-0 array holding `value` converted to `dtype`.
+    #[track_caller]
     pub fn scalar(value: f64, dtype: DType) -> Array {
         Array::filled("scalar", &[], value, dtype)
     }
@@ -49,11 +50,13 @@ impl Array {
     /// An array of `shape` filled with `value` converted to `dtype`; a
     /// shape too large for [`crate::Limits`] or for memory makes a failed
     /// array.
+    #[track_caller]
     pub fn full(shape: &[usize], value: f64, dtype: DType) -> Array {
         Array::filled("full", shape, value, dtype)
     }
 
     /// Zeros of `shape` and `dtype`.
+    #[track_caller]
     pub fn zeros(shape: &[usize], dtype: DType) -> Array {
         Array::filled("zeros", shape, 0.0, dtype)
     }
@@ -68,16 +71,19 @@ impl Array {
     /// assert_eq!(x.zeros_like().to_vec::<f32>()?, vec![0.0, 0.0]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
+    #[track_caller]
     pub fn zeros_like(&self) -> Array {
         Array::scalar(0.0, self.dtype()).broadcast_to(self.shape().clone())
     }
 
     /// Ones of `shape` and `dtype`.
+    #[track_caller]
     pub fn ones(shape: &[usize], dtype: DType) -> Array {
         Array::filled("ones", shape, 1.0, dtype)
     }
 
     /// `full` under the name `op` (the constructor the user called).
+    #[track_caller]
     fn filled(op: &str, shape: &[usize], value: f64, dtype: DType) -> Array {
         let data = check_shape(op, shape, dtype)
             .and_then(|len| HostData::try_filled(op, dtype, len, value));
@@ -126,6 +132,29 @@ impl Array {
     ) -> Result<Array> {
         let len = check_shape("random_uniform", shape, dtype)?;
         let data = crate::random::uniform(key.seed(), len, low, high, dtype)?;
+        Ok(Array::from_host(Arc::new(data), Shape::known(shape)))
+    }
+    /// Integers uniform on `[low, high)` from `key`, for an integer `dtype`
+    /// (i32, u32, u8); element `i` depends only on the key and `i`, on
+    /// every platform. `Err` when `low >= high`, when `dtype` is not an
+    /// integer dtype, or when the range does not fit in it.
+    ///
+    /// ```
+    /// use kiln::{random::Key, Array, DType};
+    /// let tokens = Array::random_randint(Key::new(0), &[2, 3], 0, 50, DType::I32)?;
+    /// assert_eq!(tokens.shape().to_string(), "[2,3]");
+    /// assert!(tokens.to_vec::<i32>()?.iter().all(|t| (0..50).contains(t)));
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn random_randint(
+        key: crate::random::Key,
+        shape: &[usize],
+        low: i64,
+        high: i64,
+        dtype: DType,
+    ) -> Result<Array> {
+        let len = check_shape("random_randint", shape, dtype)?;
+        let data = crate::random::randint(key.seed(), len, low, high, dtype)?;
         Ok(Array::from_host(Arc::new(data), Shape::known(shape)))
     }
 }

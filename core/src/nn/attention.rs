@@ -56,6 +56,7 @@ impl Attention {
     pub fn new(key: Key, dim: usize, heads: usize, std: f64) -> Result<Attention> {
         if heads == 0 || dim % heads != 0 {
             return Err(Error::InvalidArgument {
+                at: None,
                 op: "Attention::new".into(),
                 detail: format!("{heads} heads do not divide the width {dim}"),
             });
@@ -75,6 +76,7 @@ impl Attention {
     }
 
     /// Causal attention over `x: [batch, t, dim]`.
+    #[track_caller]
     pub fn forward(&self, x: &Array) -> Array {
         in_composition("attention", || {
             let (q, k, v) = self.heads_of(x);
@@ -91,6 +93,7 @@ impl Attention {
     /// at its offset (which advances by `t`). Writing past the cache's
     /// capacity is the caller's to prevent (`dynamic_update_slice` clamps
     /// its start, as XLA's does): see [`KvCache`].
+    #[track_caller]
     pub fn forward_cached(&self, x: &Array, cache: &KvCache) -> (Array, KvCache) {
         let mut next = None;
         let y = in_composition("attention", || {
@@ -142,6 +145,7 @@ impl Attention {
         let heads = self.heads.max(1);
         if dims.len() != 3 || dim % heads != 0 {
             let error = Array::failed(Error::Shape {
+                at: None,
                 op: "attention".into(),
                 detail: format!(
                     "needs x: [batch, t, dim] with dim divisible by {heads} heads, got {}",

@@ -14,6 +14,7 @@ use crate::{in_composition, select, Array, DType};
 /// assert!((y.to_vec::<f32>()?[1] - 0.7310586).abs() < 1e-6);
 /// # Ok::<(), kiln::Error>(())
 /// ```
+#[track_caller]
 pub fn silu(x: &Array) -> Array {
     in_composition("silu", || x * x.sigmoid())
 }
@@ -21,6 +22,7 @@ pub fn silu(x: &Array) -> Array {
 /// The causal mask of `t` positions: bool `[t, t]`, true where a query
 /// (row) may attend to a key (column), that is at or before its own
 /// position. The same as `tril(ones([t, t]))`.
+#[track_caller]
 pub fn causal_mask(t: usize) -> Array {
     in_composition("causal_mask", || {
         let grid = Array::zeros(&[t, t], DType::I32);
@@ -44,12 +46,14 @@ pub fn causal_mask(t: usize) -> Array {
 /// assert_eq!(y.to_vec::<f32>()?, vec![1.0; 4]);
 /// # Ok::<(), kiln::Error>(())
 /// ```
+#[track_caller]
 pub fn rope(x: &Array, positions: &Array, base: f64) -> Array {
     in_composition("rope", || {
         let d = x.shape().0.last().and_then(|d| d.known()).unwrap_or(0);
         let half = d / 2;
         if d % 2 != 0 || half == 0 {
             return Array::failed(crate::Error::Shape {
+                at: None,
                 op: "rope".into(),
                 detail: format!(
                     "the last axis must have an even, non-zero size, got {}",
@@ -84,6 +88,7 @@ pub fn rope(x: &Array, positions: &Array, base: f64) -> Array {
 /// A masked score takes the dtype's lowest finite value, not −∞, so a row
 /// with every key masked gives the mean of `v` instead of NaN (as flax's
 /// `dot_product_attention`).
+#[track_caller]
 pub fn scaled_dot_product_attention(
     q: &Array,
     k: &Array,
@@ -131,6 +136,7 @@ fn lowest_finite(dtype: DType) -> f64 {
 /// assert!((loss.item::<f32>()? - std::f32::consts::LN_2).abs() < 1e-6);
 /// # Ok::<(), kiln::Error>(())
 /// ```
+#[track_caller]
 pub fn cross_entropy(logits: &Array, targets: &Array, ignore: Option<i64>) -> Array {
     in_composition("cross_entropy", || {
         let log_probs = crate::nn::log_softmax(logits, -1);
@@ -153,6 +159,7 @@ pub fn cross_entropy(logits: &Array, targets: &Array, ignore: Option<i64>) -> Ar
 /// [`dropout`] draw from. Passed as an argument of a compiled training step
 /// (a fresh one per step), it changes the draws without a retrace, where a
 /// [`Key`] held as a static value would miss the cache on every step.
+#[track_caller]
 pub fn key_array(key: Key) -> Array {
     // The low 32 bits of the key's mixed seed.
     Array::scalar((key.fold_in(0).seed() & 0xffff_ffff) as f64, DType::U32)
@@ -164,6 +171,7 @@ pub fn key_array(key: Key) -> Array {
 /// backend. The hash is a bijective multiply–add–shift mixer of 32-bit
 /// words (wrapping products and shifts as divisions: Kiln's integer ops
 /// have no xor); its top 24 bits make the value.
+#[track_caller]
 pub fn random_uniform(key: &Array, shape: &[usize]) -> Array {
     in_composition("random_uniform", || {
         let n: usize = shape.iter().product();
@@ -185,10 +193,12 @@ pub fn random_uniform(key: &Array, shape: &[usize]) -> Array {
 /// and the rest scaled by `1 / (1 - rate)`, from the in-graph `key` (see
 /// [`random_uniform`]). A rate of 0 is the identity; a rate outside `[0,
 /// 1)` is an error.
+#[track_caller]
 pub fn dropout(x: &Array, rate: f64, key: &Array) -> Array {
     in_composition("dropout", || {
         if !(0.0..1.0).contains(&rate) {
             return Array::failed(crate::Error::InvalidArgument {
+                at: None,
                 op: "dropout".into(),
                 detail: format!("the rate must be in [0, 1), got {rate}"),
             });
@@ -198,6 +208,7 @@ pub fn dropout(x: &Array, rate: f64, key: &Array) -> Array {
         }
         let Some(dims) = x.dims() else {
             return Array::failed(crate::Error::InvalidArgument {
+                at: None,
                 op: "dropout".into(),
                 detail: format!("needs a known shape, got {}", x.aval()),
             });

@@ -80,6 +80,7 @@ impl Linear {
     }
 
     /// `x Wᵀ + b` over the last axis of `x`.
+    #[track_caller]
     pub fn forward(&self, x: &Array) -> Array {
         in_composition("linear", || {
             let y = match self.quantized() {
@@ -99,6 +100,7 @@ impl Linear {
     pub fn quantize(&self, format: QuantFormat) -> Result<Linear> {
         if self.quantization.is_some() {
             return Err(Error::InvalidArgument {
+                at: None,
                 op: "Linear::quantize".into(),
                 detail: "the layer is quantized already".into(),
             });
@@ -120,6 +122,7 @@ impl Linear {
             packed: self.weight.clone(),
             scales: self.scales.clone().unwrap_or_else(|| {
                 Array::failed(Error::InvalidArgument {
+                    at: None,
                     op: "linear".into(),
                     detail: "a quantized layer without `scales`".into(),
                 })
@@ -147,12 +150,14 @@ impl Embedding {
 
     /// The rows of integer `ids`: `ids.shape ++ [dim]`. An id outside the
     /// table is an error when the gather runs.
+    #[track_caller]
     pub fn forward(&self, ids: &Array) -> Array {
         in_composition("embedding", || self.weight.take(ids, 0))
     }
 
     /// `x @ weightᵀ`: the table used as the output layer (tied embeddings,
     /// as GPT-2 ties its token embedding and its logits).
+    #[track_caller]
     pub fn as_linear(&self, x: &Array) -> Array {
         in_composition("embedding_logits", || {
             x.matmul(&self.weight.swap_axes(-1, -2))
@@ -183,6 +188,7 @@ impl LayerNorm {
     }
 
     /// `(x - mean) / sqrt(var + eps) · γ + β` over the last axis.
+    #[track_caller]
     pub fn forward(&self, x: &Array) -> Array {
         crate::nn::layer_norm(x, self.weight.as_ref(), self.bias.as_ref(), self.eps)
     }
@@ -208,6 +214,7 @@ impl RmsNorm {
     }
 
     /// `x / sqrt(mean(x²) + eps) · weight` over the last axis.
+    #[track_caller]
     pub fn forward(&self, x: &Array) -> Array {
         in_composition("rms_norm", || {
             let mean_square = (x * x).mean(&[-1], true);
@@ -233,6 +240,7 @@ impl Dropout {
     /// With a `key` (an in-graph key, see [`super::key_array`]) drops
     /// elements as [`super::dropout`] does; without one (evaluation) returns
     /// `x`.
+    #[track_caller]
     pub fn forward(&self, x: &Array, key: Option<&Array>) -> Array {
         match key {
             Some(key) => dropout(x, self.rate, key),
@@ -293,6 +301,7 @@ impl Mlp {
     }
 
     /// The block on the last axis of `x`.
+    #[track_caller]
     pub fn forward(&self, x: &Array) -> Array {
         in_composition("mlp", || {
             let up = self.up.forward(x);
@@ -302,6 +311,7 @@ impl Mlp {
                 (Activation::Silu, _) => silu(&up),
                 (Activation::SwiGlu, Some(gate)) => silu(&gate.forward(x)) * up,
                 (Activation::SwiGlu, None) => Array::failed(Error::InvalidArgument {
+                    at: None,
                     op: "mlp".into(),
                     detail: "a SwiGLU block needs its `gate` layer".into(),
                 }),

@@ -52,6 +52,7 @@ impl Batched {
 
     /// The value with its batch axis first (unchanged when it already is,
     /// or when it has none).
+    #[track_caller]
     pub(crate) fn front(&self) -> Array {
         match self.axis {
             Some(a) if a != 0 => {
@@ -67,6 +68,7 @@ impl Batched {
     /// that its per-example rank is `rank`: it then broadcasts against
     /// per-example values of rank `rank` as the example did. A shared value
     /// is returned as is (it broadcasts from the right).
+    #[track_caller]
     pub(crate) fn aligned(&self, rank: usize) -> Array {
         if self.axis.is_none() {
             return self.value.clone();
@@ -88,6 +90,7 @@ impl Batched {
     /// `[rows, n]` result reshaped back to the leading dims and `n`. A
     /// per-example matrix-vector product against a shared matrix becomes
     /// one matrix product this way.
+    #[track_caller]
     pub(crate) fn rows_folded(&self, product: impl FnOnce(Array) -> Array) -> Batched {
         let front = self.front();
         let dims = front.shape().dims();
@@ -101,6 +104,7 @@ impl Batched {
 
     /// The value with its batch axis first, a shared value broadcast to
     /// `size` examples.
+    #[track_caller]
     pub(crate) fn materialized(&self, size: &Dim) -> Array {
         match self.axis {
             Some(_) => self.front(),
@@ -126,6 +130,7 @@ impl Batched {
 /// `count` is a scalar of the indices' dtype. The example positions come
 /// from an `iota` over the batch axis and the folded length from a
 /// `dim_size` of it, so `size` may be a symbolic dim.
+#[track_caller]
 pub(crate) fn folded_indices(
     indices: &Batched,
     count: &Array,
@@ -162,6 +167,7 @@ pub(crate) fn folded_indices(
 
 /// `dim` as a scalar of `dtype`: a constant when known, else the `dim_size`
 /// of a value that has it (known per call).
+#[track_caller]
 pub(crate) fn dim_scalar(dim: &Dim, dtype: DType) -> Array {
     match dim.known() {
         Some(n) => Array::scalar(n as f64, dtype),

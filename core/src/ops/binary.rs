@@ -15,46 +15,56 @@ use crate::DType;
 use serde::{Deserialize, Serialize};
 
 impl Array {
+    #[track_caller]
     fn binary(&self, op: BinaryOp, rhs: impl Operand) -> Array {
         let rhs = rhs.into_array(self.dtype());
         Array::apply(Op::Binary(op), vec![self.clone(), rhs])
     }
 
     /// `self ** rhs` (floats).
+    #[track_caller]
     pub fn pow(&self, rhs: impl Operand) -> Array {
         self.binary(BinaryOp::Pow, rhs)
     }
     /// Elementwise maximum, IEEE 754-2019's on floats: NaN from either
     /// operand propagates and `+0` is greater than `-0`, in either order.
+    #[track_caller]
     pub fn maximum(&self, rhs: impl Operand) -> Array {
         self.binary(BinaryOp::Maximum, rhs)
     }
     /// Elementwise minimum, IEEE 754-2019's on floats: NaN propagates and
     /// `-0` is less than `+0`, in either order.
+    #[track_caller]
     pub fn minimum(&self, rhs: impl Operand) -> Array {
         self.binary(BinaryOp::Minimum, rhs)
     }
     /// `self == rhs` as bool.
+    #[track_caller]
     pub fn equal(&self, rhs: impl Operand) -> Array {
         self.binary(BinaryOp::Eq, rhs)
     }
     /// `self != rhs` as bool.
+    #[track_caller]
     pub fn not_equal(&self, rhs: impl Operand) -> Array {
         self.binary(BinaryOp::Ne, rhs)
     }
     /// `self < rhs` as bool.
+    #[track_caller]
     pub fn less(&self, rhs: impl Operand) -> Array {
         self.binary(BinaryOp::Lt, rhs)
     }
     /// `self <= rhs` as bool.
+    #[track_caller]
     pub fn less_equal(&self, rhs: impl Operand) -> Array {
         self.binary(BinaryOp::Le, rhs)
     }
     /// `self > rhs` as bool.
+    #[track_caller]
     pub fn greater(&self, rhs: impl Operand) -> Array {
         self.binary(BinaryOp::Gt, rhs)
     }
     /// `self >= rhs` as bool.
+    #[track_caller]
     pub fn greater_equal(&self, rhs: impl Operand) -> Array {
         self.binary(BinaryOp::Ge, rhs)
     }
@@ -73,6 +83,7 @@ impl Operand for Array {
     fn dtype(&self) -> Option<DType> {
         Some(Array::dtype(self))
     }
+    #[track_caller]
     fn into_array(self, _: DType) -> Array {
         self
     }
@@ -82,6 +93,7 @@ impl Operand for &Array {
     fn dtype(&self) -> Option<DType> {
         Some(Array::dtype(self))
     }
+    #[track_caller]
     fn into_array(self, _: DType) -> Array {
         self.clone()
     }
@@ -93,6 +105,7 @@ macro_rules! number_operand {
             fn dtype(&self) -> Option<DType> {
                 None
             }
+            #[track_caller]
             fn into_array(self, dtype: DType) -> Array {
                 let value = self as f64;
                 match dtype.integer_range() {
@@ -130,6 +143,7 @@ macro_rules! integer_operand {
             fn dtype(&self) -> Option<DType> {
                 None
             }
+            #[track_caller]
             fn into_array(self, dtype: DType) -> Array {
                 let value = self as i128;
                 match dtype.integer_range() {
@@ -150,24 +164,28 @@ macro_rules! operator {
     ($trait:ident, $method:ident, $op:expr) => {
         impl<R: Operand> std::ops::$trait<R> for Array {
             type Output = Array;
+            #[track_caller]
             fn $method(self, rhs: R) -> Array {
                 self.binary($op, rhs)
             }
         }
         impl<R: Operand> std::ops::$trait<R> for &Array {
             type Output = Array;
+            #[track_caller]
             fn $method(self, rhs: R) -> Array {
                 self.binary($op, rhs)
             }
         }
         impl std::ops::$trait<Array> for f32 {
             type Output = Array;
+            #[track_caller]
             fn $method(self, rhs: Array) -> Array {
                 Operand::into_array(self, rhs.dtype()).binary($op, rhs)
             }
         }
         impl std::ops::$trait<&Array> for f32 {
             type Output = Array;
+            #[track_caller]
             fn $method(self, rhs: &Array) -> Array {
                 Operand::into_array(self, rhs.dtype()).binary($op, rhs)
             }
@@ -681,6 +699,7 @@ pub(crate) fn jvp(
 
 /// `t` broadcast to `like`'s shape where it is not already that shape
 /// (a tangent computed from one operand of a broadcasting op).
+#[track_caller]
 pub(crate) fn broadcast_like(t: Array, like: &Array) -> Array {
     if crate::symbolic::shapes_equal(t.shape(), like.shape()) {
         t
@@ -691,6 +710,7 @@ pub(crate) fn broadcast_like(t: Array, like: &Array) -> Array {
 
 /// `g` summed over the axes along which `shape` was broadcast to `g`'s
 /// shape (leading axes, and known 1s that grew), in `shape`.
+#[track_caller]
 pub(crate) fn unbroadcast(g: &Array, shape: &Shape) -> Array {
     if g.shape() == shape {
         return g.clone();

@@ -10,6 +10,7 @@ use half::{bf16, f16};
 
 impl Array {
     /// Elementwise conversion to `dtype`.
+    #[track_caller]
     pub fn cast(&self, dtype: DType) -> Array {
         Array::apply(Op::Cast(dtype), vec![self.clone()])
     }

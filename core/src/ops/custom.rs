@@ -294,6 +294,7 @@ impl CustomCall {
         Error::InvalidArgument {
             op: self.def.name.clone(),
             detail: detail.into(),
+            at: None,
         }
     }
 

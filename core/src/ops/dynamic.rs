@@ -39,6 +39,7 @@ impl Array {
     /// assert_eq!(x.dynamic_slice(&[i, j], &[1, 2]).to_vec::<i32>()?, vec![4, 5]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
+    #[track_caller]
     pub fn dynamic_slice(&self, starts: &[Array], sizes: &[usize]) -> Array {
         let mut operands = vec![self.clone()];
         operands.extend(starts.iter().cloned());
@@ -64,6 +65,7 @@ impl Array {
     /// assert_eq!(out.to_vec::<f32>()?, vec![0.0, 0.0, 0.0, 0.0, 1.0, 2.0]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
+    #[track_caller]
     pub fn dynamic_update_slice(&self, update: &Array, starts: &[Array]) -> Array {
         let mut operands = vec![self.clone(), update.clone()];
         operands.extend(starts.iter().cloned());

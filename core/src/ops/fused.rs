@@ -154,6 +154,7 @@ impl FusedKernel {
         let bad = |detail: String| Error::InvalidArgument {
             op: "fused".into(),
             detail,
+            at: None,
         };
         if steps.is_empty() {
             return Err(bad("a fused group needs at least one step".into()));
@@ -377,6 +378,7 @@ pub fn shape_rule(kernel: &FusedKernel, inputs: &[&Aval], cx: &mut ShapeCx) -> R
                 kernel.num_inputs,
                 inputs.len()
             ),
+            at: None,
         });
     }
     step_avals(&kernel.steps, inputs, cx)?
@@ -384,6 +386,7 @@ pub fn shape_rule(kernel: &FusedKernel, inputs: &[&Aval], cx: &mut ShapeCx) -> R
         .ok_or_else(|| Error::InvalidArgument {
             op: "fused".into(),
             detail: "a fused group has no steps".into(),
+            at: None,
         })
 }
 

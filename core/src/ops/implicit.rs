@@ -128,6 +128,7 @@ impl ImplicitCall {
         Error::InvalidArgument {
             op: self.kind.to_string(),
             detail: detail.into(),
+            at: None,
         }
     }
 }

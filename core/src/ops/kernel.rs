@@ -412,6 +412,7 @@ impl Kernel {
     }
 
     /// Applies the kernel with its default template constants.
+    #[track_caller]
     pub fn call(&self, inputs: &[&Array]) -> Array {
         self.call_with(inputs, &[])
     }
@@ -419,6 +420,7 @@ impl Kernel {
     /// Applies the kernel with some template constants changed; a name the
     /// kernel does not declare, or a value of another type, makes a failed
     /// array.
+    #[track_caller]
     pub fn call_with(&self, inputs: &[&Array], templates: &[(&str, TemplateValue)]) -> Array {
         match self.templates_with(templates) {
             Ok(templates) => Array::apply(

@@ -18,6 +18,7 @@ use std::fmt;
 
 impl Array {
     /// Same elements in a new shape; one entry may be `-1` (inferred).
+    #[track_caller]
     pub fn reshape(&self, shape: &[i64]) -> Array {
         match self.infer_reshape(shape) {
             Ok(target) => self.reshape_to(target),
@@ -70,6 +71,7 @@ impl Array {
     }
 
     /// Same elements in the given shape (dims may be symbolic).
+    #[track_caller]
     pub fn reshape_to(&self, shape: impl Into<Shape>) -> Array {
         let shape = shape.into();
         if *self.shape() == shape {
@@ -79,17 +81,20 @@ impl Array {
     }
 
     /// Permutes the axes: output axis `i` is input axis `perm[i]`.
+    #[track_caller]
     pub fn permute(&self, perm: &[usize]) -> Array {
         Array::apply(Op::Permute(perm.to_vec()), vec![self.clone()])
     }
 
     /// Reverses the axes (matrix transpose for rank 2).
+    #[track_caller]
     pub fn transpose(&self) -> Array {
         let perm: Vec<usize> = (0..self.ndim()).rev().collect();
         self.permute(&perm)
     }
 
     /// Swaps two axes.
+    #[track_caller]
     pub fn swap_axes(&self, a: isize, b: isize) -> Array {
         let rank = self.ndim();
         match (
@@ -106,6 +111,7 @@ impl Array {
     }
 
     /// NumPy broadcast to `shape`.
+    #[track_caller]
     pub fn broadcast_to(&self, shape: impl Into<Shape>) -> Array {
         let shape = shape.into();
         if *self.shape() == shape {
@@ -115,11 +121,13 @@ impl Array {
     }
 
     /// Strided slice with one [`SliceAxis`] per dim.
+    #[track_caller]
     pub fn slice(&self, axes: &[SliceAxis]) -> Array {
         Array::apply(Op::Slice(axes.to_vec()), vec![self.clone()])
     }
 
     /// Slice of one axis: `start..stop` by `step`, other axes whole.
+    #[track_caller]
     pub fn slice_axis(&self, axis: isize, start: i64, stop: Option<i64>, step: i64) -> Array {
         match self.normalize_axis("slice", axis) {
             Ok(axis) => {
@@ -132,6 +140,7 @@ impl Array {
     }
 
     /// Inserts a size-1 axis at `axis` (negative counts from the end of the result).
+    #[track_caller]
     pub fn expand_dims(&self, axis: isize) -> Array {
         let axis = self
             .first_error()
@@ -147,6 +156,7 @@ impl Array {
     }
 
     /// Removes the given size-1 axes (all size-1 axes when empty).
+    #[track_caller]
     pub fn squeeze(&self, axes: &[isize]) -> Array {
         if self.error().is_some() {
             return self.clone();
@@ -187,6 +197,7 @@ impl Array {
     /// let x = Array::zeros(&[2, 4], DType::F32);
     /// assert_eq!(x.iota(1, DType::I32).to_vec::<i32>().unwrap(), [0, 1, 2, 3]);
     /// ```
+    #[track_caller]
     pub fn iota(&self, axis: isize, dtype: DType) -> Array {
         match self.normalize_axis("iota", axis) {
             Ok(axis) => Array::apply(Op::Iota { axis, dtype }, vec![self.clone()]),
@@ -196,6 +207,7 @@ impl Array {
 }
 
 /// Concatenates arrays along `axis`.
+#[track_caller]
 pub fn concat(arrays: &[Array], axis: isize) -> Array {
     if let Some(failed) = arrays.iter().find(|a| a.error().is_some()) {
         return failed.clone();

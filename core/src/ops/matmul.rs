@@ -26,6 +26,7 @@ use crate::DType;
 impl Array {
     /// Matrix product with NumPy semantics: rank-1 operands are promoted
     /// (and the added axis removed), batch dims broadcast.
+    #[track_caller]
     pub fn matmul(&self, rhs: &Array) -> Array {
         let lhs_vec = self.ndim() == 1;
         let rhs_vec = rhs.ndim() == 1;
@@ -143,6 +144,7 @@ pub fn eval_transposed(
             op: OP.to_string(),
             detail: format!("operands do not fit the output shape {out_shape:?}"),
             operands: format!("{a_shape:?}, {b_shape:?}"),
+            at: None,
         });
     };
     Ok(match (a, b) {

@@ -12,6 +12,7 @@ use crate::location::in_composition;
 /// assert_eq!(p.to_vec::<f32>()?, vec![0.5, 0.5]);
 /// # Ok::<(), kiln::Error>(())
 /// ```
+#[track_caller]
 pub fn softmax(x: &Array, axis: isize) -> Array {
     in_composition("softmax", || {
         if empty_float_axis(x, axis) {
@@ -24,6 +25,7 @@ pub fn softmax(x: &Array, axis: isize) -> Array {
 }
 
 /// `log(softmax(x))` along `axis`, computed without forming the softmax.
+#[track_caller]
 pub fn log_softmax(x: &Array, axis: isize) -> Array {
     in_composition("log_softmax", || {
         if empty_float_axis(x, axis) {
@@ -46,6 +48,7 @@ fn empty_float_axis(x: &Array, axis: isize) -> bool {
 }
 
 /// GELU with the exact erf form: `x/2 · (1 + erf(x/√2))`.
+#[track_caller]
 pub fn gelu(x: &Array) -> Array {
     in_composition("gelu", || {
         x * 0.5 * ((x * std::f64::consts::FRAC_1_SQRT_2).erf() + 1.0)
@@ -53,6 +56,7 @@ pub fn gelu(x: &Array) -> Array {
 }
 
 /// GELU with the tanh approximation used by many transformer checkpoints.
+#[track_caller]
 pub fn gelu_tanh(x: &Array) -> Array {
     in_composition("gelu_tanh", || {
         let sqrt_2_over_pi = (2.0 / std::f64::consts::PI).sqrt();
@@ -62,6 +66,7 @@ pub fn gelu_tanh(x: &Array) -> Array {
 }
 
 /// Layer normalisation over the last axis, with optional scale and shift.
+#[track_caller]
 pub fn layer_norm(x: &Array, weight: Option<&Array>, bias: Option<&Array>, eps: f64) -> Array {
     in_composition("layer_norm", || {
         let centered = x - x.mean(&[-1], true);

@@ -25,6 +25,7 @@ impl Array {
     /// let odd = [SliceAxis { start: 1, stop: None, step: 2 }];
     /// assert_eq!(x.pad_slice(&odd, [5]).to_vec::<i32>().unwrap(), [0, 1, 0, 2, 0]);
     /// ```
+    #[track_caller]
     pub fn pad_slice(&self, axes: &[SliceAxis], shape: impl Into<Shape>) -> Array {
         Array::apply(
             Op::PadSlice {
@@ -114,6 +115,7 @@ fn place<T: Element>(
 }
 
 /// The cotangent of `pad_slice(x)`: the slice of `g` where `x` was placed.
+#[track_caller]
 pub(crate) fn vjp(axes: &[SliceAxis], g: &Array) -> Array {
     g.slice(axes)
 }

@@ -611,6 +611,7 @@ impl QuantOp {
 }
 
 /// `a` with its leading `lead` dims flattened into one.
+#[track_caller]
 fn flatten_lead(a: &Array, lead: usize) -> Array {
     let dims = a.shape().dims();
     let count = dims[..lead].iter().fold(Dim::Known(1), |acc, d| acc.mul(d));
@@ -1292,6 +1293,7 @@ impl Quantized {
     }
 
     /// The dequantized weight.
+    #[track_caller]
     pub fn dequantize(&self) -> Array {
         Array::apply(
             Op::Quant(QuantOp {
@@ -1324,6 +1326,7 @@ pub fn quantize(w: &Array, format: QuantFormat) -> Quantized {
 
 /// The weight of `packed` codes, `scales` and (affine) `biases` in
 /// `format`, dequantized.
+#[track_caller]
 pub fn dequantize(
     packed: &Array,
     scales: &Array,
@@ -1342,6 +1345,7 @@ pub fn dequantize(
 /// `x @ wᵀ` (`transpose`, `w: [..., n, k]`) or `x @ w` (`w: [..., k, n]`)
 /// of the dequantized `w`, reading the packed codes directly; batch dims
 /// broadcast.
+#[track_caller]
 pub fn quantized_matmul(x: &Array, w: &Quantized, transpose: bool) -> Array {
     let mut operands = vec![x.clone()];
     operands.extend(w.operands());
@@ -1359,6 +1363,7 @@ pub fn quantized_matmul(x: &Array, w: &Quantized, transpose: bool) -> Array {
 /// batch dims, `rhs_indices` `w`'s, and the two broadcast together: the
 /// output is `broadcast(lhs, rhs).shape + [m, n]`. An index out of range is
 /// an `Err` when the product runs.
+#[track_caller]
 pub fn gather_qmm(
     x: &Array,
     w: &Quantized,

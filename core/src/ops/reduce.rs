@@ -16,6 +16,7 @@ use crate::DType;
 use serde::{Deserialize, Serialize};
 
 impl Array {
+    #[track_caller]
     fn reduce(&self, op: ReduceOp, axes: &[isize], keepdims: bool) -> Array {
         match self.normalize_axes(op.name(), axes) {
             Ok(axes) => Array::apply(Op::Reduce { op, axes, keepdims }, vec![self.clone()]),
@@ -28,18 +29,22 @@ impl Array {
     }
 
     /// Sum over `axes` (negative counts from the end).
+    #[track_caller]
     pub fn sum(&self, axes: &[isize], keepdims: bool) -> Array {
         self.reduce(ReduceOp::Sum, axes, keepdims)
     }
     /// Sum of every element (a scalar).
+    #[track_caller]
     pub fn sum_all(&self) -> Array {
         self.sum(&self.all_axes(), false)
     }
     /// Maximum over `axes`.
+    #[track_caller]
     pub fn max(&self, axes: &[isize], keepdims: bool) -> Array {
         self.reduce(ReduceOp::Max, axes, keepdims)
     }
     /// Minimum over `axes`.
+    #[track_caller]
     pub fn min(&self, axes: &[isize], keepdims: bool) -> Array {
         self.reduce(ReduceOp::Min, axes, keepdims)
     }
@@ -56,6 +61,7 @@ impl Array {
     /// let bytes = Array::full(&[300], 200.0, DType::U8);
     /// assert_eq!(bytes.mean_all().to_vec::<f32>().unwrap(), [200.0]);
     /// ```
+    #[track_caller]
     pub fn mean(&self, axes: &[isize], keepdims: bool) -> Array {
         match self.normalize_axes("mean", axes) {
             Ok(norm) => {
@@ -80,10 +86,12 @@ impl Array {
         }
     }
     /// Mean of every element.
+    #[track_caller]
     pub fn mean_all(&self) -> Array {
         self.mean(&self.all_axes(), false)
     }
     /// Index (u32) of the maximum along `axis`, first on ties.
+    #[track_caller]
     pub fn argmax(&self, axis: isize, keepdims: bool) -> Array {
         match self.normalize_axis("argmax", axis) {
             Ok(axis) => Array::apply(Op::ArgMax { axis, keepdims }, vec![self.clone()]),
@@ -462,6 +470,7 @@ fn argmax_typed<T: Copy + PartialOrd>(v: &[T], outer: usize, n: usize, inner: us
 /// The cotangent of `x` for the cotangent `g` of `y = op(x)` over `axes`:
 /// a sum spreads `g` over the reduced elements; a maximum or minimum gives
 /// it to the elements equal to the result, split evenly between ties.
+#[track_caller]
 pub(crate) fn vjp(
     op: ReduceOp,
     axes: &[usize],
@@ -494,6 +503,7 @@ pub(crate) fn vjp(
 /// The tangent of `y = op(x)` over `axes` for the tangent `t` of `x`: a sum
 /// sums `t`; a maximum or minimum takes the mean of `t` over the elements
 /// equal to the result (the ties [`vjp`] splits the cotangent between).
+#[track_caller]
 pub(crate) fn jvp(
     op: ReduceOp,
     axes: &[usize],

@@ -32,6 +32,7 @@ impl Array {
     /// let out = updates.scatter_add(&indices, 0, 3);
     /// assert_eq!(out.to_vec::<f32>().unwrap(), [2.0, 0.0, 4.0]);
     /// ```
+    #[track_caller]
     pub fn scatter_add(&self, indices: &Array, axis: usize, size: impl Into<Dim>) -> Array {
         if indices.error().is_some() && self.error().is_none() {
             return indices.clone();

@@ -4,8 +4,9 @@
 use super::strided::{broadcast_shapes, broadcast_strides, eval_dtype_err, for_each_offset, numel};
 use super::ShapeCx;
 use crate::data::{HostData, HostElement};
-use crate::error::{arg_err, dtype_err, require_same_dtype, Result};
+use crate::error::{arg_err, dtype_err, require_same_dtype, shape_err, Result};
 use crate::handle::array::Array;
+use crate::location::in_composition;
 use crate::ops::binary::Operand;
 use crate::ops::Op;
 use crate::shape::Aval;
@@ -13,6 +14,7 @@ use crate::DType;
 
 impl Array {
     /// `where(self, on_true, on_false)` with `self` a bool condition.
+    #[track_caller]
     pub fn select(&self, on_true: impl Operand, on_false: impl Operand) -> Array {
         // Numbers take the dtype of the array branch (f32 if both are numbers).
         let dtype = on_true.dtype().or(on_false.dtype()).unwrap_or(DType::F32);
@@ -27,7 +29,78 @@ impl Array {
     }
 }
 
+impl Array {
+    /// The lower triangle of the matrices in the last two axes: entry
+    /// `[.., i, j]` is kept where `j - i <= k` and zero elsewhere (`k = 0`
+    /// the main diagonal, `k > 0` above it, `k < 0` below), as
+    /// `jax.numpy.tril`. Built from `iota`, a comparison and `select`, so
+    /// it differentiates, batches and runs on every backend, and its dims
+    /// may be symbolic (shapeless compile). Rank below 2 fails.
+    ///
+    /// ```
+    /// use kiln::{Array, DType};
+    /// let causal = Array::ones(&[3, 3], DType::F32).tril(0);
+    /// assert_eq!(causal.to_vec::<f32>()?, [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn tril(&self, k: i64) -> Array {
+        in_composition("tril", || self.keep_triangle("tril", k, Triangle::Lower))
+    }
+
+    /// The upper triangle of the matrices in the last two axes: entry
+    /// `[.., i, j]` is kept where `j - i >= k` and zero elsewhere, as
+    /// `jax.numpy.triu`; see [`Array::tril`].
+    ///
+    /// ```
+    /// use kiln::{Array, DType};
+    /// let above = Array::ones(&[2, 3], DType::I32).triu(1);
+    /// assert_eq!(above.to_vec::<i32>()?, [0, 1, 1, 0, 0, 1]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn triu(&self, k: i64) -> Array {
+        in_composition("triu", || self.keep_triangle("triu", k, Triangle::Upper))
+    }
+
+    #[track_caller]
+    fn keep_triangle(&self, op: &str, k: i64, triangle: Triangle) -> Array {
+        if let Err(e) = self.first_error() {
+            return Array::failed(e);
+        }
+        if self.ndim() < 2 {
+            return Array::failed(shape_err(
+                op,
+                &[self.aval()],
+                format!(
+                    "needs at least 2 dims (the last two hold the matrices), got rank {}",
+                    self.ndim()
+                ),
+            ));
+        }
+        let rows = self.iota(-2, DType::I32).expand_dims(-1);
+        let cols = self.iota(-1, DType::I32);
+        // `j - i` lies in (-2^31, 2^31) for any dims an i32 iota holds, and
+        // a `k` beyond i32 keeps all or nothing just as the clamped one.
+        let offset = cols - rows;
+        let k = k.clamp(i32::MIN.into(), i32::MAX.into());
+        let keep = match triangle {
+            Triangle::Lower => offset.less_equal(k),
+            Triangle::Upper => offset.greater_equal(k),
+        };
+        keep.select(self, 0)
+    }
+}
+
+/// Which triangle [`Array::tril`] and [`Array::triu`] keep.
+#[derive(Clone, Copy)]
+enum Triangle {
+    Lower,
+    Upper,
+}
+
 /// `where(cond, on_true, on_false)`.
+#[track_caller]
 pub fn select(cond: &Array, on_true: impl Operand, on_false: impl Operand) -> Array {
     cond.select(on_true, on_false)
 }
@@ -252,5 +325,78 @@ mod tests {
             "{:?}",
             report.vmap_fallbacks
         );
+    }
+    /// `x` (f32, shape `[.., m, n]`) with entries failing `keep(j - i)` zeroed, by loops.
+    fn triangle_reference(x: &[f32], m: usize, n: usize, keep: impl Fn(i64) -> bool) -> Vec<f32> {
+        let mut out = x.to_vec();
+        for (at, value) in out.iter_mut().enumerate() {
+            let (i, j) = ((at / n) % m, at % n);
+            if !keep(j as i64 - i as i64) {
+                *value = 0.0;
+            }
+        }
+        out
+    }
+
+    fn counting(shape: &[usize]) -> (Vec<f32>, Array) {
+        let len = shape.iter().product::<usize>();
+        let values: Vec<f32> = (1..=len).map(|v| v as f32).collect();
+        let array = Array::from_vec(values.clone(), shape).unwrap();
+        (values, array)
+    }
+
+    #[test]
+    fn tril_keeps_entries_on_and_below_diagonal_k_of_each_matrix() {
+        let (values, x) = counting(&[2, 3, 4]);
+        for k in [-4, -1, 0, 2, 9] {
+            let got = x.tril(k).to_vec::<f32>().unwrap();
+            assert_eq!(
+                got,
+                triangle_reference(&values, 3, 4, |d| d <= k),
+                "k = {k}"
+            );
+        }
+    }
+
+    #[test]
+    fn triu_keeps_entries_on_and_above_diagonal_k_of_each_matrix() {
+        let (values, x) = counting(&[2, 4, 3]);
+        for k in [-5, -1, 0, 1, 3] {
+            let got = x.triu(k).to_vec::<f32>().unwrap();
+            assert_eq!(
+                got,
+                triangle_reference(&values, 4, 3, |d| d >= k),
+                "k = {k}"
+            );
+        }
+        let huge = x.triu(i64::MIN).to_vec::<f32>().unwrap();
+        assert_eq!(huge, values);
+    }
+
+    #[test]
+    fn triangles_are_named_compositions_and_reject_vectors() {
+        let (_, x) = counting(&[3, 3]);
+        assert_eq!(x.tril(0).composition(), Some("tril"));
+        let err = counting(&[4]).1.triu(0).check().unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("triu") && msg.contains("rank 1"), "{msg}");
+    }
+
+    #[test]
+    fn tril_under_shapeless_compile_follows_each_calls_sizes() {
+        let causal = crate::compile(|x: Array| x.tril(0)).shapeless();
+        for (m, n) in [(2, 3), (4, 4)] {
+            let (values, x) = counting(&[m, n]);
+            let got = causal.call(&x).unwrap().to_vec::<f32>().unwrap();
+            assert_eq!(got, triangle_reference(&values, m, n, |d| d <= 0));
+        }
+        assert_eq!(causal.cache().entries, 1);
+    }
+
+    #[test]
+    fn tril_batches_like_stacking() {
+        let xs = crate::compile::rule_checks::normal(31, &[3, 4, 4]);
+        let f = |x: Vec<Array>| x[0].tril(-1);
+        crate::compile::rule_checks::assert_batches_like_stacking("tril", f, &[xs]);
     }
 }

@@ -337,6 +337,7 @@ pub(crate) fn eval_dtype_err(op: &str, dtypes: &[DType], detail: impl Into<Strin
             .map(|d| d.name())
             .collect::<Vec<_>>()
             .join(", "),
+        at: None,
     }
 }
 

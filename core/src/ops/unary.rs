@@ -15,55 +15,68 @@ use crate::DType;
 use serde::{Deserialize, Serialize};
 
 impl Array {
+    #[track_caller]
     fn unary(&self, op: UnaryOp) -> Array {
         Array::apply(Op::Unary(op), vec![self.clone()])
     }
 
     /// `-x`.
+    #[track_caller]
     pub fn neg(&self) -> Array {
         self.unary(UnaryOp::Neg)
     }
     /// `|x|`.
+    #[track_caller]
     pub fn abs(&self) -> Array {
         self.unary(UnaryOp::Abs)
     }
     /// `e^x`.
+    #[track_caller]
     pub fn exp(&self) -> Array {
         self.unary(UnaryOp::Exp)
     }
     /// Natural logarithm.
+    #[track_caller]
     pub fn log(&self) -> Array {
         self.unary(UnaryOp::Log)
     }
     /// Sine.
+    #[track_caller]
     pub fn sin(&self) -> Array {
         self.unary(UnaryOp::Sin)
     }
     /// Cosine.
+    #[track_caller]
     pub fn cos(&self) -> Array {
         self.unary(UnaryOp::Cos)
     }
     /// Hyperbolic tangent.
+    #[track_caller]
     pub fn tanh(&self) -> Array {
         self.unary(UnaryOp::Tanh)
     }
     /// Square root.
+    #[track_caller]
     pub fn sqrt(&self) -> Array {
         self.unary(UnaryOp::Sqrt)
     }
     /// `1 / sqrt(x)`.
+    #[track_caller]
     pub fn rsqrt(&self) -> Array {
         self.unary(UnaryOp::Rsqrt)
     }
     /// `1 / (1 + e^-x)`.
+    #[track_caller]
     pub fn sigmoid(&self) -> Array {
         self.unary(UnaryOp::Sigmoid)
     }
     /// `maximum(x, 0)`: `relu(-0)` is `+0` and NaN stays NaN.
+    #[track_caller]
     pub fn relu(&self) -> Array {
         self.unary(UnaryOp::Relu)
     }
     /// The error function.
+    #[track_caller]
     pub fn erf(&self) -> Array {
         self.unary(UnaryOp::Erf)
     }
@@ -71,6 +84,7 @@ impl Array {
 
 impl std::ops::Neg for Array {
     type Output = Array;
+    #[track_caller]
     fn neg(self) -> Array {
         Array::neg(&self)
     }
@@ -78,6 +92,7 @@ impl std::ops::Neg for Array {
 
 impl std::ops::Neg for &Array {
     type Output = Array;
+    #[track_caller]
     fn neg(self) -> Array {
         Array::neg(self)
     }
@@ -372,6 +387,7 @@ fn map_half_in_place<H: HalfFloat>(op: UnaryOp, v: &mut [H]) {
 /// The cotangent of `x` for the cotangent `g` of `y = op(x)`. At the kinks
 /// `abs` and `relu` take 0 (JAX's convention); `sqrt` at 0 is infinite, as
 /// its derivative is.
+#[track_caller]
 pub(crate) fn vjp(op: UnaryOp, x: &Array, y: &Array, g: &Array) -> Array {
     let zero = || Array::scalar(0.0, x.dtype());
     match op {
@@ -400,6 +416,7 @@ pub(crate) fn vjp(op: UnaryOp, x: &Array, y: &Array, g: &Array) -> Array {
 /// The tangent of `y = op(x)` for the tangent `t` of `x`. The derivative
 /// is diagonal, so it is the cotangent rule applied to `t` (same kink
 /// conventions).
+#[track_caller]
 pub(crate) fn jvp(op: UnaryOp, x: &Array, y: &Array, t: &Array) -> Array {
     vjp(op, x, y, t)
 }

@@ -8,6 +8,7 @@ pub(super) fn step_as_f32(op: &str, step: &Array) -> Result<Array> {
     let step = step.clone().check()?;
     if step.ndim() != 0 || step.dtype() == DType::Bool {
         return Err(Error::InvalidArgument {
+            at: None,
             op: op.to_string(),
             detail: format!(
                 "the step must be a numeric scalar (the updates applied so far), got {}",
@@ -55,6 +56,7 @@ pub(super) fn require(op: &str, name: &str, value: f64, ok: bool, must: &str) ->
         return Ok(());
     }
     Err(Error::InvalidArgument {
+        at: None,
         op: op.to_string(),
         detail: format!("{name} = {value}, but it must be {must}"),
     })

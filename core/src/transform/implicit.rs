@@ -246,6 +246,7 @@ pub fn register_handler(handler: Handler) -> Result<()> {
         return Err(Error::InvalidArgument {
             op: "register_handler".into(),
             detail: format!("a handler named `{}` is already registered", handler.name),
+            at: None,
         });
     }
     all.push(Arc::new(handler));
@@ -270,6 +271,7 @@ fn choose(op: &str, kinds: &[OperandKind]) -> Result<Option<Arc<Handler>>> {
                     render_kinds(kinds),
                     first.precedence
                 ),
+                at: None,
             })
         }
         [first, ..] => Ok(Some(Arc::clone(first))),
@@ -486,6 +488,7 @@ impl Lowering<'_> {
                     result.aval(),
                     node.aval
                 ),
+                at: None,
             });
         }
         let (sub, _) = extract(
@@ -504,6 +507,7 @@ impl Lowering<'_> {
                      from its operands",
                     handler.name
                 ),
+                at: None,
             },
             other => other,
         })?;
@@ -676,6 +680,7 @@ fn quantized_matmul_handler<T: ImplicitArray>(
                 return Err(Error::InvalidArgument {
                     op: "matmul".into(),
                     detail: format!("{name} expects a dense array and a {} weight", T::KIND),
+                    at: None,
                 });
             };
             Ok(quantized_matmul(x, &quantized(&w), true))
@@ -700,6 +705,7 @@ fn builtin_handlers() -> Vec<Handler> {
                     return Err(Error::InvalidArgument {
                         op: "matmul".into(),
                         detail: "matmul_low_rank expects a dense array and a low-rank value".into(),
+                        at: None,
                     });
                 };
                 Ok(x.matmul(&w.base) + x.matmul(&w.a).matmul(&w.b))

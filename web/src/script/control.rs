@@ -39,6 +39,7 @@ impl<'a> Caller<'a> {
                 Err(kiln::Error::InvalidArgument {
                     op: self.op.to_string(),
                     detail: format!("its closure failed: {message}"),
+                    at: None,
                 })
             }
         }
@@ -49,6 +50,7 @@ impl<'a> Caller<'a> {
         let wrong = |got: &str| kiln::Error::InvalidArgument {
             op: self.op.to_string(),
             detail: format!("{what} must return [carry, y], got {got}"),
+            at: None,
         };
         match self.call(f, args)?.into_list() {
             Ok(items) if items.len() == 2 => {
@@ -133,6 +135,7 @@ pub(super) fn register(engine: &mut Engine) {
                             "its condition must return a bool scalar array, got a {}",
                             other.type_name()
                         ),
+                        at: None,
                     }),
                 },
                 |c: Value| caller.call(&body, vec![from_value(c)]),

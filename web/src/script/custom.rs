@@ -78,6 +78,7 @@ fn kiln_error(op: &str, e: Box<rhai::EvalAltResult>) -> Error {
     Error::InvalidArgument {
         op: op.to_string(),
         detail: format!("script error: {e}"),
+        at: None,
     }
 }
 
@@ -189,6 +190,7 @@ fn custom_op(
             other => Err(Error::InvalidArgument {
                 op: op_name.clone(),
                 detail: format!("the forward must return an array, it returned {other:?}"),
+                at: None,
             }),
         }
     });

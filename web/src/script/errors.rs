@@ -47,12 +47,14 @@ pub fn script_message(e: &kiln::Error) -> String {
             op,
             detail,
             operands,
+            at,
         } if op == "grad" && detail.contains("`vjp`") => kiln::Error::Shape {
             op: op.clone(),
             detail: "the function must return a scalar float loss (reduce other outputs \
                      to one, with `.sum()` or `.mean()`)"
                 .to_string(),
             operands: operands.clone(),
+            at: *at,
         }
         .to_string(),
         other => other.to_string(),
