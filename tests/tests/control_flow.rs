@@ -941,3 +941,36 @@ fn f_has_no_fallbacks<F: kiln::Function<Array, (Array, Array), M>, M>(
     f.call(x).unwrap();
     f.cache().reports[0].vmap_fallbacks.is_empty()
 }
+
+#[test]
+fn a_loop_reads_a_captured_transposed_weight_in_place_instead_of_a_copy_per_call() {
+    // `x @ wᵀ` inside a scan with `w` made outside: the trace hoists the
+    // transpose out of the body; the passes hand the body `w` itself and
+    // its product reads it transposed.
+    let f = compile(|(w, xs): (Array, Array)| -> kiln::Result<Array> {
+        let (_, ys) = scan(
+            |c: Array, x: Array| Ok((c.clone(), x.matmul(&w.swap_axes(-1, -2)) + &c)),
+            &Array::zeros(&[1, 3], DType::F32),
+            &xs,
+        )?;
+        Ok(ys)
+    });
+    let (w, xs) = (normal(1, &[3, 4]), normal(2, &[5, 1, 4]));
+    let ys = f.call(&(w.clone(), xs.clone())).unwrap().unwrap();
+    let exe = f.executable(&(w.clone(), xs.clone())).unwrap();
+    assert!(
+        nodes_named(&exe, "permute").is_empty(),
+        "a transpose is copied per call"
+    );
+    let want = stack(
+        &(0..5)
+            .map(|i| {
+                xs.slice_axis(0, i, Some(i + 1), 1)
+                    .squeeze(&[0])
+                    .matmul(&w.transpose())
+            })
+            .collect::<Vec<_>>(),
+        0,
+    );
+    close(&ys, &want, 1e-5, 1e-5);
+}

@@ -290,10 +290,110 @@ pub fn transposed_operands(mut graph: Graph) -> (Graph, usize) {
             Op::TransposedMatmul { transposed }
         });
     }
+    rewired += sink_transposed_consts(&mut graph);
     if rewired == 0 {
         return (graph, 0);
     }
     (dce(graph).0, rewired)
+}
+
+/// Passes a loop's or branch's captured transposes untransposed: where a
+/// control node's captured operand is a swap of its source's last two axes
+/// and every subgraph reads it only as an operand of matrix products, the
+/// node takes the source and those products read it transposed in place.
+/// The trace hoists a body's `x @ wᵀ` of a weight `w` made outside it as
+/// the transpose outside and the product inside; without this each call
+/// would copy every such weight transposed before the loop runs. Returns
+/// how many operands it rewired.
+fn sink_transposed_consts(graph: &mut Graph) -> usize {
+    let mut rewired = 0;
+    for v in 0..graph.nodes.len() {
+        let ValueKind::Op(Op::Control(call)) = &graph.nodes[v].kind else {
+            continue;
+        };
+        let mut call = (**call).clone();
+        let mut bodies = call.graphs().to_vec();
+        let mut changed = false;
+        for j in 0..call.num_consts {
+            let operand = call.first_const() + j;
+            let Some(source) = last_two_swapped(graph, graph.nodes[v].inputs[operand]) else {
+                continue;
+            };
+            let Some(rewrites) = bodies
+                .iter()
+                .map(|body| products_reading_input(body, j))
+                .collect::<Option<Vec<_>>>()
+            else {
+                continue;
+            };
+            for (body, (input, products)) in bodies.iter_mut().zip(rewrites) {
+                body.nodes[input].aval = graph.nodes[source].aval.clone();
+                for (product, side) in products {
+                    flip_operand(&mut body.nodes[product], side);
+                }
+            }
+            call.operands[operand] = graph.nodes[source].aval.clone();
+            graph.nodes[v].inputs[operand] = source;
+            changed = true;
+            rewired += 1;
+        }
+        if changed {
+            graph.nodes[v].kind = ValueKind::Op(Op::Control(Arc::new(call.with_graphs(bodies))));
+        }
+    }
+    rewired
+}
+
+/// The node of subgraph input `index`.
+fn input_node(body: &Graph, index: usize) -> Option<ValueId> {
+    body.nodes
+        .iter()
+        .position(|n| matches!(n.kind, ValueKind::Input(i) if i == index))
+}
+
+/// A subgraph input's node and the products reading it, each with the
+/// operand side (0 or 1) it is on.
+type ProductReaders = (ValueId, Vec<(ValueId, usize)>);
+
+/// Subgraph input `index` and the products reading it, when nothing else
+/// reads it (not an output either).
+fn products_reading_input(body: &Graph, index: usize) -> Option<ProductReaders> {
+    let input = input_node(body, index)?;
+    if body.outputs.contains(&input) {
+        return None;
+    }
+    let mut products = Vec::new();
+    for (v, node) in body.nodes.iter().enumerate() {
+        let sides: SmallVec<[usize; 2]> = (0..node.inputs.len())
+            .filter(|&i| node.inputs[i] == input)
+            .collect();
+        if sides.is_empty() {
+            continue;
+        }
+        let is_product = matches!(
+            node.kind,
+            ValueKind::Op(Op::Matmul | Op::TransposedMatmul { .. })
+        );
+        if !is_product || sides.len() != 1 || sides[0] > 1 {
+            return None;
+        }
+        products.push((v, sides[0]));
+    }
+    Some((input, products))
+}
+
+/// `node`, a product, reading operand `side` transposed the other way.
+fn flip_operand(node: &mut GraphNode, side: usize) {
+    let mut transposed = match &node.kind {
+        ValueKind::Op(Op::TransposedMatmul { transposed }) => *transposed,
+        _ => [false, false],
+    };
+    transposed[side] = !transposed[side];
+    node.kind = ValueKind::Op(if transposed == [false, false] {
+        Op::Matmul
+    } else {
+        Op::TransposedMatmul { transposed }
+    });
 }
 
 /// The operand of `v` when `v` permutes only its last two axes.

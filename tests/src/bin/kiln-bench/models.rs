@@ -13,9 +13,10 @@ use kiln_models::{decode, train, Gpt, GptConfig, Sampling};
 use kiln_tests::bench::{selected, time_once_ms, BenchReport};
 
 /// The one-thread figures.
-pub const CPU_FIGURES: [&str; 10] = [
+pub const CPU_FIGURES: [&str; 11] = [
     "gpt_small_train_step_cached_ms",
     "gpt_small_train_first_call_ms",
+    "gpt_small_train_compile_ms",
     "gpt_small_train_peak_bytes",
     "gpt_small_train_lower_bound_bytes",
     "gpt2_decode_f32_ms_per_token",
@@ -75,6 +76,27 @@ fn train_step_figures<B: Backend>(backend: B, cached_calls: usize) -> (f64, f64,
     (first, cached, step.cache())
 }
 
+/// The part of the first call that is not running the step: trace,
+/// passes, slot plan and verifier (`Compiled::prepare`).
+fn compile_ms() -> f64 {
+    let config = GptConfig::SMALL;
+    let optimizer = optimizer();
+    let step = compile(train::step(optimizer.clone())).donate(train::DONATED);
+    let model = Gpt::new(Key::new(0), config).expect("a model");
+    let state = optimizer.init(&model).expect("a state");
+    let ids = Array::zeros(&[8, config.context], DType::I32);
+    let args = (
+        model,
+        state,
+        Array::scalar(0.0, DType::F32),
+        ids.clone(),
+        ids,
+    );
+    time_once_ms(|| {
+        step.prepare(&args).expect("compiles");
+    })
+}
+
 /// Milliseconds per token of greedy decoding of 32 tokens in one compiled
 /// scan (a cached call), and the weight bytes a token reads.
 fn decode_figures(model: &Gpt) -> (f64, f64) {
@@ -109,7 +131,8 @@ pub fn benchmarks(
     report: &mut BenchReport,
     read_bandwidth_gbs: impl Fn() -> f64,
 ) {
-    if CPU_FIGURES[..4].iter().any(|f| wanted(f, names)) {
+    if CPU_FIGURES[..5].iter().any(|f| wanted(f, names)) {
+        report.record("gpt_small_train_compile_ms", compile_ms(), "ms");
         let (first, cached, cache) = train_step_figures(kiln::CpuBackend, 5);
         report.record("gpt_small_train_first_call_ms", first, "ms");
         report.record("gpt_small_train_step_cached_ms", cached, "ms");
@@ -125,7 +148,7 @@ pub fn benchmarks(
             "bytes",
         );
     }
-    if !CPU_FIGURES[4..].iter().any(|f| wanted(f, names)) {
+    if !CPU_FIGURES[5..].iter().any(|f| wanted(f, names)) {
         return;
     }
     let bandwidth = read_bandwidth_gbs();
