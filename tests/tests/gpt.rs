@@ -203,6 +203,15 @@ fn the_training_step_updates_every_parameter_and_moment_in_place() {
         .len();
     // Model leaves, then the two moments', then the loss.
     assert_eq!(report.plan.donated.len(), 3 * params);
+    let summary = report.to_string();
+    assert!(
+        summary.contains(&format!("donated: {} leaves", 3 * params)),
+        "{summary}"
+    );
+    assert!(
+        summary.lines().all(|line| line.chars().count() < 400),
+        "{summary}"
+    );
     for (out, input) in report.outputs.iter().zip(&report.plan.donated) {
         let node = &report.nodes[*out];
         assert_eq!(

@@ -923,13 +923,45 @@ const LISTED_DECISIONS: usize = 6;
 /// assert!(text.contains("donated: args"), "{text}");
 /// # Ok::<(), kiln::Error>(())
 /// ```
+/// `text` cut to its first [`SUMMARY_WIDTH`] characters with `…` (a
+/// model's tree structure runs to thousands).
+fn abridged(text: &str) -> String {
+    match text.char_indices().nth(SUMMARY_WIDTH) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+/// `items` in full when there are at most [`SUMMARY_ITEMS`], else how many
+/// and the first few.
+fn abridged_list(items: &[String]) -> String {
+    if items.len() <= SUMMARY_ITEMS {
+        return list_or_none(items);
+    }
+    let shown = SUMMARY_ITEMS / 2;
+    format!(
+        "{} leaves: {}, … and {} more",
+        items.len(),
+        items[..shown].join(", "),
+        items.len() - shown
+    )
+}
+
+/// The most items a summary line lists one by one.
+const SUMMARY_ITEMS: usize = 8;
+
+/// The longest tree structure a summary line writes in full.
+const SUMMARY_WIDTH: usize = 160;
+
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let shapeless = if self.shapeless { " (shapeless)" } else { "" };
         writeln!(
             f,
             "entry {}{shapeless}: {} -> {}",
-            self.entry, self.input_tree, self.output_tree
+            self.entry,
+            abridged(&self.input_tree),
+            abridged(&self.output_tree)
         )?;
         writeln!(
             f,
@@ -959,7 +991,7 @@ impl fmt::Display for Report {
                 self.total_peak_bytes()
             )?;
         }
-        writeln!(f, "  donated: {}", list_or_none(&self.plan.donated))?;
+        writeln!(f, "  donated: {}", abridged_list(&self.plan.donated))?;
         self.fmt_reinplace(f)?;
         if !self.guards.is_empty() {
             writeln!(f, "  guards: {}", self.guards.join(", "))?;
