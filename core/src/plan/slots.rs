@@ -109,33 +109,20 @@ pub fn assign_slots(
         def: lifetimes[r].def,
         last: chain_end[r],
     };
-    // Greedy placement is a heuristic: each of a few orders leaves other
-    // gaps, and the smallest arena wins (ties to the first order).
-    let length = |r: ValueId| life(r).last - life(r).def;
-    let orders: [&dyn Fn(&ValueId, &ValueId) -> std::cmp::Ordering; 3] = [
-        &|&a, &b| (Reverse(aligned(bytes[a])), a).cmp(&(Reverse(aligned(bytes[b])), b)),
-        &|&a, &b| {
-            let area = |r: ValueId| aligned(bytes[r]).saturating_mul(length(r) + 1);
-            (Reverse(area(a)), a).cmp(&(Reverse(area(b)), b))
-        },
-        &|&a, &b| {
-            (Reverse(length(a)), Reverse(aligned(bytes[a])), a).cmp(&(
-                Reverse(length(b)),
-                Reverse(aligned(bytes[b])),
-                b,
-            ))
-        },
-    ];
-    let mut best: Option<(usize, Vec<usize>)> = None;
-    for compare in orders {
-        let mut order: Vec<ValueId> = roots.clone();
-        order.sort_by(compare);
-        let placed = place_chains(&order, n, &life, &|r| aligned(bytes[r]));
-        if best.as_ref().is_none_or(|(size, _)| placed.0 < *size) {
-            best = Some(placed);
-        }
+    let mut order: Vec<ValueId> = roots.clone();
+    order.sort_by_key(|&r| (Reverse(aligned(bytes[r])), r));
+    let mut offset = vec![0usize; n];
+    let mut index = TimeIndex::new(n);
+    let mut taken: Vec<(usize, usize)> = Vec::new();
+    for &r in &order {
+        let size = aligned(bytes[r]);
+        taken.clear();
+        index.overlapping(life(r), |c| {
+            taken.push((offset[c], offset[c] + aligned(bytes[c])))
+        });
+        offset[r] = best_fit(&mut taken, size);
+        index.insert(r, life(r));
     }
-    let offset = best.map_or_else(|| vec![0; n], |(_, offset)| offset);
     let mut slot_at: FastMap<(usize, usize), SlotId> = FastMap::default();
     let mut slot_of_root: Vec<SlotId> = vec![0; n];
     let mut arena = Arena::default();
@@ -168,30 +155,6 @@ pub fn assign_slots(
         })
         .collect();
     (homes, members, arena)
-}
-
-/// Places the chains of `order` one after another, each at the best fit
-/// among the chains already placed that are live with it: the arena's size
-/// and every chain's offset.
-fn place_chains(
-    order: &[ValueId],
-    n: usize,
-    life: &dyn Fn(ValueId) -> Lifetime,
-    size_of: &dyn Fn(ValueId) -> usize,
-) -> (usize, Vec<usize>) {
-    let mut offset = vec![0usize; n];
-    let mut index = TimeIndex::new(n);
-    let mut taken: Vec<(usize, usize)> = Vec::new();
-    let mut end = 0usize;
-    for &r in order {
-        let size = size_of(r);
-        taken.clear();
-        index.overlapping(life(r), |c| taken.push((offset[c], offset[c] + size_of(c))));
-        offset[r] = best_fit(&mut taken, size);
-        end = end.max(offset[r].saturating_add(size));
-        index.insert(r, life(r));
-    }
-    (end, offset)
 }
 
 /// The offset of the smallest gap of at least `size` bytes between the
