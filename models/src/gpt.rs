@@ -205,8 +205,9 @@ impl Gpt {
         (self.wte.as_linear(&self.ln_f.forward(&x)), next)
     }
 
-    /// The model with every block's linear layers quantized in `format`
-    /// (embeddings and norms stay f32).
+    /// The model with every block's linear layers and the token table
+    /// (looked up, and the output layer) quantized in `format`; the
+    /// positions and norms stay f32.
     pub fn quantize(&self, format: QuantFormat) -> Result<Gpt> {
         let blocks = self
             .blocks
@@ -221,6 +222,7 @@ impl Gpt {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Gpt {
+            wte: self.wte.quantize(format)?,
             blocks,
             ..self.clone()
         })

@@ -239,3 +239,19 @@ fn cpu_and_wgpu_logits_agree() {
         .expect("runs on wgpu");
     assert_close(&values(&on_gpu), &values(&on_cpu), 1e-4);
 }
+
+#[test]
+fn a_quantized_model_decodes_close_to_the_dense_one() {
+    let gpt = model(GptConfig {
+        width: 64,
+        ..TINY
+    });
+    let quantized = gpt
+        .quantize(kiln::QuantFormat::affine(8, 32))
+        .expect("quantizes");
+    assert!(quantized.weight_bytes().expect("sizes") < gpt.weight_bytes().expect("sizes") / 2);
+    let prompt = ids(&[3, 1, 4, 1, 5]);
+    let dense = values(&gpt.forward(&prompt));
+    let (logits, _) = quantized.forward_cached(&prompt, &quantized.empty_caches(1));
+    assert_close(&values(&logits), &dense, 2e-2);
+}

@@ -98,71 +98,158 @@ impl Linear {
     /// (the bias stays as it is); its forward is then the quantized
     /// product, which reads the packed codes directly.
     pub fn quantize(&self, format: QuantFormat) -> Result<Linear> {
-        if self.quantization.is_some() {
-            return Err(Error::InvalidArgument {
-                at: None,
-                op: "Linear::quantize".into(),
-                detail: "the layer is quantized already".into(),
-            });
-        }
-        let q = quantize(&self.weight, format);
+        let (weight, scales, biases) =
+            quantize_weight("Linear::quantize", &self.weight, self.quantization, format)?;
         Ok(Linear {
-            weight: q.packed,
+            weight,
             bias: self.bias.clone(),
-            scales: Some(q.scales),
-            biases: q.biases,
+            scales,
+            biases,
             quantization: Some(format),
         })
     }
 
     /// The quantized weight, when the layer is quantized.
     pub fn quantized(&self) -> Option<Quantized> {
-        let format = self.quantization?;
-        Some(Quantized {
-            packed: self.weight.clone(),
-            scales: self.scales.clone().unwrap_or_else(|| {
-                Array::failed(Error::InvalidArgument {
-                    at: None,
-                    op: "linear".into(),
-                    detail: "a quantized layer without `scales`".into(),
-                })
-            }),
-            biases: self.biases.clone(),
-            format,
-        })
+        quantized_parts(
+            "linear",
+            &self.weight,
+            &self.scales,
+            &self.biases,
+            self.quantization,
+        )
     }
 }
 
 /// A table of `count` vectors of `dim`: `forward(ids)` picks rows.
+///
+/// Quantized ([`Embedding::quantize`]), the table is stored as
+/// [`Linear`]'s quantized weight is (MLX's `QuantizedEmbedding` layout):
+/// a lookup dequantizes only the rows it picks, and the table used as the
+/// output layer is the quantized product.
 #[derive(Tree, Clone, Debug)]
 pub struct Embedding {
-    /// `[count, dim]`.
+    /// `[count, dim]`, or the packed codes `u32[count, dim·bits/32]`.
     pub weight: Array,
+    /// The quantization groups' scales `[count, dim/group]`.
+    pub scales: Option<Array>,
+    /// The quantization groups' biases (affine formats).
+    pub biases: Option<Array>,
+    /// The table's quantization format; `None` for a dense table.
+    #[tree(static)]
+    pub quantization: Option<QuantFormat>,
 }
 
 impl Embedding {
     /// A table drawn from `N(0, std²)`.
     pub fn new(key: Key, count: usize, dim: usize, std: f64) -> Result<Embedding> {
-        Ok(Embedding {
-            weight: normal(key, &[count, dim], std)?,
-        })
+        Ok(Embedding::from_table(normal(key, &[count, dim], std)?))
+    }
+
+    /// The dense table `weight: [count, dim]`.
+    pub fn from_table(weight: Array) -> Embedding {
+        Embedding {
+            weight,
+            scales: None,
+            biases: None,
+            quantization: None,
+        }
     }
 
     /// The rows of integer `ids`: `ids.shape ++ [dim]`. An id outside the
     /// table is an error when the gather runs.
     #[track_caller]
     pub fn forward(&self, ids: &Array) -> Array {
-        in_composition("embedding", || self.weight.take(ids, 0))
+        in_composition("embedding", || match self.quantized() {
+            Some(table) => Quantized {
+                packed: table.packed.take(ids, 0),
+                scales: table.scales.take(ids, 0),
+                biases: table.biases.map(|b| b.take(ids, 0)),
+                format: table.format,
+            }
+            .dequantize(),
+            None => self.weight.take(ids, 0),
+        })
     }
 
     /// `x @ weightᵀ`: the table used as the output layer (tied embeddings,
     /// as GPT-2 ties its token embedding and its logits).
     #[track_caller]
     pub fn as_linear(&self, x: &Array) -> Array {
-        in_composition("embedding_logits", || {
-            x.matmul(&self.weight.swap_axes(-1, -2))
+        in_composition("embedding_logits", || match self.quantized() {
+            Some(table) => quantized_matmul(x, &table, true),
+            None => x.matmul(&self.weight.swap_axes(-1, -2)),
         })
     }
+
+    /// The table quantized in `format` along `dim`.
+    pub fn quantize(&self, format: QuantFormat) -> Result<Embedding> {
+        let (weight, scales, biases) = quantize_weight(
+            "Embedding::quantize",
+            &self.weight,
+            self.quantization,
+            format,
+        )?;
+        Ok(Embedding {
+            weight,
+            scales,
+            biases,
+            quantization: Some(format),
+        })
+    }
+
+    /// The quantized table, when the table is quantized.
+    pub fn quantized(&self) -> Option<Quantized> {
+        quantized_parts(
+            "embedding",
+            &self.weight,
+            &self.scales,
+            &self.biases,
+            self.quantization,
+        )
+    }
+}
+
+/// `weight` quantized in `format`: its packed codes, scales and biases; an
+/// error naming `op` when it is quantized already.
+fn quantize_weight(
+    op: &str,
+    weight: &Array,
+    current: Option<QuantFormat>,
+    format: QuantFormat,
+) -> Result<(Array, Option<Array>, Option<Array>)> {
+    if current.is_some() {
+        return Err(Error::InvalidArgument {
+            at: None,
+            op: op.into(),
+            detail: "the weight is quantized already".into(),
+        });
+    }
+    let q = quantize(weight, format);
+    Ok((q.packed, Some(q.scales), q.biases))
+}
+
+/// The quantized weight of a layer's fields, when `format` is set.
+fn quantized_parts(
+    op: &str,
+    weight: &Array,
+    scales: &Option<Array>,
+    biases: &Option<Array>,
+    format: Option<QuantFormat>,
+) -> Option<Quantized> {
+    let format = format?;
+    Some(Quantized {
+        packed: weight.clone(),
+        scales: scales.clone().unwrap_or_else(|| {
+            Array::failed(Error::InvalidArgument {
+                at: None,
+                op: op.into(),
+                detail: "a quantized weight without `scales`".into(),
+            })
+        }),
+        biases: biases.clone(),
+        format,
+    })
 }
 
 /// Layer normalization over the last axis, with optional scale and shift.

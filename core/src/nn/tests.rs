@@ -118,13 +118,35 @@ fn a_quantized_linear_computes_with_its_dequantized_weight() {
 
 #[test]
 fn embedding_picks_rows_and_ties_as_the_output_layer() {
-    let table = Embedding {
-        weight: Array::from_vec((0..12).map(|v| v as f32).collect(), &[4, 3]).expect("a table"),
-    };
+    let table = Embedding::from_table(
+        Array::from_vec((0..12).map(|v| v as f32).collect(), &[4, 3]).expect("a table"),
+    );
     let ids = Array::from_vec(vec![2i32, 0], &[2]).expect("ids");
     assert_eq!(values(&table.forward(&ids)), [6.0, 7.0, 8.0, 0.0, 1.0, 2.0]);
     let x = Array::from_vec(vec![1.0f32, 0.0, 1.0], &[1, 3]).expect("x");
     assert_eq!(values(&table.as_linear(&x)), [2.0, 8.0, 14.0, 20.0]);
+}
+
+#[test]
+fn a_quantized_embedding_looks_up_and_projects_with_its_dequantized_table() {
+    let table = Embedding::new(Key::new(40), 6, 64, 1.0).expect("a table");
+    let quantized = table
+        .quantize(QuantFormat::affine(4, 32))
+        .expect("quantizes");
+    let dense = Embedding::from_table(quantized.quantized().expect("quantized").dequantize());
+    let ids = Array::from_vec(vec![5i32, 0, 5], &[3]).expect("ids");
+    assert_close(
+        &values(&quantized.forward(&ids)),
+        &values(&dense.forward(&ids)),
+        1e-6,
+    );
+    let x = normal(41, &[2, 64]);
+    assert_close(
+        &values(&quantized.as_linear(&x)),
+        &values(&dense.as_linear(&x)),
+        1e-4,
+    );
+    assert!(quantized.quantize(QuantFormat::affine(4, 32)).is_err());
 }
 
 #[test]
@@ -430,7 +452,7 @@ fn layer_gradients_match_central_differences() {
     check_gradient(
         |table| {
             let ids = Array::from_vec(vec![1i32, 1, 0], &[3]).expect("ids");
-            Embedding { weight: table }.forward(&ids).sin().sum_all()
+            Embedding::from_table(table).forward(&ids).sin().sum_all()
         },
         &x,
     );
