@@ -520,20 +520,9 @@ fn gemv(job: &Product<'_>, first: usize, out: &mut [f32]) -> bool {
         true
     } else if b.row_stride == 1 && a.col_stride == 1 {
         let a = &a.data[..k];
-        let row = |t: usize| {
+        for (t, o) in out.iter_mut().enumerate() {
             let start = (first + t) * b.col_stride;
-            &b.data[start..start + k]
-        };
-        let whole = out.len() - out.len() % DOT_ROWS;
-        for t in (0..whole).step_by(DOT_ROWS) {
-            let mut sums = [0.0; DOT_ROWS];
-            dot_sums(a, [row(t), row(t + 1), row(t + 2), row(t + 3)], &mut sums);
-            for (o, sum) in out[t..t + DOT_ROWS].iter_mut().zip(sums) {
-                *o += sum;
-            }
-        }
-        for t in whole..out.len() {
-            out[t] += dot(a, row(t));
+            *o += dot(a, &b.data[start..start + k]);
         }
         true
     } else {
@@ -593,54 +582,6 @@ simd_dispatch! {
     }
 }
 
-/// Rows of `b` a [`dot_sums`] step reads at once.
-const DOT_ROWS: usize = 4;
-
-simd_dispatch! {
-    /// [`dot`] of `a` with each of [`DOT_ROWS`] rows, each summed exactly as
-    /// [`dot`] sums it (the same bits): the rows' chains of additions are
-    /// independent, so a one-row product of a transposed matrix waits on
-    /// memory, not on the adder's latency.
-    fn dot_sums(a: &[f32], rows: [&[f32]; DOT_ROWS], sums: &mut [f32; DOT_ROWS]) {
-        *sums = lane_dots::<DOT_LANES>(a, rows)
-    }
-}
-
-/// [`lane_dot`] of `a` with each of four rows, interleaved.
-#[inline(always)]
-fn lane_dots<const LANES: usize>(a: &[f32], rows: [&[f32]; 4]) -> [f32; 4] {
-    // Four named accumulators, not an array of them: LLVM keeps these in
-    // registers, where an indexed array was spilled to the stack.
-    let (mut l0, mut l1, mut l2, mut l3) =
-        ([0.0f32; LANES], [0.0; LANES], [0.0; LANES], [0.0; LANES]);
-    let n = a.len();
-    let steps = a
-        .chunks_exact(LANES)
-        .zip(rows[0][..n].chunks_exact(LANES))
-        .zip(rows[1][..n].chunks_exact(LANES))
-        .zip(rows[2][..n].chunks_exact(LANES))
-        .zip(rows[3][..n].chunks_exact(LANES));
-    for ((((x, y0), y1), y2), y3) in steps {
-        for l in 0..LANES {
-            l0[l] += x[l] * y0[l];
-            l1[l] += x[l] * y1[l];
-            l2[l] += x[l] * y2[l];
-            l3[l] += x[l] * y3[l];
-        }
-    }
-    let whole = a.len() - a.len() % LANES;
-    let mut sums = [0.0f32; 4];
-    for ((sum, lane), row) in sums.iter_mut().zip([l0, l1, l2, l3]).zip(&rows) {
-        let tail: f32 = a[whole..]
-            .iter()
-            .zip(&row[whole..])
-            .map(|(x, y)| x * y)
-            .sum();
-        *sum = lane.iter().sum::<f32>() + tail;
-    }
-    sums
-}
-
 /// `Σ a[p]·b[p]` (see [`dot_sum`]).
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut sum = 0.0;
@@ -679,18 +620,6 @@ mod tests {
     use super::*;
     use crate::ops::strided::proptest_config;
     use proptest::prelude::*;
-
-    #[test]
-    fn four_row_dots_have_the_bits_of_one_row_dots() {
-        for k in [0, 5, 16, 37, 768] {
-            let a = values(k, 1);
-            let rows: Vec<Vec<f32>> = (0..4).map(|r| values(k, 2 + r as u64)).collect();
-            let mut sums = [0.0; DOT_ROWS];
-            dot_sums(&a, [&rows[0], &rows[1], &rows[2], &rows[3]], &mut sums);
-            let one_by_one = [0, 1, 2, 3].map(|r| dot(&a, &rows[r]));
-            assert_eq!(bits(&sums), bits(&one_by_one), "k = {k}");
-        }
-    }
 
     #[test]
     fn a_transpose_moves_each_element_to_its_mirror_in_registers_and_in_order() {
