@@ -63,7 +63,7 @@ fn train_step_figures<B: Backend>(backend: B, cached_calls: usize) -> (f64, f64,
         let args = (model, state, count, inputs.clone(), targets.clone());
         let mut result = None;
         times.push(time_once_ms(|| {
-            let (m, s, loss) = step.call_owned(args).expect("compiles").expect("steps");
+            let (m, s, loss) = step.call_owned(args).expect("steps");
             loss.item::<f32>().expect("a loss");
             result = Some((m, s));
         }));
@@ -91,7 +91,6 @@ fn decode_figures(model: &Gpt) -> (f64, f64) {
         let caches = model.empty_caches(1);
         let (tokens, _) = run
             .call_owned((model.clone(), caches, first.clone()))
-            .expect("compiles")
             .expect("decodes");
         tokens.to_vec::<i32>().expect("tokens");
     };
