@@ -179,10 +179,10 @@ fn in_function(op: &str, in_tree: &TreeDef, error: Error) -> Error {
 /// assert_eq!(dy.to_vec::<f32>()?, vec![2.0, std::f32::consts::E]);
 /// # Ok::<(), kiln::Error>(())
 /// ```
-pub fn linearize<In: Tree, Out: FunctionOutput>(
+pub fn linearize<In: Tree, Out: FunctionOutput<Value = V>, V: Tree>(
     f: impl FnOnce(In) -> Out,
     primals: &In,
-) -> Result<(Out::Value, Linear<In, Out::Value>)> {
+) -> Result<(V, Linear<In, V>)> {
     let (leaves, in_tree) = tree_flatten(primals)?;
     if leaves.iter().any(Array::is_tracer) {
         return Err(crate::error::arg_err(

@@ -278,10 +278,10 @@ fn differentiate<In: Tree>(
 /// assert_eq!(g.to_vec::<f32>()?, vec![2.0, 40.0]);
 /// # Ok::<(), kiln::Error>(())
 /// ```
-pub fn vjp<In: Tree, Out: FunctionOutput>(
+pub fn vjp<In: Tree, Out: FunctionOutput<Value = V>, V: Tree>(
     f: impl FnOnce(In) -> Out,
     primals: &In,
-) -> Result<(Out::Value, Pullback<In, Out::Value>)> {
+) -> Result<(V, Pullback<In, V>)> {
     let mut leaves = Vec::new();
     let in_tree = primals.flatten(&mut leaves)?;
     crate::compile::eval::eval(&leaves)?;

@@ -87,7 +87,7 @@ fn decode_figures(model: &Gpt) -> (f64, f64) {
     )
     .donate(["args[1]"]);
     let first = Array::from_vec(vec![1i32], &[1]).expect("a token");
-    let mut call = || {
+    let call = || {
         let caches = model.empty_caches(1);
         let (tokens, _) = run
             .call_owned((model.clone(), caches, first.clone()))
@@ -96,7 +96,7 @@ fn decode_figures(model: &Gpt) -> (f64, f64) {
     };
     call();
     let ms = (0..3)
-        .map(|_| time_once_ms(&mut call))
+        .map(|_| time_once_ms(call))
         .fold(f64::INFINITY, f64::min);
     let bytes = model.weight_bytes().expect("known sizes") as f64;
     (ms / TOKENS as f64, bytes)
