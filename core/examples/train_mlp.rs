@@ -78,7 +78,7 @@ fn train(steps: usize) -> Result<Vec<f32>> {
     let mut losses = Vec::with_capacity(steps);
     for i in 0..steps {
         let (x, y) = batch(Key::new(1).fold_in(i as u64), 64, inputs)?;
-        let (next, value) = step.call_owned((model, x, y))??;
+        let (next, value) = step.call_owned((model, x, y))?;
         losses.push(value.item::<f32>()?);
         model = next;
     }

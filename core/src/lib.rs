@@ -139,7 +139,7 @@ pub use compile::report::{
     ReportNode, SlotReport, SlotValue,
 };
 pub use compile::vmap::{vmap, Vmap};
-pub use compile::{compile, CacheKey, Compiled, Function, LeafSignature};
+pub use compile::{compile, CacheKey, Compiled, Function, FunctionOutput, LeafSignature};
 pub use data::{HostData, HostElement};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

@@ -432,7 +432,7 @@ fn a_compiled_donated_step_hits_the_cache_and_updates_in_place() {
     for k in 0..3 {
         let step = Array::scalar(k as f64, DType::F32);
         let args = (model, state, step, x.clone(), y.clone());
-        (model, state, _) = train.call_owned(args).expect("call").expect("step");
+        (model, state, _) = train.call_owned(args).expect("step");
     }
     let cache = train.cache();
     assert_eq!(
@@ -485,7 +485,7 @@ fn adamw_fits_a_linear_regression() {
         let step = Array::scalar(k as f64, DType::F32);
         let args = (model, state, step, x.clone(), y.clone());
         let loss;
-        (model, state, loss) = train.call_owned(args).expect("call").expect("step");
+        (model, state, loss) = train.call_owned(args).expect("step");
         losses.push(loss.item::<f32>().expect("loss"));
     }
     let (first, last) = (losses[0], losses[losses.len() - 1]);

@@ -133,7 +133,7 @@ fn train_command(options: &Options) -> Result<()> {
         let (inputs, targets) = batch(&corpus.train, batch_size, config.context, &mut sampler)?;
         let count = Array::scalar(i as f64, DType::F32);
         let (next_model, next_state, loss) =
-            step.call_owned((model, state, count, inputs, targets))??;
+            step.call_owned((model, state, count, inputs, targets))?;
         (model, state) = (next_model, next_state);
         let tokens = ((i + 1) * batch_size * config.context) as f64;
         bar.set_message(format!(
@@ -261,7 +261,7 @@ fn generate(
         if steps > 0 {
             let step_key = kiln::nn::key_array(Key::new(seed).fold_in(round).fold_in(1));
             let (decoded, _) =
-                decode_steps.call_owned((model.clone(), caches, first, step_key, steps))??;
+                decode_steps.call_owned((model.clone(), caches, first, step_key, steps))?;
             text.extend(decoded.to_vec::<i32>()?.iter().map(|&t| t as u8));
         }
         round += 1;

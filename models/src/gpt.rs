@@ -109,7 +109,7 @@ pub struct Gpt {
 impl Gpt {
     /// A model of `config` with GPT-2's initialization from `key`.
     pub fn new(key: Key, config: GptConfig) -> Result<Gpt> {
-        if config.heads == 0 || config.width % config.heads != 0 || config.vocab == 0 {
+        if config.heads == 0 || !config.width.is_multiple_of(config.heads) || config.vocab == 0 {
             return Err(Error::InvalidArgument {
                 at: None,
                 op: "Gpt::new".into(),

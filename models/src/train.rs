@@ -27,6 +27,8 @@ pub const DONATED: [&str; 2] = ["args[0]", "args[1]"];
 /// let state = optimizer.init(&model)?;
 /// # Ok::<(), kiln::Error>(())
 /// ```
+// The return type is a closure signature; an alias would hide what it takes.
+#[allow(clippy::type_complexity)]
 pub fn step<O: Optimizer + Clone>(
     optimizer: O,
 ) -> impl Fn(StepArgs<O::State<Gpt>>) -> Result<(Gpt, O::State<Gpt>, Array)> + Clone {

@@ -376,6 +376,64 @@ fn value_and_grad_with_aux_returns_the_loss_the_aux_and_the_gradient() {
     assert_eq!(g.to_vec::<f32>().unwrap(), vec![2.0, -6.0]);
 }
 
+/// `mean(x²)` of a vector; a matrix is refused with an explicit `Err`.
+fn vector_loss(x: Array) -> kiln::Result<Array> {
+    if x.ndim() != 1 {
+        return Err(Error::InvalidArgument {
+            op: "vector_loss".into(),
+            detail: "takes a vector".into(),
+            at: None,
+        });
+    }
+    Ok((&x * &x).mean_all())
+}
+
+#[test]
+fn grad_of_a_function_returning_ok_differentiates_its_loss() {
+    let x = Array::from_vec(vec![1.0f32, -3.0], &[2]).unwrap();
+    let g = grad(vector_loss).call(&x).unwrap();
+    assert_eq!(g.to_vec::<f32>().unwrap(), vec![1.0, -3.0]);
+    let (loss, g) = compile(value_and_grad(vector_loss)).call(&x).unwrap();
+    assert_eq!(loss.item::<f32>().unwrap(), 5.0);
+    assert_eq!(g.to_vec::<f32>().unwrap(), vec![1.0, -3.0]);
+    let with_aux = value_and_grad(|x: Array| -> kiln::Result<(Array, Array)> {
+        Ok((vector_loss(x.clone())?, x.max(&[0], false)))
+    })
+    .has_aux();
+    let ((loss, aux), _) = with_aux.call(&x).unwrap();
+    assert_eq!(
+        (loss.item::<f32>().unwrap(), aux.item::<f32>().unwrap()),
+        (5.0, 1.0)
+    );
+}
+
+#[test]
+fn grad_of_a_function_returning_err_is_that_error_and_its_cache_stays_usable() {
+    let matrix = Array::from_vec(vec![1.0f32; 4], &[2, 2]).unwrap();
+    let want = vector_loss(matrix.clone()).unwrap_err();
+    assert_eq!(grad(vector_loss).call(&matrix).unwrap_err(), want);
+    let df = compile(grad(vector_loss));
+    assert_eq!(df.call(&matrix).unwrap_err(), want);
+    let g = df
+        .call(&Array::from_vec(vec![2.0f32], &[1]).unwrap())
+        .unwrap();
+    assert_eq!(g.to_vec::<f32>().unwrap(), vec![4.0]);
+}
+
+#[test]
+fn vjp_of_a_function_returning_a_result_gives_its_value_or_its_error() {
+    let x = Array::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
+    let (y, pullback) = vjp(vector_loss, &x).unwrap();
+    assert_eq!(y.item::<f32>().unwrap(), 2.5);
+    let g = pullback.call(&Array::scalar(1.0, DType::F32)).unwrap();
+    assert_eq!(g.to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
+    let matrix = Array::from_vec(vec![1.0f32; 4], &[2, 2]).unwrap();
+    let Err(Error::InvalidArgument { op, .. }) = vjp(vector_loss, &matrix) else {
+        panic!("the function's error");
+    };
+    assert_eq!(op, "vector_loss");
+}
+
 #[test]
 fn stop_gradient_blocks_the_gradient_but_not_the_value() {
     let f = value_and_grad(|x: Array| (x.exp() * stop_gradient(&x.exp())).sum_all());
@@ -604,7 +662,7 @@ fn a_donated_training_step_updates_parameters_and_the_loss_falls() {
     let (mut params, x) = dense();
     let mut losses = Vec::new();
     for _ in 0..20 {
-        let (next, loss) = step.call_owned((params, x.clone())).unwrap().unwrap();
+        let (next, loss) = step.call_owned((params, x.clone())).unwrap();
         losses.push(loss.item::<f32>().unwrap());
         params = next;
     }

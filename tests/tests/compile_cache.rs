@@ -367,3 +367,65 @@ fn a_call_given_a_failed_array_returns_its_error_and_caches_nothing() {
     assert_eq!(f.call(&failed).err(), Some(want));
     assert_eq!(f.cache().entries, 0);
 }
+
+/// A function that refuses rank-2 arguments with an explicit `Err`.
+fn refuses_matrices(x: Array) -> kiln::Result<Array> {
+    if x.ndim() == 2 {
+        return Err(kiln::Error::InvalidArgument {
+            op: "refuses_matrices".into(),
+            detail: "takes vectors only".into(),
+            at: None,
+        });
+    }
+    Ok(x * 2.0)
+}
+
+#[test]
+fn a_compiled_function_returning_ok_gives_its_value_in_one_result() {
+    let f = compile(refuses_matrices);
+    let y: Array = f.call(&arr(&[1.0, 2.0], &[2])).unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+    let owned: Array = f.call_owned(arr(&[3.0], &[1])).unwrap();
+    assert_eq!(owned.to_vec::<f32>().unwrap(), vec![6.0]);
+    let deferred: Array = f.call_deferred(arr(&[4.0], &[1])).unwrap();
+    assert_eq!(deferred.to_vec::<f32>().unwrap(), vec![8.0]);
+}
+
+#[test]
+fn a_compiled_function_returning_err_gives_that_error_and_the_cache_stays_usable() {
+    let f = compile(refuses_matrices);
+    let matrix = arr(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
+    let want = refuses_matrices(matrix.clone()).unwrap_err();
+    assert_eq!(f.call(&matrix).unwrap_err(), want);
+    assert_eq!(f.cache().entries, 0);
+    let y = f.call(&arr(&[1.0, 2.0], &[2])).unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+    assert_eq!(f.call_owned(matrix).unwrap_err(), want);
+    let cache = f.cache();
+    assert_eq!((cache.entries, cache.misses), (1, 3));
+}
+
+#[test]
+fn a_failing_transformation_inside_a_compiled_function_is_the_calls_error() {
+    let f = compile(|x: Array| -> kiln::Result<Array> {
+        kiln::grad(|x: Array| x.cast(DType::F32).sum_all()).call(&x)
+    });
+    let integers = Array::from_slice(&[1i32, 2], &[2]).unwrap();
+    let Err(kiln::Error::DType { op, .. }) = f.call(&integers) else {
+        panic!("the gradient of an integer leaf is a dtype error");
+    };
+    assert_eq!(op, "grad");
+    let g = f.call(&arr(&[5.0, 6.0], &[2])).unwrap();
+    assert_eq!(g.to_vec::<f32>().unwrap(), vec![1.0, 1.0]);
+}
+
+#[test]
+fn a_compiled_function_returning_err_inside_another_trace_fails_the_outer_call() {
+    let inner = compile(refuses_matrices);
+    let outer = compile(move |x: Array| -> kiln::Result<Array> { Ok(inner.call(&x)? + 1.0) });
+    let matrix = arr(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
+    let want = refuses_matrices(matrix.clone()).unwrap_err();
+    assert_eq!(outer.call(&matrix).unwrap_err(), want);
+    let y = outer.call(&arr(&[1.0], &[1])).unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![3.0]);
+}

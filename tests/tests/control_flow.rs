@@ -75,7 +75,7 @@ proptest! {
                 ScanOptions { reverse, ..ScanOptions::default() },
             )
         });
-        let (carry, ys) = f.call(&(init.clone(), rows.clone(), cols.clone(), w.clone())).unwrap().unwrap();
+        let (carry, ys) = f.call(&(init.clone(), rows.clone(), cols.clone(), w.clone())).unwrap();
         let mut c = init;
         let mut want_ys = vec![None; steps];
         for step in 0..steps {
@@ -99,7 +99,7 @@ proptest! {
             cond(&pred, |(x, y): (Array, Array)| Ok(&x * &y + 1.0), |(x, y): (Array, Array)| Ok(x.exp() - &y), &(x, y))
         });
         let t = Array::from_vec(vec![threshold], &[]).unwrap();
-        let got = f.call(&(x.clone(), y.clone(), t.clone())).unwrap().unwrap();
+        let got = f.call(&(x.clone(), y.clone(), t.clone())).unwrap();
         let want = select(&x.sum_all().greater(&t), &(&x * &y + 1.0), &(x.exp() - &y));
         close(&got, &want, 0.0, 0.0);
     }
@@ -141,7 +141,7 @@ fn a_reverse_scan_without_xs_runs_its_length_and_keeps_the_slices_order() {
             },
         )
     });
-    let (c, ys) = f.call(&int(1).cast(DType::F32)).unwrap().unwrap();
+    let (c, ys) = f.call(&int(1).cast(DType::F32)).unwrap();
     assert_eq!(c.item::<f32>().unwrap(), 16.0);
     // Iteration k (k = 0 first) writes row 3 - k.
     assert_eq!(ys.to_vec::<f32>().unwrap(), vec![8.0, 4.0, 2.0, 1.0]);
@@ -152,7 +152,6 @@ fn fori_loop_and_while_loop_run_their_trip_counts_under_compile() {
     let f = compile(|x: Array| fori_loop(2, 7, |i, x: Array| Ok(&x + &i.cast(DType::F32)), &x));
     assert_eq!(
         f.call(&Array::scalar(0.5, DType::F32))
-            .unwrap()
             .unwrap()
             .item::<f32>()
             .unwrap(),
@@ -166,10 +165,7 @@ fn fori_loop_and_while_loop_run_their_trip_counts_under_compile() {
             &(x, int(0)),
         )
     });
-    let (x, steps) = triple
-        .call(&Array::scalar(1.0, DType::F32))
-        .unwrap()
-        .unwrap();
+    let (x, steps) = triple.call(&Array::scalar(1.0, DType::F32)).unwrap();
     assert_eq!(
         (x.item::<f32>().unwrap(), steps.item::<i32>().unwrap()),
         (243.0, 5)
@@ -189,7 +185,6 @@ fn switch_clamps_its_index_to_the_branches() {
     let x = Array::from_vec(vec![2.0f32, 3.0], &[2]).unwrap();
     let at = |i: i32| {
         f.call(&(int(i), x.clone()))
-            .unwrap()
             .unwrap()
             .to_vec::<f32>()
             .unwrap()
@@ -230,7 +225,7 @@ fn a_thousand_step_scan_is_one_node_with_its_invariants_hoisted() {
         "{} nodes",
         exe.graph().nodes.len()
     );
-    let h = f.call(&args).unwrap().unwrap();
+    let h = f.call(&args).unwrap();
     assert!(h.to_vec::<f32>().unwrap().iter().all(|v| v.abs() <= 1.0));
 }
 
@@ -272,7 +267,7 @@ fn a_decoding_loop_writes_its_cache_in_place_and_its_peak_does_not_grow_with_ste
             exe.plan().memory(exe.graph(), &shapes).peak_bytes
                 + body.plan().memory(body.graph(), &body_shapes).peak_bytes,
         );
-        let (cache, _) = f.call(&args).unwrap().unwrap();
+        let (cache, _) = f.call(&args).unwrap();
         let written = cache.slice_axis(0, 0, Some(steps as i64), 1);
         close(&written, &args.2, 0.0, 0.0);
     }
@@ -313,7 +308,7 @@ fn a_body_reading_the_old_carry_after_writing_the_new_one_is_double_buffered_wit
             .any(|o| matches!(o.refusal, Some(Refusal::ReadLater { .. }))),
         "{decision:?}"
     );
-    let (cache, sums) = f.call(&args).unwrap().unwrap();
+    let (cache, sums) = f.call(&args).unwrap();
     let rows = args.1.to_vec::<f32>().unwrap();
     assert_eq!(cache.to_vec::<f32>().unwrap()[2..4], rows[4..6]);
     assert_eq!(sums.to_vec::<f32>().unwrap()[0], 0.0);
@@ -332,7 +327,7 @@ fn a_shapeless_scan_runs_three_lengths_with_one_trace() {
     .shapeless();
     for length in [2usize, 5, 9] {
         let xs = normal(length as u64, &[length, 3]);
-        let (c, ys) = f.call(&xs).unwrap().unwrap();
+        let (c, ys) = f.call(&xs).unwrap();
         close(&c, &xs.sum(&[0], false), 1e-5, 1e-5);
         assert_eq!(ys.dims().unwrap(), vec![length]);
     }
@@ -361,7 +356,7 @@ fn bodies_are_optimized_like_any_graph() {
     );
     assert!(nodes_named(body, "exp").is_empty());
     let want = args.0.clone() + ((&args.1 * 2.0).exp() * 2.0).sum(&[0], false);
-    close(&f.call(&args).unwrap().unwrap(), &want, 1e-5, 1e-5);
+    close(&f.call(&args).unwrap(), &want, 1e-5, 1e-5);
 }
 
 #[test]
@@ -664,8 +659,8 @@ proptest! {
                 ScanOptions { reverse, ..ScanOptions::default() },
             )
         };
-        let (want_c, want_ys) = compile(f).call(&args).unwrap().unwrap();
-        let (c, ys) = compile(f).with_backend(gpu).call(&args).unwrap().unwrap();
+        let (want_c, want_ys) = compile(f).call(&args).unwrap();
+        let (c, ys) = compile(f).with_backend(gpu).call(&args).unwrap();
         close(&c, &want_c, 1e-4, 1e-3);
         close(&ys, &want_ys, 1e-4, 1e-3);
     }
@@ -691,7 +686,7 @@ fn on_wgpu_switch_dynamic_updates_and_the_decoding_loop_match_the_cpu() {
         (1, vec![20.0, 30.0]),
         (7, vec![-2.0, -3.0]),
     ] {
-        let got = on_gpu.call(&(int(i), x.clone())).unwrap().unwrap();
+        let got = on_gpu.call(&(int(i), x.clone())).unwrap();
         assert_eq!(got.to_vec::<f32>().unwrap(), want, "index {i}");
     }
     let update = |(x, u, i, j): (Array, Array, Array, Array)| {
@@ -731,19 +726,17 @@ fn on_wgpu_switch_dynamic_updates_and_the_decoding_loop_match_the_cpu() {
         .map(|(c, _unread)| c)
     };
     let args = (normal(5, &[3, 3]), normal(6, &[4, 3, 3]));
-    let want = compile(carry_only).call(&args).unwrap().unwrap();
+    let want = compile(carry_only).call(&args).unwrap();
     let got = compile(carry_only)
         .with_backend(gpu.clone())
         .call(&args)
-        .unwrap()
         .unwrap();
     close(&got, &want, 1e-5, 1e-4);
     let args = decode_args(16);
-    let (want_cache, want_out) = compile(decode(16)).call(&args).unwrap().unwrap();
+    let (want_cache, want_out) = compile(decode(16)).call(&args).unwrap();
     let (cache, out) = compile(decode(16))
         .with_backend(gpu.clone())
         .call(&args)
-        .unwrap()
         .unwrap();
     close(&cache, &want_cache, 0.0, 0.0);
     close(&out, &want_out, 1e-5, 1e-4);
@@ -808,16 +801,16 @@ fn on_wgpu_while_loops_read_their_predicate_back_each_iteration_and_match_the_cp
     };
     let on_gpu = compile(triple_past_100).with_backend(gpu.clone());
     for (x, want) in [(1.0, (243.0, 5)), (500.0, (500.0, 0)), (99.0, (297.0, 1))] {
-        let (got, steps) = on_gpu.call(&Array::scalar(x, DType::F32)).unwrap().unwrap();
+        let (got, steps) = on_gpu.call(&Array::scalar(x, DType::F32)).unwrap();
         assert_eq!(
             (got.item::<f32>().unwrap(), steps.item::<i32>().unwrap()),
             want,
             "from {x}"
         );
     }
-    let want = compile(nested_while_loops).call(&args).unwrap().unwrap();
+    let want = compile(nested_while_loops).call(&args).unwrap();
     let nested = compile(nested_while_loops).with_backend(gpu.clone());
-    let got = nested.call(&args).unwrap().unwrap();
+    let got = nested.call(&args).unwrap();
     close(&got.0, &want.0, 0.0, 0.0);
     close(&got.1, &want.1, 0.0, 0.0);
     close(&got.2, &want.2, 0.0, 0.0);

@@ -447,17 +447,48 @@ fn mismatched_tangents_are_errors_naming_the_leaf_path() {
     assert!(err.contains("structure"), "{err}");
 }
 
+/// `x²`, refusing a matrix with an explicit `Err`.
+fn square_of_vector(x: Array) -> kiln::Result<Array> {
+    if x.ndim() != 1 {
+        return Err(kiln::Error::InvalidArgument {
+            op: "square_of_vector".into(),
+            detail: "takes a vector".into(),
+            at: None,
+        });
+    }
+    Ok(&x * &x)
+}
+
+#[test]
+fn jvp_and_linearize_of_a_function_returning_a_result_give_its_value_or_its_error() {
+    let x = Array::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
+    let v = Array::from_vec(vec![1.0f32, 0.5], &[2]).unwrap();
+    let (y, dy) = jvp(square_of_vector, &x, &v).unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![1.0, 4.0]);
+    assert_eq!(dy.to_vec::<f32>().unwrap(), vec![2.0, 2.0]);
+    let (y, tangent_map) = linearize(square_of_vector, &x).unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![1.0, 4.0]);
+    assert_eq!(
+        tangent_map.call(&v).unwrap().to_vec::<f32>().unwrap(),
+        vec![2.0, 2.0]
+    );
+    let matrix = Array::from_vec(vec![1.0f32; 4], &[2, 2]).unwrap();
+    let want = square_of_vector(matrix.clone()).unwrap_err();
+    assert_eq!(jvp(square_of_vector, &matrix, &matrix).unwrap_err(), want);
+    assert_eq!(linearize(square_of_vector, &matrix).err(), Some(want));
+}
+
 #[test]
 fn compiled_jvp_is_one_cache_entry_and_composes_with_grad() {
     let f = |x: Array| (x.sin() * &x).sum_all();
     // Forward over reverse: a Hessian-vector product.
     let hvp = compile(move |(x, v): (Array, Array)| {
-        jvp(move |x: Array| grad(f).call(&x).unwrap(), &x, &v).map(|(_, t)| t)
+        jvp(move |x: Array| grad(f).call(&x), &x, &v).map(|(_, t)| t)
     });
     let x = Array::from_vec(vec![0.5f32, 1.0, 2.0], &[3]).unwrap();
     let v = Array::from_vec(vec![1.0f32, 0.0, -1.0], &[3]).unwrap();
-    let got = hvp.call(&(x.clone(), v.clone())).unwrap().unwrap();
-    hvp.call(&(x.clone(), v.clone())).unwrap().unwrap();
+    let got = hvp.call(&(x.clone(), v.clone())).unwrap();
+    hvp.call(&(x.clone(), v.clone())).unwrap();
     assert_eq!((hvp.cache().hits, hvp.cache().misses), (1, 1));
     // d²/dx² (x sin x) = 2 cos x − x sin x, diagonal.
     let want: Vec<f32> = [0.5f32, 1.0, 2.0]
@@ -500,7 +531,7 @@ fn a_shapeless_compiled_jvp_does_not_retrace_for_a_new_batch() {
             normal(batch as u64, &[batch, 4]),
             normal(100 + batch as u64, &[batch, 4]),
         );
-        let got = f.call(&(x.clone(), v.clone())).unwrap().unwrap();
+        let got = f.call(&(x.clone(), v.clone())).unwrap();
         let (_, want) = jvp(|x: Array| nn::softmax(&x, -1), &x, &v).unwrap();
         compare_within(&got.data().unwrap(), &want.data().unwrap(), 1e-6, 1e-5).unwrap();
     }
@@ -731,15 +762,15 @@ proptest! {
             move |(x, t): (Vec<Array>, Vec<Array>)| jvp(f.clone(), &x, &t).map(|(_, t)| t)
         };
         let args = (inputs.clone(), tangents.clone());
-        let compiled = compile(pushed.clone()).call(&args).unwrap().unwrap();
-        let shapeless = compile(pushed.clone()).shapeless().call(&args).unwrap().unwrap();
+        let compiled = compile(pushed.clone()).call(&args).unwrap();
+        let shapeless = compile(pushed.clone()).shapeless().call(&args).unwrap();
         for ((e, c), s) in eager.iter().zip(&compiled).zip(&shapeless) {
             let e = e.data().unwrap();
             prop_assert!(compare_within(&c.data().unwrap(), &e, 1e-5, 1e-4).is_ok());
             prop_assert!(compare_within(&s.data().unwrap(), &e, 1e-5, 1e-4).is_ok());
         }
         if let Some(gpu) = kiln_tests::gpu::backend() {
-            let on_gpu = compile(pushed).with_backend(gpu).call(&args).unwrap().unwrap();
+            let on_gpu = compile(pushed).with_backend(gpu).call(&args).unwrap();
             for (g, e) in on_gpu.iter().zip(&eager) {
                 let check = compare_within(&g.data().unwrap(), &e.data().unwrap(), 1e-4, 1e-3);
                 prop_assert!(check.is_ok(), "{:?}", check);

@@ -80,7 +80,6 @@ fn greedy_decoding_in_one_scan_repeats_the_argmax_of_full_passes() {
     );
     let (decoded, _) = run
         .call(&(gpt.clone(), caches, first.clone()))
-        .expect("compiles")
         .expect("decodes");
     let mut text = prompt.to_vec();
     text.push(first.to_vec::<i32>().expect("a token")[0]);
@@ -143,9 +142,7 @@ fn decoding_peak(steps: usize) -> usize {
     .donate(["args[1]"]);
     let first = Array::from_vec(vec![1i32], &[1]).expect("a token");
     let caches = gpt.empty_caches(1);
-    run.call_owned((gpt, caches, first))
-        .expect("compiles")
-        .expect("decodes");
+    run.call_owned((gpt, caches, first)).expect("decodes");
     run.cache().reports[0].plan.memory.peak_bytes
 }
 
@@ -172,8 +169,7 @@ fn training_run(steps: usize) -> (Vec<f32>, kiln::CacheInfo) {
     for i in 0..steps {
         let count = Array::scalar(i as f64, DType::F32);
         let args = (gpt, state, count, inputs.clone(), targets.clone());
-        let (next, next_state, loss): Step =
-            step.call_owned(args).expect("compiles").expect("steps");
+        let (next, next_state, loss): Step = step.call_owned(args).expect("steps");
         losses.push(loss.item::<f32>().expect("a loss"));
         (gpt, state) = (next, next_state);
     }

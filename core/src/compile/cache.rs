@@ -61,20 +61,65 @@ where
     }
 }
 
-/// What [`compile`] traces: any `Fn(In) -> Out` closure, and the
+/// What [`compile`] traces: any `Fn(In) -> R` closure whose `R` is a
+/// [`FunctionOutput`] (a tree, or a `Result` of one), and the
 /// transformations that make functions ([`crate::grad`],
-/// [`crate::value_and_grad`]). `Marker` only keeps the implementations
-/// apart (a closure's is `()`); callers never name it.
+/// [`crate::value_and_grad`]). `Out` is the tree the function gives: a
+/// closure returning `Result<T>` is a `Function<In, T>`. `Marker` only
+/// keeps the implementations apart (a closure's is `()`); callers never
+/// name it.
 pub trait Function<In, Out, Marker = ()> {
     /// Runs the function (on tracers, inside a trace). A transformation
-    /// that cannot apply (the gradient of an integer leaf) is an `Err`; a
-    /// closure's errors travel in failed arrays instead.
+    /// that cannot apply (the gradient of an integer leaf) is an `Err`, and
+    /// so is a closure's `Err`; an op's error travels in failed arrays.
     fn apply(&self, args: In) -> Result<Out>;
 }
 
-impl<In, Out, F: Fn(In) -> Out> Function<In, Out, ()> for F {
-    fn apply(&self, args: In) -> Result<Out> {
-        Ok(self(args))
+impl<In, R: FunctionOutput, F: Fn(In) -> R> Function<In, R::Value, ()> for F {
+    fn apply(&self, args: In) -> Result<R::Value> {
+        self(args).into_value()
+    }
+}
+
+/// What a function given to [`compile`] (or [`crate::vjp`], [`crate::jvp`],
+/// [`crate::linearize`], [`crate::grad`]) may return: a tree, or a
+/// `Result` of one, so its body can use `?`. Calling the compiled function
+/// gives the tree in one `Result`: the closure's `Err` is the call's `Err`.
+///
+/// ```
+/// use kiln::{compile, grad, Array, Result};
+/// let f = compile(|x: Array| -> Result<Array> {
+///     Ok(grad(|x: Array| x.sum_all()).call(&x)? * 2.0)
+/// });
+/// let g: Array = f.call(&Array::from_vec(vec![1.0f32, 2.0], &[2])?)?;
+/// assert_eq!(g.to_vec::<f32>()?, vec![2.0, 2.0]);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+///
+/// The two implementations do not overlap because no `Result` is a
+/// [`Tree`]: `Tree` is Kiln's trait and `Result` a foreign type, so no
+/// other crate may implement one for the other either.
+pub trait FunctionOutput {
+    /// The tree the function gives.
+    type Value: Tree;
+
+    /// The tree, or the function's error.
+    fn into_value(self) -> Result<Self::Value>;
+}
+
+impl<T: Tree> FunctionOutput for T {
+    type Value = T;
+
+    fn into_value(self) -> Result<T> {
+        Ok(self)
+    }
+}
+
+impl<T: Tree> FunctionOutput for Result<T> {
+    type Value = T;
+
+    fn into_value(self) -> Result<T> {
+        self
     }
 }
 
@@ -381,7 +426,9 @@ where
     }
 
     /// Calls the function. The arguments are only read: the result is built
-    /// from new values even where it mirrors the input's structure.
+    /// from new values even where it mirrors the input's structure. A
+    /// function returning `Result<T>` gives `Result<T>` here, its `Err` the
+    /// call's (see [`FunctionOutput`]); the cache keeps no entry for it.
     pub fn call(&self, args: &In) -> Result<Out> {
         let (tree, leaves) = self.flatten(args)?;
         let mut shapes = LeafShapes::default();

@@ -11,7 +11,7 @@
 //! graph whose size does not grow with the element count (the basis
 //! itself is an `n × n` constant).
 
-use super::cache::{compile, Function};
+use super::cache::{compile, Function, FunctionOutput};
 use super::grad::{build_traced, run_built};
 use super::report::arg_path;
 use crate::data::HostData;
@@ -49,11 +49,11 @@ use std::marker::PhantomData;
 /// assert_eq!(dy.to_vec::<f32>()?, vec![2.0, 2.0]);
 /// # Ok::<(), kiln::Error>(())
 /// ```
-pub fn jvp<In: Tree, Out: Tree>(
+pub fn jvp<In: Tree, Out: FunctionOutput>(
     f: impl Fn(In) -> Out,
     primals: &In,
     tangents: &In,
-) -> Result<(Out, Out)> {
+) -> Result<(Out::Value, Out::Value)> {
     let (primal_leaves, primal_tree) = tree_flatten(primals)?;
     let (tangent_leaves, tangent_tree) = tree_flatten(tangents)?;
     check_tangents(
@@ -79,13 +79,13 @@ struct PushForward<F> {
 /// Marks the [`Function`] implementation of [`jvp`]'s function.
 enum PushForwardMarker {}
 
-impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Function<(In, In), (Out, Out), PushForwardMarker>
-    for PushForward<F>
+impl<In: Tree, Out: FunctionOutput, F: Fn(In) -> Out>
+    Function<(In, In), (Out::Value, Out::Value), PushForwardMarker> for PushForward<F>
 {
-    fn apply(&self, (primals, tangents): (In, In)) -> Result<(Out, Out)> {
+    fn apply(&self, (primals, tangents): (In, In)) -> Result<(Out::Value, Out::Value)> {
         let (primal_leaves, in_tree) = tree_flatten(&primals)?;
         let (tangent_leaves, _) = tree_flatten(&tangents)?;
-        let out = (self.f)(primals);
+        let out = (self.f)(primals).into_value()?;
         let (out_leaves, out_tree) = tree_flatten(&out)?;
         let given = primal_leaves
             .iter()
@@ -179,10 +179,10 @@ fn in_function(op: &str, in_tree: &TreeDef, error: Error) -> Error {
 /// assert_eq!(dy.to_vec::<f32>()?, vec![2.0, std::f32::consts::E]);
 /// # Ok::<(), kiln::Error>(())
 /// ```
-pub fn linearize<In: Tree, Out: Tree>(
+pub fn linearize<In: Tree, Out: FunctionOutput<Value = V>, V: Tree>(
     f: impl FnOnce(In) -> Out,
     primals: &In,
-) -> Result<(Out, Linear<In, Out>)> {
+) -> Result<(V, Linear<In, V>)> {
     let (leaves, in_tree) = tree_flatten(primals)?;
     if leaves.iter().any(Array::is_tracer) {
         return Err(crate::error::arg_err(
@@ -191,7 +191,7 @@ pub fn linearize<In: Tree, Out: Tree>(
         ));
     }
     crate::compile::eval::eval(&leaves)?;
-    let out = f(tree_unflatten(&in_tree, leaves.clone())?);
+    let out = f(tree_unflatten(&in_tree, leaves.clone())?).into_value()?;
     let (out_leaves, out_tree) = tree_flatten(&out)?;
     let trace = next_trace_id();
     let params: Vec<Array> = leaves

@@ -3,7 +3,7 @@
 //! They trace and run through `compile`, so they sit in its layer; the walk
 //! over the lazy graph they use is `transform/autodiff.rs`.
 
-use super::cache::{compile, leaves_under, normalize_arg_path, Function};
+use super::cache::{compile, leaves_under, normalize_arg_path, Function, FunctionOutput};
 use super::report::arg_path;
 use crate::error::{Error, Result};
 use crate::exec::{Backend, CpuBackend, Executable};
@@ -17,7 +17,8 @@ use std::collections::HashSet;
 use std::marker::PhantomData;
 
 /// The gradient of `f`, a function of any tree returning a scalar float
-/// array, with respect to its argument (or to the subtrees chosen with
+/// array (or a `Result` of one, whose `Err` is the gradient's), with
+/// respect to its argument (or to the subtrees chosen with
 /// [`Grad::wrt`]). The gradient has the argument's own tree type: a
 /// `#[derive(Tree)]` struct of parameters gives the same struct, static
 /// fields unchanged; leaves that are not differentiated (not under a `wrt`
@@ -99,9 +100,10 @@ impl<F> Grad<F> {
 
     /// The gradient at `args`, computed now (traced once on fresh tracers
     /// and run on the CPU executor).
-    pub fn call<In: Tree>(&self, args: &In) -> Result<In>
+    pub fn call<In: Tree, L>(&self, args: &In) -> Result<In>
     where
-        F: Fn(In) -> Array,
+        F: Fn(In) -> L,
+        L: FunctionOutput<Value = Array>,
     {
         compile(Grad {
             f: &self.f,
@@ -128,9 +130,10 @@ impl<F> ValueAndGrad<F> {
     }
 
     /// The value and the gradient at `args`, computed now.
-    pub fn call<In: Tree>(&self, args: &In) -> Result<(Array, In)>
+    pub fn call<In: Tree, L>(&self, args: &In) -> Result<(Array, In)>
     where
-        F: Fn(In) -> Array,
+        F: Fn(In) -> L,
+        L: FunctionOutput<Value = Array>,
     {
         compile(ValueAndGrad {
             f: &self.f,
@@ -142,9 +145,10 @@ impl<F> ValueAndGrad<F> {
 
 impl<F> ValueAndGradWithAux<F> {
     /// The value, the aux and the gradient at `args`, computed now.
-    pub fn call<In: Tree, Aux: Tree>(&self, args: &In) -> Result<((Array, Aux), In)>
+    pub fn call<In: Tree, Aux: Tree, L>(&self, args: &In) -> Result<((Array, Aux), In)>
     where
-        F: Fn(In) -> (Array, Aux),
+        F: Fn(In) -> L,
+        L: FunctionOutput<Value = (Array, Aux)>,
     {
         compile(ValueAndGradWithAux {
             f: &self.f,
@@ -154,29 +158,42 @@ impl<F> ValueAndGradWithAux<F> {
     }
 }
 
-impl<In: Tree, F: Fn(In) -> Array> Function<In, In, GradMarker> for Grad<F> {
+impl<In, L, F> Function<In, In, GradMarker> for Grad<F>
+where
+    In: Tree,
+    L: FunctionOutput<Value = Array>,
+    F: Fn(In) -> L,
+{
     fn apply(&self, args: In) -> Result<In> {
-        Ok(differentiate(args, &self.wrt, |args| (self.f)(args))?.1)
+        Ok(differentiate(args, &self.wrt, |args| (self.f)(args).into_value())?.1)
     }
 }
 
-impl<In: Tree, F: Fn(In) -> Array> Function<In, (Array, In), ValueAndGradMarker>
-    for ValueAndGrad<F>
+impl<In, L, F> Function<In, (Array, In), ValueAndGradMarker> for ValueAndGrad<F>
+where
+    In: Tree,
+    L: FunctionOutput<Value = Array>,
+    F: Fn(In) -> L,
 {
     fn apply(&self, args: In) -> Result<(Array, In)> {
-        differentiate(args, &self.wrt, |args| (self.f)(args))
+        differentiate(args, &self.wrt, |args| (self.f)(args).into_value())
     }
 }
 
-impl<In: Tree, Aux: Tree, F: Fn(In) -> (Array, Aux)>
-    Function<In, ((Array, Aux), In), ValueAndGradWithAuxMarker> for ValueAndGradWithAux<F>
+impl<In, Aux, L, F> Function<In, ((Array, Aux), In), ValueAndGradWithAuxMarker>
+    for ValueAndGradWithAux<F>
+where
+    In: Tree,
+    Aux: Tree,
+    L: FunctionOutput<Value = (Array, Aux)>,
+    F: Fn(In) -> L,
 {
     fn apply(&self, args: In) -> Result<((Array, Aux), In)> {
         let mut aux = None;
         let (loss, gradient) = differentiate(args, &self.wrt, |args| {
-            let (loss, extra) = (self.f)(args);
+            let (loss, extra) = (self.f)(args).into_value()?;
             aux = Some(extra);
-            loss
+            Ok(loss)
         })?;
         let aux = aux.ok_or_else(|| Error::Tree {
             path: "args".into(),
@@ -186,13 +203,13 @@ impl<In: Tree, Aux: Tree, F: Fn(In) -> (Array, Aux)>
     }
 }
 
-/// Calls `loss_of(args)` and differentiates the scalar loss with respect to
+/// Calls `loss_of(args)` (its `Err` is the result's) and differentiates the scalar loss with respect to
 /// the leaves of `args` under `wrt` (all of them when empty): an integer
 /// leaf, a non-scalar loss or an op without a vjp is an `Err`.
 fn differentiate<In: Tree>(
     args: In,
     wrt: &[String],
-    loss_of: impl FnOnce(In) -> Array,
+    loss_of: impl FnOnce(In) -> Result<Array>,
 ) -> Result<(Array, In)> {
     let mut leaves = Vec::new();
     let tree = args.flatten(&mut leaves)?;
@@ -217,7 +234,7 @@ fn differentiate<In: Tree>(
             });
         }
     }
-    let loss = loss_of(tree_unflatten(&tree, leaves.clone())?).check()?;
+    let loss = loss_of(tree_unflatten(&tree, leaves.clone())?)?.check()?;
     if loss.ndim() != 0 || !loss.dtype().is_float() {
         return Err(Error::Shape {
             op: "grad".into(),
@@ -261,10 +278,10 @@ fn differentiate<In: Tree>(
 /// assert_eq!(g.to_vec::<f32>()?, vec![2.0, 40.0]);
 /// # Ok::<(), kiln::Error>(())
 /// ```
-pub fn vjp<In: Tree, Out: Tree>(
+pub fn vjp<In: Tree, Out: FunctionOutput<Value = V>, V: Tree>(
     f: impl FnOnce(In) -> Out,
     primals: &In,
-) -> Result<(Out, Pullback<In, Out>)> {
+) -> Result<(V, Pullback<In, V>)> {
     let mut leaves = Vec::new();
     let in_tree = primals.flatten(&mut leaves)?;
     crate::compile::eval::eval(&leaves)?;
@@ -274,7 +291,7 @@ pub fn vjp<In: Tree, Out: Tree>(
         .enumerate()
         .map(|(i, leaf)| Array::param(trace, i, leaf.aval().clone()))
         .collect();
-    let out = f(tree_unflatten(&in_tree, params.clone())?);
+    let out = f(tree_unflatten(&in_tree, params.clone())?).into_value()?;
     let mut traced_outputs = Vec::new();
     let out_tree = out.flatten(&mut traced_outputs)?;
     let values = run_traced(&traced_outputs, trace, &leaves)?;

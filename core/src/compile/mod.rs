@@ -15,5 +15,5 @@ pub mod report;
 pub(crate) mod rule_checks;
 pub mod vmap;
 
-pub use cache::{compile, Compiled, Function, MISS_LOG_CAPACITY};
+pub use cache::{compile, Compiled, Function, FunctionOutput, MISS_LOG_CAPACITY};
 pub use key::{CacheKey, LeafSignature};

@@ -54,7 +54,7 @@ impl Attention {
     /// A layer of `dim` with `heads` heads and biases, weights from `N(0,
     /// std²)`.
     pub fn new(key: Key, dim: usize, heads: usize, std: f64) -> Result<Attention> {
-        if heads == 0 || dim % heads != 0 {
+        if heads == 0 || !dim.is_multiple_of(heads) {
             return Err(Error::InvalidArgument {
                 at: None,
                 op: "Attention::new".into(),
@@ -113,7 +113,7 @@ impl Attention {
             let cached_positions = keys.iota(2, DType::I32);
             let mask = cached_positions
                 .expand_dims(0)
-                .less_equal(&new_positions.expand_dims(1));
+                .less_equal(new_positions.expand_dims(1));
             let y = scaled_dot_product_attention(&q, &keys, &values, Some(&mask));
             let t = x.shape().0.get(1).and_then(Dim::known).unwrap_or(0);
             next = Some(KvCache {
@@ -143,7 +143,7 @@ impl Attention {
         let dims = &x.shape().0;
         let dim = dims.last().and_then(Dim::known).unwrap_or(0);
         let heads = self.heads.max(1);
-        if dims.len() != 3 || dim % heads != 0 {
+        if dims.len() != 3 || !dim.is_multiple_of(heads) {
             let error = Array::failed(Error::Shape {
                 at: None,
                 op: "attention".into(),

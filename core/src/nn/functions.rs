@@ -28,7 +28,7 @@ pub fn causal_mask(t: usize) -> Array {
         let grid = Array::zeros(&[t, t], DType::I32);
         grid.iota(0, DType::I32)
             .expand_dims(1)
-            .greater_equal(&grid.iota(1, DType::I32).expand_dims(0))
+            .greater_equal(grid.iota(1, DType::I32).expand_dims(0))
     })
 }
 
@@ -51,7 +51,7 @@ pub fn rope(x: &Array, positions: &Array, base: f64) -> Array {
     in_composition("rope", || {
         let d = x.shape().0.last().and_then(|d| d.known()).unwrap_or(0);
         let half = d / 2;
-        if d % 2 != 0 || half == 0 {
+        if !d.is_multiple_of(2) || half == 0 {
             return Array::failed(crate::Error::Shape {
                 at: None,
                 op: "rope".into(),
@@ -143,7 +143,7 @@ pub fn cross_entropy(logits: &Array, targets: &Array, ignore: Option<i64>) -> Ar
         let targets = targets.cast(DType::I32);
         let classes = logits.iota(-1, DType::I32);
         let picked =
-            select(&classes.equal(&targets.expand_dims(-1)), &log_probs, 0.0).sum(&[-1], false);
+            select(&classes.equal(targets.expand_dims(-1)), &log_probs, 0.0).sum(&[-1], false);
         match ignore {
             None => -picked.mean_all(),
             Some(ignore) => {

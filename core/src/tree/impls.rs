@@ -159,29 +159,6 @@ impl<T: Tree> Tree for Option<T> {
     }
 }
 
-/// A function that can fail returns `Result<T>`: `Ok` flattens as its
-/// value, and `Err` is the error of the flatten, so a compiled function
-/// (or a trace) that returns `Err` makes its call return that `Err`.
-///
-/// ```
-/// use kiln::{compile, grad, Array, Result};
-/// let f = compile(|x: Array| -> Result<Array> { Ok(grad(|x: Array| x.sum_all()).call(&x)? * 2.0) });
-/// assert_eq!(f.call(&Array::from_vec(vec![1.0f32, 2.0], &[2])?)??.to_vec::<f32>()?, vec![2.0, 2.0]);
-/// # Ok::<(), kiln::Error>(())
-/// ```
-impl<T: Tree> Tree for Result<T> {
-    fn flatten(&self, leaves: &mut Vec<Array>) -> Result<TreeDef> {
-        match self {
-            Ok(x) => x.flatten(leaves),
-            Err(e) => Err(e.clone()),
-        }
-    }
-
-    fn unflatten(def: &TreeDef, leaves: &mut IntoIter<Array>) -> Result<Self> {
-        Ok(Ok(T::unflatten(def, leaves)?))
-    }
-}
-
 impl<T: Tree> Tree for BTreeMap<String, T> {
     fn flatten(&self, leaves: &mut Vec<Array>) -> Result<TreeDef> {
         let _level = Level::enter()?;

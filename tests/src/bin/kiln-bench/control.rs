@@ -92,17 +92,11 @@ pub fn benchmarks(names: &[String], report: &mut BenchReport) {
     if figure("scan_rnn_1000_first_call", names) || figure("scan_rnn_1000_cached", names) {
         let f = compile(rnn_scan);
         let first = time_once_ms(|| {
-            f.call(&args)
-                .expect("the scan runs")
-                .expect("the scan traces");
+            f.call(&args).expect("the scan runs");
         });
         report.record("scan_rnn_1000_first_call", first, "ms");
         let cached = median_micros(10, || {
-            std::hint::black_box(
-                f.call(&args)
-                    .expect("cached scan")
-                    .expect("the scan traces"),
-            );
+            std::hint::black_box(f.call(&args).expect("cached scan"));
         });
         report.record("scan_rnn_1000_cached", cached / 1e3, "ms");
     }
@@ -126,15 +120,9 @@ pub fn benchmarks(names: &[String], report: &mut BenchReport) {
     if figure("kv_decode_256_cached", names) {
         let f = compile(decode(256));
         let args = decode_args(256);
-        f.call(&args)
-            .expect("decoding runs")
-            .expect("decoding traces");
+        f.call(&args).expect("decoding runs");
         let cached = median_micros(10, || {
-            std::hint::black_box(
-                f.call(&args)
-                    .expect("cached decoding")
-                    .expect("decoding traces"),
-            );
+            std::hint::black_box(f.call(&args).expect("cached decoding"));
         });
         report.record("kv_decode_256_cached", cached / 1e3, "ms");
     }
@@ -176,10 +164,10 @@ pub fn wgpu_benchmarks(names: &[String], gpu: &kiln_wgpu::WgpuBackend, report: &
     .with_backend(gpu.clone());
     let one = compile(|(a, b): (Array, Array)| a.matmul(&b)).with_backend(gpu.clone());
     let args = (pred, a.clone(), b.clone());
-    both.call(&args).expect("cond runs").expect("cond traces");
+    both.call(&args).expect("cond runs");
     one.call(&(a.clone(), b.clone())).expect("matmul runs");
     let both_ms = median_micros(5, || {
-        let out = both.call(&args).expect("cond runs").expect("cond traces");
+        let out = both.call(&args).expect("cond runs");
         out.eval().expect("cond result");
     }) / 1e3;
     let one_ms = median_micros(5, || {
@@ -204,8 +192,8 @@ pub fn wgpu_benchmarks(names: &[String], gpu: &kiln_wgpu::WgpuBackend, report: &
         compile(move |x: Array| kiln::fori_loop(0, 100, move |_, x: Array| Ok(step(&x)), &x))
             .with_backend(gpu.clone());
     let x = normal(13, &[1024]);
-    let while_ms = loop_ms(|| while_100.call(&x).expect("the loop runs"));
-    let fori_ms = loop_ms(|| fori_100.call(&x).expect("the loop runs"));
+    let while_ms = loop_ms(|| while_100.call(&x));
+    let fori_ms = loop_ms(|| fori_100.call(&x));
     report.record("wgpu_while_100_ms", while_ms, "ms");
     report.record("wgpu_fori_100_ms", fori_ms, "ms");
 }

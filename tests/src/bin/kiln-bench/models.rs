@@ -64,7 +64,7 @@ fn train_step_figures<B: Backend>(backend: B, cached_calls: usize) -> (f64, f64,
         let args = (model, state, count, inputs.clone(), targets.clone());
         let mut result = None;
         times.push(time_once_ms(|| {
-            let (m, s, loss) = step.call_owned(args).expect("compiles").expect("steps");
+            let (m, s, loss) = step.call_owned(args).expect("steps");
             loss.item::<f32>().expect("a loss");
             result = Some((m, s));
         }));
@@ -109,17 +109,16 @@ fn decode_figures(model: &Gpt) -> (f64, f64) {
     )
     .donate(["args[1]"]);
     let first = Array::from_vec(vec![1i32], &[1]).expect("a token");
-    let mut call = || {
+    let call = || {
         let caches = model.empty_caches(1);
         let (tokens, _) = run
             .call_owned((model.clone(), caches, first.clone()))
-            .expect("compiles")
             .expect("decodes");
         tokens.to_vec::<i32>().expect("tokens");
     };
     call();
     let ms = (0..3)
-        .map(|_| time_once_ms(&mut call))
+        .map(|_| time_once_ms(call))
         .fold(f64::INFINITY, f64::min);
     let bytes = model.weight_bytes().expect("known sizes") as f64;
     (ms / TOKENS as f64, bytes)
