@@ -949,7 +949,7 @@ fn a_loop_reads_a_captured_transposed_weight_in_place_instead_of_a_copy_per_call
         Ok(ys)
     });
     let (w, xs) = (normal(1, &[3, 4]), normal(2, &[5, 1, 4]));
-    let ys = f.call(&(w.clone(), xs.clone())).unwrap().unwrap();
+    let ys = f.call(&(w.clone(), xs.clone())).unwrap();
     let exe = f.executable(&(w.clone(), xs.clone())).unwrap();
     assert!(
         nodes_named(&exe, "permute").is_empty(),
