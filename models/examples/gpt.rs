@@ -68,14 +68,7 @@ impl Options {
     fn backend(&self) -> Result<AnyBackend> {
         match self.text("device", "cpu").as_str() {
             "cpu" => Ok(AnyBackend::new(Arc::new(CpuBackend))),
-            "wgpu" => {
-                let gpu = kiln_wgpu::WgpuBackend::new().map_err(|e| Error::InvalidArgument {
-                    at: None,
-                    op: "gpt".into(),
-                    detail: format!("no wgpu adapter: {e}"),
-                })?;
-                Ok(AnyBackend::new(Arc::new(gpu)))
-            }
+            "wgpu" => Ok(AnyBackend::new(Arc::new(kiln_wgpu::WgpuBackend::new()?))),
             other => Err(usage(other)),
         }
     }

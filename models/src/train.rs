@@ -12,6 +12,10 @@ use kiln::{value_and_grad, Array, Result};
 /// (`i32[batch, t]`).
 pub type StepArgs<S> = (Gpt, S, Array, Array, Array);
 
+/// What a training step returns: the model, the optimizer's state and the
+/// loss before the update.
+pub type StepResult<S> = (Gpt, S, Array);
+
 /// The argument paths a compiled step donates: the model and the state.
 pub const DONATED: [&str; 2] = ["args[0]", "args[1]"];
 
@@ -27,11 +31,9 @@ pub const DONATED: [&str; 2] = ["args[0]", "args[1]"];
 /// let state = optimizer.init(&model)?;
 /// # Ok::<(), kiln::Error>(())
 /// ```
-// The return type is a closure signature; an alias would hide what it takes.
-#[allow(clippy::type_complexity)]
 pub fn step<O: Optimizer + Clone>(
     optimizer: O,
-) -> impl Fn(StepArgs<O::State<Gpt>>) -> Result<(Gpt, O::State<Gpt>, Array)> + Clone {
+) -> impl Fn(StepArgs<O::State<Gpt>>) -> Result<StepResult<O::State<Gpt>>> + Clone {
     move |(model, state, step, inputs, targets)| {
         let loss = |(model, inputs, targets): (Gpt, Array, Array)| model.loss(&inputs, &targets);
         let (value, (grads, _, _)) =

@@ -251,3 +251,42 @@ fn a_quantized_model_decodes_close_to_the_dense_one() {
     let (logits, _) = quantized.forward_cached(&prompt, &quantized.empty_caches(1));
     assert_close(&values(&logits), &dense, 2e-2);
 }
+
+#[test]
+fn a_training_step_and_greedy_decoding_on_wgpu_match_the_cpu() {
+    let Some(gpu) = kiln_tests::gpu::backend() else {
+        return;
+    };
+    let optimizer = AdamW::new(1e-2);
+    let gpt = model(TINY);
+    let state = optimizer.init(&gpt).expect("a state");
+    let text: Vec<u8> = (0..200).map(|i| (i * 5 % 29) as u8).collect();
+    let (inputs, targets) = batch(&text, 2, 16, &mut Sampler::new(4)).expect("a batch");
+    let args = (gpt.clone(), state, Array::scalar(0.0, DType::F32), inputs, targets);
+    let on_cpu: Step = compile(train::step(optimizer.clone())).call(&args).expect("steps");
+    let on_gpu: Step = compile(train::step(optimizer))
+        .with_backend(gpu.clone())
+        .call(&args)
+        .expect("steps on wgpu");
+    assert_close(&values(&on_gpu.2), &values(&on_cpu.2), 1e-4);
+    assert_close(
+        &values(&on_gpu.0.blocks[1].mlp.up.weight),
+        &values(&on_cpu.0.blocks[1].mlp.up.weight),
+        1e-4,
+    );
+
+    let decoder = |(gpt, first): (Gpt, Array)| {
+        let key = Array::scalar(0.0, DType::U32);
+        decode(&gpt, &gpt.empty_caches(1), &first, &key, 6, Sampling::GREEDY).map(|(t, _)| t)
+    };
+    let first = Array::from_vec(vec![3i32], &[1]).expect("a token");
+    let want = compile(decoder).call(&(gpt.clone(), first.clone())).expect("decodes");
+    let got = compile(decoder)
+        .with_backend(gpu)
+        .call(&(gpt, first))
+        .expect("decodes on wgpu");
+    assert_eq!(
+        got.to_vec::<i32>().expect("tokens"),
+        want.to_vec::<i32>().expect("tokens")
+    );
+}
