@@ -238,10 +238,7 @@ fn cpu_and_wgpu_logits_agree() {
 
 #[test]
 fn a_quantized_model_decodes_close_to_the_dense_one() {
-    let gpt = model(GptConfig {
-        width: 64,
-        ..TINY
-    });
+    let gpt = model(GptConfig { width: 64, ..TINY });
     let quantized = gpt
         .quantize(kiln::QuantFormat::affine(8, 32))
         .expect("quantizes");
@@ -262,8 +259,16 @@ fn a_training_step_and_greedy_decoding_on_wgpu_match_the_cpu() {
     let state = optimizer.init(&gpt).expect("a state");
     let text: Vec<u8> = (0..200).map(|i| (i * 5 % 29) as u8).collect();
     let (inputs, targets) = batch(&text, 2, 16, &mut Sampler::new(4)).expect("a batch");
-    let args = (gpt.clone(), state, Array::scalar(0.0, DType::F32), inputs, targets);
-    let on_cpu: Step = compile(train::step(optimizer.clone())).call(&args).expect("steps");
+    let args = (
+        gpt.clone(),
+        state,
+        Array::scalar(0.0, DType::F32),
+        inputs,
+        targets,
+    );
+    let on_cpu: Step = compile(train::step(optimizer.clone()))
+        .call(&args)
+        .expect("steps");
     let on_gpu: Step = compile(train::step(optimizer))
         .with_backend(gpu.clone())
         .call(&args)
@@ -277,10 +282,20 @@ fn a_training_step_and_greedy_decoding_on_wgpu_match_the_cpu() {
 
     let decoder = |(gpt, first): (Gpt, Array)| {
         let key = Array::scalar(0.0, DType::U32);
-        decode(&gpt, &gpt.empty_caches(1), &first, &key, 6, Sampling::GREEDY).map(|(t, _)| t)
+        decode(
+            &gpt,
+            &gpt.empty_caches(1),
+            &first,
+            &key,
+            6,
+            Sampling::GREEDY,
+        )
+        .map(|(t, _)| t)
     };
     let first = Array::from_vec(vec![3i32], &[1]).expect("a token");
-    let want = compile(decoder).call(&(gpt.clone(), first.clone())).expect("decodes");
+    let want = compile(decoder)
+        .call(&(gpt.clone(), first.clone()))
+        .expect("decodes");
     let got = compile(decoder)
         .with_backend(gpu)
         .call(&(gpt, first))
