@@ -194,6 +194,19 @@ impl Error {
         }
     }
 
+    /// This error without its Rust call site: for a front end whose users
+    /// do not write Rust (the playground's scripts name their own line),
+    /// where the line of Kiln's binding would only be noise.
+    pub fn without_call_site(mut self) -> Error {
+        if let Error::Shape { at, .. }
+        | Error::DType { at, .. }
+        | Error::InvalidArgument { at, .. } = &mut self
+        {
+            *at = None;
+        }
+        self
+    }
+
     /// This error naming `site`, unless it names one already (the first
     /// call site, where the mistake was made, is the one kept) or is of a
     /// kind that names none.

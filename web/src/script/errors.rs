@@ -29,6 +29,9 @@ const SCRIPT_API: &str = include_str!("../../../docs/script-api.md");
 /// );
 /// ```
 pub fn script_message(e: &kiln::Error) -> String {
+    // A script's error names the script's line (its location, shown beside
+    // it), not the Rust line of the binding that built the op.
+    let e = &e.clone().without_call_site();
     match e {
         kiln::Error::LimitExceeded {
             op,
@@ -179,6 +182,18 @@ fn api_overloads() -> BTreeMap<&'static str, Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_script_error_does_not_name_the_bindings_rust_line() {
+        let x = kiln::Array::ones(&[2], kiln::DType::F32);
+        let error = (&x + &kiln::Array::ones(&[3], kiln::DType::F32))
+            .check()
+            .expect_err("2 and 3 do not broadcast");
+        assert!(error.call_site().is_some());
+        let message = script_message(&error);
+        assert!(message.starts_with("shape error in `add`"), "{message}");
+        assert!(!message.contains(".rs:"), "{message}");
+    }
 
     #[test]
     fn sizes_are_in_mebibytes() {
