@@ -290,7 +290,7 @@ fn keep_top_k(x: &Array, k: usize) -> Array {
 /// and values into the caches in place (`dynamic_update_slice`) and picks
 /// the next token. Returns the tokens `[steps, batch]` and the caches.
 /// `key` is an in-graph key (`kiln::nn::key_array`); step `i` draws from
-/// `key + i`, mixed by the draw's hash.
+/// `key + i · 0x2545F491` (wrapping), which the draw's hash mixes.
 pub fn decode(
     model: &Gpt,
     caches: &[KvCache],
