@@ -199,6 +199,13 @@ fn the_training_step_updates_every_parameter_and_moment_in_place() {
         .len();
     // Model leaves, then the two moments', then the loss.
     assert_eq!(report.plan.donated.len(), 3 * params);
+    let memory = &report.plan.memory;
+    assert!(
+        memory.peak_bytes <= memory.lower_bound_bytes + memory.lower_bound_bytes / 1000,
+        "planned peak {} bytes, lower bound {}",
+        memory.peak_bytes,
+        memory.lower_bound_bytes
+    );
     let summary = report.to_string();
     assert!(
         summary.contains(&format!("donated: {} leaves", 3 * params)),

@@ -109,20 +109,19 @@ pub fn assign_slots(
         def: lifetimes[r].def,
         last: chain_end[r],
     };
-    let mut order: Vec<ValueId> = roots.clone();
-    order.sort_by_key(|&r| (Reverse(aligned(bytes[r])), r));
-    let mut offset = vec![0usize; n];
-    let mut index = TimeIndex::new(n);
-    let mut taken: Vec<(usize, usize)> = Vec::new();
-    for &r in &order {
-        let size = aligned(bytes[r]);
-        taken.clear();
-        index.overlapping(life(r), |c| {
-            taken.push((offset[c], offset[c] + aligned(bytes[c])))
-        });
-        offset[r] = best_fit(&mut taken, size);
-        index.insert(r, life(r));
-    }
+    let size_of = |r: ValueId| aligned(bytes[r]);
+    let mut by_size: Vec<ValueId> = roots.clone();
+    by_size.sort_by_key(|&r| (Reverse(size_of(r)), r));
+    let by_breadth = order_by_breadth(&roots, n, &life, &size_of);
+    // Two greedy orders (TensorFlow Lite's "by size" and "by breadth");
+    // each leaves other gaps, and the smaller arena wins.
+    let (size_end, size_offsets) = place_chains(&by_size, n, &life, &size_of);
+    let (breadth_end, breadth_offsets) = place_chains(&by_breadth, n, &life, &size_of);
+    let offset = if breadth_end < size_end {
+        breadth_offsets
+    } else {
+        size_offsets
+    };
     let mut slot_at: FastMap<(usize, usize), SlotId> = FastMap::default();
     let mut slot_of_root: Vec<SlotId> = vec![0; n];
     let mut arena = Arena::default();
@@ -155,6 +154,68 @@ pub fn assign_slots(
         })
         .collect();
     (homes, members, arena)
+}
+
+/// The chains in the order of the steps where most bytes are live: the
+/// chains live at the busiest step first (largest first), then those of
+/// the next busiest step not placed yet, so the chains that make the peak
+/// are packed together before anything can fragment the range they need.
+fn order_by_breadth(
+    roots: &[ValueId],
+    n: usize,
+    life: &dyn Fn(ValueId) -> Lifetime,
+    size_of: &dyn Fn(ValueId) -> usize,
+) -> Vec<ValueId> {
+    let mut live_at: Vec<Vec<ValueId>> = vec![Vec::new(); n + 1];
+    let mut breadth = vec![0usize; n + 1];
+    for &r in roots {
+        let l = life(r);
+        for step in l.def..=l.last.min(n) {
+            live_at[step].push(r);
+            breadth[step] += size_of(r);
+        }
+    }
+    let mut steps: Vec<usize> = (0..=n).collect();
+    steps.sort_by_key(|&step| (Reverse(breadth[step]), step));
+    let mut placed = vec![false; n];
+    let mut order = Vec::with_capacity(roots.len());
+    for step in steps {
+        let mut chains: Vec<ValueId> = live_at[step]
+            .iter()
+            .copied()
+            .filter(|&r| !placed[r])
+            .collect();
+        chains.sort_by_key(|&r| (Reverse(size_of(r)), r));
+        for r in chains {
+            placed[r] = true;
+            order.push(r);
+        }
+    }
+    order
+}
+
+/// Places the chains of `order` one after another, each at the best fit
+/// among the chains already placed that are live with it: the arena's end
+/// and every chain's offset.
+fn place_chains(
+    order: &[ValueId],
+    n: usize,
+    life: &dyn Fn(ValueId) -> Lifetime,
+    size_of: &dyn Fn(ValueId) -> usize,
+) -> (usize, Vec<usize>) {
+    let mut offset = vec![0usize; n];
+    let mut index = TimeIndex::new(n);
+    let mut taken: Vec<(usize, usize)> = Vec::new();
+    let mut end = 0usize;
+    for &r in order {
+        let size = size_of(r);
+        taken.clear();
+        index.overlapping(life(r), |c| taken.push((offset[c], offset[c] + size_of(c))));
+        offset[r] = best_fit(&mut taken, size);
+        end = end.max(offset[r].saturating_add(size));
+        index.insert(r, life(r));
+    }
+    (end, offset)
 }
 
 /// The offset of the smallest gap of at least `size` bytes between the
