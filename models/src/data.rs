@@ -1,6 +1,7 @@
 //! Byte-level text data: a corpus, its training and held-out splits,
 //! random batches, and the bigram model a trained GPT must beat.
 
+use kiln::random::Key;
 use kiln::{Array, Error, Result};
 use std::path::{Path, PathBuf};
 
@@ -69,24 +70,27 @@ fn collect_sources(dir: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-/// A small deterministic generator of batch offsets (SplitMix64).
+/// A deterministic generator of batch offsets: draw `i` is the seed of
+/// `key.fold_in(i)`, Kiln's own key derivation.
 #[derive(Clone, Debug)]
-pub struct Sampler(u64);
+pub struct Sampler {
+    key: Key,
+    draws: u64,
+}
 
 impl Sampler {
     /// A generator from `seed`.
     pub fn new(seed: u64) -> Sampler {
-        Sampler(seed)
+        Sampler {
+            key: Key::new(seed),
+            draws: 0,
+        }
     }
 
     /// A value in `0..n` (`n > 0`).
     pub fn below(&mut self, n: usize) -> usize {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z % n as u64) as usize
+        self.draws += 1;
+        (self.key.fold_in(self.draws).seed() % n as u64) as usize
     }
 }
 

@@ -277,10 +277,10 @@ pub fn pick_tokens(logits: &Array, key: &Array, sampling: Sampling) -> Array {
 /// threshold (no sort needed; ties count once).
 fn keep_top_k(x: &Array, k: usize) -> Array {
     let mut rest = x.clone();
-    let mut threshold = x.max(&[-1], true);
-    for _ in 0..k {
-        threshold = rest.max(&[-1], true);
+    let mut threshold = rest.max(&[-1], true);
+    for _ in 1..k {
         rest = select(&rest.greater_equal(&threshold), f64::NEG_INFINITY, &rest);
+        threshold = rest.max(&[-1], true);
     }
     select(&x.greater_equal(&threshold), x, f64::NEG_INFINITY)
 }

@@ -7,6 +7,7 @@ use kiln::random::Key;
 use kiln::{compile, Array, DType};
 use kiln_models::data::{batch, Sampler};
 use kiln_models::{decode, train, Gpt, GptConfig, Sampling};
+use kiln_tests::arrays::close;
 
 const TINY: GptConfig = GptConfig {
     vocab: 32,
@@ -24,25 +25,14 @@ fn ids(values: &[i32]) -> Array {
     Array::from_vec(values.to_vec(), &[1, values.len()]).expect("ids")
 }
 
-fn values(x: &Array) -> Vec<f32> {
-    x.to_vec::<f32>().expect("the array evaluates")
-}
-
-fn assert_close(actual: &[f32], expected: &[f32], tolerance: f32) {
-    assert_eq!(actual.len(), expected.len());
-    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
-        assert!((a - e).abs() <= tolerance, "element {i}: {a} vs {e}");
-    }
-}
-
 #[test]
 fn one_cached_decoding_step_equals_the_last_position_of_the_full_pass() {
     let gpt = model(TINY);
     let prompt = [3, 1, 4, 1, 5, 9];
-    let full = values(&gpt.forward(&ids(&prompt)));
+    let full = gpt.forward(&ids(&prompt));
     let (_, caches) = gpt.forward_cached(&ids(&prompt[..5]), &gpt.empty_caches(1));
     let (last, caches) = gpt.forward_cached(&ids(&prompt[5..]), &caches);
-    assert_close(&values(&last), &full[5 * 32..], 1e-5);
+    close(&last, &full.slice_axis(1, 5, None, 1), 1e-5, 0.0);
     assert_eq!(caches[1].offset.item::<i32>().expect("an offset"), 6);
 }
 
@@ -84,7 +74,7 @@ fn greedy_decoding_in_one_scan_repeats_the_argmax_of_full_passes() {
     let mut text = prompt.to_vec();
     text.push(first.to_vec::<i32>().expect("a token")[0]);
     for _ in 0..5 {
-        let logits = values(&gpt.forward(&ids(&text)));
+        let logits = gpt.forward(&ids(&text)).to_vec::<f32>().expect("logits");
         let last = &logits[(text.len() - 1) * 32..];
         let best = (0..32)
             .max_by(|&a, &b| last[a].total_cmp(&last[b]))
@@ -240,7 +230,7 @@ fn cpu_and_wgpu_logits_agree() {
         .with_backend(gpu)
         .call(&(gpt, prompt))
         .expect("runs on wgpu");
-    assert_close(&values(&on_gpu), &values(&on_cpu), 1e-4);
+    close(&on_gpu, &on_cpu, 1e-4, 0.0);
 }
 
 #[test]
@@ -251,9 +241,9 @@ fn a_quantized_model_decodes_close_to_the_dense_one() {
         .expect("quantizes");
     assert!(quantized.weight_bytes().expect("sizes") < gpt.weight_bytes().expect("sizes") / 2);
     let prompt = ids(&[3, 1, 4, 1, 5]);
-    let dense = values(&gpt.forward(&prompt));
+    let dense = gpt.forward(&prompt);
     let (logits, _) = quantized.forward_cached(&prompt, &quantized.empty_caches(1));
-    assert_close(&values(&logits), &dense, 2e-2);
+    close(&logits, &dense, 2e-2, 0.0);
 }
 
 #[test]
@@ -280,11 +270,12 @@ fn a_training_step_and_greedy_decoding_on_wgpu_match_the_cpu() {
         .with_backend(gpu.clone())
         .call(&args)
         .expect("steps on wgpu");
-    assert_close(&values(&on_gpu.2), &values(&on_cpu.2), 1e-4);
-    assert_close(
-        &values(&on_gpu.0.blocks[1].mlp.up.weight),
-        &values(&on_cpu.0.blocks[1].mlp.up.weight),
+    close(&on_gpu.2, &on_cpu.2, 1e-4, 0.0);
+    close(
+        &on_gpu.0.blocks[1].mlp.up.weight,
+        &on_cpu.0.blocks[1].mlp.up.weight,
         1e-4,
+        0.0,
     );
 
     let decoder = |(gpt, first): (Gpt, Array)| {

@@ -284,11 +284,7 @@ pub fn transposed_operands(mut graph: Graph) -> (Graph, usize) {
         }
         let node = &mut graph.nodes[v];
         node.inputs = inputs;
-        node.kind = ValueKind::Op(if transposed == [false, false] {
-            Op::Matmul
-        } else {
-            Op::TransposedMatmul { transposed }
-        });
+        node.kind = ValueKind::Op(product_op(transposed));
     }
     rewired += sink_transposed_consts(&mut graph);
     if rewired == 0 {
@@ -389,11 +385,17 @@ fn flip_operand(node: &mut GraphNode, side: usize) {
         _ => [false, false],
     };
     transposed[side] = !transposed[side];
-    node.kind = ValueKind::Op(if transposed == [false, false] {
+    node.kind = ValueKind::Op(product_op(transposed));
+}
+
+/// The product reading its operands transposed as `transposed` says: a
+/// plain [`Op::Matmul`] when it reads neither.
+fn product_op(transposed: [bool; 2]) -> Op {
+    if transposed == [false, false] {
         Op::Matmul
     } else {
         Op::TransposedMatmul { transposed }
-    });
+    }
 }
 
 /// The operand of `v` when `v` permutes only its last two axes.

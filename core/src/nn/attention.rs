@@ -95,19 +95,13 @@ impl Attention {
     /// its start, as XLA's does): see [`KvCache`].
     #[track_caller]
     pub fn forward_cached(&self, x: &Array, cache: &KvCache) -> (Array, KvCache) {
-        let mut next = None;
-        let y = in_composition("attention", || {
+        in_composition("attention", || {
             let (q, k, v) = self.heads_of(x);
             let offset = cache.offset.cast(DType::I32);
             let new_positions = x.iota(1, DType::I32) + &offset;
             let (q, k) = self.rotate(&q, &k, &new_positions);
             let zero = Array::scalar(0.0, DType::I32);
-            let starts = [
-                zero.clone(),
-                zero,
-                offset.clone(),
-                Array::scalar(0.0, DType::I32),
-            ];
+            let starts = [zero.clone(), zero.clone(), offset.clone(), zero];
             let keys = cache.keys.dynamic_update_slice(&k, &starts);
             let values = cache.values.dynamic_update_slice(&v, &starts);
             let cached_positions = keys.iota(2, DType::I32);
@@ -116,15 +110,13 @@ impl Attention {
                 .less_equal(new_positions.expand_dims(1));
             let y = scaled_dot_product_attention(&q, &keys, &values, Some(&mask));
             let t = x.shape().0.get(1).and_then(Dim::known).unwrap_or(0);
-            next = Some(KvCache {
+            let next = KvCache {
                 keys,
                 values,
                 offset: offset + t as f64,
-            });
-            self.proj.forward(&self.merge_heads(&y, x))
-        });
-        let cache = next.unwrap_or_else(|| cache.clone());
-        (y, cache)
+            };
+            (self.proj.forward(&self.merge_heads(&y, x)), next)
+        })
     }
 
     /// The layer with its projections quantized in `format`.

@@ -5,7 +5,7 @@
 //! beside the weight bytes a token reads over the time. The CPU figures run
 //! in the one-thread child; the wgpu figure in the parent.
 
-use kiln::optim::{AdamW, Optimizer};
+use kiln::optim::{AdamState, AdamW, Optimizer};
 use kiln::random::Key;
 use kiln::{compile, Array, Backend, DType, QuantFormat};
 use kiln_models::data::{batch, Sampler};
@@ -46,18 +46,26 @@ fn optimizer() -> AdamW {
     AdamW::new(3e-4).betas(0.9, 0.95).weight_decay(0.1)
 }
 
+/// The "small" model's first training-step arguments (step count 0) and
+/// the optimizer they are for.
+fn small_step_args() -> (AdamW, train::StepArgs<AdamState<Gpt>>) {
+    let config = GptConfig::SMALL;
+    let optimizer = optimizer();
+    let model = Gpt::new(Key::new(0), config).expect("a model");
+    let state = optimizer.init(&model).expect("a state");
+    let text: Vec<u8> = (0..1 << 16).map(|i| (i * 31 % 251) as u8).collect();
+    let (inputs, targets) = batch(&text, 8, config.context, &mut Sampler::new(1)).expect("a batch");
+    let count = Array::scalar(0.0, DType::F32);
+    (optimizer, (model, state, count, inputs, targets))
+}
+
 /// The "small" model's training step on `backend`: the first call's and
 /// the median cached call's milliseconds, and the entry's report.
 fn train_step_figures<B: Backend>(backend: B, cached_calls: usize) -> (f64, f64, kiln::CacheInfo) {
-    let config = GptConfig::SMALL;
-    let optimizer = optimizer();
-    let step = compile(train::step(optimizer.clone()))
+    let (optimizer, (mut model, mut state, _, inputs, targets)) = small_step_args();
+    let step = compile(train::step(optimizer))
         .donate(train::DONATED)
         .with_backend(backend);
-    let mut model = Gpt::new(Key::new(0), config).expect("a model");
-    let mut state = optimizer.init(&model).expect("a state");
-    let text: Vec<u8> = (0..1 << 16).map(|i| (i * 31 % 251) as u8).collect();
-    let (inputs, targets) = batch(&text, 8, config.context, &mut Sampler::new(1)).expect("a batch");
     let mut times = Vec::new();
     for i in 0..=cached_calls {
         let count = Array::scalar(i as f64, DType::F32);
@@ -79,19 +87,8 @@ fn train_step_figures<B: Backend>(backend: B, cached_calls: usize) -> (f64, f64,
 /// The part of the first call that is not running the step: trace,
 /// passes, slot plan and verifier (`Compiled::prepare`).
 fn compile_ms() -> f64 {
-    let config = GptConfig::SMALL;
-    let optimizer = optimizer();
-    let step = compile(train::step(optimizer.clone())).donate(train::DONATED);
-    let model = Gpt::new(Key::new(0), config).expect("a model");
-    let state = optimizer.init(&model).expect("a state");
-    let ids = Array::zeros(&[8, config.context], DType::I32);
-    let args = (
-        model,
-        state,
-        Array::scalar(0.0, DType::F32),
-        ids.clone(),
-        ids,
-    );
+    let (optimizer, args) = small_step_args();
+    let step = compile(train::step(optimizer)).donate(train::DONATED);
     time_once_ms(|| {
         step.prepare(&args).expect("compiles");
     })
