@@ -6,8 +6,10 @@
 //! the body's plan may write over them (they are donated to it), and each
 //! carry buffer has one owner between iterations, so a carry the body
 //! updates in place (a cache written by `dynamic_update_slice`) stays in
-//! one buffer for the whole loop. The initial carries are copied once per
-//! call (the caller's values must survive).
+//! one buffer for the whole loop. The operands arrive shared, not copied
+//! (a decode loop's constants are a model's weights): an initial carry the
+//! caller still holds is copied by the body's first in-place write, one it
+//! gave up (its last reader is the loop, or it was donated) is not.
 
 use super::Executable;
 use crate::data::HostData;
@@ -21,11 +23,12 @@ pub(super) type RunBody<'a> =
     &'a dyn Fn(&Executable, Vec<Arc<HostData>>, &[Vec<usize>]) -> Result<Vec<Arc<HostData>>>;
 
 /// The results of control node `call` over `operands` (of `shapes`), with
-/// its subgraphs' executables `bodies`, each run by `run`.
+/// its subgraphs' executables `bodies`, each run by `run`. The carries are
+/// moved out of `operands`; the rest are shared with the bodies.
 pub(super) fn run_control(
     call: &ControlCall,
     bodies: &[Arc<Executable>],
-    operands: &[&HostData],
+    mut operands: Vec<Arc<HostData>>,
     shapes: &[&[usize]],
     run: RunBody<'_>,
 ) -> Result<Vec<Arc<HostData>>> {
@@ -39,13 +42,14 @@ pub(super) fn run_control(
             ),
         });
     }
-    let consts: Vec<Arc<HostData>> = (call.first_const()..call.carry_operands().start)
-        .map(|i| Arc::new(operands[i].clone()))
-        .collect();
+    let consts: Vec<Arc<HostData>> =
+        operands[call.first_const()..call.carry_operands().start].to_vec();
     let carries = call.carry_operands();
+    // The carries move out: a buffer the caller gave up is then the
+    // body's alone, and the body writes it in place.
     let mut carry: Vec<Arc<HostData>> = carries
         .clone()
-        .map(|i| Arc::new(operands[i].clone()))
+        .map(|i| std::mem::replace(&mut operands[i], Arc::new(HostData::U8(Vec::new()))))
         .collect();
     // A scan's scanned arrays are the operands after its carries; `row`
     // is the iteration's slice of each (no other construct slices).
@@ -56,7 +60,7 @@ pub(super) fn run_control(
             return Ok(inputs);
         };
         for operand in carries.end..operands.len() {
-            let (data, shape) = (operands[operand], shapes[operand]);
+            let (data, shape) = (&operands[operand], shapes[operand]);
             let len: usize = shape[1..].iter().product();
             inputs.push(Arc::new(data.range(i * len, len).ok_or_else(|| {
                 Error::InvalidPlan {

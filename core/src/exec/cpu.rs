@@ -105,6 +105,43 @@ impl CpuBuffers {
         }
     }
 
+    /// Value `v`'s buffer shared with a control node's bodies. An
+    /// argument's is shared, not copied (a decode loop's constants are a
+    /// model's weights); when this step is `v`'s last reader, a slot's or a
+    /// donated argument's buffer moves out, so a body may write it in
+    /// place; otherwise a slot's is copied.
+    fn share(
+        &mut self,
+        graph: &Graph,
+        step: usize,
+        home: Home,
+        v: usize,
+        last: bool,
+    ) -> Result<Arc<HostData>> {
+        if let Home::Input(i) = home {
+            self.check_holder(step, home, v)?;
+            let argument = std::mem::replace(&mut self.arguments[i], CpuArgument::Taken);
+            let data = match argument {
+                CpuArgument::Shared(data) => data,
+                CpuArgument::Owned(data) => Arc::new(data),
+                CpuArgument::Taken => {
+                    return Err(Error::InvalidPlan {
+                        detail: format!("step {step} reads %{v}, whose buffer is empty"),
+                    })
+                }
+            };
+            if !last {
+                self.arguments[i] = CpuArgument::Shared(data.clone());
+            }
+            return Ok(data);
+        }
+        if last && matches!(home, Home::Slot(_)) {
+            return self.take(step, home, v).map(Arc::new);
+        }
+        self.read(graph, step, home, v)
+            .map(|data| Arc::new(data.clone()))
+    }
+
     /// Takes value `v`'s buffer out to write it in place; a donated
     /// argument still shared with someone else is copied first.
     fn take(&mut self, step: usize, home: Home, v: usize) -> Result<HostData> {
@@ -321,6 +358,16 @@ fn run_steps<O: StepObserver>(
                 .push((v, index));
         }
     }
+    // Each value's last reading step; the outputs are read after the last.
+    let mut last_reader = vec![0; graph.nodes.len()];
+    for (step, node) in graph.nodes.iter().enumerate() {
+        for &j in &node.inputs {
+            last_reader[j] = step;
+        }
+    }
+    for &o in &graph.outputs {
+        last_reader[o] = usize::MAX;
+    }
     for (step, node) in graph.nodes.iter().enumerate() {
         let op = match &node.kind {
             ValueKind::Input(i) => {
@@ -354,15 +401,16 @@ fn run_steps<O: StepObserver>(
         }
         if let Op::Control(call) = op {
             let results = {
-                let mut operands: SmallVec<[&HostData; 4]> =
-                    SmallVec::with_capacity(node.inputs.len());
+                let mut operands = Vec::with_capacity(node.inputs.len());
                 for &j in &node.inputs {
-                    operands.push(buffers.read(graph, step, plan.home(j), j)?);
+                    let once = node.inputs.iter().filter(|&&i| i == j).count() == 1;
+                    let last = once && last_reader[j] == step;
+                    operands.push(buffers.share(graph, step, plan.home(j), j, last)?);
                 }
                 run_control(
                     call,
                     exe.bodies(step),
-                    &operands,
+                    operands,
                     &operand_shapes,
                     &|body, inputs, shapes| CpuBackend.run(body, inputs, shapes),
                 )?
