@@ -117,10 +117,10 @@ fn sampling_with_top_k_one_is_greedy_and_other_keys_draw_otherwise() {
 }
 
 /// The planned peak of decoding `steps` tokens of a model with a context
-/// of 300.
+/// of 384 (attention reads its caches block by block).
 fn decoding_peak(steps: usize) -> usize {
     let gpt = model(GptConfig {
-        context: 300,
+        context: 384,
         ..TINY
     });
     let run = compile(
@@ -278,17 +278,17 @@ fn a_training_step_and_greedy_decoding_on_wgpu_match_the_cpu() {
         0.0,
     );
 
+    // A context of two cache blocks, and a prompt that ends just before the
+    // second: decoding crosses into it.
+    let gpt = model(GptConfig {
+        context: 256,
+        ..TINY
+    });
+    let prompt: Vec<i32> = (0..126).map(|i| i % 31).collect();
     let decoder = |(gpt, first): (Gpt, Array)| {
+        let (_, caches) = gpt.forward_cached(&ids(&prompt), &gpt.empty_caches(1));
         let key = Array::scalar(0.0, DType::U32);
-        decode(
-            &gpt,
-            &gpt.empty_caches(1),
-            &first,
-            &key,
-            6,
-            Sampling::GREEDY,
-        )
-        .map(|(t, _)| t)
+        decode(&gpt, &caches, &first, &key, 6, Sampling::GREEDY).map(|(t, _)| t)
     };
     let first = Array::from_vec(vec![3i32], &[1]).expect("a token");
     let want = compile(decoder)

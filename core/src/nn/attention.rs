@@ -1,10 +1,16 @@
 //! Causal multi-head self-attention, with optional rotary embeddings and a
 //! key/value cache for decoding.
 
-use super::functions::{causal_mask, rope, scaled_dot_product_attention};
+use super::functions::{causal_mask, lowest_finite, rope, scaled_dot_product_attention};
 use super::layers::Linear;
 use crate::random::Key;
-use crate::{in_composition, Array, DType, Dim, Error, QuantFormat, Result, Shape, Tree};
+use crate::{
+    in_composition, select, while_loop, Array, DType, Dim, Error, QuantFormat, Result, Shape, Tree,
+};
+
+/// Positions of a long cache that [`Attention::forward_cached`] reads at
+/// once: it reads blocks up to the last one written, not the whole cache.
+pub(super) const CACHE_BLOCK: usize = 64;
 
 /// The keys and values of the positions decoded so far, for one attention
 /// layer: `keys` and `values` are `[batch, heads, capacity, head_dim]`,
@@ -104,16 +110,13 @@ impl Attention {
             let starts = [zero.clone(), zero.clone(), offset.clone(), zero];
             let keys = cache.keys.dynamic_update_slice(&k, &starts);
             let values = cache.values.dynamic_update_slice(&v, &starts);
-            let cached_positions = keys.iota(2, DType::I32);
-            let mask = cached_positions
-                .expand_dims(0)
-                .less_equal(new_positions.expand_dims(1));
-            let y = scaled_dot_product_attention(&q, &keys, &values, Some(&mask));
             let t = x.shape().0.get(1).and_then(Dim::known).unwrap_or(0);
+            let written = &offset + t as f64;
+            let y = attend_written(&q, &keys, &values, &new_positions, &written);
             let next = KvCache {
                 keys,
                 values,
-                offset: offset + t as f64,
+                offset: written,
             };
             (self.proj.forward(&self.merge_heads(&y, x)), next)
         })
@@ -174,5 +177,85 @@ impl Attention {
     /// `[batch, heads, t, head_dim]` back to `x`'s `[batch, t, dim]`.
     fn merge_heads(&self, y: &Array, x: &Array) -> Array {
         y.permute(&[0, 2, 1, 3]).reshape_to(x.shape().clone())
+    }
+}
+
+/// Causal attention of queries `q: [batch, heads, t, d]` at `positions`
+/// (`i32[t]`) over the first `written` positions of a cache's `keys` and
+/// `values`. A cache longer than [`CACHE_BLOCK`] (and a whole number of
+/// blocks) is read block by block in a `while_loop`, only as far as it is
+/// written, with the running maximum, sum and weighted values of an online
+/// softmax: a decoding step early in a long context reads a block where
+/// the masked product would read the whole cache (GPT-2's 1024 positions
+/// are 75 MB a token). Masked scores take the dtype's lowest finite value
+/// as in [`scaled_dot_product_attention`], whose result this is up to the
+/// order of the additions; the loop is not reverse-differentiable (train
+/// with [`Attention::forward`]).
+fn attend_written(
+    q: &Array,
+    keys: &Array,
+    values: &Array,
+    positions: &Array,
+    written: &Array,
+) -> Array {
+    let cache_positions = keys.iota(2, DType::I32);
+    let masked = || {
+        let mask = cache_positions
+            .expand_dims(0)
+            .less_equal(positions.expand_dims(1));
+        scaled_dot_product_attention(q, keys, values, Some(&mask))
+    };
+    let known = |a: &Array| -> Option<Vec<usize>> { a.shape().0.iter().map(Dim::known).collect() };
+    let (Some(q_dims), Some(k_dims), Some(v_dims)) = (known(q), known(keys), known(values)) else {
+        return masked();
+    };
+    let capacity = k_dims[2];
+    if k_dims.len() != 4
+        || v_dims.len() != 4
+        || capacity <= CACHE_BLOCK
+        || capacity % CACHE_BLOCK != 0
+    {
+        return masked();
+    }
+    let block = CACHE_BLOCK as f64;
+    let lowest = lowest_finite(q.dtype());
+    let q = q * (1.0 / (q_dims[3].max(1) as f64).sqrt());
+    let row = q.slice_axis(-1, 0, Some(1), 1).zeros_like();
+    let mut acc_shape = q.shape().clone();
+    acc_shape.0[3] = Dim::Known(v_dims[3]);
+    let init = (
+        Array::scalar(0.0, DType::I32),
+        &row + lowest,
+        row.clone(),
+        Array::zeros(&[1], q.dtype()).broadcast_to(acc_shape),
+    );
+    let zero = Array::scalar(0.0, DType::I32);
+    let block_positions = Array::zeros(&[CACHE_BLOCK], DType::I32).iota(0, DType::I32);
+    let result = while_loop(
+        |(j, ..): (Array, Array, Array, Array)| Ok((&j * block).less(written)),
+        |(j, max, sum, acc)| {
+            let start = &j * block;
+            let starts = [zero.clone(), zero.clone(), start.clone(), zero.clone()];
+            let k = keys.dynamic_slice(&starts, &[k_dims[0], k_dims[1], CACHE_BLOCK, k_dims[3]]);
+            let v = values.dynamic_slice(&starts, &[v_dims[0], v_dims[1], CACHE_BLOCK, v_dims[3]]);
+            let mask = (&block_positions + &start)
+                .expand_dims(0)
+                .less_equal(positions.expand_dims(1));
+            let scores = select(&mask, q.matmul(&k.swap_axes(-1, -2)), lowest);
+            let new_max = max.maximum(scores.max(&[-1], true));
+            let weights = (&scores - &new_max).exp();
+            let rescale = (&max - &new_max).exp();
+            Ok((
+                &j + 1.0,
+                new_max,
+                &sum * &rescale + weights.sum(&[-1], true),
+                &acc * &rescale + weights.matmul(&v),
+            ))
+        },
+        &init,
+    );
+    match result {
+        Ok((_, _, sum, acc)) => &acc / &sum,
+        Err(e) => Array::failed(e),
     }
 }

@@ -113,7 +113,7 @@ pub fn scaled_dot_product_attention(
 }
 
 /// The lowest finite value of a float dtype (f32's for other dtypes).
-fn lowest_finite(dtype: DType) -> f64 {
+pub(super) fn lowest_finite(dtype: DType) -> f64 {
     match dtype {
         DType::F16 => f64::from(half::f16::MIN),
         DType::BF16 => f64::from(half::bf16::MIN),

@@ -406,6 +406,29 @@ fn decoding_with_the_cache_equals_the_full_pass_at_every_position() {
 }
 
 #[test]
+fn a_cache_of_several_blocks_is_read_block_by_block_with_the_full_pass_values() {
+    // A cache of three blocks: the chunks start and end inside blocks, on
+    // a boundary and across two of them.
+    let block = super::attention::CACHE_BLOCK;
+    let (dim, heads) = (8, 2);
+    let mut layer = Attention::new(Key::new(31), dim, heads, 0.3).expect("a layer");
+    layer.rope_base = Some(10_000.0);
+    let len = 2 * block + 44;
+    let x = normal(32, &[1, len, dim]);
+    let full = values(&layer.forward(&x));
+    let mut cache = KvCache::new(1, heads, 3 * block, dim / heads);
+    let bounds = [0, 3, block, block + 1, 2 * block + 34, len];
+    for pair in bounds.windows(2) {
+        let (start, stop) = (pair[0], pair[1]);
+        let chunk = x.slice_axis(1, start as i64, Some(stop as i64), 1);
+        let (y, next) = layer.forward_cached(&chunk, &cache);
+        assert_close(&values(&y), &full[start * dim..stop * dim], 1e-5);
+        cache = next;
+    }
+    assert_eq!(cache.offset.item::<i32>().expect("an offset"), len as i32);
+}
+
+#[test]
 fn layers_record_their_composition_in_reports() {
     let f = compile(|(layer, x): (Linear, Array)| layer.forward(&x));
     let layer = Linear::new(Key::new(27), 3, 2, true).expect("a layer");
