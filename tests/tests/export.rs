@@ -10,7 +10,8 @@ use kiln::export::{Exported, Mesh};
 use kiln::optim::{AdamState, AdamW, Optimizer};
 use kiln::random::Key;
 use kiln::{
-    compile, cond, fori_loop, scan, value_and_grad, while_loop, Array, DType, Result, Tree,
+    compile, cond, fori_loop, quantize, quantized_matmul, scan, value_and_grad, while_loop, Array,
+    DType, QuantFormat, Quantized, Result, Tree,
 };
 use kiln_tests::xla::{cases_dir, write_case, Case, Loop, Match, Run};
 
@@ -402,4 +403,59 @@ fn a_user_kernel_is_an_err_naming_it_and_its_op_id() {
         .to_string();
     assert!(message.contains("user kernel `double`"), "{message}");
     assert!(message.contains(&format!("value {id} ")), "{message}");
+}
+
+/// `x @ wᵀ` over a weight quantized in `format`, the weight's parts passed
+/// as arguments.
+fn quantized_product(
+    format: QuantFormat,
+) -> impl Fn((Array, Array, Array, Array)) -> (Array, Array) {
+    move |(x, packed, scales, biases)| {
+        let w = Quantized {
+            packed,
+            scales,
+            biases: format.has_biases().then_some(biases),
+            format,
+        };
+        (quantized_matmul(&x, &w, true), w.dequantize())
+    }
+}
+
+#[test]
+fn quantized_products_export_as_dequantization_and_a_dot_general() {
+    let formats = [
+        ("affine4", QuantFormat::affine(4, 64)),
+        ("affine3", QuantFormat::affine(3, 32)),
+        ("affine6", QuantFormat::affine(6, 64)),
+        ("nf4", QuantFormat::Nf4),
+        ("int8", QuantFormat::Int8),
+    ];
+    for (name, format) in formats {
+        let w = Array::random_normal(Key::new(11), &[6, 128], DType::F32).expect("w");
+        let q = quantize(&w, format);
+        let x = Array::random_normal(Key::new(12), &[3, 128], DType::F32).expect("x");
+        let biases = q
+            .biases
+            .clone()
+            .unwrap_or_else(|| Array::zeros(&[1], DType::F32));
+        let args = (x, q.packed.clone(), q.scales.clone(), biases);
+        let compiled = compile(quantized_product(format));
+        let exported = compiled.export(&args).expect("exports");
+        let text = exported.stablehlo();
+        assert!(text.contains("stablehlo.shift_right_logical"), "{name}");
+        assert!(text.contains("stablehlo.dot_general"), "{name}");
+        let out = compiled.call(&args).expect("runs");
+        write(&Case {
+            name: format!("quantized_{name}"),
+            exported: &exported,
+            rule: Match::Tolerance,
+            runs: vec![Run {
+                inputs: leaves(&args),
+                outputs: leaves(&out),
+            }],
+            mesh: None,
+            training: None,
+            collectives: Vec::new(),
+        });
+    }
 }

@@ -4,10 +4,12 @@
 //! clamped to its branches).
 
 use super::mlir::{join, tensor_type, unsupported, Emitter, Value};
+use crate::data::HostData;
 use crate::error::Result;
 use crate::ir::graph::{Graph, ValueId, ValueKind};
 use crate::ops::control::{ControlCall, ControlKind};
 use crate::ops::fused::{step_avals, FusedArg, FusedKernel};
+use crate::ops::quant::{QuantFormat, QuantKind, NF4_LEVELS};
 use crate::ops::{BinaryOp, Op, ReduceOp, ShapeCx, SliceAxis, UnaryOp};
 use crate::shape::{Aval, Dim};
 use crate::DType;
@@ -158,11 +160,18 @@ fn lower_op(
             "value {id} is the implicit value `{}`, which implicit lowering left in the graph",
             i.kind()
         ))),
-        Op::Quant(q) => Err(unsupported(format!(
-            "value {id} is `{}`, whose StableHLO form (dequantization and a dot_general) \
-             Kiln does not write yet",
-            q.describe()
-        ))),
+        Op::Quant(q) => match q.kind {
+            QuantKind::Dequantize => one(dequantize(e, q.format, x)?),
+            QuantKind::Matmul { transpose } => {
+                let w = dequantize(e, q.format, &x[1..])?;
+                one(matmul(e, &x[0], &w, [false, transpose], dims)?)
+            }
+            _ => Err(unsupported(format!(
+                "value {id} is `{}`, which has no StableHLO form in Kiln's export yet \
+                 (dequantize and quantized_matmul have one)",
+                q.describe()
+            ))),
+        },
         Op::Get { .. } => Err(unsupported(format!(
             "value {id}: a `get` outside its graph"
         ))),
@@ -1070,4 +1079,77 @@ fn switch(e: &mut Emitter<'_>, call: &ControlCall, x: &[Value]) -> Result<Vec<Va
             dtype: a.dtype,
         })
         .collect())
+}
+
+/// A quantized weight's values (`parts`: packed codes, scales, biases for
+/// the affine format) in the scales' dtype: each code cut from its row's
+/// bit stream (two words shifted together, for codes that straddle them),
+/// decoded in f32 as Kiln decodes it and rounded once to the dtype.
+fn dequantize(e: &mut Emitter<'_>, format: QuantFormat, parts: &[Value]) -> Result<Value> {
+    let (packed, scales) = (&parts[0], &parts[1]);
+    let rank = packed.dims.len();
+    let last = rank - 1;
+    let words = known_dims(&packed.dims[last..], "a quantized weight's row")?[0];
+    let groups = known_dims(&scales.dims[last..], "a quantized weight's scales")?[0];
+    let bits = format.bits() as usize;
+    let cols = words * 32 / bits;
+    let mut dims = packed.dims.clone();
+    dims[last] = Dim::Known(cols);
+    let column = |j: usize| (j * bits / 32, (j * bits % 32) as u32);
+    let index = |e: &mut Emitter<'_>, next: usize| {
+        let data = HostData::I32(
+            (0..cols)
+                .map(|j| (column(j).0 + next).min(words - 1) as i32)
+                .collect(),
+        );
+        e.constant(&data, &[Dim::Known(cols)])
+    };
+    let (lo_index, hi_index) = (index(e, 0)?, index(e, 1)?);
+    let lo = take(e, last, packed, &lo_index, &dims)?;
+    let hi = take(e, last, packed, &hi_index, &dims)?;
+    let shifts = HostData::U32((0..cols).map(|j| column(j).1).collect());
+    let shift = e.constant(&shifts, &[Dim::Known(cols)])?;
+    let shift = e.broadcast(&shift, &dims)?;
+    let width = e.splat_like(32.0, &shift)?;
+    let back = e.binary("subtract", &width, &shift);
+    // StableHLO shifts by 32 or more give 0: a code within one word takes
+    // nothing from the next.
+    let low_bits = e.binary("shift_right_logical", &lo, &shift);
+    let high_bits = e.binary("shift_left", &hi, &back);
+    let joined = e.binary("or", &low_bits, &high_bits);
+    let mask = e.splat_like(((1u64 << bits) - 1) as f64, &joined)?;
+    let code = e.binary("and", &joined, &mask);
+    let level = match format {
+        QuantFormat::Affine { .. } => e.convert(&code, DType::F32),
+        QuantFormat::Nf4 => {
+            let table = e.constant(&HostData::F32(NF4_LEVELS.to_vec()), &[Dim::Known(16)])?;
+            let code = e.convert(&code, DType::I32);
+            take(e, 0, &table, &code, &dims)?
+        }
+        QuantFormat::Int8 => {
+            // The byte is two's complement.
+            let code = e.convert(&code, DType::I32);
+            let negative = e.compare_scalar("GE", &code, 128.0)?;
+            let offset = e.splat_like(256.0, &code)?;
+            let wrapped = e.binary("subtract", &code, &offset);
+            let signed = e.select(&negative, &wrapped, &code);
+            e.convert(&signed, DType::F32)
+        }
+    };
+    // One scale (and bias) per group of columns, repeated over the group.
+    let per_column = |e: &mut Emitter<'_>, v: &Value| -> Result<Value> {
+        let v = e.convert(v, DType::F32);
+        let mut grouped = v.dims.clone();
+        grouped.push(Dim::Known(cols / groups));
+        let mapping: Vec<usize> = (0..rank).collect();
+        let spread = e.broadcast_in_dim(&v, &grouped, &mapping)?;
+        e.reshape(&spread, &dims)
+    };
+    let scale = per_column(e, scales)?;
+    let mut value = e.binary("multiply", &scale, &level);
+    if let QuantFormat::Affine { .. } = format {
+        let bias = per_column(e, &parts[2])?;
+        value = e.binary("add", &value, &bias);
+    }
+    Ok(e.convert(&value, scales.dtype))
 }
