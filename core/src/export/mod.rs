@@ -351,8 +351,8 @@ impl Exported {
     ///     .shard("args[0]", [Some("data"), None])?
     ///     .shard("args[1]", [None, Some("model")])?;
     /// assert!(exported.stablehlo().contains(r#"#sdy.sharding<@mesh, [{"data"}, {}]>"#));
-    /// let err = exported.shard("args[1]", [Some("data"), None]).unwrap_err();
-    /// assert!(err.to_string().contains("dim 0"));
+    /// let err = exported.shard("args[1]", [None, Some("data")]).unwrap_err();
+    /// assert!(err.to_string().contains("dim 1 of size 6 is not divisible by mesh axis `data`"));
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn shard<'s>(
