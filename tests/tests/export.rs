@@ -13,6 +13,8 @@ use kiln::{
     compile, cond, fori_loop, quantize, quantized_matmul, scan, value_and_grad, while_loop, Array,
     DType, QuantFormat, Quantized, Result, Tree,
 };
+use kiln_models::data::{self, Sampler};
+use kiln_models::{train, Gpt, GptConfig};
 use kiln_tests::xla::{cases_dir, write_case, Case, Loop, Match, Run};
 
 /// An MLP of two dense layers with a tanh between them.
@@ -458,4 +460,58 @@ fn quantized_products_export_as_dequantization_and_a_dot_general() {
             collectives: Vec::new(),
         });
     }
+}
+
+#[test]
+fn the_gpt_training_step_exports_and_trains_alike_on_xla() {
+    let config = GptConfig {
+        vocab: 32,
+        context: 16,
+        width: 16,
+        layers: 2,
+        heads: 2,
+    };
+    let optimizer = AdamW::new(3e-3);
+    let model = Gpt::new(Key::new(7), config).expect("a model");
+    let state = optimizer.init(&model).expect("a state");
+    let text: Vec<u8> = (0..512).map(|i| (i * 7 % 32) as u8).collect();
+    let (inputs, targets) =
+        data::batch(&text, 2, config.context, &mut Sampler::new(1)).expect("a batch");
+    // The step count stays 0: XLA's loop feeds results back, and the count
+    // is no result of the step.
+    let count = Array::scalar(0.0, DType::F32);
+    let compiled = compile(train::step(optimizer));
+    let mut args = (model, state, count, inputs, targets);
+    let exported = compiled.export(&args).expect("exports");
+    let text = exported.stablehlo();
+    assert!(
+        text.contains("\"stablehlo.gather\""),
+        "the embedding is a gather"
+    );
+    let first_inputs = leaves(&args);
+    let mut losses = Vec::new();
+    let mut outputs = Vec::new();
+    for _ in 0..5 {
+        let (model, state, loss) = compiled.call(&args).expect("steps");
+        losses.push(loss.item::<f32>().expect("a loss"));
+        outputs = leaves(&(model.clone(), state.clone(), loss));
+        args = (model, state, args.2, args.3, args.4);
+    }
+    let carried = outputs.len() - 1;
+    write(&Case {
+        name: "gpt_train_step".into(),
+        exported: &exported,
+        rule: Match::Tolerance,
+        runs: vec![Run {
+            inputs: first_inputs,
+            outputs,
+        }],
+        mesh: None,
+        training: Some(Loop {
+            feed: (0..carried).map(|i| (i, i)).collect(),
+            loss: carried,
+            losses,
+        }),
+        collectives: Vec::new(),
+    });
 }
