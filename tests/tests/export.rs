@@ -228,9 +228,10 @@ fn scan_while_fori_and_cond_export_as_while_and_case() {
     });
 }
 
-fn shapeless_program((x, w): (Array, Array)) -> (Array, Array) {
+fn shapeless_program((x, w): (Array, Array)) -> (Array, Array, Array) {
     let h = (x.matmul(&w).tanh() + 1.0) * &x.sum(&[1], true);
-    (h.mean(&[0], false), (&h * &h).mean_all())
+    let tail = x.slice_axis(0, -2, None, 1).slice_axis(1, 1, None, 2).exp();
+    (h.mean(&[0], false), (&h * &h).mean_all(), tail)
 }
 
 #[test]
@@ -247,6 +248,7 @@ fn a_shapeless_export_has_dynamic_dims_and_runs_at_three_sizes() {
     assert!(text.contains("%arg0: tensor<?x?xf32>"), "{text}");
     assert!(exported.symbols()[0].ends_with(" = args[0].shape[0]"));
     assert!(text.contains("stablehlo.get_dimension_size"));
+    assert!(text.contains("stablehlo.real_dynamic_slice"));
     assert!(text.contains("jax.uses_shape_polymorphism = true"));
     let runs = [3, 8, 33]
         .into_iter()
@@ -514,4 +516,32 @@ fn the_gpt_training_step_exports_and_trains_alike_on_xla() {
         }),
         collectives: Vec::new(),
     });
+}
+
+/// A wider MLP's AdamW step on one XLA device and data-parallel over
+/// eight: the harness prints each one's time per step, for information.
+#[test]
+fn a_wide_mlp_step_exports_for_one_and_eight_devices() {
+    let args = || step_args(256, 1024, 256, 256);
+    let exported = compile(train_step).export(&args()).expect("exports");
+    write(&training_case(
+        "mlp_wide_1_device",
+        &exported,
+        args(),
+        5,
+        None,
+    ));
+    let mesh = Mesh::new([("data", 8)]).expect("mesh");
+    let whole: [Vec<Option<&str>>; 4] =
+        [vec![None, None], vec![None], vec![None, None], vec![None]];
+    let specs = step_specs(whole, Some("data"));
+    let sharded = shard_all(exported.with_mesh(mesh.clone()), &specs);
+    assert_eq!(sharded.args().len(), specs.len());
+    write(&training_case(
+        "mlp_wide_8_devices",
+        &sharded,
+        args(),
+        5,
+        Some((&mesh, specs)),
+    ));
 }

@@ -53,7 +53,9 @@ pub(crate) fn lower_graph(
         .collect())
 }
 
-/// One op of value `id` over `x` (its lowered operands), giving `out`.
+/// One op of value `id` over `x` (its lowered operands), giving `out`:
+/// one arm per op family, each short or a call, so the whole mapping
+/// reads in one place (hence longer than a function usually is).
 fn lower_op(
     e: &mut Emitter<'_>,
     op: &Op,
@@ -650,24 +652,92 @@ fn matmul(
     })
 }
 
-fn slice(e: &mut Emitter<'_>, axes: &[SliceAxis], x: &Value, out: &[Dim]) -> Result<Value> {
-    let sizes = known_dims(&x.dims, "a sliced array")?;
-    let mut parts = Vec::with_capacity(sizes.len());
-    for (axis, &n) in axes.iter().zip(&sizes) {
-        let (start, len) = axis.resolve(n);
-        let step = axis.step.max(1) as usize;
-        let limit = if len == 0 {
-            start
-        } else {
-            start + (len - 1) * step + 1
-        };
-        parts.push(format!("{start}:{limit}:{step}"));
+/// The concrete (start, length, step) of `axis` on an axis of size `n`.
+fn static_bounds(axis: &SliceAxis, n: usize) -> (usize, usize, usize) {
+    let (start, len) = axis.resolve(n);
+    (start, len, axis.step.max(1) as usize)
+}
+
+/// One past the last index a slice of `len` from `start` by `step` reads.
+fn limit(start: usize, len: usize, step: usize) -> usize {
+    if len == 0 {
+        start
+    } else {
+        start + (len - 1) * step + 1
     }
+}
+
+/// `axis` normalized on an axis of symbolic size `dim` at run time, as
+/// [`SliceAxis::resolve`] does: the start and the limit (`i32` scalars)
+/// of `real_dynamic_slice`, whose size `ceil((limit - start) / step)` is
+/// then the slice's length.
+fn dynamic_bounds(e: &mut Emitter<'_>, axis: &SliceAxis, dim: &Dim) -> Result<(Value, Value)> {
+    let n = e.dim_value(dim)?;
+    let zero = e.scalar(0.0, DType::I32);
+    let clamp = |e: &mut Emitter<'_>, i: i64| {
+        let v = e.scalar(i as f64, DType::I32);
+        if i < 0 {
+            let from_end = e.binary("add", &v, &n);
+            e.binary("maximum", &from_end, &zero)
+        } else {
+            e.binary("minimum", &v, &n)
+        }
+    };
+    let start = clamp(e, axis.start);
+    let stop = match axis.stop {
+        Some(stop) => clamp(e, stop),
+        None => n.clone(),
+    };
+    let limit = e.binary("maximum", &stop, &start);
+    Ok((start, limit))
+}
+
+/// A strided slice: `stablehlo.slice`, or `real_dynamic_slice` with
+/// bounds computed at run time when an axis is symbolic.
+fn slice(e: &mut Emitter<'_>, axes: &[SliceAxis], x: &Value, out: &[Dim]) -> Result<Value> {
+    if let Some(sizes) = x
+        .dims
+        .iter()
+        .map(Dim::known)
+        .collect::<Option<Vec<usize>>>()
+    {
+        let parts: Vec<String> = axes
+            .iter()
+            .zip(&sizes)
+            .map(|(axis, &n)| {
+                let (start, len, step) = static_bounds(axis, n);
+                format!("{start}:{}:{step}", limit(start, len, step))
+            })
+            .collect();
+        let rhs = format!(
+            "stablehlo.slice {} [{}] : ({}) -> {}",
+            x.name,
+            parts.join(", "),
+            x.ty(),
+            tensor_type(out, x.dtype)
+        );
+        return Ok(e.op(&rhs, out, x.dtype));
+    }
+    let (mut starts, mut limits, mut strides) = (Vec::new(), Vec::new(), Vec::new());
+    for (axis, dim) in axes.iter().zip(&x.dims) {
+        let (start, stop) = dynamic_bounds(e, axis, dim)?;
+        starts.push(start);
+        limits.push(stop);
+        strides.push(e.scalar(axis.step.max(1) as f64, DType::I32));
+    }
+    let starts = e.vector(&starts)?;
+    let limits = e.vector(&limits)?;
+    let strides = e.vector(&strides)?;
     let rhs = format!(
-        "stablehlo.slice {} [{}] : ({}) -> {}",
+        "stablehlo.real_dynamic_slice {}, {}, {}, {} : ({}, {}, {}, {}) -> {}",
         x.name,
-        parts.join(", "),
+        starts.name,
+        limits.name,
+        strides.name,
         x.ty(),
+        starts.ty(),
+        limits.ty(),
+        strides.ty(),
         tensor_type(out, x.dtype)
     );
     Ok(e.op(&rhs, out, x.dtype))
@@ -784,14 +854,13 @@ fn pad_slice(e: &mut Emitter<'_>, axes: &[SliceAxis], x: &Value, out: &[Dim]) ->
     let zero = e.scalar(0.0, x.dtype);
     let (mut low, mut high, mut interior) = (Vec::new(), Vec::new(), Vec::new());
     for (axis, &n) in axes.iter().zip(&sizes) {
-        let (start, len) = axis.resolve(n);
+        let (start, len, step) = static_bounds(axis, n);
         if len == 0 {
             return e.broadcast(&zero, out);
         }
-        let step = axis.step.max(1) as usize;
         low.push(start);
         interior.push(step - 1);
-        high.push(n - (start + (len - 1) * step + 1));
+        high.push(n - limit(start, len, step));
     }
     let rhs = format!(
         "stablehlo.pad {}, {}, low = [{}], high = [{}], interior = [{}] : ({}, {}) -> {}",

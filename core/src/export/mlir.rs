@@ -361,13 +361,21 @@ impl<'a> Emitter<'a> {
 
     /// `dims` as a `tensor<Nxi32>` (the shape operand of the dynamic ops).
     pub fn shape_tensor(&mut self, dims: &[Dim]) -> Result<Value> {
-        let one = [Dim::Known(1)];
-        let mut parts = Vec::with_capacity(dims.len());
+        let mut sizes = Vec::with_capacity(dims.len());
         for d in dims {
-            let v = self.dim_value(d)?;
-            parts.push(self.reshape(&v, &one)?);
+            sizes.push(self.dim_value(d)?);
         }
-        let n = [Dim::Known(dims.len())];
+        self.vector(&sizes)
+    }
+
+    /// `i32` scalars as one `tensor<Nxi32>`.
+    pub fn vector(&mut self, scalars: &[Value]) -> Result<Value> {
+        let one = [Dim::Known(1)];
+        let mut parts = Vec::with_capacity(scalars.len());
+        for v in scalars {
+            parts.push(self.reshape(v, &one)?);
+        }
+        let n = [Dim::Known(scalars.len())];
         if parts.is_empty() {
             return self.constant(&HostData::I32(Vec::new()), &n);
         }

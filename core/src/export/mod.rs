@@ -39,12 +39,12 @@ mod shard;
 pub use shard::Mesh;
 
 use crate::compile::report::arg_path;
+use crate::compile::vmap::out_path;
 use crate::compile::{Compiled, Function};
 use crate::error::{Error, Result};
 use crate::exec::Backend;
 use crate::ir::graph::{Graph, ValueKind};
 use crate::shape::{Aval, Dim, Shape};
-use crate::tree::path::KeyPath;
 use crate::tree::{tree_flatten, Tree};
 use mlir::{tensor_type, Emitter, SymbolArgs, Value};
 use std::collections::BTreeMap;
@@ -99,18 +99,6 @@ where
         let result_paths: Vec<String> = output_tree.leaf_paths().iter().map(out_path).collect();
         let arg_avals: Vec<Aval> = leaves.iter().map(|l| l.aval().clone()).collect();
         export_graph(exe.graph(), &arg_paths, &arg_avals, &result_paths)
-    }
-}
-
-/// A result path as reports write it: `out`, `out[0]`, `out.loss`.
-fn out_path(path: &KeyPath) -> String {
-    let rendered = path.to_string();
-    if path.is_empty() {
-        "out".to_string()
-    } else if rendered.starts_with('[') {
-        format!("out{rendered}")
-    } else {
-        format!("out.{rendered}")
     }
 }
 
