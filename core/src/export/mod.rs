@@ -133,8 +133,8 @@ fn export_graph(
     for (i, input) in inputs.iter().enumerate() {
         for (axis, d) in input.dims.iter().enumerate() {
             if let Some(s) = bare_symbol(d) {
-                if !symbols.contains_key(&s) {
-                    symbols.insert(s, (input.clone(), axis));
+                if let std::collections::btree_map::Entry::Vacant(slot) = symbols.entry(s) {
+                    slot.insert((input.clone(), axis));
                     symbol_lines.push(format!("{s} = {}.shape[{axis}]", arg_paths[i]));
                 }
             }
