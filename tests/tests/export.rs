@@ -1,5 +1,6 @@
-//! Export to StableHLO: names, control flow, a training step with AdamW,
-//! a shapeless function, a sharded MLP training step and the errors.
+//! Export to StableHLO: names, control flow, training steps with AdamW
+//! (an MLP's and the `kiln-models` GPT's), a shapeless function, quantized
+//! products, implicit arrays, sharded MLP training steps and the errors.
 //!
 //! Each test checks the module's text here; under `cargo xtask xla`
 //! (`KILN_XLA_CASES` set) it also writes its case, which
@@ -7,8 +8,10 @@
 //! devices for the sharded ones) and compares with Kiln's results.
 
 use kiln::export::{Exported, Mesh};
+use kiln::implicit::LowRank;
 use kiln::optim::{AdamState, AdamW, Optimizer};
 use kiln::random::Key;
+use kiln::ImplicitArray;
 use kiln::{
     compile, cond, fori_loop, quantize, quantized_matmul, scan, value_and_grad, while_loop, Array,
     DType, QuantFormat, Quantized, Result, Tree,
@@ -544,4 +547,40 @@ fn a_wide_mlp_step_exports_for_one_and_eight_devices() {
         5,
         Some((&mesh, specs)),
     ));
+}
+
+#[test]
+fn implicit_arrays_export_as_kiln_lowers_them() {
+    let compiled = compile(|(x, w): (Array, LowRank)| {
+        // The product goes through its handler; `exp` materializes.
+        (x.matmul(&w.array()), w.array().exp().sum_all())
+    });
+    let normal = |seed: u64, shape: &[usize]| {
+        Array::random_normal(Key::new(seed), shape, DType::F32).expect("normal")
+    };
+    let w = LowRank {
+        base: normal(20, &[6, 5]),
+        a: normal(21, &[6, 2]),
+        b: normal(22, &[2, 5]),
+    };
+    let args = (normal(23, &[3, 6]), w);
+    let exported = compiled.export(&args).expect("exports");
+    assert_eq!(
+        exported.args().len(),
+        4,
+        "x and the low-rank weight's three leaves"
+    );
+    let out = compiled.call(&args).expect("runs");
+    write(&Case {
+        name: "implicit_low_rank".into(),
+        exported: &exported,
+        rule: Match::Tolerance,
+        runs: vec![Run {
+            inputs: leaves(&args),
+            outputs: leaves(&out),
+        }],
+        mesh: None,
+        training: None,
+        collectives: Vec::new(),
+    });
 }
