@@ -13,8 +13,8 @@ use kiln::optim::{AdamState, AdamW, Optimizer};
 use kiln::random::Key;
 use kiln::ImplicitArray;
 use kiln::{
-    compile, cond, fori_loop, quantize, quantized_matmul, scan, value_and_grad, while_loop, Array,
-    DType, QuantFormat, Quantized, Result, Tree,
+    compile, concat, cond, fori_loop, gather_qmm, quantize, quantized_matmul, scan, value_and_grad,
+    while_loop, Array, DType, QuantFormat, Quantized, Result, Tree,
 };
 use kiln_models::data::{self, Sampler};
 use kiln_models::{train, Gpt, GptConfig};
@@ -416,7 +416,7 @@ fn a_user_kernel_is_an_err_naming_it_and_its_op_id() {
 /// as arguments.
 fn quantized_product(
     format: QuantFormat,
-) -> impl Fn((Array, Array, Array, Array)) -> (Array, Array) {
+) -> impl Fn((Array, Array, Array, Array)) -> (Array, Array, Array) {
     move |(x, packed, scales, biases)| {
         let w = Quantized {
             packed,
@@ -424,7 +424,12 @@ fn quantized_product(
             biases: format.has_biases().then_some(biases),
             format,
         };
-        (quantized_matmul(&x, &w, true), w.dequantize())
+        // x's two matrices and w's one, picked per output batch entry.
+        let xs = concat(&[x.expand_dims(0), (&x * 0.5).expand_dims(0)], 0);
+        let lhs = Array::from_vec(vec![1u32, 0, 1], &[3]).expect("lhs");
+        let rhs = Array::from_vec(vec![0u32], &[1]).expect("rhs");
+        let picked = gather_qmm(&xs, &w, &lhs, &rhs, true);
+        (quantized_matmul(&x, &w, true), w.dequantize(), picked)
     }
 }
 

@@ -168,9 +168,15 @@ fn lower_op(
                 let w = dequantize(e, q.format, &x[1..])?;
                 one(matmul(e, &x[0], &w, [false, transpose], dims)?)
             }
-            _ => Err(unsupported(format!(
+            QuantKind::GatherMatmul { transpose } => {
+                let weight = 2 + usize::from(q.format.has_biases());
+                let w = dequantize(e, q.format, &x[1..=weight])?;
+                let indices = [&x[weight + 1], &x[weight + 2]];
+                one(gather_matmul(e, &x[0], &w, indices, transpose, dims)?)
+            }
+            QuantKind::Quantize(_) => Err(unsupported(format!(
                 "value {id} is `{}`, which has no StableHLO form in Kiln's export yet \
-                 (dequantize and quantized_matmul have one)",
+                 (dequantize, quantized_matmul and gather_qmm have one)",
                 q.describe()
             ))),
         },
@@ -1221,4 +1227,38 @@ fn dequantize(e: &mut Emitter<'_>, format: QuantFormat, parts: &[Value]) -> Resu
         value = e.binary("add", &value, &bias);
     }
     Ok(e.convert(&value, scales.dtype))
+}
+
+/// `gather_qmm` of the dequantized weight `w`: output batch entry `b` is
+/// `x[lhs[b]] @ w[rhs[b]](ᵀ)`, the indices addressing the flattened batch
+/// dims and broadcast together; two `gather`s of whole matrices and one
+/// batched `dot_general`.
+fn gather_matmul(
+    e: &mut Emitter<'_>,
+    x: &Value,
+    w: &Value,
+    [lhs, rhs]: [&Value; 2],
+    transpose: bool,
+    out: &[Dim],
+) -> Result<Value> {
+    let batch = &out[..out.len() - 2];
+    let count = batch.iter().fold(Dim::Known(1), |n, d| n.mul(d));
+    let matrices = |v: &Value| -> Vec<Dim> {
+        let r = v.dims.len();
+        let n = v.dims[..r - 2].iter().fold(Dim::Known(1), |n, d| n.mul(d));
+        vec![n, v.dims[r - 2].clone(), v.dims[r - 1].clone()]
+    };
+    let mut picked = Vec::with_capacity(2);
+    for (v, index) in [(x, lhs), (w, rhs)] {
+        let stacked = e.reshape(v, &matrices(v))?;
+        let index = e.broadcast(index, batch)?;
+        let index = e.reshape(&index, std::slice::from_ref(&count))?;
+        let mut dims = matrices(v);
+        dims[0] = count.clone();
+        picked.push(take(e, 0, &stacked, &index, &dims)?);
+    }
+    let mut product = vec![count.clone()];
+    product.extend(out[out.len() - 2..].iter().cloned());
+    let p = matmul(e, &picked[0], &picked[1], [false, transpose], &product)?;
+    e.reshape(&p, out)
 }
