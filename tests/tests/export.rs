@@ -589,3 +589,33 @@ fn implicit_arrays_export_as_kiln_lowers_them() {
         collectives: Vec::new(),
     });
 }
+
+#[test]
+fn in_graph_random_numbers_export_bit_equal() {
+    let compiled = compile(|(x, key): (Array, Array)| {
+        (
+            kiln::nn::random_uniform(&key, &[4, 8]),
+            kiln::nn::dropout(&x, 0.25, &key),
+        )
+    });
+    let x = Array::random_normal(Key::new(30), &[4, 8], DType::F32).expect("x");
+    let args = (x, kiln::nn::key_array(Key::new(31)));
+    let exported = compiled.export(&args).expect("exports");
+    assert!(
+        exported.stablehlo().contains("tensor<ui32>"),
+        "the key is a u32 scalar"
+    );
+    let out = compiled.call(&args).expect("runs");
+    write(&Case {
+        name: "random_in_graph".into(),
+        exported: &exported,
+        rule: Match::Exact,
+        runs: vec![Run {
+            inputs: leaves(&args),
+            outputs: leaves(&out),
+        }],
+        mesh: None,
+        training: None,
+        collectives: Vec::new(),
+    });
+}
