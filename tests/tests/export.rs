@@ -619,3 +619,36 @@ fn in_graph_random_numbers_export_bit_equal() {
         collectives: Vec::new(),
     });
 }
+
+#[test]
+fn quantize_exports_bit_equal_in_every_format() {
+    let formats = [
+        ("affine4", QuantFormat::affine(4, 64)),
+        ("affine5", QuantFormat::affine(5, 32)),
+        ("nf4", QuantFormat::Nf4),
+        ("int8", QuantFormat::Int8),
+    ];
+    for (name, format) in formats {
+        for dtype in [DType::F32, DType::F16] {
+            let compiled = compile(move |w: Array| {
+                let q = quantize(&w, format);
+                (q.packed, q.scales, q.biases)
+            });
+            let w = Array::random_normal(Key::new(40), &[4, 128], dtype).expect("w");
+            let exported = compiled.export(&w).expect("exports");
+            let out = compiled.call(&w).expect("runs");
+            write(&Case {
+                name: format!("quantize_{name}_{dtype}"),
+                exported: &exported,
+                rule: Match::Exact,
+                runs: vec![Run {
+                    inputs: vec![w],
+                    outputs: leaves(&out),
+                }],
+                mesh: None,
+                training: None,
+                collectives: Vec::new(),
+            });
+        }
+    }
+}

@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::ir::graph::{Graph, ValueId, ValueKind};
 use crate::ops::control::{ControlCall, ControlKind};
 use crate::ops::fused::{step_avals, FusedArg, FusedKernel};
-use crate::ops::quant::{QuantFormat, QuantKind, NF4_LEVELS};
+use crate::ops::quant::{QuantFormat, QuantKind, QuantPart, NF4_LEVELS};
 use crate::ops::{BinaryOp, Op, ReduceOp, ShapeCx, SliceAxis, UnaryOp};
 use crate::shape::{Aval, Dim};
 use crate::DType;
@@ -174,11 +174,7 @@ fn lower_op(
                 let indices = [&x[weight + 1], &x[weight + 2]];
                 one(gather_matmul(e, &x[0], &w, indices, transpose, dims)?)
             }
-            QuantKind::Quantize(_) => Err(unsupported(format!(
-                "value {id} is `{}`, which has no StableHLO form in Kiln's export yet \
-                 (dequantize, quantized_matmul and gather_qmm have one)",
-                q.describe()
-            ))),
+            QuantKind::Quantize(part) => one(quantize(e, q.format, part, &x[0], dims)?),
         },
         Op::Get { .. } => Err(unsupported(format!(
             "value {id}: a `get` outside its graph"
@@ -1261,4 +1257,181 @@ fn gather_matmul(
     product.extend(out[out.len() - 2..].iter().cloned());
     let p = matmul(e, &picked[0], &picked[1], [false, transpose], &product)?;
     e.reshape(&p, out)
+}
+
+/// One part of `w`'s quantization, as Kiln computes it: per group the
+/// scale (and the affine bias) from the group's extremes, rounded to the
+/// dtype; the codes from the rounded scale and bias (ties to even,
+/// clamped; NF4's nearest level, the lower on a tie); the codes packed
+/// into each row's bit stream by adding (their bits are disjoint) each
+/// code's shifted low and high parts into its words.
+fn quantize(
+    e: &mut Emitter<'_>,
+    format: QuantFormat,
+    part: QuantPart,
+    w: &Value,
+    out: &[Dim],
+) -> Result<Value> {
+    let last = w.dims.len() - 1;
+    let cols = known_dims(&w.dims[last..], "a quantized weight's row")?[0];
+    let group = format.group_size().unwrap_or(cols).max(1);
+    let bits = format.bits() as usize;
+    let wf = e.convert(w, DType::F32);
+    let mut grouped_dims = w.dims[..last].to_vec();
+    grouped_dims.extend([Dim::Known(cols / group), Dim::Known(group)]);
+    let grouped = e.reshape(&wf, &grouped_dims)?;
+    let group_dims = grouped_dims[..=last].to_vec();
+    let extreme = |e: &mut Emitter<'_>, op: ReduceOp, v: &Value| {
+        reduce(e, op, &[last + 1], false, v, &group_dims)
+    };
+    let (scale, bias) = match format {
+        QuantFormat::Affine { bits, .. } => {
+            let max = extreme(e, ReduceOp::Max, &grouped)?;
+            let min = extreme(e, ReduceOp::Min, &grouped)?;
+            let range = e.binary("subtract", &max, &min);
+            let levels = e.splat_like(((1u32 << bits) - 1) as f64, &range)?;
+            (divide_by_constant(e, &range, &levels), min)
+        }
+        QuantFormat::Nf4 | QuantFormat::Int8 => {
+            let magnitude = e.unary("abs", &grouped);
+            let absmax = extreme(e, ReduceOp::Max, &magnitude)?;
+            let zero = e.splat_like(0.0, &absmax)?;
+            let scale = if format == QuantFormat::Int8 {
+                let d = e.splat_like(127.0, &absmax)?;
+                divide_by_constant(e, &absmax, &d)
+            } else {
+                absmax
+            };
+            (scale, zero)
+        }
+    };
+    // As stored: rounded to the dtype.
+    let (scale, bias) = (e.convert(&scale, w.dtype), e.convert(&bias, w.dtype));
+    match part {
+        QuantPart::Scales => return e.reshape(&scale, out),
+        QuantPart::Biases => return e.reshape(&bias, out),
+        QuantPart::Packed => {}
+    }
+    let spread = |e: &mut Emitter<'_>, v: &Value| {
+        let v = e.convert(v, DType::F32);
+        let mapping: Vec<usize> = (0..=last).collect();
+        e.broadcast_in_dim(&v, &grouped_dims, &mapping)
+    };
+    let (s, b) = (spread(e, &scale)?, spread(e, &bias)?);
+    let codes = encode(e, format, &grouped, &s, &b)?;
+    let mut code_dims = w.dims.clone();
+    code_dims[last] = Dim::Known(cols);
+    let codes = e.reshape(&codes, &code_dims)?;
+    pack(e, &codes, bits, out)
+}
+
+/// `a / d` (f32) rounded as an f32 division rounds. XLA rewrites a
+/// division by a constant as a product with its reciprocal, which may
+/// differ in the last bit; in f64 that product is close enough to the
+/// quotient that rounding it to f32 gives the f32 quotient.
+fn divide_by_constant(e: &mut Emitter<'_>, a: &Value, d: &Value) -> Value {
+    let wide = a.ty().replace("f32>", "f64>");
+    let widen = |e: &mut Emitter<'_>, v: &Value| {
+        let name = e.fresh();
+        e.line(&format!(
+            "{name} = stablehlo.convert {} : ({}) -> {wide}",
+            v.name,
+            v.ty()
+        ));
+        name
+    };
+    let (a64, d64) = (widen(e, a), widen(e, d));
+    let q = e.fresh();
+    e.line(&format!("{q} = stablehlo.divide {a64}, {d64} : {wide}"));
+    let rhs = format!("stablehlo.convert {q} : ({wide}) -> {}", a.ty());
+    e.op(&rhs, &a.dims, DType::F32)
+}
+
+/// Each element's code (u32) under its group's scale `s` and bias `b`.
+fn encode(
+    e: &mut Emitter<'_>,
+    format: QuantFormat,
+    v: &Value,
+    s: &Value,
+    b: &Value,
+) -> Result<Value> {
+    let zero = e.splat_like(0.0, v)?;
+    let no_scale = e.compare("EQ", s, &zero);
+    let shifted = e.binary("subtract", v, b);
+    let ratio = e.binary("divide", &shifted, s);
+    let ratio = e.select(&no_scale, &zero, &ratio);
+    let (low, high) = match format {
+        QuantFormat::Affine { bits, .. } => (0.0, ((1u32 << bits) - 1) as f64),
+        QuantFormat::Int8 => (-127.0, 127.0),
+        QuantFormat::Nf4 => return nearest_level(e, &ratio),
+    };
+    let rounded = e.unary("round_nearest_even", &ratio);
+    let (l, h) = (e.splat_like(low, &rounded)?, e.splat_like(high, &rounded)?);
+    let rhs = format!(
+        "stablehlo.clamp {}, {}, {} : {}",
+        l.name,
+        rounded.name,
+        h.name,
+        rounded.ty()
+    );
+    let clamped = e.op(&rhs, &rounded.dims, DType::F32);
+    // Int8 stores the two's complement byte.
+    let signed = e.convert(&clamped, DType::I32);
+    let byte = e.splat_like(255.0, &signed)?;
+    let masked = e.binary("and", &signed, &byte);
+    Ok(e.convert(&masked, DType::U32))
+}
+
+/// The index of the NF4 level nearest `t`, the lower one on a tie.
+fn nearest_level(e: &mut Emitter<'_>, t: &Value) -> Result<Value> {
+    let distance = |e: &mut Emitter<'_>, level: f32| -> Result<Value> {
+        let l = e.splat_like(f64::from(level), t)?;
+        let d = e.binary("subtract", t, &l);
+        Ok(e.unary("abs", &d))
+    };
+    let mut best_distance = distance(e, NF4_LEVELS[0])?;
+    let mut best = {
+        let zero = e.scalar(0.0, DType::U32);
+        e.broadcast(&zero, &t.dims)?
+    };
+    for (i, &level) in NF4_LEVELS.iter().enumerate().skip(1) {
+        let d = distance(e, level)?;
+        let closer = e.compare("LT", &d, &best_distance);
+        let index = e.splat_like(i as f64, &best)?;
+        best = e.select(&closer, &index, &best);
+        best_distance = e.select(&closer, &d, &best_distance);
+    }
+    Ok(best)
+}
+
+/// `codes` (u32, `bits` each) packed along the last axis into words of
+/// `out`: code `j` at bit `j·bits` of its row's stream.
+fn pack(e: &mut Emitter<'_>, codes: &Value, bits: usize, out: &[Dim]) -> Result<Value> {
+    let last = codes.dims.len() - 1;
+    let cols = known_dims(&codes.dims[last..], "a quantized weight's row")?[0];
+    let words = known_dims(&out[last..], "packed codes")?[0];
+    let column = |j: usize| (j * bits / 32, (j * bits % 32) as u32);
+    let shifts = HostData::U32((0..cols).map(|j| column(j).1).collect());
+    let shift = e.constant(&shifts, &[Dim::Known(cols)])?;
+    let shift = e.broadcast(&shift, &codes.dims)?;
+    let width = e.splat_like(32.0, &shift)?;
+    let back = e.binary("subtract", &width, &shift);
+    // Shifts by 32 give 0: a code within one word adds nothing to the next.
+    let low = e.binary("shift_left", codes, &shift);
+    let high = e.binary("shift_right_logical", codes, &back);
+    let mut packed: Option<Value> = None;
+    for (part, next) in [(low, 0), (high, 1)] {
+        let index = HostData::I32(
+            (0..cols)
+                .map(|j| (column(j).0 + next).min(words - 1) as i32)
+                .collect(),
+        );
+        let index = e.constant(&index, &[Dim::Known(cols)])?;
+        let words = scatter_add(e, last, &part, &index, out)?;
+        packed = Some(match packed {
+            Some(p) => e.binary("add", &p, &words),
+            None => words,
+        });
+    }
+    packed.ok_or_else(|| unsupported("packing without parts"))
 }

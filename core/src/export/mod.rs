@@ -89,8 +89,8 @@ where
     /// dims (`tensor<?x4xf32>`) and records its symbols and guards.
     ///
     /// An `Err` names what has no StableHLO form: a user WGSL kernel (by
-    /// name and op id), `quantize`, an op over a symbolic size that
-    /// StableHLO needs static.
+    /// name and op id), an op over a symbolic size that StableHLO needs
+    /// static.
     pub fn export(&self, args: &In) -> Result<Exported> {
         let exe = self.executable(args)?;
         let (leaves, input_tree) = tree_flatten(args)?;
