@@ -12,12 +12,16 @@
 //! # Layering
 //!
 //! Export sits above `compile/` (the layers test, `core/tests/layers.rs`,
-//! puts it there): it starts from a [`Compiled`] function and its cache
-//! entry and reads the graph of its [`crate::Executable`], and it traces a
-//! custom op's forward (the trace layer) to write it as its body. Nothing
-//! below imports it, and it is a module of the core rather than a crate of
-//! its own because it reads the IR (graphs, op parameters, symbolic
-//! dims) that the core keeps to itself, as a backend's lowering does.
+//! puts it there): it starts from a [`Compiled`] function, reads the graph
+//! of its [`crate::Executable`] and its result tree
+//! ([`Compiled::output_tree`]), and traces a custom op's forward (the trace
+//! layer) to write it as its body. Nothing below imports it. It is a
+//! module of the core, not a crate of its own, because of three hooks the
+//! core keeps crate-private: a custom op's traced forward, the terms of a
+//! symbolic size (written as code for dynamic dims) and the rendering of
+//! tree paths as reports write them; as a crate it would make them public
+//! API for one client. Everything else it reads is public (the graph, the
+//! ops' parameters, avals).
 //!
 //! ```
 //! use kiln::{compile, Array};
