@@ -150,10 +150,7 @@ fn lower_op(
             k.kernel.name()
         ))),
         Op::Custom(c) => {
-            let avals: Vec<Aval> = x
-                .iter()
-                .map(|v| Aval::new(crate::shape::Shape(v.dims.clone()), v.dtype))
-                .collect();
+            let avals = avals_of(x);
             let body = c.forward_graph(&avals.iter().collect::<Vec<_>>())?;
             lower_graph(e, &body, x)
         }
@@ -180,6 +177,14 @@ fn lower_op(
             "value {id}: a `get` outside its graph"
         ))),
     }
+}
+
+/// The avals of lowered values.
+fn avals_of(values: &[Value]) -> Vec<Aval> {
+    values
+        .iter()
+        .map(|v| Aval::new(crate::shape::Shape(v.dims.clone()), v.dtype))
+        .collect()
 }
 
 fn names(values: &[Value]) -> String {
@@ -886,10 +891,7 @@ fn start_indices(e: &mut Emitter<'_>, starts: &[Value]) -> Result<Vec<Value>> {
 
 /// A fused group written as its members.
 fn fused(e: &mut Emitter<'_>, kernel: &FusedKernel, x: &[Value]) -> Result<Value> {
-    let avals: Vec<Aval> = x
-        .iter()
-        .map(|v| Aval::new(crate::shape::Shape(v.dims.clone()), v.dtype))
-        .collect();
+    let avals = avals_of(x);
     let refs: Vec<&Aval> = avals.iter().collect();
     let steps = kernel.steps();
     let step_out = step_avals(steps, &refs, &mut ShapeCx::default())?;

@@ -29,7 +29,7 @@ pub(super) fn mesh_err(detail: String) -> Error {
 
 impl Mesh {
     /// A mesh of `axes` (name, size); an `Err` for no axes, an empty or
-    /// repeated name, or a size of 0.
+    /// repeated name, a size of 0, or more than 2^32 − 1 devices.
     pub fn new<S: Into<String>>(axes: impl IntoIterator<Item = (S, usize)>) -> Result<Mesh> {
         let axes: Vec<(String, usize)> = axes.into_iter().map(|(n, s)| (n.into(), s)).collect();
         if axes.is_empty() {
@@ -49,6 +49,16 @@ impl Mesh {
             if axes[..i].iter().any(|(other, _)| other == name) {
                 return Err(mesh_err(format!("mesh axis `{name}` is named twice")));
             }
+        }
+        let devices = axes.iter().try_fold(1usize, |n, (_, s)| n.checked_mul(*s));
+        if devices.is_none_or(|n| n > u32::MAX as usize) {
+            return Err(mesh_err(format!(
+                "a mesh of {} has more devices than XLA can number",
+                axes.iter()
+                    .map(|(n, s)| format!("{n}={s}"))
+                    .collect::<Vec<_>>()
+                    .join(" × ")
+            )));
         }
         Ok(Mesh { axes })
     }
