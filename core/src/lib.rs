@@ -58,6 +58,11 @@
 //! (`grad`, `value_and_grad`, `vjp`, `jvp`, `linearize`, `jacfwd`,
 //! `jacrev`, `hessian`, `vmap`).
 //!
+//! **Export** (`export/`): a compiled function as a StableHLO module for
+//! XLA and the other engines that take it, with Shardy sharding
+//! annotations. It starts from a [`Compiled`] function, so it sits above
+//! `compile/`.
+//!
 //! **Models** (`nn/`, `optim/`, `io/`): what users build models from —
 //! layers and losses, optimizers, weight files. They use only the public
 //! API, as `mlx.nn` and optax do: where one needs a private hook, the API
@@ -83,6 +88,7 @@ pub mod data;
 pub mod dtype;
 pub mod error;
 pub mod exec;
+pub mod export;
 pub mod handle;
 pub mod hash;
 pub mod io;

@@ -39,6 +39,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("exec", &["exec/"]),
     ("transform", &["transform/"]),
     ("compile", &["compile/"]),
+    ("export", &["export/"]),
     ("models", &["nn/", "optim/", "io/"]),
 ];
 

@@ -9,6 +9,7 @@ pub mod gpu;
 pub mod isolate;
 pub mod programs;
 pub mod rss;
+pub mod xla;
 
 use kiln::ops::kernel::{Kernel, KernelBuilder};
 use kiln::{Array, Executable, HostData};

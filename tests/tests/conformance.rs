@@ -1468,3 +1468,63 @@ fn wgpu_runs_shapeless_transposes_at_two_sizes_with_one_trace() {
     };
     check_shapeless_transposes(gpu.clone()).unwrap_or_else(|e| panic!("on {}: {e}", gpu.adapter()));
 }
+
+/// Every case exports to StableHLO, and the user-kernel cases are an `Err`
+/// naming the kernel and its op id. Under `cargo xtask xla`
+/// (`KILN_XLA_CASES` set) each exported case is written with its inputs
+/// and the CPU executor's results, for XLA to run and compare under the
+/// case's rule.
+#[test]
+fn every_conformance_case_exports_to_stablehlo() {
+    use kiln_tests::xla::{cases_dir, write_case, Case as XlaCase, Match, Run};
+    let root = cases_dir();
+    let mut failures = Vec::new();
+    let mut exported_cases = 0;
+    for (i, case) in all_cases().into_iter().enumerate() {
+        let program = case.program;
+        let compiled = compile(move |xs: Vec<Array>| program(&xs));
+        let result = compiled.export(&case.inputs);
+        if case.name.starts_with("user kernel") {
+            match result {
+                Err(e) if e.to_string().contains("user kernel `axpb`") => {}
+                other => {
+                    failures.push(format!("{}: {other:?}, want an Err naming axpb", case.name))
+                }
+            }
+            continue;
+        }
+        let exported = match result {
+            Ok(exported) => exported,
+            Err(e) => {
+                failures.push(format!("{}: {e}", case.name));
+                continue;
+            }
+        };
+        exported_cases += 1;
+        assert!(exported.stablehlo().contains("func.func public @main"));
+        if let Some(root) = &root {
+            let outputs = compiled
+                .call(&case.inputs)
+                .expect("the case runs on the CPU");
+            let rule = match case.rule {
+                Rule::Exact => Match::Exact,
+                Rule::Tolerance => Match::Tolerance,
+            };
+            let xla_case = XlaCase {
+                name: format!("conformance_{i:03}"),
+                exported: &exported,
+                rule,
+                runs: vec![Run {
+                    inputs: case.inputs.clone(),
+                    outputs,
+                }],
+                mesh: None,
+                training: None,
+                collectives: Vec::new(),
+            };
+            write_case(root, &xla_case).expect("the case is written");
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(exported_cases > 100, "only {exported_cases} cases exported");
+}

@@ -7,6 +7,7 @@ use crate::apt;
 use crate::cross;
 use crate::process::{self, cargo};
 use crate::web;
+use crate::xla;
 use std::time::Instant;
 
 struct Step {
@@ -69,6 +70,12 @@ const STEPS: &[Step] = &[
             }
             process::run(&mut command)
         },
+    },
+    Step {
+        name: "xla",
+        what: "run the exported StableHLO cases on XLA's CPU client, 8 simulated devices \
+               (makes target/xla-venv with jax[cpu]==0.10.2 on first use)",
+        run: || xla::run(&[]),
     },
     Step {
         name: "wasm32",

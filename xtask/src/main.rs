@@ -9,6 +9,7 @@ mod process;
 mod relaxed_kernel;
 mod stamp;
 mod web;
+mod xla;
 
 use std::process::ExitCode;
 
@@ -19,7 +20,7 @@ commands:
   ci [STEP...]      fmt, clippy, doc, test, the wasm32 build of `kiln`, the Metal
                     backend's check for Apple silicon and the playground's browser
                     tests, stopping at the first failure; STEPs pick a subset
-                    (steps: fmt clippy doc lavapipe test wasm32 apple web)
+                    (steps: fmt clippy doc lavapipe test xla wasm32 apple web)
   bench [NAME...]   run the benchmarks in release mode, print their JSON and write it
                     to target/kiln-bench.json; NAMEs select benchmarks by name or prefix
                     (`cpu` the CPU executor's figures, native and, as cpu_wasm_*, wasm32
@@ -32,6 +33,10 @@ commands:
                     wasm32, wasm-bindgen, esbuild; installs what it needs on first use;
                     --e2e then runs the browser tests in headless Chromium (screenshots
                     in target/web-e2e/); --repeat N runs them N times and counts passes
+  xla               run Kiln's exported StableHLO on XLA's CPU client (8 simulated devices)
+                    and compare with Kiln: the export tests write their cases to
+                    target/xla-cases/; a venv with jax[cpu]==0.10.2 is made in
+                    target/xla-venv/ on first use
   serve [--port N]  build the playground and serve it on http://127.0.0.1:N/ (8000)
   help              this text
 ";
@@ -48,6 +53,7 @@ fn main() -> ExitCode {
         "wasm" => cross::run(rest),
         "web" => web::run(rest),
         "serve" => web::serve(rest),
+        "xla" => xla::run(rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

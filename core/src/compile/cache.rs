@@ -386,6 +386,15 @@ where
         Ok(self.entry(&tree, &leaves, &shapes)?.0.exe.clone())
     }
 
+    /// The result tree of calls with the signature of `args` (compiled on
+    /// a miss, like [`Compiled::prepare`]): where each result leaf of
+    /// [`Compiled::executable`]'s graph goes, for tools that name them.
+    pub fn output_tree(&self, args: &In) -> Result<TreeDef> {
+        let (tree, leaves) = self.flatten(args)?;
+        let shapes = self.leaf_shapes(&leaves);
+        Ok(self.entry(&tree, &leaves, &shapes)?.0.output_tree.clone())
+    }
+
     /// The entry serving flattened arguments of `shapes` (the leaves'
     /// shapes, which only a shapeless entry reads), traced and inserted on
     /// a miss; and whether it traced. Every way of calling goes through it.

@@ -71,8 +71,9 @@ struct Split {
     size: Dim,
 }
 
-/// A path of the outputs as `out_axes` takes it: `out`, `out[1]`, `out.x`.
-fn out_path(path: &KeyPath) -> String {
+/// A path of the outputs as `out_axes` takes it (and an export names its
+/// results): `out`, `out[1]`, `out.x`.
+pub(crate) fn out_path(path: &KeyPath) -> String {
     let rendered = path.to_string();
     if path.is_empty() {
         "out".to_string()

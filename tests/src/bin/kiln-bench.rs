@@ -335,6 +335,39 @@ fn grad_wanted(names: &[String]) -> bool {
         || matmul::wanted("grad_mlp4_cached", names)
 }
 
+/// One SGD training step of the 4-layer MLP: new layers and the loss.
+fn mlp4_train_step(args: (Vec<Layer>, Array, Array)) -> kiln::Result<(Vec<Layer>, Array)> {
+    let (loss, (grads, _, _)) = kiln::value_and_grad(mlp4_loss)
+        .wrt(["args[0]"])
+        .call(&args)?;
+    let layers = args
+        .0
+        .iter()
+        .zip(&grads)
+        .map(|((w, b), (dw, db))| (w - &(dw * 0.01), b - &(db * 0.01)))
+        .collect();
+    Ok((layers, loss))
+}
+
+/// `export_mlp4_train_ms`: exporting the MLP's training step to StableHLO
+/// from a fresh compile (trace, passes, writing the module); the fastest
+/// of five.
+fn export_benchmarks(names: &[String], report: &mut BenchReport) {
+    if !selected("export_mlp4_train_ms", names) {
+        return;
+    }
+    let args = mlp4_arguments();
+    let ms = (0..5)
+        .map(|_| {
+            let step = compile(mlp4_train_step);
+            time_once_ms(|| {
+                std::hint::black_box(step.export(&args).expect("exports").stablehlo());
+            })
+        })
+        .fold(f64::INFINITY, f64::min);
+    report.record("export_mlp4_train_ms", ms, "ms");
+}
+
 /// `compile(value_and_grad(loss))` of the 4-layer MLP on the CPU: the first
 /// call (trace, passes, plan, run), the median cached call, and the planned
 /// memory of the training step with its residuals.
@@ -437,6 +470,7 @@ fn main() {
         transpose_figure(&names, &mut report);
         matmul::one_thread(&names, &mut report);
         grad_benchmarks(&names, &mut report);
+        export_benchmarks(&names, &mut report);
         vmap_benchmarks(&names, &mut report);
         control::benchmarks(&names, &mut report);
         models::benchmarks(&names, &mut report, matmul::read_bandwidth_gbs);
@@ -744,6 +778,7 @@ fn cpu_benchmarks(names: &[String], report: &mut BenchReport) {
         .chain(VMAP_FIGURES.map(String::from));
     let one_thread = wanted.into_iter().any(|name| selected(&name, names))
         || grad_wanted(names)
+        || selected("export_mlp4_train_ms", names)
         || matmul::ONE_THREAD
             .iter()
             .any(|name| matmul::wanted(name, names))

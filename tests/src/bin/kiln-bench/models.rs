@@ -13,7 +13,7 @@ use kiln_models::{decode, train, Gpt, GptConfig, Sampling};
 use kiln_tests::bench::{selected, time_once_ms, BenchReport};
 
 /// The one-thread figures.
-pub const CPU_FIGURES: [&str; 11] = [
+pub const CPU_FIGURES: [&str; 12] = [
     "gpt_small_train_step_cached_ms",
     "gpt_small_train_first_call_ms",
     "gpt_small_train_compile_ms",
@@ -25,6 +25,7 @@ pub const CPU_FIGURES: [&str; 11] = [
     "gpt2_decode_q4_gbs",
     "gpt2_decode_f32_limit_ratio",
     "gpt2_decode_q4_limit_ratio",
+    "export_gpt_small_train_ms",
 ];
 
 /// The wgpu figure.
@@ -94,6 +95,20 @@ fn compile_ms() -> f64 {
     })
 }
 
+/// Exporting the "small" model's training step to StableHLO, from a
+/// fresh compile (trace, passes, writing the module); the fastest of three.
+fn export_ms() -> f64 {
+    let (optimizer, args) = small_step_args();
+    (0..3)
+        .map(|_| {
+            let step = compile(train::step(optimizer.clone()));
+            time_once_ms(|| {
+                std::hint::black_box(step.export(&args).expect("exports").stablehlo());
+            })
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
 /// Milliseconds per token of greedy decoding of 32 tokens in one compiled
 /// scan (a cached call), and the weight bytes a token reads. Each call
 /// takes fresh empty caches (they are donated), made before its clock
@@ -131,6 +146,9 @@ pub fn benchmarks(
     report: &mut BenchReport,
     read_bandwidth_gbs: impl Fn() -> f64,
 ) {
+    if wanted("export_gpt_small_train_ms", names) {
+        report.record("export_gpt_small_train_ms", export_ms(), "ms");
+    }
     if CPU_FIGURES[..5].iter().any(|f| wanted(f, names)) {
         report.record("gpt_small_train_compile_ms", compile_ms(), "ms");
         let (first, cached, cache) = train_step_figures(kiln::CpuBackend, 5);
@@ -148,7 +166,7 @@ pub fn benchmarks(
             "bytes",
         );
     }
-    if !CPU_FIGURES[5..].iter().any(|f| wanted(f, names)) {
+    if !CPU_FIGURES[5..11].iter().any(|f| wanted(f, names)) {
         return;
     }
     let bandwidth = read_bandwidth_gbs();
