@@ -8,12 +8,14 @@
 //! custom op's tracing and executable through its `CustomRuntime`, the CPU
 //! thread count from the base layer ([`crate::threads`]).
 
+pub mod array_api;
 pub(crate) mod batching;
 pub mod binary;
 pub mod cast;
 pub mod control;
 pub mod custom;
 pub mod dynamic;
+pub mod einsum;
 pub mod fused;
 pub mod implicit;
 pub mod index;

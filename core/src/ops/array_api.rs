@@ -1,0 +1,901 @@
+//! The everyday `jax.numpy` functions a model author reaches for, each a
+//! named composition of Kiln's op families: no new op, so each one
+//! differentiates, runs forward-mode, batches, runs on every backend and
+//! (unless its doc says otherwise) takes symbolic dims, through its parts.
+//! Where JAX documents a choice (rounding, NaN, ties, result dtypes) the
+//! method's doc states the one Kiln makes.
+
+use crate::error::{arg_err, dtype_err, shape_err, Result};
+use crate::handle::array::{normalize_axis, Array};
+use crate::location::in_composition;
+use crate::ops::layout::concat;
+use crate::ops::{Op, SliceAxis};
+use crate::shape::{Dim, Shape};
+use crate::DType;
+
+/// `x` with no gradient (the `stop_gradient` identity): the families
+/// cannot import the transform layer's function, so they build its node.
+fn no_gradient(x: &Array) -> Array {
+    Array::apply(Op::StopGradient, vec![x.clone()])
+}
+
+/// The product of `x`'s sizes over `axes` as a scalar of `dtype` (known
+/// only per call in a shapeless compile).
+fn count(x: &Array, axes: Vec<usize>, dtype: DType) -> Array {
+    Array::apply(Op::DimSize { axes, dtype }, vec![x.clone()])
+}
+
+/// `Err` naming `op` unless `x` holds floats.
+fn require_float(op: &str, x: &Array) -> Result<()> {
+    x.first_error()?;
+    match x.dtype().is_float() {
+        true => Ok(()),
+        false => Err(dtype_err(
+            op,
+            &[x.aval()],
+            format!("expects a float dtype, got {}", x.dtype()),
+        )),
+    }
+}
+
+/// `Err` naming `op` when `x` is bool.
+fn require_numeric(op: &str, x: &Array) -> Result<()> {
+    x.first_error()?;
+    match x.dtype() {
+        DType::Bool => Err(dtype_err(
+            op,
+            &[x.aval()],
+            "expects a numeric dtype, got bool",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Floats with an integral value from 2^23 up: every f32 that large is
+/// already an integer, and every smaller one converts to i32 exactly.
+const INTEGRAL_FROM: f64 = 8_388_608.0;
+
+/// How [`Array::floor`] and [`Array::round`] pick the integer.
+#[derive(Clone, Copy)]
+enum Rounding {
+    Floor,
+    HalfToEven,
+}
+
+/// Elementwise compositions.
+impl Array {
+    /// `x * x`, for any numeric dtype (integers wrap), as `jax.numpy.square`.
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![-3i32, 2], &[2])?;
+    /// assert_eq!(x.square().to_vec::<i32>()?, [9, 4]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn square(&self) -> Array {
+        in_composition("square", || self * self)
+    }
+
+    /// The tangent, `sin(x) / cos(x)` (floats; within a few ulps of the
+    /// quotient of the two), as `jax.numpy.tan`.
+    #[track_caller]
+    pub fn tan(&self) -> Array {
+        in_composition("tan", || self.sin() / self.cos())
+    }
+
+    /// `-1`, `0` or `1` by the sign of each element, as `jax.numpy.sign`:
+    /// zeros keep their sign (`sign(-0.0)` is `-0.0`), NaN stays NaN,
+    /// unsigned integers give `0` or `1`, bool fails. Its gradient is zero.
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![-2.5f32, 0.0, 4.0], &[3])?;
+    /// assert_eq!(x.sign().to_vec::<f32>()?, [-1.0, 0.0, 1.0]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn sign(&self) -> Array {
+        in_composition("sign", || {
+            if let Err(e) = require_numeric("sign", self) {
+                return Array::failed(e);
+            }
+            let x = no_gradient(self);
+            let positive = x.greater(0);
+            match self.dtype().is_signed() {
+                true => positive.select(1, x.less(0).select(-1, &x)),
+                false => positive.select(1, &x),
+            }
+        })
+    }
+
+    /// The largest integer not above each element, as `jax.numpy.floor`:
+    /// `floor(-0.0)` is `-0.0`, NaN and infinities stay; integer arrays
+    /// come back unchanged (NumPy 2 and JAX do the same), bool fails. Its
+    /// gradient is zero.
+    #[track_caller]
+    pub fn floor(&self) -> Array {
+        in_composition("floor", || self.integral("floor", Rounding::Floor))
+    }
+
+    /// The nearest integer, halves to the even one (`round(2.5)` is `2`,
+    /// `round(-0.5)` is `-0.0`), as `jax.numpy.round` with no decimals:
+    /// NaN and infinities stay; integer arrays come back unchanged, bool
+    /// fails. Its gradient is zero.
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![0.5f32, 1.5, 2.5, -1.6], &[4])?;
+    /// assert_eq!(x.round().to_vec::<f32>()?, [0.0, 2.0, 2.0, -2.0]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn round(&self) -> Array {
+        in_composition("round", || self.integral("round", Rounding::HalfToEven))
+    }
+
+    /// Floor or round through an exact i32 conversion: f16 and bf16 widen
+    /// to f32 (their integers are f32's), values from 2^23 up are already
+    /// integers and pass through with NaN and the infinities.
+    #[track_caller]
+    fn integral(&self, op: &str, rounding: Rounding) -> Array {
+        if let Err(e) = require_numeric(op, self) {
+            return Array::failed(e);
+        }
+        if !self.dtype().is_float() {
+            return self.clone();
+        }
+        let x = no_gradient(&self.cast(DType::F32));
+        let small = x.abs().less(INTEGRAL_FROM);
+        let truncated = small.select(&x, 0.0).cast(DType::I32).cast(DType::F32);
+        let rounded = match rounding {
+            Rounding::Floor => truncated.greater(&x).select(&truncated - 1.0, &truncated),
+            Rounding::HalfToEven => {
+                let fraction = (&x - &truncated).abs();
+                let half = &truncated * 0.5;
+                let odd = half.cast(DType::I32).cast(DType::F32).not_equal(&half);
+                let tie_up = fraction.equal(0.5).select(odd, false_like(&x));
+                let up = fraction.greater(0.5).select(true_like(&x), tie_up);
+                let away = x.less(0.0).select(-1.0, 1.0);
+                up.select(&truncated + &away, &truncated)
+            }
+        };
+        // A zero result takes the sign of the input, as IEEE rounding does.
+        let signed = rounded.equal(0.0).select(&x * 0.0, &rounded);
+        small.select(&signed, &x).cast(self.dtype())
+    }
+
+    /// `log(1 + x)`, accurate for small `x` (floats), as `jax.numpy.log1p`:
+    /// where `u = 1 + x` rounds, `log(u) · x / (u − 1)` cancels the
+    /// rounding (Goldberg's identity), and where `u` rounds to 1, `x` is the
+    /// answer. Its derivatives are those of `log(1 + x)`, `1 / (1 + x)` and
+    /// on; at `x ≤ -1`, `+inf` and NaN (where `log1p` is not finite) the
+    /// gradient is zero.
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![1e-10f32], &[1])?;
+    /// assert_eq!(x.log1p().to_vec::<f32>()?, [1e-10]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn log1p(&self) -> Array {
+        in_composition("log1p", || {
+            if let Err(e) = require_float("log1p", self) {
+                return Array::failed(e);
+            }
+            let x = no_gradient(self);
+            let u = &x + 1.0;
+            let below = &u - 1.0;
+            let goldberg = below.equal(0.0).select(&x, u.log() * (&x / &below));
+            // At x = +inf the ratio is inf / inf; log(u) is the answer.
+            let accurate = u.less(f64::INFINITY).select(goldberg, &u);
+            // `plain − no_gradient(plain)` is exactly 0 and carries the
+            // derivatives of log(1 + x); where 1 + x is not a positive
+            // finite number it is log(1) = 0 with no gradient, so no 0 · ∞
+            // reaches a cotangent.
+            let shifted = self + 1.0;
+            let finite = shifted.less(f64::INFINITY).select(&shifted, 1.0);
+            let positive = shifted.greater(0.0).select(&finite, 1.0);
+            let plain = positive.log();
+            accurate + (&plain - no_gradient(&plain))
+        })
+    }
+
+    /// Each element limited to `[min, max]` (either bound optional), as
+    /// `jax.numpy.clip`: `minimum(maximum(x, min), max)`, so a NaN element
+    /// (or a NaN bound) gives NaN, and `min > max` gives `max`. A bound that
+    /// an integer dtype cannot hold fails.
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![-2.0f32, 0.5, 3.0], &[3])?;
+    /// assert_eq!(x.clip(Some(0.0), Some(1.0)).to_vec::<f32>()?, [0.0, 0.5, 1.0]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn clip(&self, min: Option<f64>, max: Option<f64>) -> Array {
+        in_composition("clip", || {
+            let low = match min {
+                Some(m) => self.maximum(m),
+                None => self.clone(),
+            };
+            match max {
+                Some(m) => low.minimum(m),
+                None => low,
+            }
+        })
+    }
+}
+
+/// A bool scalar broadcast like `x` (a branch of a `select` on bools).
+fn true_like(x: &Array) -> Array {
+    Array::scalar(1.0, DType::Bool).broadcast_to(x.shape().clone())
+}
+
+/// See [`true_like`].
+fn false_like(x: &Array) -> Array {
+    Array::scalar(0.0, DType::Bool).broadcast_to(x.shape().clone())
+}
+
+/// Reductions.
+impl Array {
+    /// The variance over `axes`: the mean squared deviation from the mean,
+    /// divided by `N − ddof` (`N` the element count, known per call when
+    /// shapeless; `N ≤ ddof` divides by 0: inf or NaN), as
+    /// `jax.numpy.var`. Integers and bool give f32; f16 and bf16 compute
+    /// in f32 and round once, as [`Array::mean`].
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[4])?;
+    /// assert_eq!(x.var(&[0], 0, false).to_vec::<f32>()?, [1.25]);
+    /// assert_eq!(x.var(&[0], 1, false).item::<f32>()?, 5.0 / 3.0);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn var(&self, axes: &[isize], ddof: usize, keepdims: bool) -> Array {
+        in_composition("var", || {
+            self.variance("var", axes, ddof, keepdims)
+                .unwrap_or_else(Array::failed)
+        })
+    }
+
+    /// The standard deviation over `axes`: the square root of
+    /// [`Array::var`] with the same `ddof`, as `jax.numpy.std`.
+    #[track_caller]
+    pub fn std(&self, axes: &[isize], ddof: usize, keepdims: bool) -> Array {
+        in_composition("std", || {
+            self.variance("std", axes, ddof, keepdims)
+                .map(|v| v.sqrt())
+                .unwrap_or_else(Array::failed)
+        })
+    }
+
+    fn variance(&self, op: &str, axes: &[isize], ddof: usize, keepdims: bool) -> Result<Array> {
+        self.first_error()?;
+        let norm = self.normalize_axes(op, axes)?;
+        let wide = match self.dtype() {
+            DType::F32 => self.clone(),
+            _ => self.cast(DType::F32),
+        };
+        let deviation = &wide - wide.mean(axes, true);
+        let divisor = (count(self, norm, DType::F32) - ddof as f64).maximum(0.0);
+        let variance = deviation.square().sum(axes, keepdims) / divisor;
+        Ok(match self.dtype() {
+            DType::F16 | DType::BF16 => variance.cast(self.dtype()),
+            _ => variance,
+        })
+    }
+
+    /// `log(Σ exp(x))` over `axes` (floats), as
+    /// `jax.nn.logsumexp`/`jax.scipy.special.logsumexp`: computed as
+    /// `m + log(Σ exp(x − m))` with `m` the maximum (held without
+    /// gradient), so large values do not overflow; a group whose maximum
+    /// is infinite shifts by 0, so all `-inf` gives `-inf` and a `+inf`
+    /// gives `+inf`. Its gradient is the softmax. An empty axis fails.
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![1000.0f32, 1000.0], &[2])?;
+    /// let want = 1000.0 + 2f32.ln();
+    /// assert!((x.logsumexp(&[0], false).item::<f32>()? - want).abs() < 1e-3);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn logsumexp(&self, axes: &[isize], keepdims: bool) -> Array {
+        in_composition("logsumexp", || {
+            if let Err(e) = require_float("logsumexp", self) {
+                return Array::failed(e);
+            }
+            let peak = no_gradient(&self.max(axes, true));
+            let shift = peak.abs().less(f64::INFINITY).select(&peak, 0.0);
+            let total = (self - &shift).exp().sum(axes, true).log() + &shift;
+            match keepdims {
+                true => total,
+                false => total.squeeze(axes),
+            }
+        })
+    }
+
+    /// The product over `axes`, as `jax.numpy.prod`; integers wrap, an
+    /// empty axis gives 1, bool fails. Multiplied in pairs (halves of the
+    /// axis, then halves of those), so a float product may differ from a
+    /// left-to-right one in its last bits; it needs the reduced sizes
+    /// known when traced (a symbolic reduced axis fails in a shapeless
+    /// compile).
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![1i32, 2, 3, 4, 5, 6], &[2, 3])?;
+    /// assert_eq!(x.prod(&[1], false).to_vec::<i32>()?, [6, 120]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn prod(&self, axes: &[isize], keepdims: bool) -> Array {
+        in_composition("prod", || {
+            self.product(axes, keepdims).unwrap_or_else(Array::failed)
+        })
+    }
+
+    fn product(&self, axes: &[isize], keepdims: bool) -> Result<Array> {
+        require_numeric("prod", self)?;
+        let norm = self.normalize_axes("prod", axes)?;
+        let mut x = self.clone();
+        for &axis in &norm {
+            x = x.product_along(axis)?;
+        }
+        Ok(match keepdims {
+            true => x,
+            false => x.squeeze(axes),
+        })
+    }
+
+    /// The product along `axis`, kept as a size-1 axis.
+    fn product_along(&self, axis: usize) -> Result<Array> {
+        let Dim::Known(mut n) = self.shape().dims()[axis] else {
+            return Err(shape_err(
+                "prod",
+                &[self.aval()],
+                format!("axis {axis} is symbolic; prod multiplies halves, so it needs its size when traced"),
+            ));
+        };
+        if n == 0 {
+            let mut dims = self.shape().dims().to_vec();
+            dims[axis] = Dim::Known(1);
+            return Ok(Array::scalar(1.0, self.dtype()).broadcast_to(Shape(dims)));
+        }
+        let mut x = self.clone();
+        let axis = axis as isize;
+        while n > 1 {
+            let half = (n / 2) as i64;
+            let first = x.slice_axis(axis, 0, Some(half), 1);
+            let second = x.slice_axis(axis, half, Some(2 * half), 1);
+            let paired = first * second;
+            x = match n % 2 {
+                0 => paired,
+                _ => concat(&[paired, x.slice_axis(axis, 2 * half, None, 1)], axis),
+            };
+            n -= n / 2;
+        }
+        Ok(x)
+    }
+
+    /// Index (u32) of the minimum along `axis`, the first on ties and the
+    /// first NaN if any, as `jax.numpy.argmin`. Built as [`Array::argmax`]
+    /// of an order-reversing map that keeps ties and NaN: `-x` for floats,
+    /// `-1 − x` for i32 (no overflow, unlike `-x` at `i32::MIN`), `MAX − x`
+    /// for unsigned integers, `1 − x` for bool.
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![3i32, i32::MIN, 5, i32::MIN], &[4])?;
+    /// assert_eq!(x.argmin(0, false).to_vec::<u32>()?, [1]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn argmin(&self, axis: isize, keepdims: bool) -> Array {
+        in_composition("argmin", || {
+            let reversed = match self.dtype() {
+                d if d.is_float() => self.neg(),
+                DType::I32 => Array::scalar(-1.0, DType::I32) - self,
+                DType::U32 => Array::scalar(f64::from(u32::MAX), DType::U32) - self,
+                DType::U8 => Array::scalar(255.0, DType::U8) - self,
+                _ => Array::scalar(1.0, DType::U8) - self.cast(DType::U8),
+            };
+            reversed.argmax(axis, keepdims)
+        })
+    }
+
+    /// Running sums along `axis`: element `j` is the sum of elements `0..=j`,
+    /// as `jax.numpy.cumsum` with an axis. Integers wrap and keep their
+    /// dtype (as Kiln's [`Array::sum`]; JAX widens u8 to u32), bool counts
+    /// as i32. Computed as a product with the upper-triangular ones, so it
+    /// costs `n²` multiply-adds per row of length `n` and runs on every
+    /// matmul kernel; floats accumulate as matmul does (f16/bf16 in f32).
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![1i32, 2, 3, 4], &[2, 2])?;
+    /// assert_eq!(x.cumsum(0).to_vec::<i32>()?, [1, 2, 4, 6]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn cumsum(&self, axis: isize) -> Array {
+        in_composition("cumsum", || {
+            self.running_sum(axis).unwrap_or_else(Array::failed)
+        })
+    }
+
+    fn running_sum(&self, axis: isize) -> Result<Array> {
+        self.first_error()?;
+        let axis = self.normalize_axis("cumsum", axis)? as isize;
+        let x = match self.dtype() {
+            DType::Bool => self.cast(DType::I32),
+            _ => self.clone(),
+        };
+        let last = x.swap_axes(axis, -1);
+        let positions = last.iota(-1, DType::I32);
+        // mask[i, j] = 1 where i ≤ j: output j sums inputs 0..=j.
+        let mask = positions
+            .expand_dims(-1)
+            .less_equal(&positions)
+            .cast(x.dtype());
+        let sums = last.expand_dims(-2).matmul(&mask).squeeze(&[-2]);
+        Ok(sums.swap_axes(axis, -1))
+    }
+}
+
+/// Sorting, as compositions of comparisons and sums.
+impl Array {
+    /// The indices (i32, as JAX gives) that sort `self` along `axis`,
+    /// ascending or descending, stably: equal elements keep their order,
+    /// so ties go to the lower index either way. NaN sorts above `+inf`
+    /// (last ascending, first descending), `-0.0` equals `0.0`. As
+    /// `jax.numpy.argsort(x, axis, stable=True, descending=…)`.
+    ///
+    /// Each element's rank counts the elements that sort before it, so
+    /// a row of length `n` costs `n²` comparisons and an `n × n` mask:
+    /// fine for attention rows and short axes, not for a vocabulary.
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![3.0f32, 1.0, 3.0, f32::NAN, 2.0], &[5])?;
+    /// assert_eq!(x.argsort(0, false).to_vec::<i32>()?, [1, 4, 0, 2, 3]);
+    /// assert_eq!(x.argsort(0, true).to_vec::<i32>()?, [3, 0, 2, 4, 1]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn argsort(&self, axis: isize, descending: bool) -> Array {
+        in_composition("argsort", || {
+            self.sorting_indices(axis, descending)
+                .unwrap_or_else(Array::failed)
+        })
+    }
+
+    /// `self` sorted ascending along `axis`, stably, with NaN last, as
+    /// `jax.numpy.sort`; see [`Array::argsort`] for the order and the cost.
+    /// The gradient reaches each element at its sorted place.
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![3i32, -1, 2, 0], &[2, 2])?;
+    /// assert_eq!(x.sort(-1).to_vec::<i32>()?, [-1, 3, 0, 2]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn sort(&self, axis: isize) -> Array {
+        in_composition("sort", || {
+            self.sorting_indices(axis, false)
+                .map(|order| self.take_along_axis(&order, axis))
+                .unwrap_or_else(Array::failed)
+        })
+    }
+
+    /// The `k` largest elements along the last axis, largest first, and
+    /// their indices (i32), as `jax.lax.top_k`: ties go to the lower index,
+    /// NaN counts as the largest. `k` above the axis' size fails. See
+    /// [`Array::argsort`] for the cost.
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![1.0f32, 5.0, 3.0, 5.0], &[4])?;
+    /// let (values, indices) = x.top_k(2);
+    /// assert_eq!(values.to_vec::<f32>()?, [5.0, 5.0]);
+    /// assert_eq!(indices.to_vec::<i32>()?, [1, 3]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn top_k(&self, k: usize) -> (Array, Array) {
+        in_composition("top_k", || match self.largest(k) {
+            Ok(indices) => (self.take_along_axis(&indices, -1), indices),
+            Err(e) => (Array::failed(e.clone()), Array::failed(e)),
+        })
+    }
+
+    fn largest(&self, k: usize) -> Result<Array> {
+        self.first_error()?;
+        if self.ndim() == 0 {
+            return Err(shape_err(
+                "top_k",
+                &[self.aval()],
+                "needs at least one axis",
+            ));
+        }
+        let n = &self.shape().dims()[self.ndim() - 1];
+        if let Dim::Known(n) = n {
+            if k > *n {
+                return Err(arg_err(
+                    "top_k",
+                    format!("k = {k} is above the last axis' size {n}"),
+                ));
+            }
+        }
+        let order = self.sorting_indices(-1, true)?;
+        Ok(order.slice_axis(-1, 0, Some(k as i64), 1))
+    }
+
+    fn sorting_indices(&self, axis: isize, descending: bool) -> Result<Array> {
+        self.first_error()?;
+        let axis = self.normalize_axis("argsort", axis)? as isize;
+        let keys = match self.dtype() {
+            DType::Bool => self.cast(DType::U8),
+            _ => self.clone(),
+        };
+        let last = keys.swap_axes(axis, -1);
+        // mine[.., i, 0] against theirs[.., 0, j]: element j sorts before
+        // element i when its key is before, or equal with j < i.
+        let mine = last.expand_dims(-1);
+        let theirs = last.expand_dims(-2);
+        let (before, equal) = match descending {
+            false => ordered_pairs(&theirs, &mine),
+            true => ordered_pairs(&mine, &theirs),
+        };
+        let positions = last.iota(-1, DType::I32);
+        let earlier = positions
+            .expand_dims(-1)
+            .greater(&positions)
+            .cast(DType::I32);
+        let rank = (before + equal * earlier).sum(&[-1], false);
+        // The element whose rank is r goes to place r.
+        let placed = positions.expand_dims(-1).equal(rank.expand_dims(-2));
+        let order = placed.select(positions, 0).sum(&[-1], false);
+        Ok(order.swap_axes(axis, -1))
+    }
+}
+
+/// `(a < b, a == b)` as i32 0/1, in the order where NaN is above every
+/// number and equal to NaN.
+fn ordered_pairs(a: &Array, b: &Array) -> (Array, Array) {
+    let less = a.less(b).cast(DType::I32);
+    let equal = a.equal(b).cast(DType::I32);
+    if !a.dtype().is_float() {
+        return (less, equal);
+    }
+    let a_nan = a.not_equal(a).cast(DType::I32);
+    let b_nan = b.not_equal(b).cast(DType::I32);
+    let number_below_nan = (Array::scalar(1.0, DType::I32) - &a_nan) * &b_nan;
+    (less.maximum(number_below_nan), equal.maximum(a_nan * b_nan))
+}
+
+/// Layout compositions.
+impl Array {
+    /// The elements in one axis, row-major (a 0-d array gives one
+    /// element), as `jax.numpy.ravel`.
+    #[track_caller]
+    pub fn flatten(&self) -> Array {
+        in_composition("flatten", || {
+            self.reshape_to(Shape(vec![self.shape().numel()]))
+        })
+    }
+
+    /// `self` split along `axis` into `sections` equal parts, as
+    /// `jax.numpy.split(x, sections, axis)`: `Err` when the size is not a
+    /// multiple of `sections` (or unknown at trace time) or `sections` is
+    /// 0.
+    #[track_caller]
+    pub fn split(&self, sections: usize, axis: isize) -> Result<Vec<Array>> {
+        in_composition("split", || {
+            self.first_error()?;
+            let a = self.normalize_axis("split", axis)?;
+            let n = match &self.shape().dims()[a] {
+                Dim::Known(n) if sections > 0 && n % sections == 0 => *n,
+                d => {
+                    return Err(arg_err(
+                        "split",
+                        format!("cannot split axis {a} of size {d} into {sections} equal parts"),
+                    ))
+                }
+            };
+            let step = n / sections;
+            let cuts: Vec<usize> = (1..sections).map(|s| s * step).collect();
+            self.split_at(&cuts, axis)
+        })
+    }
+
+    /// `self` cut along `axis` before each of `indices`, as
+    /// `jax.numpy.split(x, indices, axis)`: `len(indices) + 1` parts, an
+    /// index past the end clamps (an empty part), as NumPy does.
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![0i32, 1, 2, 3, 4], &[5])?;
+    /// let parts = x.split_at(&[1, 3], 0)?;
+    /// assert_eq!(parts[1].to_vec::<i32>()?, [1, 2]);
+    /// assert_eq!(parts[2].to_vec::<i32>()?, [3, 4]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn split_at(&self, indices: &[usize], axis: isize) -> Result<Vec<Array>> {
+        in_composition("split", || {
+            self.first_error()?;
+            self.normalize_axis("split", axis)?;
+            let starts = std::iter::once(0).chain(indices.iter().map(|&i| i as i64));
+            let stops = indices.iter().map(|&i| Some(i as i64)).chain([None]);
+            Ok(starts
+                .zip(stops)
+                .map(|(start, stop)| {
+                    let stop = stop.map(|s| s.max(start));
+                    self.slice_axis(axis, start, stop, 1)
+                })
+                .collect())
+        })
+    }
+
+    /// `self` repeated `reps[i]` times along axis `i`, as
+    /// `jax.numpy.tile`: a shorter `reps` applies to the last axes, a
+    /// longer one adds leading axes.
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![1i32, 2], &[2])?;
+    /// assert_eq!(x.tile(&[2, 2]).to_vec::<i32>()?, [1, 2, 1, 2, 1, 2, 1, 2]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn tile(&self, reps: &[usize]) -> Array {
+        in_composition("tile", || {
+            let rank = self.ndim().max(reps.len());
+            let mut dims = vec![Dim::Known(1); rank - self.ndim()];
+            dims.extend(self.shape().dims().iter().cloned());
+            let mut reps_full = vec![1; rank - reps.len()];
+            reps_full.extend_from_slice(reps);
+            // [1, d0, 1, d1, ..] broadcast to [r0, d0, r1, d1, ..] and merged.
+            let spread: Vec<Dim> = dims
+                .iter()
+                .flat_map(|d| [Dim::Known(1), d.clone()])
+                .collect();
+            let wide: Vec<Dim> = dims
+                .iter()
+                .zip(&reps_full)
+                .flat_map(|(d, &r)| [Dim::Known(r), d.clone()])
+                .collect();
+            let merged: Vec<Dim> = dims
+                .iter()
+                .zip(&reps_full)
+                .map(|(d, &r)| d.mul(&Dim::Known(r)))
+                .collect();
+            self.reshape_to(Shape(spread))
+                .broadcast_to(Shape(wide))
+                .reshape_to(Shape(merged))
+        })
+    }
+
+    /// Each element repeated `repeats` times along `axis`, as
+    /// `jax.numpy.repeat(x, repeats, axis)`.
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![1i32, 2], &[2])?;
+    /// assert_eq!(x.repeat(2, 0).to_vec::<i32>()?, [1, 1, 2, 2]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn repeat(&self, repeats: usize, axis: isize) -> Array {
+        in_composition("repeat", || {
+            let a = match self
+                .first_error()
+                .and_then(|()| self.normalize_axis("repeat", axis))
+            {
+                Ok(a) => a,
+                Err(e) => return Array::failed(e),
+            };
+            let dims = self.shape().dims();
+            let mut wide = dims.to_vec();
+            wide.insert(a + 1, Dim::Known(repeats));
+            let mut merged = dims.to_vec();
+            merged[a] = dims[a].mul(&Dim::Known(repeats));
+            self.expand_dims(a as isize + 1)
+                .broadcast_to(Shape(wide))
+                .reshape_to(Shape(merged))
+        })
+    }
+
+    /// `self` with `widths[i] = (before, after)` elements of `value` added
+    /// around axis `i`, as `jax.numpy.pad(x, widths, constant_values=value)`
+    /// (constant mode); one pair per axis, else `Err`.
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// let x = Array::from_vec(vec![1i32, 2], &[2])?;
+    /// assert_eq!(x.pad(&[(1, 2)], 9.0).to_vec::<i32>()?, [9, 1, 2, 9, 9]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn pad(&self, widths: &[(usize, usize)], value: f64) -> Array {
+        in_composition("pad", || {
+            if let Err(e) = self.first_error() {
+                return Array::failed(e);
+            }
+            if widths.len() != self.ndim() {
+                return Array::failed(arg_err(
+                    "pad",
+                    format!(
+                        "needs one (before, after) pair per axis: {} for rank {}",
+                        widths.len(),
+                        self.ndim()
+                    ),
+                ));
+            }
+            let axes: Vec<SliceAxis> = widths
+                .iter()
+                .map(|&(before, after)| SliceAxis {
+                    start: before as i64,
+                    stop: (after > 0).then(|| -(after as i64)),
+                    step: 1,
+                })
+                .collect();
+            let shape = Shape(
+                self.shape()
+                    .dims()
+                    .iter()
+                    .zip(widths)
+                    .map(|(d, &(b, a))| d.add(&Dim::Known(b + a)))
+                    .collect(),
+            );
+            let padded = self.pad_slice(&axes, shape.clone());
+            if value == 0.0 {
+                return padded;
+            }
+            let inside = true_like(self).pad_slice(&axes, shape);
+            inside.select(padded, value)
+        })
+    }
+}
+
+/// `arrays` (one shape) stacked along a new `axis`, as `jax.numpy.stack`;
+/// no arrays, or arrays of different shapes, fail.
+///
+/// ```
+/// use kiln::Array;
+/// let a = Array::from_vec(vec![1i32, 2], &[2])?;
+/// let b = Array::from_vec(vec![3i32, 4], &[2])?;
+/// assert_eq!(kiln::stack(&[a.clone(), b.clone()], 1).to_vec::<i32>()?, [1, 3, 2, 4]);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+#[track_caller]
+pub fn stack(arrays: &[Array], axis: isize) -> Array {
+    in_composition("stack", || {
+        let Some(first) = arrays.first() else {
+            return Array::failed(arg_err("stack", "needs at least one array"));
+        };
+        if let Some(e) = arrays.iter().find_map(|a| a.first_error().err()) {
+            return Array::failed(e);
+        }
+        if arrays.iter().any(|a| a.shape() != first.shape()) {
+            let avals: Vec<_> = arrays.iter().map(Array::aval).collect();
+            return Array::failed(shape_err("stack", &avals, "needs arrays of one shape"));
+        }
+        match normalize_axis("stack", axis, first.ndim() + 1) {
+            Ok(a) => {
+                let expanded: Vec<Array> =
+                    arrays.iter().map(|x| x.expand_dims(a as isize)).collect();
+                concat(&expanded, a as isize)
+            }
+            Err(e) => Array::failed(e),
+        }
+    })
+}
+
+/// Arrays from constructors JAX infers from its arguments.
+impl Array {
+    /// Ones with this array's shape (symbolic dims included) and dtype, as
+    /// `jax.numpy.ones_like`; see [`Array::zeros_like`].
+    #[track_caller]
+    pub fn ones_like(&self) -> Array {
+        Array::scalar(1.0, self.dtype()).broadcast_to(self.shape().clone())
+    }
+
+    /// `start, start + step, …` below `stop` (above, for a negative step)
+    /// as i32, as `jax.numpy.arange` with integer arguments (JAX's default
+    /// integer is int32); `Err` for a zero step or a value outside i32.
+    ///
+    /// ```
+    /// use kiln::Array;
+    /// assert_eq!(Array::arange_i32(0, 5, 2)?.to_vec::<i32>()?, [0, 2, 4]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn arange_i32(start: i64, stop: i64, step: i64) -> Result<Array> {
+        let fits = |v: i64| i32::try_from(v).is_ok();
+        if step == 0 || !fits(start) || !fits(stop) {
+            return Err(arg_err(
+                "arange",
+                format!("needs i32 bounds and a non-zero step, got start={start} stop={stop} step={step}"),
+            ));
+        }
+        let len = match step > 0 {
+            true => {
+                (stop - start).max(0).div_euclid(step)
+                    + i64::from((stop - start).max(0) % step != 0)
+            }
+            false => {
+                (start - stop).max(0).div_euclid(-step)
+                    + i64::from((start - stop).max(0) % -step != 0)
+            }
+        };
+        crate::limits::check_shape("arange", &[len as usize], DType::I32)?;
+        let values: Vec<i32> = (0..len).map(|i| (start + i * step) as i32).collect();
+        Array::from_vec(values, &[len as usize])
+    }
+
+    /// `num` evenly spaced values from `start` to `stop` (included when
+    /// `endpoint`), as `jax.numpy.linspace`; computed in f64 as `start +
+    /// i·step` (the last one exactly `stop`) and converted to `dtype` once.
+    ///
+    /// ```
+    /// use kiln::{Array, DType};
+    /// let x = Array::linspace(0.0, 1.0, 5, true, DType::F32)?;
+    /// assert_eq!(x.to_vec::<f32>()?, [0.0, 0.25, 0.5, 0.75, 1.0]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn linspace(
+        start: f64,
+        stop: f64,
+        num: usize,
+        endpoint: bool,
+        dtype: DType,
+    ) -> Result<Array> {
+        if !start.is_finite() || !stop.is_finite() {
+            return Err(arg_err(
+                "linspace",
+                format!("needs finite bounds, got start={start} stop={stop}"),
+            ));
+        }
+        let intervals = match endpoint {
+            true => num.saturating_sub(1).max(1),
+            false => num.max(1),
+        };
+        let step = (stop - start) / intervals as f64;
+        let values = (0..num).map(|i| match endpoint && i + 1 == num && num > 1 {
+            true => stop,
+            false => start + step * i as f64,
+        });
+        let data = crate::data::HostData::try_from_f64s("linspace", dtype, num, values)?;
+        Array::from_data(data, &[num])
+    }
+
+    /// The `n × m` matrix (`m = n` when `None`) with ones on diagonal `k`
+    /// (`k > 0` above the main one, `k < 0` below) and zeros elsewhere, as
+    /// `jax.numpy.eye`.
+    ///
+    /// ```
+    /// use kiln::{Array, DType};
+    /// let i = Array::eye(2, Some(3), 1, DType::I32);
+    /// assert_eq!(i.to_vec::<i32>()?, [0, 1, 0, 0, 0, 1]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn eye(n: usize, m: Option<usize>, k: i64, dtype: DType) -> Array {
+        in_composition("eye", || {
+            let grid = Array::scalar(0.0, DType::Bool).broadcast_to([n, m.unwrap_or(n)]);
+            let rows = grid.iota(0, DType::I32).expand_dims(-1);
+            let cols = grid.iota(1, DType::I32);
+            // A `k` beyond i32 hits no entry, and neither does the clamped one.
+            let k = k.clamp(i32::MIN.into(), i32::MAX.into());
+            (cols - rows).equal(k).cast(dtype)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
