@@ -1109,6 +1109,16 @@ fn array_api_cases(cases: &mut Vec<Case>) {
             vec![values(dtype, &[3, 5], 90)],
         ));
     }
+    for dtype in NUMERIC.into_iter().chain([DType::Bool]) {
+        cases.push(
+            case(
+                format!("argsort {dtype} along a middle axis, both orders, ties stable"),
+                |a| vec![a[0].argsort(1, false), a[0].argsort(1, true), a[0].sort(0)],
+                vec![values(dtype, &[3, 70, 2], 93)],
+            )
+            .exact(),
+        );
+    }
     cases.push(case(
         "einsum contractions",
         |a| {
