@@ -14,11 +14,13 @@
 //! ```
 
 mod api;
+mod catalog;
 mod control;
 mod custom;
 mod errors;
 mod function;
 mod nodes;
+mod numpy;
 mod quant;
 mod values;
 
