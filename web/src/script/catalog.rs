@@ -2,7 +2,8 @@
 //! (`docs/script-api.md`, which the page's Help embeds) prints each name's
 //! line after its signatures, and the tests hold the table to the names
 //! the engine registers and the native library's public array functions
-//! to a binding or a stated reason ([`UNBOUND`]).
+//! to a binding or a stated reason ([`UNBOUND`]). Only the reference's
+//! generation (a test) reads it, so it is built with the tests.
 
 /// Each registered name as the reference shows it, and what it does
 /// (plain text: the reference's readers take code spans for signatures).
