@@ -1,7 +1,8 @@
 //! The everyday `jax.numpy` functions a model author reaches for, each a
-//! named composition of Kiln's op families: no new op, so each one
-//! differentiates, runs forward-mode, batches, runs on every backend and
-//! (unless its doc says otherwise) takes symbolic dims, through its parts.
+//! named composition of Kiln's op families (`argsort` aside, the one op
+//! they add: [`crate::ops::sort`]), so each one differentiates, runs
+//! forward-mode, batches, runs on every backend and (unless its doc says
+//! otherwise) takes symbolic dims, through its parts.
 //! Where JAX documents a choice (rounding, NaN, ties, result dtypes) the
 //! method's doc states the one Kiln makes.
 
