@@ -1109,6 +1109,23 @@ fn array_api_cases(cases: &mut Vec<Case>) {
             vec![values(dtype, &[3, 5], 90)],
         ));
     }
+    for dtype in FLOATS {
+        cases.push(case(
+            format!("square, tan, clip, std, argmin, prod and logsumexp {dtype}"),
+            |a| {
+                vec![
+                    a[0].square(),
+                    a[0].tan(),
+                    a[0].clip(Some(-0.5), Some(0.5)),
+                    a[0].std(&[1], 0, false),
+                    a[0].argmin(1, false),
+                    a[0].prod(&[1], false),
+                    a[0].logsumexp(&[1], true),
+                ]
+            },
+            vec![values(dtype, &[4, 7], 94)],
+        ));
+    }
     for dtype in NUMERIC.into_iter().chain([DType::Bool]) {
         cases.push(
             case(
