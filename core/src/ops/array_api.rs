@@ -415,6 +415,8 @@ impl Array {
     /// as i32. Computed as a product with the upper-triangular ones, so it
     /// costs `n²` multiply-adds per row of length `n` and runs on every
     /// matmul kernel; floats accumulate as matmul does (f16/bf16 in f32).
+    /// Its `n × n` mask counts against [`crate::Limits`]: an axis of
+    /// tens of thousands is refused (an `Err` naming the size), not slow.
     ///
     /// ```
     /// use kiln::Array;
@@ -541,7 +543,8 @@ impl Array {
                 ));
             }
         }
-        Ok(self.argsort(-1, true).slice_axis(-1, 0, Some(k as i64), 1))
+        let k = i64::try_from(k).unwrap_or(i64::MAX);
+        Ok(self.argsort(-1, true).slice_axis(-1, 0, Some(k), 1))
     }
 
     /// The entries of each row (last axis) at the i32 positions of the
@@ -579,7 +582,9 @@ impl Array {
             self.first_error()?;
             let a = self.normalize_axis("split", axis)?;
             let n = match &self.shape().dims()[a] {
-                Dim::Known(n) if sections > 0 && n % sections == 0 => *n,
+                // An empty axis splits into one part only: NumPy's parts of
+                // nothing would be as many empty arrays as asked for.
+                Dim::Known(n) if sections > 0 && sections <= *n.max(&1) && n % sections == 0 => *n,
                 d => {
                     return Err(arg_err(
                         "split",
@@ -610,8 +615,10 @@ impl Array {
         in_composition("split", || {
             self.first_error()?;
             self.normalize_axis("split", axis)?;
-            let starts = std::iter::once(0).chain(indices.iter().map(|&i| i as i64));
-            let stops = indices.iter().map(|&i| Some(i as i64)).chain([None]);
+            // An index beyond i64 is past every end, as i64::MAX is.
+            let index = |i: usize| i64::try_from(i).unwrap_or(i64::MAX);
+            let starts = std::iter::once(0).chain(indices.iter().map(|&i| index(i)));
+            let stops = indices.iter().map(|&i| Some(index(i))).chain([None]);
             Ok(starts
                 .zip(stops)
                 .map(|(start, stop)| {
@@ -802,19 +809,21 @@ impl Array {
                 format!("needs i32 bounds and a non-zero step, got start={start} stop={stop} step={step}"),
             ));
         }
-        let len = match step > 0 {
-            true => {
-                (stop - start).max(0).div_euclid(step)
-                    + i64::from((stop - start).max(0) % step != 0)
+        // In i128: `-step` of i64::MIN and the span of the bounds fit.
+        let (span, step) = (i128::from(stop) - i128::from(start), i128::from(step));
+        let len = match (span > 0, step > 0) {
+            (true, true) | (false, false) if span != 0 => {
+                (span.abs() + step.abs() - 1) / step.abs()
             }
-            false => {
-                (start - stop).max(0).div_euclid(-step)
-                    + i64::from((start - stop).max(0) % -step != 0)
-            }
+            _ => 0,
         };
-        crate::limits::check_shape("arange", &[len as usize], DType::I32)?;
-        let values: Vec<i32> = (0..len).map(|i| (start + i * step) as i32).collect();
-        Array::from_vec(values, &[len as usize])
+        // At most 2^32 values lie between two i32 bounds.
+        let len = len as usize;
+        crate::limits::check_shape("arange", &[len], DType::I32)?;
+        let values: Vec<i32> = (0..len as i128)
+            .map(|i| (i128::from(start) + i * step) as i32)
+            .collect();
+        Array::from_vec(values, &[len])
     }
 
     /// `num` evenly spaced values from `start` to `stop` (included when
@@ -840,6 +849,7 @@ impl Array {
                 format!("needs finite bounds, got start={start} stop={stop}"),
             ));
         }
+        crate::limits::check_shape("linspace", &[num], dtype)?;
         let intervals = match endpoint {
             true => num.saturating_sub(1).max(1),
             false => num.max(1),
@@ -1448,6 +1458,29 @@ mod tests {
                 report.vmap_fallbacks
             );
         }
+    }
+
+    #[test]
+    fn hostile_sizes_are_errors_not_panics_or_hangs() {
+        let x = Array::zeros(&[3], DType::F32);
+        assert!(x.tile(&[usize::MAX]).check().is_err());
+        assert!(x.repeat(usize::MAX, 0).check().is_err());
+        assert!(x.pad(&[(usize::MAX, 1)], 0.0).check().is_err());
+        assert!(x.top_k(usize::MAX).0.check().is_err());
+        assert!(Array::zeros(&[0], DType::F32).split(usize::MAX, 0).is_err());
+        let parts = x.split_at(&[usize::MAX], 0).unwrap();
+        assert_eq!(parts[0].dims(), Some(vec![3]));
+        assert_eq!(parts[1].dims(), Some(vec![0]));
+        assert!(Array::eye(usize::MAX, None, 0, DType::F32).check().is_err());
+        assert!(Array::linspace(0.0, 1.0, usize::MAX, true, DType::F32).is_err());
+        let down = Array::arange_i32(i32::MAX.into(), i32::MIN.into(), i64::MIN).unwrap();
+        assert_eq!(down.to_vec::<i32>().unwrap(), [i32::MAX]);
+        let up = Array::arange_i32(-3, 4, i64::MAX).unwrap();
+        assert_eq!(up.to_vec::<i32>().unwrap(), [-3]);
+        assert!(Array::zeros(&[1 << 20], DType::F32)
+            .cumsum(0)
+            .check()
+            .is_err());
     }
 
     #[test]
