@@ -1126,6 +1126,28 @@ fn array_api_cases(cases: &mut Vec<Case>) {
             vec![values(dtype, &[4, 7], 94)],
         ));
     }
+    let long: Vec<f64> = (0..1000).map(|i| f64::from((i * 7919) % 13 - 6)).collect();
+    let running: Vec<f64> = long
+        .iter()
+        .scan(0.0, |s, v| {
+            *s += v;
+            Some(*s)
+        })
+        .collect();
+    cases.push(
+        case(
+            "cumsum of a long axis, in blocks",
+            |a| vec![a[0].cumsum(0)],
+            vec![array(DType::I32, &long)],
+        )
+        .exact()
+        .expecting(vec![data(DType::I32, &running)]),
+    );
+    cases.push(case(
+        "cumsum of a long f32 axis, in blocks",
+        |a| vec![a[0].cumsum(1)],
+        vec![values(DType::F32, &[2, 300], 95)],
+    ));
     for dtype in NUMERIC.into_iter().chain([DType::Bool]) {
         cases.push(
             case(

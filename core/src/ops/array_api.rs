@@ -412,11 +412,12 @@ impl Array {
     /// Running sums along `axis`: element `j` is the sum of elements `0..=j`,
     /// as `jax.numpy.cumsum` with an axis. Integers wrap and keep their
     /// dtype (as Kiln's [`Array::sum`]; JAX widens u8 to u32), bool counts
-    /// as i32. Computed as a product with the upper-triangular ones, so it
-    /// costs `n²` multiply-adds per row of length `n` and runs on every
-    /// matmul kernel; floats accumulate as matmul does (f16/bf16 in f32).
-    /// Its `n × n` mask counts against [`crate::Limits`]: an axis of
-    /// tens of thousands is refused (an `Err` naming the size), not slow.
+    /// as i32. Computed as a product with the upper-triangular ones (`n²`
+    /// multiply-adds per row of length `n`), and for a known `n` above 256
+    /// in blocks of `√n` (about `2·n^1.5`), so it runs on every matmul
+    /// kernel; floats accumulate as matmul does (f16/bf16 in f32). A
+    /// symbolic axis takes the single `n × n` mask, which counts against
+    /// [`crate::Limits`]: tens of thousands are refused with an `Err`.
     ///
     /// ```
     /// use kiln::Array;
@@ -439,15 +440,57 @@ impl Array {
             _ => self.clone(),
         };
         let last = x.swap_axes(axis, -1);
-        let positions = last.iota(-1, DType::I32);
-        // mask[i, j] = 1 where i ≤ j: output j sums inputs 0..=j.
-        let mask = positions
-            .expand_dims(-1)
-            .less_equal(&positions)
-            .cast(x.dtype());
-        let sums = last.expand_dims(-2).matmul(&mask).squeeze(&[-2]);
+        let sums = match last.shape().dims().last() {
+            Some(Dim::Known(n)) if *n > BLOCKED_FROM => blocked_prefix_sums(&last, *n),
+            _ => prefix_sums(&last),
+        };
         Ok(sums.swap_axes(axis, -1))
     }
+}
+
+/// Axes longer than this sum in blocks ([`blocked_prefix_sums`]).
+const BLOCKED_FROM: usize = 256;
+
+/// Running sums along the last axis of `x`, as `x @ mask` with the
+/// upper-triangular ones: `n²` multiply-adds for a row of `n`.
+fn prefix_sums(x: &Array) -> Array {
+    let positions = x.iota(-1, DType::I32);
+    // mask[i, j] = 1 where i ≤ j: output j sums inputs 0..=j.
+    let mask = positions
+        .expand_dims(-1)
+        .less_equal(&positions)
+        .cast(x.dtype());
+    x.expand_dims(-2).matmul(&mask).squeeze(&[-2])
+}
+
+/// Running sums along the last axis (of known size `n`) in √n blocks of
+/// √n: the sums within each block, plus the running sum of the blocks'
+/// totals before it, so a row costs about `2·n^1.5` multiply-adds and
+/// masks of `√n × √n` (a vocabulary of 50,257 in blocks of 225).
+fn blocked_prefix_sums(x: &Array, n: usize) -> Array {
+    let width = (n as f64).sqrt().ceil() as usize;
+    let blocks = n.div_ceil(width);
+    let mut dims = x.shape().dims().to_vec();
+    let last = dims.len() - 1;
+    // Zeros after the end fill the last block; they add nothing.
+    dims[last] = Dim::Known(blocks * width - n);
+    let filled = concat(
+        &[
+            x.clone(),
+            Array::scalar(0.0, x.dtype()).broadcast_to(Shape(dims.clone())),
+        ],
+        -1,
+    );
+    dims[last] = Dim::Known(blocks);
+    dims.push(Dim::Known(width));
+    let within = prefix_sums(&filled.reshape_to(Shape(dims.clone())));
+    let totals = within.slice_axis(-1, width as i64 - 1, None, 1);
+    let before = prefix_sums(&totals.squeeze(&[-1])).expand_dims(-1) - &totals;
+    dims.pop();
+    dims[last] = Dim::Known(blocks * width);
+    (within + before)
+        .reshape_to(Shape(dims))
+        .slice_axis(-1, 0, Some(n as i64), 1)
 }
 
 /// Sorting: the `argsort` op ([`crate::ops::sort`]) and a gather by its
@@ -1179,6 +1222,41 @@ mod tests {
         assert_eq!(bools.cumsum(-1).to_vec::<i32>().unwrap(), [1, 1, 2]);
     }
 
+    #[test]
+    fn cumsum_of_long_axes_sums_in_blocks_exactly_for_integers() {
+        for n in [257, 1000, 50_257] {
+            let values: Vec<i32> = (0..n as i32).map(|i| (i * 7919) % 13 - 6).collect();
+            let x = Array::from_vec(values.clone(), &[1, n]).unwrap();
+            let want: Vec<i32> = values
+                .iter()
+                .scan(0i32, |sum, &v| {
+                    *sum = sum.wrapping_add(v);
+                    Some(*sum)
+                })
+                .collect();
+            assert_eq!(x.cumsum(1).to_vec::<i32>().unwrap(), want, "n = {n}");
+        }
+        let f = rules::normal(50, &[300, 2]);
+        let want: Vec<f64> = (0..600)
+            .map(|flat| {
+                let (row, col) = (flat / 2, flat % 2);
+                (0..=row).map(|r| rules::values(&f)[r * 2 + col]).sum()
+            })
+            .collect();
+        assert_near(&f32s(&f.cumsum(0)), &want, 1e-4);
+        let f = |x: Vec<Array>| x[0].cumsum(-1);
+        rules::assert_jvp_matches_central_difference(
+            "blocked cumsum",
+            f,
+            &[rules::normal(51, &[2, 300])],
+        );
+        rules::assert_batches_like_stacking(
+            "blocked cumsum",
+            f,
+            &[rules::normal(52, &[2, 3, 260])],
+        );
+    }
+
     /// The stable order of `row`, NaN above every number.
     fn argsort_reference(row: &[f32], descending: bool) -> Vec<i32> {
         let mut order: Vec<usize> = (0..row.len()).collect();
@@ -1477,10 +1555,8 @@ mod tests {
         assert_eq!(down.to_vec::<i32>().unwrap(), [i32::MAX]);
         let up = Array::arange_i32(-3, 4, i64::MAX).unwrap();
         assert_eq!(up.to_vec::<i32>().unwrap(), [-3]);
-        assert!(Array::zeros(&[1 << 20], DType::F32)
-            .cumsum(0)
-            .check()
-            .is_err());
+        let huge = Array::scalar(0.0, DType::F32).broadcast_to([1usize << 40]);
+        assert!(huge.cumsum(0).check().is_err());
     }
 
     #[test]
