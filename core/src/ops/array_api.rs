@@ -769,11 +769,14 @@ impl Array {
                 ));
             }
             let mut padded = self.clone();
+            // The padded shape so far, from `self`'s (a failed concat's
+            // array has no shape to read).
+            let mut dims = self.shape().dims().to_vec();
             for (axis, &(before, after)) in widths.iter().enumerate() {
                 let edge = |n: usize| {
-                    let mut dims = padded.shape().dims().to_vec();
-                    dims[axis] = Dim::Known(n);
-                    value.into_array(self.dtype()).broadcast_to(Shape(dims))
+                    let mut edge = dims.clone();
+                    edge[axis] = Dim::Known(n);
+                    value.into_array(self.dtype()).broadcast_to(Shape(edge))
                 };
                 let mut parts = Vec::with_capacity(3);
                 if before > 0 {
@@ -786,6 +789,7 @@ impl Array {
                 if parts.len() > 1 {
                     padded = concat(&parts, axis as isize);
                 }
+                dims[axis] = dims[axis].add(&Dim::Known(before.saturating_add(after)));
             }
             padded
         })
@@ -1544,6 +1548,11 @@ mod tests {
         assert!(x.tile(&[usize::MAX]).check().is_err());
         assert!(x.repeat(usize::MAX, 0).check().is_err());
         assert!(x.pad(&[(usize::MAX, 1)], 0.0).check().is_err());
+        // A value the dtype cannot hold fails the first axis' concat; the
+        // next axis must not read the failed array's shape (the fuzzer's find).
+        let bytes = Array::zeros(&[2, 2], DType::U8);
+        let err = bytes.pad(&[(1, 1), (1, 1)], -1.5).check().unwrap_err();
+        assert!(err.to_string().contains("-1.5"), "{err}");
         assert!(x.top_k(usize::MAX).0.check().is_err());
         assert!(Array::zeros(&[0], DType::F32).split(usize::MAX, 0).is_err());
         let parts = x.split_at(&[usize::MAX], 0).unwrap();
