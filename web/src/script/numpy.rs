@@ -428,13 +428,13 @@ fn register_indexing(engine: &mut Engine) {
         })
         .register_indexer_get(
             |a: &mut Array, r: std::ops::Range<INT>| -> ScriptResult<Array> {
-                first_axis(a)?;
+                has_rows(a)?;
                 checked(a.slice_axis(0, r.start, Some(r.end), 1))
             },
         )
         .register_indexer_get(
             |a: &mut Array, r: std::ops::RangeInclusive<INT>| -> ScriptResult<Array> {
-                first_axis(a)?;
+                has_rows(a)?;
                 // `a..=-1` runs to the end, as `-1` is the last row.
                 let end = match *r.end() {
                     -1 => None,
@@ -445,7 +445,17 @@ fn register_indexing(engine: &mut Engine) {
         );
 }
 
-/// The known size of `a`'s first axis, or why it cannot be indexed.
+/// `Err` for a 0-d array, which has no rows to slice (a range of rows
+/// needs no known size: a slice takes symbolic ones).
+fn has_rows(a: &Array) -> ScriptResult<()> {
+    match a.ndim() {
+        0 => Err(runtime_error("cannot index a 0-d array")),
+        _ => Ok(()),
+    }
+}
+
+/// The known size of `a`'s first axis, or why a row of it cannot be
+/// picked (a negative index needs the size).
 fn first_axis(a: &Array) -> ScriptResult<INT> {
     match a.shape().dims().first() {
         Some(kiln::Dim::Known(n)) => Ok(*n as INT),

@@ -793,10 +793,22 @@ fn the_jax_numpy_names_raise_errors_naming_the_problem_and_line() {
             "let a = ones([3]);\nlet b = arange(0, 3, 0);",
             "non-zero step",
         ),
+        ("let a = scalar(1.0);\nlet b = a[0..1];", "0-d"),
     ] {
         let report = s.run(script);
         let e = error(&report);
         assert_eq!(e.line, Some(2), "{script}: {e:?}");
         assert!(e.message.contains(detail), "{script}: {e:?}");
     }
+}
+
+#[test]
+fn a_range_of_rows_slices_a_symbolic_first_axis_in_a_shapeless_function() {
+    let mut s = Session::new();
+    let report = run_ok(
+        &mut s,
+        "let f = compile(|x| x[1..3].sum()).shapeless();\nshow(\"a\", f.run(arange(5.0)));\nshow(\"b\", f.run(arange(7.0)));",
+    );
+    assert_eq!(text(&report, "a"), "array(3., dtype=float32)");
+    assert_eq!(text(&report, "b"), "array(3., dtype=float32)");
 }
