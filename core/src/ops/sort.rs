@@ -123,6 +123,22 @@ mod tests {
     }
 
     #[test]
+    fn argsort_has_a_zero_tangent_and_batches_with_its_axis_past_the_batch() {
+        use crate::compile::rule_checks as rules;
+        let x = rules::normal(3, &[4]);
+        let (_, t) = crate::jvp(|x: Array| x.argsort(0, false), &x, &x).unwrap();
+        assert_eq!(t.to_vec::<i32>().unwrap(), [0; 4]);
+        let xs = rules::normal(4, &[3, 2, 5]);
+        let f = |x: Vec<Array>| x[0].argsort(1, true).cast(DType::F32);
+        let report = rules::assert_batches_like_stacking("argsort", f, &[xs]);
+        assert!(
+            report.vmap_fallbacks.is_empty(),
+            "{:?}",
+            report.vmap_fallbacks
+        );
+    }
+
+    #[test]
     fn the_shape_rule_gives_i32_of_the_operands_shape() {
         let a = Aval::new([2, 3], DType::Bool);
         assert_eq!(shape_rule(1, &a), Ok(Aval::new([2, 3], DType::I32)));
