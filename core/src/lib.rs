@@ -161,8 +161,10 @@ pub use limits::Limits;
 pub use location::{
     at_location, current_composition, current_location, in_composition, SourceLocation,
 };
+pub use ops::array_api::stack;
 pub use ops::batching::{VmapFallback, VmapMaterialization};
 pub use ops::binary::Operand;
+pub use ops::einsum::einsum;
 pub use ops::layout::concat;
 pub use ops::quant::{
     dequantize, gather_qmm, quantize, quantized_matmul, QuantFormat, QuantKind, QuantOp, QuantPart,

@@ -16,6 +16,7 @@ use std::fmt::Write;
 const REDUCE_AXES: &str = include_str!("wgsl/reduce_axes.wgsl");
 const REDUCE: &str = include_str!("wgsl/reduce.wgsl");
 const ARGMAX: &str = include_str!("wgsl/argmax.wgsl");
+const ARGSORT: &str = include_str!("wgsl/argsort.wgsl");
 const MATMUL_COMMON: &str = include_str!("wgsl/matmul_common.wgsl");
 const MATMUL_TILED: &str = include_str!("wgsl/matmul_tiled.wgsl");
 const MATMUL_SKINNY: &str = include_str!("wgsl/matmul_skinny.wgsl");
@@ -222,6 +223,47 @@ pub fn argmax(
         source,
         params,
         workgroups: workgroups_of("argmax", outputs)?,
+        bound: vec![0],
+        status: false,
+        launch: None,
+    })
+}
+
+/// The stable order (i32 indices) of contiguous `shape` along `axis`,
+/// ascending or descending, NaN above every number: one invocation per
+/// element counts the elements of its row that sort before it and writes
+/// its index at that place, so a row of `n` costs `n²` comparisons spread
+/// over `n` invocations, with no scratch memory.
+pub fn argsort(
+    dtype: DType,
+    shape: &[usize],
+    axis: usize,
+    descending: bool,
+    target: Target,
+) -> Result<KernelSpec, KernelError> {
+    let nan_of = if dtype.is_float() {
+        "is_nan_f32(v)"
+    } else {
+        "false"
+    };
+    let mut source = header(1, dtype, target);
+    let _ = write!(
+        source,
+        "const DESCENDING: bool = {descending};\n\
+         fn nan_of(v: T) -> bool {{\n    return {nan_of};\n}}\n"
+    );
+    source.push_str(&load_accumulated("load_in", 0, dtype, target));
+    source.push_str(REDUCE_AXES);
+    source.push_str(ARGSORT);
+    let elements: usize = shape.iter().product();
+    let n = shape.get(axis).copied().unwrap_or(1);
+    let mut params = vec![param("argsort", elements)?, param("argsort", n)?];
+    params.extend(axis_params("argsort", shape, &[axis])?);
+    Ok(KernelSpec {
+        source,
+        params,
+        // The kernel's workgroups hold 64 invocations, one per element.
+        workgroups: workgroups_of("argsort", elements.div_ceil(64))?,
         bound: vec![0],
         status: false,
         launch: None,

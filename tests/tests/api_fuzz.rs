@@ -53,6 +53,11 @@ enum Step {
     SwapAxes(usize, isize, isize),
     Cast(usize, DType),
     Select(usize, usize, usize),
+    Argsort(usize, isize, bool),
+    Cumsum(usize, isize),
+    /// Operand, k: the values of `top_k`.
+    TopK(usize, usize),
+    Pad(usize, Vec<(usize, usize)>, f64),
 }
 
 fn dim() -> impl Strategy<Value = usize> {
@@ -162,7 +167,25 @@ fn step() -> impl Strategy<Value = Step> {
         (operand(), axis(), axis()).prop_map(|(x, a, b)| Step::SwapAxes(x, a, b)),
         (operand(), dtype()).prop_map(|(x, t)| Step::Cast(x, t)),
         (operand(), operand(), operand()).prop_map(|(c, a, b)| Step::Select(c, a, b)),
+        (operand(), axis(), any::<bool>()).prop_map(|(x, a, d)| Step::Argsort(x, a, d)),
+        (operand(), axis()).prop_map(|(x, a)| Step::Cumsum(x, a)),
+        (operand(), dim()).prop_map(|(x, k)| Step::TopK(x, k)),
+        (
+            operand(),
+            prop::collection::vec((0usize..3, 0usize..3), 0..4),
+            number()
+        )
+            .prop_map(|(x, w, v)| Step::Pad(x, w, v)),
     ]
+}
+
+/// At most the first 64 elements of `x`, in one axis: the argsort kernel
+/// compares every pair of a row, so the fuzzer's rows of a million would
+/// take hours on lavapipe, and a symbolic axis (shapeless) takes cumsum's
+/// one `n × n` mask where a known one sums in blocks, so the same long row
+/// would be refused by the trace alone. The same cut in every replay.
+fn row(x: Array) -> Array {
+    x.flatten().slice_axis(0, 0, Some(64), 1)
 }
 
 /// Replays `steps` on `x`; returns the arrays made (not `x` itself) at the
@@ -265,6 +288,10 @@ fn replay_all(steps: &[Step], x: Array) -> Vec<Array> {
             Step::SwapAxes(x, a, b) => at(*x).swap_axes(*a, *b),
             Step::Cast(x, t) => at(*x).cast(*t),
             Step::Select(c, a, b) => at(*c).select(at(*a), at(*b)),
+            Step::Argsort(x, axis, descending) => row(at(*x)).argsort(*axis, *descending),
+            Step::Cumsum(x, axis) => row(at(*x)).cumsum(*axis),
+            Step::TopK(x, k) => row(at(*x)).top_k(*k).0,
+            Step::Pad(x, widths, value) => at(*x).pad(widths, *value),
         };
         made.push(array);
     }

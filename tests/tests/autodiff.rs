@@ -211,6 +211,73 @@ fn take_along_axis_and_triangle_vjps_match_central_differences() {
 }
 
 #[test]
+fn array_api_vjps_match_central_differences() {
+    let spaced = |values: &[f32], shape: &[usize]| Array::from_vec(values.to_vec(), shape).unwrap();
+    check_grads(
+        "square",
+        |x| x[0].square().sum_all(),
+        vec![normal(50, &[2, 3])],
+    );
+    check_grads(
+        "tan",
+        |x| x[0].tan().sum_all(),
+        vec![uniform(51, &[5], -1.0, 1.0)],
+    );
+    check_grads(
+        "log1p",
+        |x| (x[0].log1p() * normal(52, &[5])).sum_all(),
+        vec![uniform(53, &[5], -0.5, 2.0)],
+    );
+    check_grads(
+        "clip",
+        |x| (x[0].clip(Some(-0.5), Some(0.5)) * normal(54, &[6])).sum_all(),
+        vec![spaced(&[-1.0, -0.3, 0.2, 0.9, 0.45, -0.8], &[6])],
+    );
+    check_grads(
+        "var and std",
+        |x| x[0].var(&[1], 1, false).sum_all() + x[0].std(&[0], 0, false).sum_all(),
+        vec![normal(55, &[3, 4])],
+    );
+    check_grads(
+        "logsumexp",
+        |x| (x[0].logsumexp(&[1], false) * normal(56, &[3])).sum_all(),
+        vec![normal(57, &[3, 4])],
+    );
+    check_grads(
+        "prod",
+        |x| x[0].prod(&[0, 1], false),
+        vec![uniform(58, &[2, 3], 0.5, 1.5)],
+    );
+    check_grads(
+        "cumsum",
+        |x| (x[0].cumsum(1) * normal(59, &[2, 5])).sum_all(),
+        vec![normal(60, &[2, 5])],
+    );
+    check_grads(
+        "sort and top_k",
+        |x| (x[0].sort(1) * normal(61, &[2, 4])).sum_all() + x[0].top_k(2).0.square().sum_all(),
+        vec![spaced(
+            &[0.3, -1.1, 2.2, 1.0, -0.4, 0.8, 1.9, -2.0],
+            &[2, 4],
+        )],
+    );
+    check_grads(
+        "einsum",
+        |x| (kiln::einsum("bij,jk->bki", &[&x[0], &x[1]]) * normal(62, &[2, 4, 3])).sum_all(),
+        vec![normal(63, &[2, 3, 5]), normal(64, &[5, 4])],
+    );
+    check_grads(
+        "stack, split, tile, repeat, pad",
+        |x| {
+            let parts = x[0].split(2, 1).unwrap();
+            let joined = kiln::stack(&parts, 0).tile(&[1, 2, 1]).repeat(2, 2);
+            (joined.pad(&[(0, 1), (1, 0), (2, 0)], 0.5).flatten().exp()).sum_all()
+        },
+        vec![normal(65, &[3, 4])],
+    );
+}
+
+#[test]
 fn layout_and_index_vjps_match_central_differences() {
     check_grads(
         "reshape",

@@ -1002,6 +1002,217 @@ fn subnormal_cases(cases: &mut Vec<Case>) {
     );
 }
 
+/// Values where floor and round half to even must round exactly: halves,
+/// signed zeros, the largest non-integers, integers from 2^23 up and the
+/// special values.
+const ROUNDING_EDGES: [f64; 14] = [
+    0.5,
+    1.5,
+    2.5,
+    -0.5,
+    -2.5,
+    -0.3,
+    -0.0,
+    1.7,
+    -1.7,
+    8_388_607.5,
+    -3.0e9,
+    f64::INFINITY,
+    f64::NEG_INFINITY,
+    f64::NAN,
+];
+
+/// The `jax.numpy` compositions (no op family of their own: they lower to
+/// the families' kernels), each against a host reference where one is
+/// short to write.
+fn array_api_cases(cases: &mut Vec<Case>) {
+    let floor: Vec<f64> = ROUNDING_EDGES.iter().map(|v| v.floor()).collect();
+    let round: Vec<f64> = ROUNDING_EDGES.iter().map(|v| v.round_ties_even()).collect();
+    cases.push(
+        case(
+            "floor and round half to even",
+            |a| vec![a[0].floor(), a[0].round()],
+            vec![array(DType::F32, &ROUNDING_EDGES)],
+        )
+        .exact()
+        .expecting(vec![data(DType::F32, &floor), data(DType::F32, &round)]),
+    );
+    cases.push(
+        case(
+            "sign keeps signed zeros and NaN",
+            |a| vec![a[0].sign()],
+            vec![array(DType::F32, &[-2.0, -0.0, 0.0, 3.0, f64::NAN])],
+        )
+        .exact()
+        .expecting(vec![data(DType::F32, &[-1.0, -0.0, 0.0, 1.0, f64::NAN])]),
+    );
+    let logs = [1e-7, -0.5, 3.0, 1e-3];
+    let log1p: Vec<f64> = logs.iter().map(|v: &f64| v.ln_1p()).collect();
+    cases.push(
+        case(
+            "log1p",
+            |a| vec![a[0].log1p()],
+            vec![array(DType::F32, &logs)],
+        )
+        .expecting(vec![data(DType::F32, &log1p)]),
+    );
+    let ints = [3.0, -1.0, 4.0, -1.0, 5.0, 9.0];
+    cases.push(
+        case(
+            "cumsum, argmin, prod and sort of i32",
+            |a| {
+                vec![
+                    a[0].cumsum(0),
+                    a[0].argmin(0, false),
+                    a[0].prod(&[0], false),
+                    a[0].sort(0),
+                    a[0].argsort(0, true),
+                ]
+            },
+            vec![array(DType::I32, &ints)],
+        )
+        .exact()
+        .expecting(vec![
+            data(DType::I32, &[3.0, 2.0, 6.0, 5.0, 10.0, 19.0]),
+            data(DType::U32, &[1.0]),
+            data(DType::I32, &[540.0]),
+            data(DType::I32, &[-1.0, -1.0, 3.0, 4.0, 5.0, 9.0]),
+            data(DType::I32, &[5.0, 4.0, 2.0, 0.0, 1.0, 3.0]),
+        ]),
+    );
+    cases.push(
+        case(
+            "top_k takes NaN first and ties to the lower index",
+            |a| {
+                let (values, indices) = a[0].top_k(3);
+                vec![values, indices]
+            },
+            vec![array(DType::F32, &[1.0, 5.0, f64::NAN, 5.0, -2.0])],
+        )
+        .exact()
+        .expecting(vec![
+            data(DType::F32, &[f64::NAN, 5.0, 5.0]),
+            data(DType::I32, &[2.0, 1.0, 3.0]),
+        ]),
+    );
+    for dtype in FLOATS {
+        cases.push(case(
+            format!("cumsum, var, logsumexp and sort {dtype}"),
+            |a| {
+                vec![
+                    a[0].cumsum(1),
+                    a[0].var(&[1], 1, false),
+                    a[0].logsumexp(&[0], false),
+                    a[0].sort(1),
+                ]
+            },
+            vec![values(dtype, &[3, 5], 90)],
+        ));
+    }
+    for dtype in FLOATS {
+        cases.push(case(
+            format!("square, tan, clip, std, argmin, prod and logsumexp {dtype}"),
+            |a| {
+                vec![
+                    a[0].square(),
+                    a[0].tan(),
+                    a[0].clip(Some(-0.5), Some(0.5)),
+                    a[0].std(&[1], 0, false),
+                    a[0].argmin(1, false),
+                    a[0].prod(&[1], false),
+                    a[0].logsumexp(&[1], true),
+                ]
+            },
+            vec![values(dtype, &[4, 7], 94)],
+        ));
+    }
+    let long: Vec<f64> = (0..1000).map(|i| f64::from((i * 7919) % 13 - 6)).collect();
+    let running: Vec<f64> = long
+        .iter()
+        .scan(0.0, |s, v| {
+            *s += v;
+            Some(*s)
+        })
+        .collect();
+    cases.push(
+        case(
+            "cumsum of a long axis, in blocks",
+            |a| vec![a[0].cumsum(0)],
+            vec![array(DType::I32, &long)],
+        )
+        .exact()
+        .expecting(vec![data(DType::I32, &running)]),
+    );
+    cases.push(case(
+        "cumsum of a long f32 axis, in blocks",
+        |a| vec![a[0].cumsum(1)],
+        vec![values(DType::F32, &[2, 300], 95)],
+    ));
+    for dtype in NUMERIC.into_iter().chain([DType::Bool]) {
+        cases.push(
+            case(
+                format!("argsort {dtype} along a middle axis, both orders, ties stable"),
+                |a| vec![a[0].argsort(1, false), a[0].argsort(1, true), a[0].sort(0)],
+                vec![values(dtype, &[3, 70, 2], 93)],
+            )
+            .exact(),
+        );
+    }
+    cases.push(case(
+        "einsum contractions",
+        |a| {
+            vec![
+                kiln::einsum("bij,jk->bki", &[&a[0], &a[1]]),
+                kiln::einsum("bij->j", &[&a[0]]),
+            ]
+        },
+        vec![
+            values(DType::F32, &[2, 3, 4], 91),
+            values(DType::F32, &[4, 5], 92),
+        ],
+    ));
+    cases.push(
+        case(
+            "stack, split, tile, repeat and pad of u8",
+            |a| {
+                let parts = a[0].split(2, 0).expect("2 rows");
+                vec![kiln::stack(&parts, 1)
+                    .tile(&[2, 1, 1])
+                    .repeat(2, 2)
+                    .pad(&[(1, 0), (0, 1), (0, 0)], 7.0)]
+            },
+            vec![Array::from_vec(vec![1u8, 2, 3, 4], &[2, 2]).expect("4 bytes")],
+        )
+        .exact(),
+    );
+    cases.push(
+        case(
+            "compositions of empty and 0-d arrays",
+            |a| {
+                vec![
+                    a[0].cumsum(0),
+                    a[0].sort(1),
+                    a[0].prod(&[0], false),
+                    a[1].round(),
+                    a[1].flatten(),
+                ]
+            },
+            vec![
+                Array::zeros(&[0, 3], DType::F32),
+                Array::scalar(-2.5, DType::F32),
+            ],
+        )
+        .exact()
+        .expecting(vec![
+            data(DType::F32, &[]),
+            data(DType::F32, &[]),
+            data(DType::F32, &[1.0, 1.0, 1.0]),
+            data(DType::F32, &[-2.0]),
+            data(DType::F32, &[-2.5]),
+        ]),
+    );
+}
+
 fn all_cases() -> Vec<Case> {
     let mut cases = Vec::new();
     unary_cases(&mut cases);
@@ -1018,6 +1229,7 @@ fn all_cases() -> Vec<Case> {
     mean_cases(&mut cases);
     pow_cases(&mut cases);
     subnormal_cases(&mut cases);
+    array_api_cases(&mut cases);
     user_op_cases(&mut cases);
     cases
 }

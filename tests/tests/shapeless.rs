@@ -227,3 +227,61 @@ fn reshaping_with_minus_one_beside_a_zero_size_is_refused_shapeless_as_eagerly()
         vec![2, 6]
     );
 }
+
+/// The `jax.numpy` compositions on `x: [n, 4]`, both dims symbolic (`prod`
+/// and `split` into equal parts need known sizes: they have tests of their
+/// own).
+fn array_api((x, idx): (Array, Array)) -> Vec<Array> {
+    let (top, top_indices) = x.top_k(2);
+    let parts = x.split_at(&[1], 1).expect("a valid axis");
+    vec![
+        x.round() + x.floor() + x.sign() + x.tan() + x.abs().log1p() + x.square(),
+        x.clip(Some(-0.5), Some(0.5)) + x.ones_like(),
+        x.var(&[0], 1, false) + x.std(&[0], 0, false) + x.logsumexp(&[0], false),
+        x.argmin(1, false).cast(DType::F32),
+        x.cumsum(0).sum(&[1], false),
+        x.sort(0).sum(&[1], false) + x.argsort(0, true).cast(DType::F32).sum(&[1], false),
+        top.sum(&[1], false) + top_indices.cast(DType::F32).sum(&[1], false),
+        kiln::stack(&[parts[0].clone(), x.slice_axis(1, 0, Some(1), 1)], 0).sum(&[0, 2], false)
+            + parts[1].sum(&[1], false),
+        x.tile(&[1, 2])
+            .repeat(2, 1)
+            .pad(&[(1, 1), (0, 2)], 1.0)
+            .sum(&[1], false),
+        x.flatten().reshape(&[-1, 4]).sum(&[1], false),
+        kiln::einsum("ni,nj->ij", &[&x, &x]).sum(&[0], false),
+        x.take(&idx, 0).sum(&[1], false),
+    ]
+}
+
+#[test]
+fn array_api_compositions_trace_once_for_three_sizes_and_match_eager() {
+    let f = compile(array_api).shapeless();
+    for (n, m) in [(3, 2), (5, 7), (9, 4)] {
+        let args = inputs(n, m);
+        let compiled = f.call(&args).unwrap();
+        let eager = array_api(args.clone());
+        for (i, (c, e)) in compiled.iter().zip(&eager).enumerate() {
+            assert_eq!(c.aval(), e.aval(), "output {i} at n={n}");
+            let (c, e) = (c.to_vec::<f32>().unwrap(), e.to_vec::<f32>().unwrap());
+            for (a, b) in c.iter().zip(&e) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs().max(1.0) || (a.is_nan() && b.is_nan()),
+                    "output {i} at n={n}: {c:?} vs {e:?}"
+                );
+            }
+        }
+    }
+    let cache = f.cache();
+    assert_eq!((cache.entries, cache.misses, cache.hits), (1, 1, 2));
+}
+
+#[test]
+fn prod_over_a_symbolic_axis_is_an_error_naming_it() {
+    let f = compile(|x: Array| x.prod(&[0], false)).shapeless();
+    let err = f.call(&inputs(3, 1).0).unwrap_err();
+    assert!(
+        err.to_string().contains("prod") && err.to_string().contains("symbolic"),
+        "{err}"
+    );
+}

@@ -274,8 +274,8 @@ let decode = compile(|cache, q, keys, t| scan(step, [cache, q, zeros([16])], [ke
 
 let cache = zeros([64, 16]);
 let q = random_normal(1, [16]);
-let short = decode.run(cache, q, random_normal(2, [16, 16]), arange(16).cast("int32"));
-let long = decode.run(cache, q, random_normal(3, [64, 16]), arange(64).cast("int32"));
+let short = decode.run(cache, q, random_normal(2, [16, 16]), arange(16));
+let long = decode.run(cache, q, random_normal(3, [64, 16]), arange(64));
 show("last output, 16 steps", short[2]);
 show("cache rows written, 64 steps", (long[0].abs().sum(1) > 0.0).cast("float32").sum());
 "#,

@@ -8,12 +8,14 @@
 //! custom op's tracing and executable through its `CustomRuntime`, the CPU
 //! thread count from the base layer ([`crate::threads`]).
 
+pub mod array_api;
 pub(crate) mod batching;
 pub mod binary;
 pub mod cast;
 pub mod control;
 pub mod custom;
 pub mod dynamic;
+pub mod einsum;
 pub mod fused;
 pub mod implicit;
 pub mod index;
@@ -31,6 +33,7 @@ pub mod reduce;
 pub mod relaxed;
 pub mod scatter;
 pub mod select;
+pub mod sort;
 mod strided;
 pub mod unary;
 
@@ -108,6 +111,14 @@ pub enum Op {
         axis: usize,
         /// Keep the axis as size 1.
         keepdims: bool,
+    },
+    /// The stable order (i32 indices) of each row along one axis, NaN
+    /// above every number ([`sort`]).
+    Argsort {
+        /// The sorted axis.
+        axis: usize,
+        /// Largest first (ties still to the lower index).
+        descending: bool,
     },
     /// Batched matrix product `[..., m, k] @ [..., k, n]` with broadcast batch dims.
     Matmul,
@@ -221,6 +232,7 @@ impl Op {
             Op::Cast(_) => "cast",
             Op::Reduce { op, .. } => op.name(),
             Op::ArgMax { .. } => "argmax",
+            Op::Argsort { .. } => "argsort",
             Op::Matmul | Op::TransposedMatmul { .. } => "matmul",
             Op::Reshape(_) => "reshape",
             Op::StopGradient => "stop_gradient",
@@ -253,6 +265,9 @@ impl Op {
                 format!("{}(axes={axes:?}, keepdims={keepdims})", op.name())
             }
             Op::ArgMax { axis, keepdims } => format!("argmax(axis={axis}, keepdims={keepdims})"),
+            Op::Argsort { axis, descending } => {
+                format!("argsort(axis={axis}, descending={descending})")
+            }
             Op::TransposedMatmul { transposed: [a, b] } => {
                 let mark = |t: bool| if t { "ᵀ" } else { "" };
                 format!("matmul(a{} @ b{})", mark(*a), mark(*b))
@@ -320,6 +335,7 @@ impl Op {
                 reduce::shape_rule(*op, axes, *keepdims, inputs[0])
             }
             Op::ArgMax { axis, keepdims } => reduce::argmax_shape_rule(*axis, *keepdims, inputs[0]),
+            Op::Argsort { axis, .. } => sort::shape_rule(*axis, inputs[0]),
             Op::Matmul => matmul::shape_rule(inputs[0], inputs[1], cx),
             Op::TransposedMatmul { transposed } => {
                 matmul::transposed_shape_rule(inputs[0], inputs[1], *transposed, cx)
@@ -420,6 +436,9 @@ impl Op {
             Op::Cast(d) => Ok(cast::eval(inputs[0], *d)),
             Op::Reduce { op, axes, .. } => reduce::eval(*op, axes, inputs[0], in_shapes[0]),
             Op::ArgMax { axis, .. } => reduce::argmax_eval(*axis, inputs[0], in_shapes[0]),
+            Op::Argsort { axis, descending } => {
+                sort::eval(*axis, *descending, inputs[0], in_shapes[0])
+            }
             Op::Matmul => matmul::eval(inputs[0], in_shapes[0], inputs[1], in_shapes[1], out_shape),
             Op::TransposedMatmul { transposed } => matmul::eval_transposed(
                 inputs[0],
@@ -497,7 +516,7 @@ impl Op {
             Op::PadSlice { axes, .. } => vec![Some(pad::vjp(axes, g))],
             Op::DynamicSlice { .. } => dynamic::slice_vjp(inputs, g),
             Op::DynamicUpdateSlice => dynamic::update_vjp(inputs, g),
-            Op::ArgMax { .. } | Op::StopGradient => vec![None; inputs.len()],
+            Op::ArgMax { .. } | Op::Argsort { .. } | Op::StopGradient => vec![None; inputs.len()],
             Op::Custom(c) => c.vjp(inputs, output, g)?,
             Op::Implicit(i) => i.vjp(inputs, g, backward)?,
             Op::Quant(q) => q.vjp(inputs, g)?,
@@ -587,7 +606,11 @@ impl Op {
             Op::DynamicSlice { .. } | Op::DynamicUpdateSlice => {
                 dynamic::jvp(self, inputs, tangents)
             }
-            Op::ArgMax { .. } | Op::DimSize { .. } | Op::Iota { .. } | Op::StopGradient => None,
+            Op::ArgMax { .. }
+            | Op::Argsort { .. }
+            | Op::DimSize { .. }
+            | Op::Iota { .. }
+            | Op::StopGradient => None,
             Op::Custom(c) => c.jvp(inputs, output, tangents)?,
             Op::Implicit(i) => i.jvp(inputs, tangents, forward)?,
             Op::Quant(q) => q.jvp(inputs, output, tangents)?,
@@ -655,6 +678,7 @@ impl Op {
                 ),
                 0,
             ),
+            Op::Argsort { axis, descending } => sort::batch(*axis, *descending, &operands[0]),
             Op::Matmul => matmul::batch(&operands[0], &operands[1], output),
             Op::TransposedMatmul { transposed } => {
                 let logical = |b: &Batched, swap: bool| match (swap, b.axis) {

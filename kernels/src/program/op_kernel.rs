@@ -128,6 +128,9 @@ impl Lowering<'_> {
                 kiln::ops::reduce::check_argmax_nonempty(*axis, in_shape(0))?;
                 crate::family::argmax(in_dtype(0), in_shape(0), *axis, target)
             }
+            Op::Argsort { axis, descending } => {
+                crate::family::argsort(in_dtype(0), in_shape(0), *axis, *descending, target)
+            }
             Op::Matmul | Op::TransposedMatmul { .. } => {
                 let transposed = match op {
                     Op::TransposedMatmul { transposed } => *transposed,

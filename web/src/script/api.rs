@@ -65,6 +65,7 @@ pub(super) fn engine(shared: &Rc<Shared>, limits: &ScriptLimits) -> Engine {
     }
     register_arrays(&mut engine);
     register_ops(&mut engine);
+    super::numpy::register(&mut engine);
     engine.register_static_module("nn", nn_module().into());
     register_compile(&mut engine, shared);
     register_nodes(&mut engine);
@@ -86,7 +87,7 @@ pub(super) fn engine(shared: &Rc<Shared>, limits: &ScriptLimits) -> Engine {
 /// Runs `build` with the script position of the call `ctx` describes as
 /// Kiln's current location, so the arrays it makes (and, in a trace, their
 /// graph nodes) name the script line and column that asked for them.
-fn at<T>(ctx: &NativeCallContext, build: impl FnOnce() -> T) -> T {
+pub(super) fn at<T>(ctx: &NativeCallContext, build: impl FnOnce() -> T) -> T {
     let position = ctx.call_position();
     let location = position
         .line()
@@ -99,7 +100,7 @@ fn at<T>(ctx: &NativeCallContext, build: impl FnOnce() -> T) -> T {
 }
 
 /// A shape from a script array of non-negative integers.
-fn shape(dims: &rhai::Array) -> ScriptResult<Vec<usize>> {
+pub(super) fn shape(dims: &rhai::Array) -> ScriptResult<Vec<usize>> {
     dims.iter()
         .map(|d| match d.as_int() {
             Ok(n) if n >= 0 => Ok(n as usize),
@@ -121,7 +122,7 @@ fn integers(values: &rhai::Array, what: &str) -> ScriptResult<Vec<i64>> {
         .collect()
 }
 
-fn axes(values: &rhai::Array) -> ScriptResult<Vec<isize>> {
+pub(super) fn axes(values: &rhai::Array) -> ScriptResult<Vec<isize>> {
     Ok(integers(values, "an axis list")?
         .into_iter()
         .map(|a| a as isize)
@@ -224,11 +225,6 @@ fn register_arrays(engine: &mut Engine) {
                 })
             },
         )
-        .register_fn("arange", move |ctx: NativeCallContext, stop: INT| {
-            at(&ctx, || {
-                kiln_result("arange", Array::arange(0.0, stop as f64, 1.0, f32))
-            })
-        })
         .register_fn(
             "arange",
             move |ctx: NativeCallContext, start: FLOAT, stop: FLOAT, step: FLOAT| {
@@ -523,21 +519,26 @@ fn register_ops(engine: &mut Engine) {
             "concat",
             |ctx: NativeCallContext, items: rhai::Array, axis: INT| {
                 at(&ctx, || {
-                    let arrays = items
-                        .into_iter()
-                        .map(|i| {
-                            let name = i.type_name();
-                            i.try_cast::<Array>().ok_or_else(|| {
-                                runtime_error(format!(
-                                    "concat takes a list of arrays, got a {name}"
-                                ))
-                            })
-                        })
-                        .collect::<ScriptResult<Vec<_>>>()?;
-                    checked(kiln::concat(&arrays, axis as isize))
+                    checked(kiln::concat(
+                        &list_of_arrays("concat", items)?,
+                        axis as isize,
+                    ))
                 })
             },
         );
+}
+
+/// The arrays of a script list, or an error naming `op` and the first
+/// item that is not one.
+pub(super) fn list_of_arrays(op: &str, items: rhai::Array) -> ScriptResult<Vec<Array>> {
+    items
+        .into_iter()
+        .map(|i| {
+            let name = i.type_name();
+            i.try_cast::<Array>()
+                .ok_or_else(|| runtime_error(format!("{op} takes a list of arrays, got a {name}")))
+        })
+        .collect()
 }
 
 fn nn_module() -> Module {
@@ -571,7 +572,50 @@ fn nn_module() -> Module {
             })
         },
     );
+    register_nn_layers(&mut module);
     module
+}
+
+/// The `nn` functions models are built from, beyond the activations.
+fn register_nn_layers(module: &mut Module) {
+    module.set_native_fn("silu", |ctx: NativeCallContext, x: Array| {
+        at(&ctx, || checked(nn::silu(&x)))
+    });
+    module.set_native_fn("causal_mask", |ctx: NativeCallContext, t: INT| {
+        at(&ctx, || {
+            let t = usize::try_from(t)
+                .map_err(|_| runtime_error(format!("causal_mask takes a size ≥ 0, got {t}")))?;
+            checked(nn::causal_mask(t))
+        })
+    });
+    module.set_native_fn(
+        "cross_entropy",
+        |ctx: NativeCallContext, logits: Array, targets: Array| {
+            at(&ctx, || checked(nn::cross_entropy(&logits, &targets, None)))
+        },
+    );
+    module.set_native_fn(
+        "rope",
+        |ctx: NativeCallContext, x: Array, positions: Array, base: FLOAT| {
+            at(&ctx, || checked(nn::rope(&x, &positions, base)))
+        },
+    );
+    module.set_native_fn(
+        "scaled_dot_product_attention",
+        |ctx: NativeCallContext, q: Array, k: Array, v: Array| {
+            at(&ctx, || {
+                checked(nn::scaled_dot_product_attention(&q, &k, &v, None))
+            })
+        },
+    );
+    module.set_native_fn(
+        "scaled_dot_product_attention",
+        |ctx: NativeCallContext, q: Array, k: Array, v: Array, mask: Array| {
+            at(&ctx, || {
+                checked(nn::scaled_dot_product_attention(&q, &k, &v, Some(&mask)))
+            })
+        },
+    );
 }
 
 /// `compile(|args| ...)` and the methods of its handle.

@@ -19,6 +19,7 @@ mod custom;
 mod errors;
 mod function;
 mod nodes;
+mod numpy;
 mod quant;
 mod values;
 
@@ -655,6 +656,9 @@ fn eval_error_in(e: &EvalAltResult, run: Option<(&str, &AST)>) -> ScriptError {
     }
 }
 
+// The table the reference prints, which only its generation (a test) reads.
+#[cfg(test)]
+mod catalog;
 #[cfg(test)]
 mod reference;
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! half a megabyte to the module). The test below fails when the file is
 //! stale; `KILN_BLESS=1 cargo test -p kiln-web script_api` rewrites it.
 
+use super::catalog::SUMMARIES;
 use super::Session;
 use std::collections::BTreeMap;
 
@@ -143,7 +144,8 @@ fn reference() -> String {
          class, `Compiled` a compiled function (Rhai records the `nn::` module's functions \
          without types: they take and give `ndarray`s, with `i64` axes and `f64` epsilons). \
          Calls that may fail raise a script error naming the problem and the script line. \
-         The table in docs/playground.md says what each does.\n",
+         Each entry ends with what it does, from the one table of summaries \
+         (`web/src/script/catalog.rs`), which a test holds to the registered names.\n",
     );
     for (section, functions) in sections {
         let title = section.split_once(". ").map_or(section, |(_, t)| t);
@@ -159,6 +161,9 @@ fn reference() -> String {
             text.push_str(&format!("* **`{shown}`**: "));
             let list: Vec<String> = usages.iter().map(|u| format!("`{u}`")).collect();
             text.push_str(&list.join(", "));
+            if let Some((_, summary)) = SUMMARIES.iter().find(|(n, _)| *n == shown) {
+                text.push_str(&format!(" — {summary}"));
+            }
             text.push('\n');
         }
     }
