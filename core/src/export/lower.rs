@@ -77,6 +77,7 @@ fn lower_op(
         Op::Cast(d) => one(cast(e, &x[0], *d)?),
         Op::Reduce { op, axes, keepdims } => one(reduce(e, *op, axes, *keepdims, &x[0], dims)?),
         Op::ArgMax { axis, .. } => one(argmax(e, *axis, &x[0], dims)?),
+        Op::Argsort { axis, descending } => one(argsort(e, *axis, *descending, &x[0])?),
         Op::Matmul => one(matmul(e, &x[0], &x[1], [false, false], dims)?),
         Op::TransposedMatmul { transposed } => one(matmul(e, &x[0], &x[1], *transposed, dims)?),
         Op::Reshape(_) => one(e.reshape(&x[0], dims)?),
@@ -617,6 +618,59 @@ fn argmax(e: &mut Emitter<'_>, axis: usize, x: &Value, out: &[Dim]) -> Result<Va
     e.reshape(&result, out)
 }
 
+/// The `i32` indices that sort `x` along `axis`, as Kiln's argsort: a
+/// stable two-operand `stablehlo.sort` of (value, index), whose comparator
+/// puts NaN after every number (before, largest first) and compares as
+/// numbers otherwise, so `-0` and `0` tie and keep their order.
+fn argsort(e: &mut Emitter<'_>, axis: usize, descending: bool, x: &Value) -> Result<Value> {
+    let index = iota(e, axis, &x.dims, DType::I32)?;
+    let name = e.fresh();
+    let (a, b, ia, ib) = (e.fresh(), e.fresh(), e.fresh(), e.fresh());
+    let st = tensor_type(&[], x.dtype);
+    let it = tensor_type(&[], DType::I32);
+    e.line(&format!(
+        "{name}:2 = \"stablehlo.sort\"({}, {}) <{{dimension = {axis} : i64, is_stable = true}}> ({{",
+        x.name, index.name
+    ));
+    e.line(&format!(
+        "^bb0({a}: {st}, {b}: {st}, {ia}: {it}, {ib}: {it}):"
+    ));
+    e.nested(|e| {
+        let scalar = |name: String| Value {
+            name,
+            dims: vec![],
+            dtype: x.dtype,
+        };
+        let (av, bv) = (scalar(a), scalar(b));
+        let (first, second) = if descending { (&bv, &av) } else { (&av, &bv) };
+        // `first < second`, NaN above every number.
+        let mut before = e.compare("LT", first, second);
+        if x.dtype.is_float() {
+            let first_number = e.compare("EQ", first, first);
+            let second_nan = e.compare("NE", second, second);
+            let only_second_nan = e.binary("and", &first_number, &second_nan);
+            before = e.binary("or", &before, &only_second_nan);
+        }
+        e.line(&format!(
+            "stablehlo.return {} : {}",
+            before.name,
+            tensor_type(&[], DType::Bool)
+        ));
+    });
+    e.line(&format!(
+        "}}) : ({}, {}) -> ({}, {})",
+        x.ty(),
+        index.ty(),
+        x.ty(),
+        index.ty()
+    ));
+    Ok(Value {
+        name: format!("{name}#1"),
+        dims: x.dims.clone(),
+        dtype: DType::I32,
+    })
+}
+
 /// `[…, m, k] @ […, k, n]` with broadcast batch dims as one `dot_general`
 /// (operands stored with their last two axes swapped where `transposed`
 /// says). Half precision multiplies in f32 and rounds once, as Kiln does.
@@ -779,6 +833,20 @@ fn window_dims(rank: usize, axis: usize, q: usize) -> Vec<usize> {
 /// NumPy `take` as a `gather`. An index out of range is an error in Kiln
 /// and clamped by XLA's gather.
 fn take(e: &mut Emitter<'_>, axis: usize, x: &Value, index: &Value, out: &[Dim]) -> Result<Value> {
+    if x.dims[axis].known() == Some(0) {
+        // A gather's one-row window cannot fit an empty axis: taking
+        // nothing from it is the empty result; taking anything is Kiln's
+        // run-time `Err`, which a module cannot raise.
+        if out.iter().any(|d| d.known() == Some(0)) {
+            let zero = e.scalar(0.0, x.dtype);
+            return e.broadcast(&zero, out);
+        }
+        return Err(unsupported(format!(
+            "take of {} indices from an empty axis {axis} of {}",
+            index.ty(),
+            x.ty()
+        )));
+    }
     let wrapped = wrap_negative(e, index, &x.dims[axis])?;
     let vectors = index_vectors(e, &wrapped)?;
     let q = index.dims.len();
