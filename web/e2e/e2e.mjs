@@ -612,7 +612,7 @@ await check("a-script-error-shows-its-line-and-the-next-run-works", async () => 
 });
 
 await check("a-share-link-round-trips", async () => {
-  const script = 'show("shared", arange(3) * 2.0)';
+  const script = 'show("shared", arange(3.0) * 2.0)';
   await runScript(script);
   await page.locator(newOutput(), { hasText: "shared" }).waitFor({ timeout: 30000 });
   const link = await settled(async () => {
