@@ -20,7 +20,8 @@ commands:
   ci [STEP...]      fmt, clippy, doc, test, the wasm32 build of `kiln`, the Metal
                     backend's check for Apple silicon and the playground's browser
                     tests, stopping at the first failure; STEPs pick a subset
-                    (steps: fmt clippy doc lavapipe test xla wasm32 apple web)
+                    (steps: fmt clippy doc package lavapipe test xla wasm32 apple
+                    web)
   bench [NAME...]   run the benchmarks in release mode, print their JSON and write it
                     to target/kiln-bench.json; NAMEs select benchmarks by name or prefix
                     (`cpu` the CPU executor's figures, native and, as cpu_wasm_*, wasm32
