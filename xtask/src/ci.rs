@@ -3,6 +3,7 @@
 //! Each check is one entry of [`STEPS`]; a new check (wgpu on lavapipe, web build,
 //! browser tests) is one more entry. A step installs what it needs itself.
 
+use crate::api;
 use crate::apt;
 use crate::cross;
 use crate::process::{self, cargo};
@@ -52,6 +53,12 @@ const STEPS: &[Step] = &[
                     .env("RUSTDOCFLAGS", "-D warnings"),
             )
         },
+    },
+    Step {
+        name: "api",
+        what: "cargo xtask api: no public item of the published crates gone from \
+               docs/public-api.txt without a CHANGELOG.md line (reads the doc step's output)",
+        run: || api::run(&[]),
     },
     Step {
         name: "package",
@@ -105,7 +112,7 @@ const STEPS: &[Step] = &[
 ];
 
 /// The crates meant for crates.io; the other members are `publish = false`.
-const PUBLISHED: &[&str] = &[
+pub const PUBLISHED: &[&str] = &[
     "kiln",
     "kiln-derive",
     "kiln-kernels",
