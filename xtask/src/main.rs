@@ -1,5 +1,6 @@
 //! `cargo xtask <command>`: Kiln's project commands (see README.md).
 
+mod api;
 mod apt;
 mod bench;
 mod ci;
@@ -20,7 +21,11 @@ commands:
   ci [STEP...]      fmt, clippy, doc, test, the wasm32 build of `kiln`, the Metal
                     backend's check for Apple silicon and the playground's browser
                     tests, stopping at the first failure; STEPs pick a subset
-                    (steps: fmt clippy doc lavapipe test xla wasm32 apple web)
+                    (steps: fmt clippy doc api package lavapipe test xla wasm32
+                    apple web)
+  api [--bless]     the published crates' public items (from rustdoc's HTML) against
+                    docs/public-api.txt: an item gone without a CHANGELOG.md line
+                    fails, naming it; --bless rewrites the snapshot
   bench [NAME...]   run the benchmarks in release mode, print their JSON and write it
                     to target/kiln-bench.json; NAMEs select benchmarks by name or prefix
                     (`cpu` the CPU executor's figures, native and, as cpu_wasm_*, wasm32
@@ -49,6 +54,7 @@ fn main() -> ExitCode {
     };
     let outcome = match command {
         "ci" => ci::run(rest),
+        "api" => api::run(rest),
         "bench" => bench::run(rest),
         "wasm" => cross::run(rest),
         "web" => web::run(rest),

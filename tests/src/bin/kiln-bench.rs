@@ -7,6 +7,7 @@ use kiln::{
 use kiln_cpu_bench::{
     anchor_chain, input, scalar_chain, unary_input, CHAINS, ELEMENTS, SCALAR_CHAIN, UNARY, WIDE,
 };
+use kiln_tests::arrays::example;
 use kiln_tests::bench::{median_cpu_micros, median_micros, selected, time_once_ms, BenchReport};
 use kiln_tests::rss::resident_bytes;
 use kiln_tests::value_shapes;
@@ -443,14 +444,57 @@ fn vmap_benchmarks(names: &[String], report: &mut BenchReport) {
             std::hint::black_box(by_hand.call(&args).expect("the batched MLP runs"));
         }));
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (v, b) = (median(&mut vmapped), median(&mut batched));
+    let (v, b) = (middle(vmapped), middle(batched));
     report.record("vmap_mlp4_cached", v, "us");
     report.record("batched_mlp4_cached", b, "us");
     report.record("vmap_mlp4_ratio", v / b, "ratio");
+}
+
+/// The figures of [`per_example_grad_benchmarks`].
+const PER_EXAMPLE_FIGURES: [&str; 2] = [
+    "per_example_grads_mlp4_cached",
+    "per_example_grads_mlp4_loop_cached",
+];
+
+/// Per-example gradients of the 4-layer MLP's loss, batch 64, cached calls at
+/// one thread: `compile(vmap(grad(loss)))` over the whole batch
+/// (`per_example_grads_mlp4_cached`) against the reference a user without
+/// `vmap` writes, 64 cached calls of `compile(grad(loss))`, one per example
+/// (`per_example_grads_mlp4_loop_cached`, the whole loop timed). The examples
+/// are sliced before any clock starts, and the two are measured in alternating
+/// rounds so load hits both alike. Runs in the one-thread child.
+fn per_example_grad_benchmarks(names: &[String], report: &mut BenchReport) {
+    if !PER_EXAMPLE_FIGURES.iter().any(|n| selected(n, names)) {
+        return;
+    }
+    let args = mlp4_arguments();
+    let per_example =
+        compile(kiln::vmap(kiln::grad(mlp4_loss).wrt(["args[0]"])).in_axes([("args[0]", None)]));
+    let one_example = compile(kiln::grad(mlp4_loss).wrt(["args[0]"]));
+    let (layers, x, y) = &args;
+    let batch = x.dims().expect("the batch has concrete dims")[0];
+    let examples: Vec<(Vec<Layer>, Array, Array)> = (0..batch)
+        .map(|k| (layers.clone(), example(x, 0, k), example(y, 0, k)))
+        .collect();
+    let (mut mapped, mut looped) = (Vec::new(), Vec::new());
+    for _ in 0..7 {
+        mapped.push(median_micros(20, || {
+            std::hint::black_box(per_example.call(&args).expect("vmap(grad) runs"));
+        }));
+        looped.push(median_micros(5, || {
+            for e in &examples {
+                std::hint::black_box(one_example.call(e).expect("grad runs"));
+            }
+        }));
+    }
+    report.record("per_example_grads_mlp4_cached", middle(mapped), "us");
+    report.record("per_example_grads_mlp4_loop_cached", middle(looped), "us");
+}
+
+/// The median of the rounds' figures (of alternating-round measurements).
+fn middle(mut rounds: Vec<f64>) -> f64 {
+    rounds.sort_by(f64::total_cmp);
+    rounds[rounds.len() / 2]
 }
 
 /// The hidden first argument under which the program re-runs itself with
@@ -472,6 +516,7 @@ fn main() {
         grad_benchmarks(&names, &mut report);
         export_benchmarks(&names, &mut report);
         vmap_benchmarks(&names, &mut report);
+        per_example_grad_benchmarks(&names, &mut report);
         control::benchmarks(&names, &mut report);
         models::benchmarks(&names, &mut report, matmul::read_bandwidth_gbs);
         println!("{}", report.to_json());
@@ -775,7 +820,8 @@ fn cpu_benchmarks(names: &[String], report: &mut BenchReport) {
         .chain([format!("cpu_scalar_chain_{SCALAR_CHAIN}")])
         .chain([TRANSPOSE_FIGURE.to_string()])
         .chain(quant::CPU_FIGURES.map(String::from))
-        .chain(VMAP_FIGURES.map(String::from));
+        .chain(VMAP_FIGURES.map(String::from))
+        .chain(PER_EXAMPLE_FIGURES.map(String::from));
     let one_thread = wanted.into_iter().any(|name| selected(&name, names))
         || grad_wanted(names)
         || selected("export_mlp4_train_ms", names)
