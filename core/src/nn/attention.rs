@@ -198,23 +198,21 @@ fn attend_written(
     positions: &Array,
     written: &Array,
 ) -> Array {
-    let cache_positions = keys.iota(2, DType::I32);
     let masked = || {
-        let mask = cache_positions
+        let mask = keys
+            .iota(2, DType::I32)
             .expand_dims(0)
             .less_equal(positions.expand_dims(1));
         scaled_dot_product_attention(q, keys, values, Some(&mask))
     };
-    let known = |a: &Array| -> Option<Vec<usize>> { a.shape().0.iter().map(Dim::known).collect() };
+    let known = |a: &Array| -> Option<Vec<usize>> {
+        let dims: Option<Vec<usize>> = a.shape().0.iter().map(Dim::known).collect();
+        dims.filter(|d| d.len() == 4)
+    };
     let (Some(q_dims), Some(k_dims), Some(v_dims)) = (known(q), known(keys), known(values)) else {
         return masked();
     };
-    let capacity = k_dims[2];
-    if k_dims.len() != 4
-        || v_dims.len() != 4
-        || capacity <= CACHE_BLOCK
-        || capacity % CACHE_BLOCK != 0
-    {
+    if k_dims[2] <= CACHE_BLOCK || !k_dims[2].is_multiple_of(CACHE_BLOCK) {
         return masked();
     }
     let block = CACHE_BLOCK as f64;
