@@ -404,39 +404,13 @@ fn register_ops(engine: &mut Engine) {
         .register_fn("cast", |ctx: NativeCallContext, a: &mut Array, d: &str| {
             at(&ctx, || checked(a.cast(parse_dtype(d)?)))
         });
-    type Reduce = fn(&Array, &[isize], bool) -> Array;
-    let reductions: [(&str, Reduce); 4] = [
-        ("sum", Array::sum),
+    for (name, op) in [
+        ("sum", Array::sum as Reduce),
         ("max", Array::max),
         ("min", Array::min),
         ("mean", Array::mean),
-    ];
-    for (name, op) in reductions {
-        engine
-            .register_fn(name, move |ctx: NativeCallContext, a: &mut Array| {
-                at(&ctx, || {
-                    let all: Vec<isize> = (0..a.ndim() as isize).collect();
-                    checked(op(a, &all, false))
-                })
-            })
-            .register_fn(
-                name,
-                move |ctx: NativeCallContext, a: &mut Array, ax: rhai::Array| {
-                    at(&ctx, || checked(op(a, &axes(&ax)?, false)))
-                },
-            )
-            .register_fn(
-                name,
-                move |ctx: NativeCallContext, a: &mut Array, ax: rhai::Array, keep: bool| {
-                    at(&ctx, || checked(op(a, &axes(&ax)?, keep)))
-                },
-            )
-            .register_fn(
-                name,
-                move |ctx: NativeCallContext, a: &mut Array, ax: INT| {
-                    at(&ctx, || checked(op(a, &[ax as isize], false)))
-                },
-            );
+    ] {
+        register_reduction(engine, name, op);
     }
     engine
         .register_fn(
@@ -530,6 +504,39 @@ fn register_ops(engine: &mut Engine) {
 
 /// The arrays of a script list, or an error naming `op` and the first
 /// item that is not one.
+/// A reduction over some axes of an array, keeping them or not.
+pub(super) type Reduce = fn(&Array, &[isize], bool) -> Array;
+
+/// Binds reduction `name` in its four script forms: over every axis,
+/// over a list of axes (keeping them or not), and over one axis.
+pub(super) fn register_reduction(engine: &mut Engine, name: &str, op: Reduce) {
+    engine
+        .register_fn(name, move |ctx: NativeCallContext, a: &mut Array| {
+            at(&ctx, || {
+                let all: Vec<isize> = (0..a.ndim() as isize).collect();
+                checked(op(a, &all, false))
+            })
+        })
+        .register_fn(
+            name,
+            move |ctx: NativeCallContext, a: &mut Array, ax: rhai::Array| {
+                at(&ctx, || checked(op(a, &axes(&ax)?, false)))
+            },
+        )
+        .register_fn(
+            name,
+            move |ctx: NativeCallContext, a: &mut Array, ax: rhai::Array, keep: bool| {
+                at(&ctx, || checked(op(a, &axes(&ax)?, keep)))
+            },
+        )
+        .register_fn(
+            name,
+            move |ctx: NativeCallContext, a: &mut Array, ax: INT| {
+                at(&ctx, || checked(op(a, &[ax as isize], false)))
+            },
+        );
+}
+
 pub(super) fn list_of_arrays(op: &str, items: rhai::Array) -> ScriptResult<Vec<Array>> {
     items
         .into_iter()

@@ -2,7 +2,7 @@
 //! `kiln::ops::array_api` and `kiln::einsum`, the triangle, one-hot and
 //! gather helpers, integer `arange`, and `x[i]` / `x[a..b]` indexing.
 
-use super::api::{at, axes, list_of_arrays, shape};
+use super::api::{at, axes, list_of_arrays, register_reduction, shape};
 use super::values::{checked, kiln_result, parse_dtype, runtime_error, ScriptResult};
 use kiln::random::Key;
 use kiln::{Array, DType};
@@ -188,29 +188,8 @@ fn register_elementwise(engine: &mut Engine) {
 }
 
 fn register_reductions(engine: &mut Engine) {
-    type Reduce = fn(&Array, &[isize], bool) -> Array;
-    let reductions: [(&str, Reduce); 2] = [("logsumexp", Array::logsumexp), ("prod", Array::prod)];
-    for (name, op) in reductions {
-        engine
-            .register_fn(name, move |ctx: NativeCallContext, a: &mut Array| {
-                at(&ctx, || {
-                    let all: Vec<isize> = (0..a.ndim() as isize).collect();
-                    checked(op(a, &all, false))
-                })
-            })
-            .register_fn(
-                name,
-                move |ctx: NativeCallContext, a: &mut Array, ax: rhai::Array| {
-                    at(&ctx, || checked(op(a, &axes(&ax)?, false)))
-                },
-            )
-            .register_fn(
-                name,
-                move |ctx: NativeCallContext, a: &mut Array, ax: rhai::Array, keep: bool| {
-                    at(&ctx, || checked(op(a, &axes(&ax)?, keep)))
-                },
-            );
-    }
+    register_reduction(engine, "logsumexp", Array::logsumexp);
+    register_reduction(engine, "prod", Array::prod);
     type Moment = fn(&Array, &[isize], usize, bool) -> Array;
     // `var` is a Rhai keyword, so JAX's `var` is `variance` in scripts.
     for (name, op) in [("variance", Array::var as Moment), ("std", Array::std)] {
