@@ -19,6 +19,7 @@ type Entry = (Option<String>, String, Vec<String>, String);
 fn type_name(raw: &str) -> String {
     let raw = raw.trim();
     let raw = raw.strip_prefix("&mut ").unwrap_or(raw);
+    let raw = raw.strip_prefix('&').unwrap_or(raw);
     // `Result<T, Box<EvalAltResult>>`: functions that may fail give `T`.
     let raw = match raw.strip_prefix("core::result::Result<") {
         Some(rest) => rest.split(',').next().unwrap_or(rest),
@@ -34,7 +35,7 @@ fn type_name(raw: &str) -> String {
         "ScriptObject" => "Object",
         "ScriptCustomOp" => "CustomOp",
         "ScriptKernel" => "Kernel",
-        "ImmutableString" | "String" => "string",
+        "ImmutableString" | "String" | "str" => "string",
         other => other,
     }
     .to_string()
@@ -43,7 +44,7 @@ fn type_name(raw: &str) -> String {
 /// Parses `name(_: T, _: U) -> R` into an [`Entry`].
 fn entry(signature: &str) -> Entry {
     let (name, rest) = signature.split_once('(').unwrap_or((signature, ")"));
-    let (params, result) = rest.rsplit_once(')').unwrap_or((rest, ""));
+    let (params, result) = split_at_closing_paren(rest);
     let mut params: Vec<String> = if params.trim().is_empty() {
         Vec::new()
     } else {
@@ -68,6 +69,22 @@ fn entry(signature: &str) -> Entry {
         params.remove(0);
     }
     (receiver, name.to_string(), params, result)
+}
+
+/// `rest` (what follows a signature's `(`) split at the `)` that closes the
+/// parameter list: the result type may hold parentheses of its own
+/// (`Result<(), …>`).
+fn split_at_closing_paren(rest: &str) -> (&str, &str) {
+    let mut depth = 0usize;
+    for (i, c) in rest.char_indices() {
+        match c {
+            '(' | '<' => depth += 1,
+            ')' if depth == 0 => return (&rest[..i], &rest[i + 1..]),
+            ')' | '>' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    (rest, "")
 }
 
 /// Splits a parameter list at its top-level commas (types hold commas).
@@ -193,6 +210,12 @@ fn the_script_api_reference_is_generated_from_the_registered_functions() {
     ] {
         assert!(generated.contains(expected), "{expected} in:\n{generated}");
     }
+}
+
+#[test]
+fn a_result_of_nothing_keeps_the_parameters_apart_from_the_result() {
+    let entry = entry("register_node(_: &str, _: array, _: array) -> core::result::Result<(),alloc::boxed::Box<rhai::types::error::EvalAltResult>>");
+    assert_eq!(usage(&entry), "register_node(string, list, list) → ()");
 }
 
 #[test]
