@@ -7,7 +7,7 @@
 //! little-endian file per array (bool as one byte).
 
 use kiln::export::{Exported, Mesh};
-use kiln::{Array, DType, HostData};
+use kiln::{Array, HostData};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -66,18 +66,6 @@ pub struct Case<'a> {
     pub collectives: Vec<&'a str>,
 }
 
-fn dtype_name(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F32 => "f32",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        DType::I32 => "i32",
-        DType::U32 => "u32",
-        DType::Bool => "bool",
-        DType::U8 => "u8",
-    }
-}
-
 fn bytes(data: &HostData) -> Vec<u8> {
     match data {
         HostData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -98,7 +86,7 @@ fn write_array(folder: &std::path::Path, file: String, array: &Array) -> Result<
         .as_known()
         .ok_or_else(|| format!("{file} has a symbolic shape"))?;
     std::fs::write(folder.join(&file), bytes(&data)).map_err(|e| format!("{file}: {e}"))?;
-    Ok(json!({ "file": file, "dtype": dtype_name(array.dtype()), "shape": shape }))
+    Ok(json!({ "file": file, "dtype": array.dtype().name(), "shape": shape }))
 }
 
 /// Writes `case` under `root` (its own folder, replaced if present).

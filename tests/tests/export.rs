@@ -144,6 +144,26 @@ fn write(case: &Case<'_>) {
     }
 }
 
+/// Writes `exported` as a case of one run on one device: `inputs` give
+/// Kiln's `outputs`.
+fn write_one_run(
+    name: String,
+    exported: &Exported,
+    rule: Match,
+    inputs: Vec<Array>,
+    outputs: Vec<Array>,
+) {
+    write(&Case {
+        name,
+        exported,
+        rule,
+        runs: vec![Run { inputs, outputs }],
+        mesh: None,
+        training: None,
+        collectives: Vec::new(),
+    });
+}
+
 #[test]
 fn export_names_arguments_and_results_by_their_tree_paths() {
     let args = step_args(3, 4, 2, 5);
@@ -217,18 +237,13 @@ fn scan_while_fori_and_cond_export_as_while_and_case() {
     assert!(text.matches("stablehlo.while").count() >= 3, "{text}");
     assert!(text.contains("\"stablehlo.case\""));
     let out = compiled.call(&(x.clone(), xs.clone())).expect("runs");
-    write(&Case {
-        name: "control_flow".into(),
-        exported: &exported,
-        rule: Match::Tolerance,
-        runs: vec![Run {
-            inputs: vec![x, xs],
-            outputs: leaves(&out),
-        }],
-        mesh: None,
-        training: None,
-        collectives: Vec::new(),
-    });
+    write_one_run(
+        "control_flow".into(),
+        &exported,
+        Match::Tolerance,
+        vec![x, xs],
+        leaves(&out),
+    );
 }
 
 fn shapeless_program((x, w): (Array, Array)) -> (Array, Array, Array) {
@@ -457,18 +472,13 @@ fn quantized_products_export_as_dequantization_and_a_dot_general() {
         assert!(text.contains("stablehlo.shift_right_logical"), "{name}");
         assert!(text.contains("stablehlo.dot_general"), "{name}");
         let out = compiled.call(&args).expect("runs");
-        write(&Case {
-            name: format!("quantized_{name}"),
-            exported: &exported,
-            rule: Match::Tolerance,
-            runs: vec![Run {
-                inputs: leaves(&args),
-                outputs: leaves(&out),
-            }],
-            mesh: None,
-            training: None,
-            collectives: Vec::new(),
-        });
+        write_one_run(
+            format!("quantized_{name}"),
+            &exported,
+            Match::Tolerance,
+            leaves(&args),
+            leaves(&out),
+        );
     }
 }
 
@@ -576,18 +586,13 @@ fn implicit_arrays_export_as_kiln_lowers_them() {
         "x and the low-rank weight's three leaves"
     );
     let out = compiled.call(&args).expect("runs");
-    write(&Case {
-        name: "implicit_low_rank".into(),
-        exported: &exported,
-        rule: Match::Tolerance,
-        runs: vec![Run {
-            inputs: leaves(&args),
-            outputs: leaves(&out),
-        }],
-        mesh: None,
-        training: None,
-        collectives: Vec::new(),
-    });
+    write_one_run(
+        "implicit_low_rank".into(),
+        &exported,
+        Match::Tolerance,
+        leaves(&args),
+        leaves(&out),
+    );
 }
 
 #[test]
@@ -606,18 +611,13 @@ fn in_graph_random_numbers_export_bit_equal() {
         "the key is a u32 scalar"
     );
     let out = compiled.call(&args).expect("runs");
-    write(&Case {
-        name: "random_in_graph".into(),
-        exported: &exported,
-        rule: Match::Exact,
-        runs: vec![Run {
-            inputs: leaves(&args),
-            outputs: leaves(&out),
-        }],
-        mesh: None,
-        training: None,
-        collectives: Vec::new(),
-    });
+    write_one_run(
+        "random_in_graph".into(),
+        &exported,
+        Match::Exact,
+        leaves(&args),
+        leaves(&out),
+    );
 }
 
 #[test]
@@ -637,18 +637,13 @@ fn quantize_exports_bit_equal_in_every_format() {
             let w = Array::random_normal(Key::new(40), &[4, 128], dtype).expect("w");
             let exported = compiled.export(&w).expect("exports");
             let out = compiled.call(&w).expect("runs");
-            write(&Case {
-                name: format!("quantize_{name}_{dtype}"),
-                exported: &exported,
-                rule: Match::Exact,
-                runs: vec![Run {
-                    inputs: vec![w],
-                    outputs: leaves(&out),
-                }],
-                mesh: None,
-                training: None,
-                collectives: Vec::new(),
-            });
+            write_one_run(
+                format!("quantize_{name}_{dtype}"),
+                &exported,
+                Match::Exact,
+                vec![w],
+                leaves(&out),
+            );
         }
     }
 }

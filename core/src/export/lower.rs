@@ -570,26 +570,10 @@ fn argmax(e: &mut Emitter<'_>, axis: usize, x: &Value, out: &[Dim]) -> Result<Va
         " reducer({a}: {st}, {b}: {st}) ({ia}: {it}, {ib}: {it}) {{"
     ));
     e.nested(|e| {
-        let av = Value {
-            name: a,
-            dims: vec![],
-            dtype: x.dtype,
-        };
-        let bv = Value {
-            name: b,
-            dims: vec![],
-            dtype: x.dtype,
-        };
-        let iav = Value {
-            name: ia,
-            dims: vec![],
-            dtype: DType::I32,
-        };
-        let ibv = Value {
-            name: ib,
-            dims: vec![],
-            dtype: DType::I32,
-        };
+        let av = Value::block_scalar(a, x.dtype);
+        let bv = Value::block_scalar(b, x.dtype);
+        let iav = Value::block_scalar(ia, DType::I32);
+        let ibv = Value::block_scalar(ib, DType::I32);
         let greater = e.compare("GT", &av, &bv);
         let wins = if x.dtype.is_float() {
             let nan = e.compare("NE", &av, &av);
@@ -636,12 +620,10 @@ fn argsort(e: &mut Emitter<'_>, axis: usize, descending: bool, x: &Value) -> Res
         "^bb0({a}: {st}, {b}: {st}, {ia}: {it}, {ib}: {it}):"
     ));
     e.nested(|e| {
-        let scalar = |name: String| Value {
-            name,
-            dims: vec![],
-            dtype: x.dtype,
-        };
-        let (av, bv) = (scalar(a), scalar(b));
+        let (av, bv) = (
+            Value::block_scalar(a, x.dtype),
+            Value::block_scalar(b, x.dtype),
+        );
         let (first, second) = if descending { (&bv, &av) } else { (&av, &bv) };
         // `first < second`, NaN above every number.
         let mut before = e.compare("LT", first, second);
@@ -894,16 +876,8 @@ fn scatter_add(
         ));
         e.line(&format!("^bb0({a}: {st}, {b}: {st}):"));
         e.nested(|e| {
-            let av = Value {
-                name: a,
-                dims: vec![],
-                dtype: updates.dtype,
-            };
-            let bv = Value {
-                name: b,
-                dims: vec![],
-                dtype: updates.dtype,
-            };
+            let av = Value::block_scalar(a, updates.dtype);
+            let bv = Value::block_scalar(b, updates.dtype);
             let sum = e.binary("add", &av, &bv);
             e.line(&format!("stablehlo.return {} : {st}", sum.name));
         });

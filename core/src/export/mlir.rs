@@ -61,6 +61,16 @@ pub(crate) struct Value {
 }
 
 impl Value {
+    /// The scalar `name` of `dtype`: an argument of a region's block (a
+    /// reducer's, a comparator's).
+    pub fn block_scalar(name: String, dtype: DType) -> Value {
+        Value {
+            name,
+            dims: vec![],
+            dtype,
+        }
+    }
+
     /// Its tensor type.
     pub fn ty(&self) -> String {
         tensor_type(&self.dims, self.dtype)
