@@ -358,16 +358,6 @@ fn run_steps<O: StepObserver>(
                 .push((v, index));
         }
     }
-    // Each value's last reading step; the outputs are read after the last.
-    let mut last_reader = vec![0; graph.nodes.len()];
-    for (step, node) in graph.nodes.iter().enumerate() {
-        for &j in &node.inputs {
-            last_reader[j] = step;
-        }
-    }
-    for &o in &graph.outputs {
-        last_reader[o] = usize::MAX;
-    }
     for (step, node) in graph.nodes.iter().enumerate() {
         let op = match &node.kind {
             ValueKind::Input(i) => {
@@ -404,7 +394,9 @@ fn run_steps<O: StepObserver>(
                 let mut operands = Vec::with_capacity(node.inputs.len());
                 for &j in &node.inputs {
                     let once = node.inputs.iter().filter(|&&i| i == j).count() == 1;
-                    let last = once && last_reader[j] == step;
+                    // The plan's lifetime ends at the last reading step
+                    // (past the schedule for an output).
+                    let last = once && plan.lifetime(j).last == step;
                     operands.push(buffers.share(graph, step, plan.home(j), j, last)?);
                 }
                 run_control(
